@@ -1,0 +1,163 @@
+"""Stage 1, load: find a GPT-2-family checkpoint (hub id or local folder) and read it without running
+pickled code. Heavy imports live inside the functions that need them (CTranslate2's converters do the same),
+so `edgelm export --help` stays fast.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgelm.runtime.architecture import Architecture
+from edgelm.runtime.errors import ExportError
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
+SUPPORTED = "GPT-2-family checkpoints (model_type 'gpt2': gpt2, distilgpt2, gpt2-medium/large/xl and their fine-tunes)"
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: its folder, Hugging Face config, architecture and float32 weights."""
+
+    folder: Path
+    config: dict
+    arch: Architecture
+    weights: dict[str, np.ndarray]  # HF GPT2LMHeadModel names, float32
+    source: dict = field(default_factory=dict)  # {"hub_id", "revision"} or {"local_path"}
+    weight_file: str = ""
+
+
+def resolve(model: str, revision: str | None = None) -> tuple[Path, dict]:
+    """A local folder as it is, or a hub id downloaded (or found in the hub cache)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve(), {"local_path": str(path.resolve())}
+    if path.exists():
+        raise ExportError(f"{model} is a file; pass the folder that holds config.json and the weights.")
+    if model.startswith((".", "/", "~")) or os.sep in model.rstrip("/") and model.count("/") > 1:
+        raise ExportError(f"no such folder: {model}. Pass a local checkpoint folder or a Hugging Face hub id.")
+    return _download(model, revision)
+
+
+def _download(repo_id: str, revision: str | None) -> tuple[Path, dict]:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    patterns = ["config.json", "generation_config.json", *TOKENIZER_FILES]
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["model.safetensors"]))
+        if not (folder / "model.safetensors").exists():
+            folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["pytorch_model.bin"]))
+    except HFValidationError:
+        raise ExportError(f"'{repo_id}' is neither a local folder nor a valid Hugging Face hub id.") from None
+    except GatedRepoError:
+        raise ExportError(f"{repo_id} is gated on the Hugging Face hub: accept its terms and log in (huggingface-cli login).") from None
+    except RepositoryNotFoundError:
+        raise ExportError(f"unknown model id '{repo_id}': the Hugging Face hub has no such repository (or it is private).") from None
+    except RevisionNotFoundError:
+        raise ExportError(f"{repo_id} has no revision '{revision}'.") from None
+    except (LocalEntryNotFoundError, EntryNotFoundError, OSError) as error:
+        raise ExportError(
+            f"could not download {repo_id}: the Hugging Face hub is unreachable from here and the model is not in the "
+            f"local hub cache ({_hub_cache()}). Connect to the network, or export a local checkpoint folder instead: "
+            f"edgelm export path/to/folder  ({type(error).__name__})"
+        ) from None
+    commit = folder.name if len(folder.name) == 40 else None
+    return folder, {"hub_id": repo_id, "revision": revision or "main", "commit": commit}
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def read_config(folder: Path) -> tuple[dict, Architecture]:
+    """config.json, checked to be a GPT-2 decoder this exporter reproduces exactly."""
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise ExportError(f"{folder} has no config.json; a Hugging Face checkpoint folder needs one.")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ExportError(f"{config_path} is not valid JSON ({error}).") from None
+    model_type = config.get("model_type")
+    if model_type != "gpt2":
+        raise ExportError(f"{folder.name} is a '{model_type}' model ({', '.join(config.get('architectures') or [])}); edgelm exports {SUPPORTED}.")
+    unsupported = {
+        "activation_function": ("gelu_new", config.get("activation_function", "gelu_new")),
+        "scale_attn_weights": (True, config.get("scale_attn_weights", True)),
+        "scale_attn_by_inverse_layer_idx": (False, config.get("scale_attn_by_inverse_layer_idx", False)),
+        "reorder_and_upcast_attn": (False, config.get("reorder_and_upcast_attn", False)),
+    }
+    for key, (wanted, got) in unsupported.items():
+        if got != wanted:
+            raise ExportError(f"{folder.name} sets {key}={got!r}; edgelm's GPT-2 graph supports only {key}={wanted!r}.")
+    return config, Architecture.from_hf_config(config)
+
+
+def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray], str]:
+    """Safetensors first; a PyTorch .bin only through torch's weights-only loader (never arbitrary unpickling)."""
+    import torch
+
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if path.exists():
+            break
+    else:
+        raise ExportError(f"{folder} has no weights: expected one of {', '.join(WEIGHT_FILES)}.")
+    try:
+        if name.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(path))
+        else:
+            tensors = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as error:  # safetensors and torch raise many types for a damaged file
+        raise ExportError(f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]}).") from None
+    weights = {}
+    for key, tensor in tensors.items():
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers of old checkpoints, not weights
+        key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
+        weights[key] = tensor.detach().to(torch.float32).numpy()
+    _check_weights(weights, arch, path)
+    return weights, name
+
+
+def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:
+    C, V = arch.n_embd, arch.vocab_size
+    expected = {"transformer.wte.weight": (V, C), "transformer.wpe.weight": (arch.n_positions, C), "transformer.ln_f.weight": (C,)}
+    for i in range(arch.n_layer):
+        p = f"transformer.h.{i}."
+        expected[p + "attn.c_attn.weight"] = (C, 3 * C)
+        expected[p + "attn.c_proj.weight"] = (C, C)
+        expected[p + "ln_1.weight"] = (C,)
+        expected[p + "mlp.c_fc.weight"] = None  # inner width may differ from 4C
+        expected[p + "mlp.c_proj.bias"] = (C,)
+    missing = [k for k in expected if k not in weights]
+    if missing:
+        raise ExportError(f"{path} is missing {len(missing)} weight tensors the config promises (first: {missing[0]}); the checkpoint is incomplete.")
+    wrong = [f"{k} {weights[k].shape} != {s}" for k, s in expected.items() if s and weights[k].shape != s]
+    if wrong:
+        raise ExportError(f"{path} does not match its config.json: {wrong[0]}.")
+    head = weights.get("lm_head.weight")
+    if head is not None and not np.array_equal(head, weights["transformer.wte.weight"]):
+        raise ExportError(f"{path} has an LM head that is not tied to the token embedding; edgelm supports tied GPT-2 heads only.")
+
+
+def load_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
+    folder, source = resolve(model, revision)
+    config, arch = read_config(folder)
+    weights, weight_file = read_weights(folder, arch)
+    return Checkpoint(folder=folder, config=config, arch=arch, weights=weights, source=source, weight_file=weight_file)

@@ -1,0 +1,70 @@
+"""A thin helper over onnx.helper: add nodes and initializers by name, get output names back.
+
+It keeps graph-building code in export/graph.py readable as a sequence of ops, the way picoGPT reads.
+"""
+
+import itertools
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MS_DOMAIN = "com.microsoft"
+
+
+class GraphBuilder:
+    """Accumulates nodes, initializers, inputs and outputs of one ONNX graph."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self._ids = itertools.count()
+        self._constants: dict[tuple, str] = {}
+
+    def input(self, name: str, elem_type: int, shape: list) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def output(self, name: str, elem_type: int, shape: list) -> None:
+        self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        """Store an array once as an initializer and return its name."""
+        self.initializers.append(numpy_helper.from_array(np.array(array, order="C", copy=False), name))
+        return name
+
+    def const(self, values, dtype=np.int64) -> str:
+        """A small constant (shapes, axes, scalars), shared between nodes that ask for the same one."""
+        array = np.asarray(values, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._constants:
+            self._constants[key] = self.weight(f"const_{len(self._constants)}", array)
+        return self._constants[key]
+
+    def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs):
+        """Add one node. Returns its output name, or a list of names when it has several."""
+        if isinstance(outputs, int):
+            outputs = [f"{op_type.lower()}_{next(self._ids)}" for _ in range(outputs)]
+        self.nodes.append(
+            helper.make_node(op_type, inputs, outputs, name=f"{op_type}_{next(self._ids)}", domain=domain, **attrs)
+        )
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def model(self, opset: int, doc: str) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS_DOMAIN, 1)],
+            producer_name="edgelm",
+            doc_string=doc,
+        )
+        # IR 8 keeps the model loadable by onnxruntime releases from the last two years.
+        model.ir_version = 8
+        return model
+
+
+FLOAT = TensorProto.FLOAT
+INT64 = TensorProto.INT64

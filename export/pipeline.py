@@ -1,0 +1,179 @@
+"""`export_model`: checkpoint in, model package out, in fixed named stages (CTranslate2's converter shape):
+
+    load -> export -> optimize -> quantize (optional) -> validate -> save
+
+Each stage reports to an optional `progress(stage, event, detail)` callback; the library never prints.
+"""
+
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from edgelm.runtime.errors import ExportError
+
+from .checkpoint import load_checkpoint
+from .graph import OPSET, build_decoder
+from .quantize import RECIPES, recipe_description
+from .writer import PackageWriter, check_destination, sweep_partials
+
+STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
+TOOLS = ("edgelm", "torch", "transformers", "onnx", "onnxruntime", "optimum-onnx", "huggingface_hub", "tokenizers", "safetensors", "numpy")
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    manifest: dict
+
+
+def default_output(model: str, quantize: str) -> Path:
+    name = Path(model.rstrip("/")).name
+    return Path("models") / (name if quantize == "none" else f"{name}-{quantize}")
+
+
+def export_model(model: str = "distilgpt2", output=None, quantize: str = "none", force: bool = False, revision: str | None = None,
+                 progress: Callable[[str, str, str], None] | None = None) -> ExportResult:
+    """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package."""
+    if quantize not in RECIPES:
+        raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
+    output = Path(output) if output is not None else default_output(model, quantize)
+    report = progress or (lambda stage, event, detail: None)
+    if output.is_dir() and any(output.iterdir()) and not force:
+        raise ExportError(f"{output} already exists and is not empty; pass --force to replace it.")
+    timings, stage_started = {}, {}
+
+    def stage(name, event, detail=""):
+        if event == "start":
+            stage_started[name] = time.perf_counter()
+        else:
+            timings[name] = round(time.perf_counter() - stage_started[name], 3)
+        report(name, event, detail)
+
+    stage("load", "start", model)
+    checkpoint = load_checkpoint(model, revision)
+    tokenizer_json = _tokenizer_json(checkpoint.folder)
+    reference = _reference_model(checkpoint)
+    arch = checkpoint.arch
+    weight_bytes = sum(w.nbytes for w in checkpoint.weights.values())
+    stage("load", "done", f"{arch.n_layer} layers, {arch.n_embd} wide, {weight_bytes / 4e6:.1f} M parameters")
+    check_destination(output, force, int(weight_bytes * (0.3 if quantize == "int8" else 1.05)) + (1 << 20))
+
+    stage("export", "start")
+    fp32_model = build_decoder(arch, checkpoint.weights, "none")
+    stage("export", "done", f"{len(fp32_model.graph.node)} nodes, opset {OPSET}")
+
+    stage("optimize", "start")
+    fp32_bytes = _optimize(fp32_model)
+    stage("optimize", "done", "checked, shapes inferred")
+
+    final_bytes = fp32_bytes
+    if quantize != "none":
+        stage("quantize", "start", quantize)
+        final_bytes = _optimize(build_decoder(arch, checkpoint.weights, quantize))
+        stage("quantize", "done", f"{len(final_bytes) / 1e6:.1f} MB graph")
+
+    stage("validate", "start", "against transformers (PyTorch)")
+    from tokenizers import Tokenizer
+
+    from .validate import check_fp32, quality_report
+
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    validation = {"reference": "transformers GPT2LMHeadModel, float32, eager attention", "fp32": check_fp32(fp32_bytes, reference, tokenizer, arch)}
+    if quantize != "none":
+        validation[quantize] = quality_report(final_bytes, reference, tokenizer, arch)
+    stage("validate", "done", f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}")
+
+    stage("save", "start", str(output))
+    sweep_partials(output)
+    writer = PackageWriter(output)
+    try:
+        writer.write_bytes("model.onnx", final_bytes)
+        writer.write_bytes("tokenizer.json", tokenizer_json.encode())
+        for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+            if (checkpoint.folder / name).exists():
+                writer.copy(name, checkpoint.folder / name)
+        if not (checkpoint.folder / "generation_config.json").exists():
+            writer.write_json("generation_config.json", {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id})
+        timings_so_far = dict(timings)
+        manifest = writer.publish({
+            "name": output.name,
+            "architecture": arch.to_dict(),
+            "graph": _graph_section(final_bytes),
+            "tokenizer": "tokenizer.json",
+            "weights": {"dtype": "float32" if quantize == "none" else quantize, "tied_embedding_stored_once": True, "quantization": recipe_description(quantize)},
+            "source": checkpoint.source | {"weights_file": checkpoint.weight_file},
+            "tools": _tool_versions() | {"onnx_opset": OPSET},
+            "validation": validation,
+            "export_seconds": timings_so_far,
+        })
+    except BaseException:
+        writer.discard()
+        raise
+    stage("save", "done", f"{sum(f['size'] for f in manifest['files'].values()) / 1e6:.1f} MB")
+    return ExportResult(output, manifest)
+
+
+def _optimize(model) -> bytes:
+    """Check the graph and infer shapes; fails loudly here rather than at the user's first run."""
+    import onnx
+
+    model = onnx.shape_inference.infer_shapes(model)
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _graph_section(onnx_bytes: bytes) -> dict:
+    import onnx
+
+    model = onnx.load_model_from_string(onnx_bytes)
+    describe = lambda v: {"dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,  # noqa: E731
+                          "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]}
+    return {
+        "file": "model.onnx",
+        "opset": OPSET,
+        "inputs": {v.name: describe(v) for v in model.graph.input},
+        "outputs": {v.name: describe(v) for v in model.graph.output},
+        "logits_to_keep": "optional scalar input, default 0 = logits for every position; 1 = last position only",
+        "past_layout": "[batch, heads, past_sequence, head_size]",
+    }
+
+
+def _tokenizer_json(folder: Path) -> str:
+    if (folder / "tokenizer.json").exists():
+        return (folder / "tokenizer.json").read_text(encoding="utf-8")
+    if (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(folder), use_fast=True).backend_tokenizer.to_str()
+    raise ExportError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json with merges.txt.")
+
+
+def _reference_model(checkpoint):
+    """The same weights in transformers' GPT2LMHeadModel: the fidelity reference."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config.from_dict(checkpoint.config)
+    config._attn_implementation = "eager"
+    model = GPT2LMHeadModel(config).eval()
+    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in checkpoint.weights.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
+    if missing or unexpected:
+        raise ExportError(f"the weights do not fit GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}.")
+    model.tie_weights()
+    return model
+
+
+def _tool_versions() -> dict:
+    versions = {}
+    for name in TOOLS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions

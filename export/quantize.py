@@ -1,0 +1,49 @@
+"""Weight quantization recipes, applied to NumPy arrays before they enter the graph.
+
+int8 is symmetric and per output channel: each column n of a [K, N] weight gets its own scale, so one
+outlier column does not cost the others their precision. Weights use 7 bits ([-64, 63]) by default.
+Why: onnxruntime's dynamic-quantization kernels multiply uint8 activations by int8 weights, and on x86
+CPUs without VNNI (AVX2 only, like this project's machines) they use VPMADDUBSW, which adds two u8*s8
+products into a saturating int16. With full-range weights 2 * 255 * 127 = 64,770 overflows 32,767 and
+results silently saturate; with 7-bit weights 2 * 255 * 64 = 32,640 cannot. onnxruntime's own
+quantize_dynamic calls this `reduce_range`. The lost bit is measured by the export's quality report.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+RECIPES = ("none", "int8")
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """A [K, N] weight as int8 values and one float scale per column: w ~= q * scale."""
+
+    q: np.ndarray  # int8 [K, N]
+    scale: np.ndarray  # float32 [N]
+
+
+def quantize_int8(weight: np.ndarray, reduce_range: bool = True) -> Int8Weight:
+    """Quantize a [K, N] float weight per column, symmetric (zero point 0)."""
+    qmax = 63 if reduce_range else 127
+    absmax = np.abs(weight).max(axis=0)
+    scale = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
+    q = np.clip(np.rint(weight / scale), -qmax - (1 if reduce_range else 0), qmax).astype(np.int8)
+    return Int8Weight(q=q, scale=scale)
+
+
+def recipe_description(recipe: str, reduce_range: bool = True) -> dict:
+    """What the manifest records about how the weights were stored."""
+    if recipe == "none":
+        return {"method": "none", "weights": "float32"}
+    return {
+        "method": "int8",
+        "weights": "int8, symmetric, per output channel",
+        "bits": 7 if reduce_range else 8,
+        "reduce_range": reduce_range,
+        "activations": "uint8, dynamic per tensor (onnxruntime DynamicQuantizeMatMul)",
+        "covers": "every block MatMul and the tied embedding / LM head matrix (stored once)",
+        "kept_float32": "position table, biases, layer norms",
+        "why_reduce_range": "u8s8 VPMADDUBSW saturates int16 on x86 without VNNI; 7-bit weights cannot",
+    }

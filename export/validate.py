@@ -1,0 +1,163 @@
+"""Stage 5, validate: run the exported graph through edgelm's own runtime engine and compare it with the
+same checkpoint run by transformers in PyTorch, on a fixed set of cases.
+
+fp32 is a gate (export fails, nothing is written, when it misses); int8 gets a measured quality report.
+Relative error is max |ours - reference| / max |reference| over real (unpadded) positions.
+"""
+
+import numpy as np
+import onnxruntime as ort
+
+from edgelm.runtime.config import GenerationConfig
+from edgelm.runtime.engine import Engine, generate, left_pad, position_ids_from_mask
+from edgelm.runtime.errors import ParityError
+from edgelm.runtime.session import graph_io
+
+FP32_TOLERANCE = 1e-5
+GREEDY_TOKENS = 16
+PROMPTS = ("The quick brown fox", "Once upon a time, in a land far away,", "import numpy as np\n", "Émile a visité 東京 🚀")
+# Held-out text for perplexity: written for this project, not part of any training set we know of.
+HELD_OUT = (
+    "The lighthouse keeper rowed out at dawn to read the tide gauge, as he had every morning for eleven years. "
+    "The numbers went into a ledger that nobody else opened, but he kept it neatly, because a record kept "
+    "carelessly is worse than none. By noon the fog had lifted, and the supply boat was late again."
+)
+
+
+def validation_cases(tokenizer, arch, rng_seed: int = 0) -> dict:
+    """The fixed set: one-token prompt, text prompts, a prompt near the position limit, a padded batch."""
+    rng = np.random.default_rng(rng_seed)
+    encode = lambda text: tokenizer.encode(text).ids  # noqa: E731
+    start = arch.bos_token_id if arch.bos_token_id is not None else 0
+    near_limit = rng.integers(0, arch.vocab_size, size=arch.n_positions - 4).tolist()
+    return {
+        "one_token": [[start]],
+        **{f"text_{i}": [encode(text)] for i, text in enumerate(PROMPTS)},
+        "near_limit": [near_limit],
+        "padded_batch": [encode(PROMPTS[0]), encode(PROMPTS[1]), [start] + encode(PROMPTS[3])],
+    }
+
+
+def _torch_logits(model, rows):
+    import torch
+
+    ids, mask = left_pad(rows, 0)
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), position_ids=torch.from_numpy(position_ids_from_mask(mask))
+        )
+    return out.logits.float().numpy(), mask
+
+
+def _torch_greedy(model, rows, new_tokens, eos):
+    import torch
+
+    ids, mask = left_pad(rows, 0)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            do_sample=False, pad_token_id=0, eos_token_id=eos,
+        )
+    return out[:, ids.shape[1]:].numpy()
+
+
+def _engine(onnx_bytes: bytes, arch) -> Engine:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(onnx_bytes, sess_options=options, providers=["CPUExecutionProvider"])
+    return Engine(session, graph_io(session, arch.n_layer), arch.n_head, arch.head_size, "cpu")
+
+
+def _ours_greedy(engine, rows, new_tokens, arch):
+    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=arch.eos_token_id)
+    steps = [s.tokens for s in generate(engine, rows, config, [None] * len(rows), pad_id=0)]
+    return np.stack(steps, axis=1)
+
+
+def _relative_error(ours, reference, mask):
+    real = mask.astype(bool)
+    return float(np.abs(ours[real] - reference[real]).max() / np.abs(reference[real]).max())
+
+
+def check_fp32(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
+    """Full logits, cache path and greedy tokens against PyTorch; raises ParityError past the tolerance."""
+    engine = _engine(onnx_bytes, arch)
+    report = {"tolerance": FP32_TOLERANCE, "cases": {}}
+    for name, rows in validation_cases(tokenizer, arch).items():
+        reference, mask = _torch_logits(model, rows)
+        ids, _ = left_pad(rows, 0)
+        full, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(len(rows)), logits_to_keep=0)
+        cached = _cache_path_logits(engine, ids, mask)
+        new_tokens = min(GREEDY_TOKENS, arch.n_positions - ids.shape[1])
+        ours_tokens, torch_tokens = _ours_greedy(engine, rows, new_tokens, arch), _torch_greedy(model, rows, new_tokens, arch.eos_token_id)
+        case = {
+            "prompt_tokens": [len(r) for r in rows],
+            "logits_relative_error": _relative_error(full, reference, mask),
+            "cache_path_relative_error": _relative_error(cached, reference[:, -cached.shape[1]:], mask[:, -cached.shape[1]:]),
+            "greedy_tokens": int(new_tokens),
+            "greedy_identical": bool(np.array_equal(ours_tokens, torch_tokens)),
+        }
+        report["cases"][name] = case
+        if max(case["logits_relative_error"], case["cache_path_relative_error"]) > FP32_TOLERANCE or not case["greedy_identical"]:
+            raise ParityError(
+                f"fp32 parity failed on case '{name}': logits relative error {case['logits_relative_error']:.2e}, "
+                f"cache path {case['cache_path_relative_error']:.2e} (limit {FP32_TOLERANCE:.0e}), greedy identical: "
+                f"{case['greedy_identical']}. No package was written; please report this with the checkpoint's config.json."
+            )
+    report["max_logits_relative_error"] = max(c["logits_relative_error"] for c in report["cases"].values())
+    report["max_cache_path_relative_error"] = max(c["cache_path_relative_error"] for c in report["cases"].values())
+    report["greedy_identical"] = True
+    return report
+
+
+def _cache_path_logits(engine, ids, mask, steps: int = 4):
+    """Prefill all but the last `steps` tokens, then feed them one at a time through the cache."""
+    steps = min(steps, ids.shape[1] - 1)
+    if steps <= 0:
+        logits, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(len(ids)), logits_to_keep=1)
+        return logits
+    positions = position_ids_from_mask(mask)
+    head = ids.shape[1] - steps
+    _, past = engine.forward(ids[:, :head], mask[:, :head], positions[:, :head], engine.empty_past(len(ids)))
+    collected = []
+    for t in range(head, ids.shape[1]):
+        logits, past = engine.forward(ids[:, t:t + 1], mask[:, :t + 1], positions[:, t:t + 1], past)
+        collected.append(logits[:, -1])
+    return np.stack(collected, axis=1)
+
+
+def quality_report(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
+    """How far a quantized graph is from the PyTorch reference: top-1, KL, greedy agreement, perplexity."""
+    engine = _engine(onnx_bytes, arch)
+    held_out = tokenizer.encode(HELD_OUT).ids[: arch.n_positions]
+    reference, mask = _torch_logits(model, [held_out])
+    ids, _ = left_pad([held_out], 0)
+    ours, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(1), logits_to_keep=0)
+    ref_lp, our_lp = _log_softmax(reference[0]), _log_softmax(ours[0])
+    kl = np.sum(np.exp(ref_lp) * (ref_lp - our_lp), axis=-1)
+    targets = np.asarray(held_out[1:])
+    ppl = lambda lp: float(np.exp(-lp[np.arange(len(targets)), targets].mean()))  # noqa: E731
+    agreement = []
+    for name, rows in validation_cases(tokenizer, arch).items():
+        if name in ("near_limit",):
+            continue
+        new_tokens = min(GREEDY_TOKENS, arch.n_positions - max(len(r) for r in rows))
+        ours_tokens, torch_tokens = _ours_greedy(engine, rows, new_tokens, arch), _torch_greedy(model, rows, new_tokens, arch.eos_token_id)
+        for a, b in zip(ours_tokens, torch_tokens):
+            differ = np.flatnonzero(a != b)
+            agreement.append((differ[0] if len(differ) else new_tokens) / new_tokens)
+    return {
+        "held_out_tokens": len(held_out),
+        "top1_agreement": float((reference[0].argmax(-1) == ours[0].argmax(-1)).mean()),
+        "mean_kl_divergence": float(kl.mean()),
+        "greedy_agreement": float(np.mean(agreement)),
+        "greedy_agreement_means": "tokens before the first divergence / tokens generated, averaged over prompts",
+        "perplexity_reference": ppl(ref_lp[:-1]),
+        "perplexity": ppl(our_lp[:-1]),
+        "perplexity_change": ppl(our_lp[:-1]) / ppl(ref_lp[:-1]) - 1,
+    }
+
+
+def _log_softmax(logits):
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

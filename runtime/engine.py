@@ -1,0 +1,126 @@
+"""The decode engine: token ids in, token ids out. It knows nothing about text (nanochat's rule).
+
+One ONNX graph serves both steps. The cache travels as onnxruntime OrtValues: the presents of one pass are
+fed untouched as the pasts of the next, never converted to NumPy in between.
+Shapes (B batch, T prompt length, S = past + new tokens, V vocabulary):
+
+    prefill  input_ids [B, T]  attention_mask [B, T]      position_ids [B, T]  past: empty [B, H, 0, D]
+    decode   input_ids [B, 1]  attention_mask [B, S + 1]  position_ids [B, 1]  past: last step's present
+    both     logits [B, 1, V] (only the last position is computed), present [B, H, S, D] per layer
+"""
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import onnxruntime as ort
+
+from .config import GenerationConfig
+from .sampling import log_softmax, pick, process_logits, top_logprobs
+from .session import GraphIO
+
+
+@dataclass
+class Step:
+    """What one decode step produced for every row."""
+
+    tokens: np.ndarray  # int64 [B]; -1 for rows that had already finished
+    finish_reasons: list  # per row: None (still running), "stop" (end-of-text) or "length"
+    logprobs: list | None = None  # per row: (chosen log-prob, [(id, log-prob), ...]) or None
+
+
+class Engine:
+    """Runs the decoder graph one forward pass at a time."""
+
+    def __init__(self, session: ort.InferenceSession, io: GraphIO, n_head: int, head_size: int, device: str):
+        self.session, self.io, self.device = session, io, device
+        self.n_head, self.head_size = n_head, head_size
+        self._present_names = [n for pair in zip(io.present_keys, io.present_values) for n in pair]
+        self._past_names = [n for pair in zip(io.past_keys, io.past_values) for n in pair]
+        self._output_names = ["logits", *self._present_names]
+
+    def empty_past(self, batch: int) -> list:
+        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=np.float32)
+        return [ort.OrtValue.ortvalue_from_numpy(empty, self.device, 0) for _ in self._past_names]
+
+    def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
+        """One pass. Returns logits [B, K, V] as NumPy (K = logits_to_keep, 0 = all) and the present cache."""
+        feeds = {
+            "input_ids": _host(input_ids),
+            "attention_mask": _host(attention_mask),
+            **dict(zip(self._past_names, past)),
+        }
+        if self.io.has_position_ids:
+            feeds["position_ids"] = _host(position_ids)
+        if self.io.has_logits_to_keep:
+            # An overridable initializer: IO binding cannot address it, run_with_ort_values can.
+            feeds["logits_to_keep"] = _host(np.array(logits_to_keep))
+        outputs = self.session.run_with_ort_values(self._output_names, feeds)
+        logits = outputs[0].numpy()
+        if not self.io.has_logits_to_keep and logits_to_keep:
+            logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
+        return logits, outputs[1:]
+
+
+def _host(array) -> ort.OrtValue:
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+
+
+def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of different lengths -> input_ids and attention_mask [B, T], padding on the left."""
+    width = max(len(p) for p in prompts)
+    input_ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(prompts), width), dtype=np.int64)
+    for row, prompt in enumerate(prompts):
+        if len(prompt):
+            input_ids[row, -len(prompt):] = prompt
+            attention_mask[row, -len(prompt):] = 1
+    return input_ids, attention_mask
+
+
+def position_ids_from_mask(attention_mask: np.ndarray) -> np.ndarray:
+    """transformers' rule: count real tokens, padding gets position 1 (it is masked out anyway)."""
+    positions = np.cumsum(attention_mask, axis=1) - 1
+    return np.where(attention_mask == 0, 1, positions).astype(np.int64)
+
+
+def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list, pad_id: int) -> Iterator[Step]:
+    """Yield one Step per new token position until every row has finished (end-of-text or max_new_tokens)."""
+    batch = len(prompts)
+    input_ids, attention_mask = left_pad(prompts, pad_id)
+    position_ids = position_ids_from_mask(attention_mask)
+    seen = [list(p) for p in prompts]  # prompt + generated ids per row, for the repetition filters
+    generated = [[] for _ in range(batch)]
+    done = np.zeros(batch, dtype=bool)
+    eos = None if config.ignore_eos else config.eos_token_id
+
+    # Prefill: the whole prompt in one pass; only the last position's logits are computed.
+    logits, past = engine.forward(input_ids, attention_mask, position_ids, engine.empty_past(batch))
+    for step in range(config.max_new_tokens):
+        raw = logits[:, -1, :]  # [B, V]
+        filtered = process_logits(raw, config, [np.asarray(s) for s in seen], [np.asarray(g) for g in generated])
+        tokens = np.where(done, -1, pick(filtered, config.do_sample, rngs))
+        reasons = [None] * batch
+        for row in np.flatnonzero(~done):
+            token = int(tokens[row])
+            seen[row].append(token)
+            generated[row].append(token)
+            if token == eos:
+                reasons[row], done[row] = "stop", True
+            elif step == config.max_new_tokens - 1:
+                reasons[row], done[row] = "length", True
+        yield Step(tokens, reasons, _logprobs(raw, tokens, config.logprobs))
+        if done.all():
+            return
+        # Decode: one token per row against the cache; finished rows feed padding that nobody reads.
+        attention_mask = np.concatenate([attention_mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
+        position_ids = position_ids[:, -1:] + 1
+        logits, past = engine.forward(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids, past)
+
+
+def _logprobs(raw: np.ndarray, tokens: np.ndarray, top_n: int | None):
+    """The model's own log-probabilities (before any sampling filter) of the chosen and the top-N tokens."""
+    if top_n is None:
+        return None
+    logprobs = log_softmax(raw)
+    return [None if t < 0 else (float(logprobs[r, t]), list(zip(*top_logprobs(logprobs[r], top_n)))) for r, t in enumerate(tokens)]

@@ -1,0 +1,32 @@
+"""Every error edgelm raises on purpose: one small family, each message says what to do next.
+
+The library never prints and never exits; the CLI turns these into one clean line and a non-zero code.
+"""
+
+
+class EdgelmError(Exception):
+    """Base of every error edgelm raises for a user to act on."""
+
+
+class PackageError(EdgelmError):
+    """A model package is missing, incomplete, tampered with, or of a format this runtime cannot read."""
+
+
+class DeviceError(EdgelmError):
+    """The requested execution device (for example CUDA) is not available here."""
+
+
+class GenerationOptionError(EdgelmError, ValueError):
+    """A generation option is out of range, of the wrong type, or unknown."""
+
+
+class PromptError(EdgelmError, ValueError):
+    """A prompt cannot be run: too long for the context, not valid UTF-8, or token ids out of range."""
+
+
+class ExportError(EdgelmError):
+    """The export stage could not turn a checkpoint into a package."""
+
+
+class ParityError(ExportError):
+    """The exported graph does not match the PyTorch reference closely enough; nothing was written."""

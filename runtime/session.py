@@ -1,0 +1,78 @@
+"""Create the onnxruntime session on the chosen device and learn the graph's inputs and outputs from it."""
+
+import os
+from dataclasses import dataclass
+
+import onnxruntime as ort
+
+from .errors import DeviceError, PackageError
+
+DEVICES = ("auto", "cpu", "cuda")
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """The names the decoder graph uses, read from the session (never assumed)."""
+
+    past_keys: tuple[str, ...]  # past_key_values.{i}.key, in layer order
+    past_values: tuple[str, ...]
+    present_keys: tuple[str, ...]  # present.{i}.key
+    present_values: tuple[str, ...]
+    has_position_ids: bool
+    has_logits_to_keep: bool  # False for optimum graphs: they return logits for every position
+
+
+def cuda_available() -> bool:
+    return CUDA in ort.get_available_providers()
+
+
+def choose_providers(device: str) -> list[str]:
+    """Map a device name to onnxruntime providers; asking for CUDA where it is absent is an error."""
+    if device not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}.")
+    if device == "cuda" and not cuda_available():
+        raise DeviceError("device 'cuda' was asked for, but this onnxruntime has no CUDA provider. Install edgelm[cuda] (onnxruntime-gpu) on a machine with an NVIDIA GPU, or use --device cpu.")
+    if device in ("cuda", "auto") and cuda_available():
+        return [CUDA, CPU]
+    return [CPU]
+
+
+def create_session(model_file, device: str = "auto", threads: int | None = None) -> tuple[ort.InferenceSession, str]:
+    """Returns the session and the device it really runs on ("cuda" or "cpu")."""
+    providers = choose_providers(device)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # the overridable logits_to_keep initializer is intended; keep ORT quiet
+    if threads is not None:
+        if not isinstance(threads, int) or threads < 1:
+            raise DeviceError(f"threads must be an integer >= 1, got {threads!r}")
+        options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(os.fspath(model_file), sess_options=options, providers=providers)
+    except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph types for a bad file
+        raise PackageError(f"onnxruntime cannot load {model_file}: {str(error)[:300]}") from None
+    running = "cuda" if CUDA in session.get_providers() else "cpu"
+    if device == "cuda" and running != "cuda":
+        raise DeviceError("device 'cuda' was asked for, but onnxruntime could not start CUDA here (no GPU or no matching CUDA/cuDNN libraries). Use --device cpu.")
+    return session, running
+
+
+def graph_io(session: ort.InferenceSession, n_layer: int) -> GraphIO:
+    inputs = {i.name for i in session.get_inputs()}
+    outputs = {o.name for o in session.get_outputs()}
+    names = GraphIO(
+        past_keys=tuple(f"past_key_values.{i}.key" for i in range(n_layer)),
+        past_values=tuple(f"past_key_values.{i}.value" for i in range(n_layer)),
+        present_keys=tuple(f"present.{i}.key" for i in range(n_layer)),
+        present_values=tuple(f"present.{i}.value" for i in range(n_layer)),
+        has_position_ids="position_ids" in inputs,
+        has_logits_to_keep="logits_to_keep" in inputs | {i.name for i in session.get_overridable_initializers()},
+    )
+    missing = [n for n in ("input_ids", "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
+    missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]
+    if missing:
+        raise PackageError(f"the graph lacks {missing[0]} (and {len(missing) - 1} more): it is not a GPT-2 decoder with a key/value cache. Export with edgelm export, or optimum-cli export onnx --task text-generation-with-past.")
+    return names
