@@ -20,6 +20,7 @@ from .config import GenerationConfig
 from .errors import GenerationOptionError
 
 NEG_INF = np.float32(-np.inf)
+_NUCLEUS_CANDIDATES = 1024  # top_p first tries the 1,024 most likely tokens, then sorts the whole row
 
 
 def _target(logits: np.ndarray, inplace: bool) -> np.ndarray:
@@ -33,13 +34,18 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def _candidates(logits: np.ndarray) -> np.ndarray:
-    # [B, V] -> [B, m]: column indices that cover every finite logit of every row (m = most finite in a row).
-    # Earlier filters (top_k, bad words) often leave few finite tokens: then later sorts are over m, not V.
+    # [B, V] -> [B, m]: columns covering every logit above -inf in every row (m = the most in one row).
+    # Earlier filters (top_k, bad words) often leave few tokens alive: later sorts then cost m, not V.
+    # (np.argpartition is no help here: it slows down tenfold on a row full of equal -inf values.)
     n_vocab = logits.shape[-1]
-    m = int(np.isfinite(logits).sum(axis=-1).max())
-    if m >= n_vocab or m == 0:
+    alive = [np.flatnonzero(row) for row in ~np.isneginf(logits)]
+    m = max(len(cols) for cols in alive)
+    if m == 0 or m > n_vocab // 2:
         return np.broadcast_to(np.arange(n_vocab), logits.shape)
-    return np.argpartition(logits, n_vocab - m, axis=-1)[:, n_vocab - m:]
+    cols = np.repeat(logits.argmin(axis=-1)[:, None], m, axis=1)  # padding points at one of the row's -inf
+    for r, row_cols in enumerate(alive):
+        cols[r, :len(row_cols)] = row_cols
+    return cols
 
 
 def repetition_penalty(logits, seen: list[np.ndarray], penalty: float, *, inplace=False):
@@ -174,15 +180,24 @@ def top_p(logits, p: float, min_tokens_to_keep: int = 1, *, inplace=False):
     out = _target(logits, inplace)
     if p >= 1.0:
         return out
-    cols = _candidates(out)  # [B, m]; tokens already at -inf have probability 0 and cannot change the sums
-    cand = np.take_along_axis(out, cols, axis=-1)
-    order = np.argsort(cand, axis=-1, kind="stable")
-    cand, cols = np.take_along_axis(cand, order, axis=-1), np.take_along_axis(cols, order, axis=-1)
-    cumulative = np.cumsum(_softmax(cand), axis=-1, dtype=np.float64).astype(np.float32)
-    remove = cumulative <= (1 - p)
-    remove[:, cand.shape[-1] - min_tokens_to_keep:] = False
-    rows = np.broadcast_to(np.arange(out.shape[0])[:, None], cols.shape)
-    out[rows[remove], cols[remove]] = NEG_INF
+    probs = _softmax(out)
+    cols = _candidates(out)  # tokens at -inf have probability 0: leaving them out changes no sum
+    rest = 0.0  # probability of the tokens left out; in ascending order they all come first
+    if cols.shape[-1] > 4 * _NUCLEUS_CANDIDATES and min_tokens_to_keep <= _NUCLEUS_CANDIDATES:
+        # No full sort over V when the most likely tokens already hold more than p: every other token then
+        # has a cumulative probability below 1 - p and is removed anyway.
+        top = np.argpartition(out, -_NUCLEUS_CANDIDATES, axis=-1)[:, -_NUCLEUS_CANDIDATES:]
+        top_mass = np.take_along_axis(probs, top, axis=-1).sum(axis=-1, dtype=np.float64)
+        if (top_mass > p + 1e-4).all():
+            cols, rest = top, 1.0 - top_mass[:, None]
+    order = np.argsort(np.take_along_axis(out, cols, axis=-1), axis=-1)
+    cols = np.take_along_axis(cols, order, axis=-1)  # [B, m], ascending logits
+    cumulative = rest + np.cumsum(np.take_along_axis(probs, cols, axis=-1), axis=-1, dtype=np.float64)
+    keep_sorted = cumulative.astype(np.float32) > (1 - p)
+    keep_sorted[:, cols.shape[-1] - min_tokens_to_keep:] = True
+    keep = np.zeros(out.shape, dtype=bool)
+    np.put_along_axis(keep, cols, keep_sorted, axis=-1)
+    out[~keep] = NEG_INF
     return out
 
 
@@ -215,7 +230,7 @@ def typical_p(logits, mass: float, *, inplace=False):
     with np.errstate(invalid="ignore"):
         entropy = -np.nansum(logp * np.exp(logp), axis=-1, keepdims=True)
     shifted = np.abs(-logp - entropy)
-    order = np.argsort(shifted, axis=-1, kind="stable")
+    order = np.argsort(shifted, axis=-1)
     shifted, cols = np.take_along_axis(shifted, order, axis=-1), np.take_along_axis(cols, order, axis=-1)
     cumulative = np.cumsum(_softmax(np.take_along_axis(cand, order, axis=-1)), axis=-1, dtype=np.float64).astype(np.float32)
     last = np.minimum((cumulative < mass).sum(axis=-1), shifted.shape[-1] - 1)
@@ -269,11 +284,12 @@ def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray
         return best.astype(np.int64)
     if len(rngs) != logits.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {logits.shape[0]} rows")
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))  # [B, V] unnormalized; -inf -> 0
     picks = np.empty(logits.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
-        cdf = np.cumsum(np.exp(logits[r] - logits[r, best[r]], dtype=np.float64))  # unnormalized; -inf -> 0
-        # side="right" skips zero-probability tokens: their cdf equals the one before them
-        picks[r] = min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(cdf) - 1)
+        alive = np.flatnonzero(weights[r])  # usually few after top_k: the cumulative sum is then short
+        cdf = np.cumsum(weights[r, alive], dtype=np.float64)
+        picks[r] = alive[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(alive) - 1)]
     return picks
 
 

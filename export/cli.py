@@ -1,0 +1,43 @@
+"""`edgelm export`: the command-line face of export_model, with a line of progress per stage."""
+
+import time
+
+import click
+
+from edgelm.runtime.errors import EdgelmError
+
+
+@click.command()
+@click.argument("model", default="distilgpt2", required=False)
+@click.option("-o", "--output", type=click.Path(file_okay=False), help="Package folder (default: models/NAME, models/NAME-int8 when quantized).")
+@click.option("--quantize", type=click.Choice(["none", "int8"]), default="none", show_default=True, help="Weight storage: float32, or int8 with a measured quality report.")
+@click.option("--revision", help="Hub branch, tag or commit (default: main).")
+@click.option("--force", is_flag=True, help="Replace an existing package at the output folder.")
+def export(model, output, quantize, revision, force):
+    """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
+
+    Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch, save.
+    """
+    try:
+        from rich.console import Console
+
+        from .pipeline import export_model
+    except ImportError as error:
+        raise click.ClickException(f"edgelm export needs the export extra ({error.name} is missing): pip install 'edgelm[export]'") from None
+    console = Console(stderr=True, highlight=False)
+    started = {}
+
+    def progress(stage, event, detail):
+        if event == "start":
+            started[stage] = time.perf_counter()
+            console.print(f"[bold]{stage:<9}[/] {detail}", end="\r" if console.is_terminal else "\n")
+        else:
+            console.print(f"[green]✓[/] {stage:<9} {detail}  [dim]({time.perf_counter() - started[stage]:.1f}s)[/]")
+
+    try:
+        result = export_model(model, output, quantize=quantize, force=force, revision=revision, progress=progress)
+    except EdgelmError as error:
+        raise click.ClickException(str(error)) from None
+    size = sum(f["size"] for f in result.manifest["files"].values())
+    click.echo(f"{result.path}  ({size / 1e6:.1f} MB)")
+    console.print(f"Try it: edgelm generate -m {result.path} \"Hello, my name is\"")
