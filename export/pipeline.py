@@ -93,7 +93,7 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
     try:
         writer.write_bytes("model.onnx", final_bytes)
         writer.write_bytes("tokenizer.json", tokenizer_json.encode())
-        for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"):
+        for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (checkpoint.folder / name).exists():
                 writer.copy(name, checkpoint.folder / name)
         if not (checkpoint.folder / "generation_config.json").exists():

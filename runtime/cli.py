@@ -180,3 +180,7 @@ def verify(package):
     except EdgelmError as error:
         _fail(error)
     click.echo(f"OK: {len(pkg.manifest.get('files', {}))} files of {pkg.folder} match their sha256" if pkg.manifest else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify")
+
+
+if __name__ == "__main__":
+    main()

@@ -28,22 +28,27 @@ def _target(logits: np.ndarray, inplace: bool) -> np.ndarray:
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
-    # [B, V] -> [B, V] float32; -inf -> 0
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    # [B, V] -> [B, V] float32; -inf -> 0; a row of all -inf gives NaN, kept out of every filter's sets
+    with np.errstate(invalid="ignore"):
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
 
 
-def _candidates(logits: np.ndarray) -> np.ndarray:
-    # [B, V] -> [B, m]: columns covering every logit above -inf in every row (m = the most in one row).
+def _ids(ids) -> np.ndarray:
+    return np.asarray(ids, dtype=np.int64)  # an empty list would otherwise become float64, not an index
+
+
+def _candidates(logits: np.ndarray) -> np.ndarray | None:
+    # [B, V] -> [B, m] or None (all V): columns covering every logit above -inf in every row (m = the most in one row).
     # Earlier filters (top_k, bad words) often leave few tokens alive: later sorts then cost m, not V.
     # (np.argpartition is no help here: it slows down tenfold on a row full of equal -inf values.)
-    n_vocab = logits.shape[-1]
-    alive = [np.flatnonzero(row) for row in ~np.isneginf(logits)]
-    m = max(len(cols) for cols in alive)
-    if m == 0 or m > n_vocab // 2:
-        return np.broadcast_to(np.arange(n_vocab), logits.shape)
+    alive = ~np.isneginf(logits)
+    m = int(alive.sum(axis=-1).max())
+    if m == 0 or m > logits.shape[-1] // 2:
+        return None  # not worth it: use every column
     cols = np.repeat(logits.argmin(axis=-1)[:, None], m, axis=1)  # padding points at one of the row's -inf
-    for r, row_cols in enumerate(alive):
+    for r, row in enumerate(alive):
+        row_cols = np.flatnonzero(row)
         cols[r, :len(row_cols)] = row_cols
     return cols
 
@@ -58,7 +63,7 @@ def repetition_penalty(logits, seen: list[np.ndarray], penalty: float, *, inplac
     if penalty == 1.0:
         return out
     for r, ids in enumerate(seen):
-        ids = np.unique(ids)
+        ids = np.unique(_ids(ids))
         score = out[r, ids]
         out[r, ids] = np.where(score < 0, score * penalty, score / penalty)
     return out
@@ -74,7 +79,7 @@ def frequency_presence_penalty(logits, generated: list[np.ndarray], frequency_pe
     if frequency_penalty == 0 and presence_penalty == 0:
         return out
     for r, ids in enumerate(generated):
-        ids, counts = np.unique(ids, return_counts=True)
+        ids, counts = np.unique(_ids(ids), return_counts=True)
         out[r, ids] -= (frequency_penalty * counts + presence_penalty).astype(out.dtype)
     return out
 
@@ -104,7 +109,7 @@ def no_repeat_ngram(logits, seen: list[np.ndarray], n: int, *, inplace=False):
     if n <= 0:
         return out
     for r, ids in enumerate(seen):
-        ids = np.asarray(ids)
+        ids = _ids(ids)
         if len(ids) < n:
             continue
         grams = np.lib.stride_tricks.sliding_window_view(ids, n)  # [L - n + 1, n]
@@ -183,15 +188,15 @@ def top_p(logits, p: float, min_tokens_to_keep: int = 1, *, inplace=False):
     probs = _softmax(out)
     cols = _candidates(out)  # tokens at -inf have probability 0: leaving them out changes no sum
     rest = 0.0  # probability of the tokens left out; in ascending order they all come first
-    if cols.shape[-1] > 4 * _NUCLEUS_CANDIDATES and min_tokens_to_keep <= _NUCLEUS_CANDIDATES:
+    if cols is None and out.shape[-1] > 4 * _NUCLEUS_CANDIDATES and min_tokens_to_keep <= _NUCLEUS_CANDIDATES:
         # No full sort over V when the most likely tokens already hold more than p: every other token then
         # has a cumulative probability below 1 - p and is removed anyway.
         top = np.argpartition(out, -_NUCLEUS_CANDIDATES, axis=-1)[:, -_NUCLEUS_CANDIDATES:]
         top_mass = np.take_along_axis(probs, top, axis=-1).sum(axis=-1, dtype=np.float64)
         if (top_mass > p + 1e-4).all():
             cols, rest = top, 1.0 - top_mass[:, None]
-    order = np.argsort(np.take_along_axis(out, cols, axis=-1), axis=-1)
-    cols = np.take_along_axis(cols, order, axis=-1)  # [B, m], ascending logits
+    order = np.argsort(out if cols is None else np.take_along_axis(out, cols, axis=-1), axis=-1)
+    cols = order if cols is None else np.take_along_axis(cols, order, axis=-1)  # [B, m], ascending logits
     cumulative = rest + np.cumsum(np.take_along_axis(probs, cols, axis=-1), axis=-1, dtype=np.float64)
     keep_sorted = cumulative.astype(np.float32) > (1 - p)
     keep_sorted[:, cols.shape[-1] - min_tokens_to_keep:] = True
@@ -225,11 +230,12 @@ def typical_p(logits, mass: float, *, inplace=False):
     if mass >= 1.0:
         return out
     cols = _candidates(out)
+    cols = np.broadcast_to(np.arange(out.shape[-1]), out.shape) if cols is None else cols
     cand = np.take_along_axis(out, cols, axis=-1)  # [B, m]
     logp = log_softmax(cand)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # -inf * 0 at banned tokens: nansum skips them, as torch's does
         entropy = -np.nansum(logp * np.exp(logp), axis=-1, keepdims=True)
-    shifted = np.abs(-logp - entropy)
+        shifted = np.abs(-logp - entropy)
     order = np.argsort(shifted, axis=-1)
     shifted, cols = np.take_along_axis(shifted, order, axis=-1), np.take_along_axis(cols, order, axis=-1)
     cumulative = np.cumsum(_softmax(np.take_along_axis(cand, order, axis=-1)), axis=-1, dtype=np.float64).astype(np.float32)
@@ -278,16 +284,17 @@ def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray
     dead = np.flatnonzero(np.take_along_axis(logits, best[:, None], axis=-1)[:, 0] == NEG_INF)
     if dead.size:
         raise GenerationOptionError(
-            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, logit_bias, min_p, top_p or typical_p"
+            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"
         )
     if not do_sample:
         return best.astype(np.int64)
     if len(rngs) != logits.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {logits.shape[0]} rows")
     weights = np.exp(logits - logits.max(axis=-1, keepdims=True))  # [B, V] unnormalized; -inf -> 0
+    positive = weights > 0
     picks = np.empty(logits.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
-        alive = np.flatnonzero(weights[r])  # usually few after top_k: the cumulative sum is then short
+        alive = np.flatnonzero(positive[r])  # usually few after top_k: the cumulative sum is then short
         cdf = np.cumsum(weights[r, alive], dtype=np.float64)
         picks[r] = alive[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(alive) - 1)]
     return picks
@@ -297,8 +304,9 @@ def log_softmax(logits) -> np.ndarray:
     """Numerically stable log-probabilities per row."""
     # [B, V] -> [B, V] float32
     logits = np.asarray(logits, dtype=np.float32)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore"):  # a row of all -inf gives NaN
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def top_logprobs(logprobs_row, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -81,6 +81,20 @@ def test_bad_words_matches_transformers(seed, n_vocab):
     assert np.isneginf(ours[1, 9])
 
 
+def test_bad_words_prefix_filling_the_whole_row_still_bans():
+    # transformers skips a sequence longer than the context, so it would allow 7 here; we follow the rule as stated
+    out = sampling.bad_words(np.zeros((1, 10), dtype=np.float32), [np.array([5])], ((5, 7),))
+    assert np.isneginf(out[0]).nonzero()[0].tolist() == [7]
+
+
+def test_id_lists_may_be_plain_and_empty():
+    logits = np.ones((2, 5), dtype=np.float32)
+    out = sampling.frequency_presence_penalty(logits, [[], [2, 2]], 1.0, 0.0)
+    out = sampling.repetition_penalty(out, [[], [4]], 2.0)
+    out = sampling.no_repeat_ngram(out, [[], [1, 1]], 1)
+    np.testing.assert_array_equal(out, [[1, 1, 1, 1, 1], [1, -np.inf, -1, 1, 0.5]])
+
+
 def test_bad_words_by_hand():
     logits = np.zeros((2, 5), dtype=np.float32)
     out = sampling.bad_words(logits, [np.array([0, 1, 2]), np.array([2, 1, 0])], ((4,), (1, 2, 3)))
@@ -341,9 +355,10 @@ def test_every_token_banned_raises(do_sample):
         sampling.pick(logits, do_sample, rngs(0, 2))
 
 
+@pytest.mark.filterwarnings("error")
 def test_all_banned_through_process_logits_raises():
-    config = GenerationConfig(bad_words_ids=((0,), (1,), (2,)))
-    out = sampling.process_logits(np.zeros((1, 3), dtype=np.float32), config, [np.array([0])], [np.array([], dtype=np.int64)])
+    config = GenerationConfig(do_sample=True, bad_words_ids=((0,), (1,), (2,)), top_k=2, top_p=0.5, min_p=0.1, typical_p=0.5)
+    out = sampling.process_logits(np.zeros((1, 3), dtype=np.float32), config, [[0]], [[]])
     with pytest.raises(GenerationOptionError, match="every token was banned"):
         sampling.pick(out, True, rngs(0, 1))
 
