@@ -80,10 +80,10 @@ class CompletionRequest:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def parse_completion_request(body, model_id: str, defaults, limits: Limits) -> CompletionRequest:
-    """Check a decoded JSON body and turn it into runtime options; raises ApiError naming the bad field."""
+def parse_completion_request(body, model, limits: Limits) -> CompletionRequest:
+    """Check a decoded JSON body against `model` (a runtime Model) and the limits; raises ApiError naming the bad field."""
     body = _fields(body, COMPLETION_FIELDS)
-    _check_model(body.get("model"), model_id)
+    _check_model(body.get("model"), model.package.name)
     prompts = body.get("prompt", "")
     prompts = [prompts] if isinstance(prompts, str) else prompts
     if not prompts:
@@ -116,15 +116,14 @@ def parse_completion_request(body, model_id: str, defaults, limits: Limits) -> C
     if temperature != 0:
         options["temperature"] = temperature  # a negative one is refused by the runtime's check
     if "logit_bias" in body:
-        options["logit_bias"] = _logit_bias(body["logit_bias"], defaults.eos_token_id, vocab_size=getattr(defaults, "vocab_size", None))
+        options["logit_bias"] = _logit_bias(body["logit_bias"], model.arch.vocab_size)
     for name in ("min_tokens", "min_new_tokens"):
         if name in body:
             options["min_new_tokens"] = body[name]
-            RUNTIME_TO_FIELD_LOCAL = name  # noqa: F841 (named in errors below)
     try:
-        defaults.with_options(**options)
+        model.settings(**options)
     except GenerationOptionError as error:
-        raise ApiError(400, str(error), _param_of(str(error), body)) from None
+        raise ApiError(400, str(error), param_of(str(error), body)) from None
     return CompletionRequest(prompts, options, max_tokens, n, stream, stream_options.get("include_usage", False),
                              echo, body.get("logprobs"), body.get("user"))
 
@@ -176,19 +175,19 @@ def _check_model(name: str | None, model_id: str) -> None:
         raise ApiError(404, f"the model {name!r} does not exist here; this server runs {model_id!r} (GET /v1/models)", "model", "model_not_found")
 
 
-def _logit_bias(bias: dict, eos_token_id, vocab_size) -> dict:
+def _logit_bias(bias: dict, vocab_size: int) -> dict:
     """OpenAI's {"token id as a string": bias in [-100, 100]} -> {int: float}."""
     out = {}
     for key, value in bias.items():
-        if not (isinstance(key, str) and key.lstrip("-").isdigit()):
-            raise ApiError(400, f"logit_bias keys must be token ids written as strings, like \"50256\"; got {key!r}", "logit_bias")
+        if not (key.isascii() and key.isdigit() and int(key) < vocab_size):
+            raise ApiError(400, f"logit_bias keys must be token ids from 0 to {vocab_size - 1} written as strings, like \"42\"; got {key!r}", "logit_bias")
         if not _is(value, NUMBER) or not -100 <= value <= 100:
             raise ApiError(400, f"logit_bias values must be numbers from -100 to 100; {key!r} has {value!r}", "logit_bias")
         out[int(key)] = float(value)
     return out
 
 
-def _param_of(message: str, body: dict) -> str | None:
+def param_of(message: str, body: dict) -> str | None:
     """The request field a runtime error message is about: its first word, in the request's own name."""
     word = message.split(" ", 1)[0]
     if word == "min_new_tokens":
@@ -197,3 +196,78 @@ def _param_of(message: str, body: dict) -> str | None:
         return "logit_bias"
     word = RUNTIME_TO_FIELD.get(word, word)
     return word if word in COMPLETION_FIELDS else None
+
+
+# Responses -------------------------------------------------------------------------------------------
+
+
+def choices(request: CompletionRequest, completions: list | None, scores: list | None) -> list:
+    """One choice per (prompt, sequence), index = prompt_index * n + sequence, as OpenAI numbers them.
+
+    completions: the Generation's, or None when max_tokens is 0; scores: each prompt's Score when
+    echo and logprobs are both asked for (the prompt's own log-probs come first), else None.
+    """
+    out = []
+    for index in range(len(request.prompts) * request.n):
+        prompt_index = index // request.n
+        completion = completions[index] if completions else None
+        text = (request.prompts[prompt_index] if request.echo else "") + (completion.text if completion else "")
+        finish_reason = completion.finish_reason if completion else "length"
+        out.append(choice(index, text, logprobs(request, completion, scores[prompt_index] if scores else None), finish_reason))
+    return out
+
+
+def choice(index: int, text: str, logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def logprobs(request: CompletionRequest, completion, score) -> dict | None:
+    """OpenAI's legacy shape {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+
+    Prompt tokens (echo) come from Model.score: each is conditioned on what precedes it, the first on
+    end-of-text, and their top_logprobs are null (scoring computes the chosen token's only).
+    """
+    if request.logprobs is None:
+        return None
+    tokens, values, tops = [], [], []
+    if score is not None:
+        tokens += score.tokens
+        values += [_finite(v) for v in score.logprobs]
+        tops += [None] * len(score.tokens)
+    for entry in (completion.logprobs or []) if completion else []:
+        tokens.append(entry["token"])
+        values.append(_finite(entry["logprob"]))
+        top = {}
+        for alternative in entry["top_logprobs"]:  # most likely first; tokens that print alike keep the first
+            top.setdefault(alternative["token"], _finite(alternative["logprob"]))
+        tops.append(top)
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(request: CompletionRequest, model_id: str, choices: list, usage: dict | None = None) -> dict:
+    """A whole response, or (stream) one chunk: same object, same id, a few choices at a time."""
+    body = {"id": request.id, "object": "text_completion", "created": request.created, "model": model_id, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def score(text_score, model_id: str) -> dict:
+    return {
+        "object": "score", "model": model_id, "tokens": text_score.tokens, "token_ids": text_score.token_ids,
+        "token_logprobs": [_finite(v) for v in text_score.logprobs], "perplexity": _finite(text_score.perplexity),
+        "usage": {"prompt_tokens": len(text_score.token_ids), "total_tokens": len(text_score.token_ids)},
+    }
+
+
+def _finite(value):
+    """JSON has no NaN: a log-prob that does not exist (nothing to condition on) is null."""
+    return float(value) if value is not None and math.isfinite(value) else None

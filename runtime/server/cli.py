@@ -1,0 +1,106 @@
+"""`edgelm serve`: load a package once and answer OpenAI-style HTTP requests with it (needs edgelm[server])."""
+
+import logging
+import os
+import signal
+
+import click
+
+from ..errors import EdgelmError
+
+
+@click.command()
+@click.argument("package", required=False)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on; 0.0.0.0 exposes the server to the network.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), help="onnxruntime threads per generation (default: cores / --max-concurrency).")
+@click.option("--api-key", envvar="EDGELM_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/ (also $EDGELM_API_KEY).")
+@click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1), help="Generations running at once; the rest wait in a FIFO queue.")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Requests waiting for a slot; more get 429.")
+@click.option("--max-tokens-limit", type=click.IntRange(min=1), help="Largest max_tokens a request may ask for (default: the model's context).")
+@click.option("--max-n", default=8, show_default=True, type=click.IntRange(min=1), help="Largest n (completions per prompt).")
+@click.option("--max-prompts", default=16, show_default=True, type=click.IntRange(min=1), help="Most prompts in one request.")
+@click.option("--max-body-bytes", default=1_000_000, show_default=True, type=click.IntRange(min=1), help="Largest request body; more gets 413.")
+@click.option("--request-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a request may take, queue included: then 408 (or an error event ending the stream).")
+@click.option("--shutdown-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0),
+              help="On SIGINT/SIGTERM, seconds running requests get to finish before they are stopped.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
+@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+def serve(package, host, port, device, threads, api_key, max_concurrency, max_queue, max_tokens_limit, max_n, max_prompts,
+          max_body_bytes, request_timeout, shutdown_timeout, log_level, no_verify):
+    """Serve PACKAGE (default models/distilgpt2) over an OpenAI-compatible HTTP API.
+
+    \b
+    POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...)
+    POST /v1/score        per-token log-probs and perplexity of {"text": ...}
+    GET  /v1/models, /health
+
+    Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent.
+    Each request runs on its own, so a seeded or greedy request gives what `edgelm generate` gives.
+    """
+    try:
+        import uvicorn
+
+        from .app import create_app
+        from .schema import Limits
+    except ImportError as error:
+        raise click.ClickException(f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'") from None
+    from ..model import load
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if threads is None and device != "cuda":
+        threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each running generation gets its share of cores
+    try:
+        model = load(package, device=device, threads=threads, verify=not no_verify)
+    except EdgelmError as error:
+        raise click.ClickException(str(error)) from None
+    limits = Limits(max_tokens_limit or model.arch.n_positions, max_n, max_prompts, max_body_bytes, request_timeout)
+    app = create_app(model, limits, max_concurrency, max_queue, api_key)
+    logging.getLogger("edgelm.server").info(
+        "serving %s (%s, %s threads each, %d at once) at http://%s:%d/v1", model.package.name, model.device, threads or "all", max_concurrency, host, port)
+    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None, log_level=log_level,
+                            timeout_graceful_shutdown=shutdown_timeout + 5)
+    with _quiet_signals():
+        _Server(config, app.jobs, shutdown_timeout).run()
+
+
+class _ServerBase:
+    pass
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, stopping running generations `grace` seconds into a shutdown: their clients get
+        a clean 503 or a final error event instead of a cut connection."""
+
+        def __init__(self, config, jobs, grace: float):
+            super().__init__(config)
+            self.jobs, self.grace = jobs, grace
+
+        async def shutdown(self, sockets=None):
+            import asyncio
+
+            asyncio.get_running_loop().call_later(self.grace, self.jobs.stop_all, "shutdown")
+            await super().shutdown(sockets)
+
+    return Server
+
+
+def _Server(config, jobs, grace):
+    return _server_class()(config, jobs, grace)
+
+
+class _quiet_signals:
+    """uvicorn re-raises SIGINT/SIGTERM after its clean shutdown, which would kill the process with that
+    signal; handlers that do nothing turn a requested shutdown into exit code 0."""
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)

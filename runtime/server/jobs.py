@@ -1,0 +1,176 @@
+"""Where requests wait and run: a fair FIFO of slots, and one worker thread per running request.
+
+    request -> Slots.acquire() (FIFO; 429 when the queue is full; 408 at the deadline)
+            -> Job: its Generation runs in a worker thread, pieces cross to the event loop through an
+               asyncio.Queue (loop.call_soon_threadsafe) -> the response reads them
+            -> the worker ends (done, error, cancelled) -> the slot passes to the oldest waiter
+
+No batching across requests: each request is its own Generation (its prompts x n rows batched together),
+so what a request gets never depends on what else runs; the Model is shared, read-only and thread-safe.
+A job is stopped from outside (client gone, timeout, shutdown) by a flag the worker checks before every
+forward pass, so a stopped request gives its slot back after at most one step.
+"""
+
+import asyncio
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the waiting line is at its limit."""
+
+
+class Stopped(Exception):
+    """A job was stopped from outside; `reason` says why: "cancelled", "timeout" or "shutdown"."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Slots:
+    """At most `size` jobs at once; waiters are served strictly in arrival order. Event-loop side only."""
+
+    def __init__(self, size: int, max_queue: int):
+        self.size, self.max_queue = size, max_queue
+        self.active = 0
+        self._waiters: deque = deque()
+
+    @property
+    def queued(self) -> int:
+        return sum(not w.done() for w in self._waiters)
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting in line for one; raises QueueFull when the line is full."""
+        if self.active < self.size and not self.queued:
+            self.active += 1
+            return
+        if self.queued >= self.max_queue:
+            raise QueueFull()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter  # release() hands its slot over by resolving this
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # the slot arrived as we were cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot changes hands; `active` stays the same
+                return
+        self.active -= 1
+
+
+class Job:
+    """One request's work in a worker thread. Iterate it (on the event loop) for the (kind, value) events that
+    `work(job)` emits, then ("error", exception) if it raised. `on_end` runs on the loop when the thread is done."""
+
+    def __init__(self, work, on_end, deadline: float):
+        self.work, self.on_end, self.deadline = work, on_end, deadline
+        self.loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._stop: str | None = None  # set on the loop, read by the worker: one attribute, no lock needed
+        self._ended = False
+
+    # -- worker-thread side
+
+    def run(self) -> None:
+        try:
+            self.work(self)
+        except BaseException as error:  # every failure reaches the response as a clean error, never a hung client
+            self.emit("error", error)
+        finally:
+            self.emit("end")
+            self._call(self.on_end, self)
+
+    def emit(self, kind: str, value=None) -> None:
+        self._call(self._events.put_nowait, (kind, value))
+
+    def check(self) -> None:
+        """Raise Stopped if the request no longer wants tokens; called before every step."""
+        if self._stop is None and time.monotonic() > self.deadline:
+            self._stop = "timeout"
+        if self._stop is not None:
+            raise Stopped(self._stop)
+
+    def guard(self, engine) -> "GuardedEngine":
+        return GuardedEngine(engine, self)
+
+    def _call(self, function, *args) -> None:
+        try:
+            self.loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:  # the loop is already closed: nobody is listening any more
+            pass
+
+    # -- event-loop side
+
+    def stop(self, reason: str = "cancelled") -> None:
+        if self._stop is None:
+            self._stop = reason
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self._ended:
+            kind, value = await self._events.get()
+            if kind != "end":
+                return kind, value
+            self._ended = True
+        raise StopAsyncIteration
+
+
+class GuardedEngine:
+    """The model's engine with a stop check before each forward pass (prefill and every decode step)."""
+
+    def __init__(self, engine, job: Job):
+        self._engine, self._job = engine, job
+
+    def forward(self, *args, **kwargs):
+        self._job.check()
+        return self._engine.forward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+class Jobs:
+    """The slots, the worker threads, and every job now running (so shutdown can stop them)."""
+
+    def __init__(self, max_concurrency: int, max_queue: int):
+        self.slots = Slots(max_concurrency, max_queue)
+        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="edgelm-generate")
+        self.running: set = set()
+        self.closing = False
+
+    async def start(self, work, deadline: float) -> Job:
+        """Wait for a slot (raises QueueFull, or TimeoutError at the deadline), then run `work(job)` in a thread."""
+        if self.closing:
+            raise Stopped("shutdown")
+        await asyncio.wait_for(self.slots.acquire(), max(deadline - time.monotonic(), 0))
+        if self.closing:
+            self.slots.release()
+            raise Stopped("shutdown")
+        job = Job(work, self._ended, deadline)
+        self.running.add(job)
+        self.pool.submit(job.run)
+        return job
+
+    def _ended(self, job: Job) -> None:
+        self.running.discard(job)
+        self.slots.release()
+
+    def stop_all(self, reason: str = "shutdown") -> None:
+        self.closing = True
+        for job in list(self.running):
+            job.stop(reason)
+
+    def close(self) -> None:
+        self.stop_all()
+        self.pool.shutdown(wait=True, cancel_futures=True)
