@@ -7,7 +7,7 @@ import click
 
 from .errors import EdgelmError
 
-LAZY_COMMANDS = {"export": "edgelm.export.cli:export"}  # heavy stages import only when asked for
+LAZY_COMMANDS = {"export": "edgelm.export.cli:export", "serve": "edgelm.runtime.server.cli:serve"}  # heavy stages import only when asked for
 
 
 class EdgelmGroup(click.Group):
@@ -180,6 +180,26 @@ def verify(package):
     except EdgelmError as error:
         _fail(error)
     click.echo(f"OK: {len(pkg.manifest.get('files', {}))} files of {pkg.folder} match their sha256" if pkg.manifest else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify")
+
+
+@main.command()
+@click.argument("package", required=False)
+@click.option("--runs", type=int, default=3, show_default=True, help="Repeats per figure (medians are reported).")
+@click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def bench(package, runs, threads, device, as_json):
+    """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling."""
+    from .bench import format_table, run_bench
+    from .model import DEFAULT_PACKAGE
+
+    if runs < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--runs")
+    try:
+        result = run_bench(package or DEFAULT_PACKAGE, threads=threads, device=device, runs=runs)
+    except EdgelmError as error:
+        _fail(error)
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
 if __name__ == "__main__":

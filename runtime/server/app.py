@@ -13,9 +13,11 @@ import asyncio
 import hmac
 import json
 import logging
+import signal
 import time
 from contextlib import asynccontextmanager
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -90,6 +92,33 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
     app = AccessLog(ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key))
     app.jobs = jobs
     return app
+
+
+def run(app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0) -> None:
+    """Serve `app` with uvicorn until SIGINT/SIGTERM; a requested shutdown returns normally (exit code 0)."""
+    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None, log_level=log_level,
+                            timeout_graceful_shutdown=shutdown_timeout + 5)  # a backstop: GracefulServer stops jobs first
+    # uvicorn re-raises the signal after its clean shutdown, which would kill the process with it;
+    # handlers that do nothing make that a normal return.
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        GracefulServer(config, app.jobs, shutdown_timeout).run()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, stopping the generations still running `grace` seconds into a shutdown, so that
+    their clients get a clean 503 or a final error event rather than a cut connection."""
+
+    def __init__(self, config, jobs: Jobs, grace: float):
+        super().__init__(config)
+        self.jobs, self.grace = jobs, grace
+
+    async def shutdown(self, sockets=None):
+        asyncio.get_running_loop().call_later(self.grace, self.jobs.stop_all, "shutdown")
+        await super().shutdown(sockets)
 
 
 def _prepare(model, req) -> tuple:

@@ -2,7 +2,6 @@
 
 import logging
 import os
-import signal
 
 import click
 
@@ -41,9 +40,7 @@ def serve(package, host, port, device, threads, api_key, max_concurrency, max_qu
     Each request runs on its own, so a seeded or greedy request gives what `edgelm generate` gives.
     """
     try:
-        import uvicorn
-
-        from .app import create_app
+        from .app import create_app, run
         from .schema import Limits
     except ImportError as error:
         raise click.ClickException(f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'") from None
@@ -60,47 +57,4 @@ def serve(package, host, port, device, threads, api_key, max_concurrency, max_qu
     app = create_app(model, limits, max_concurrency, max_queue, api_key)
     logging.getLogger("edgelm.server").info(
         "serving %s (%s, %s threads each, %d at once) at http://%s:%d/v1", model.package.name, model.device, threads or "all", max_concurrency, host, port)
-    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None, log_level=log_level,
-                            timeout_graceful_shutdown=shutdown_timeout + 5)
-    with _quiet_signals():
-        _Server(config, app.jobs, shutdown_timeout).run()
-
-
-class _ServerBase:
-    pass
-
-
-def _server_class():
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, stopping running generations `grace` seconds into a shutdown: their clients get
-        a clean 503 or a final error event instead of a cut connection."""
-
-        def __init__(self, config, jobs, grace: float):
-            super().__init__(config)
-            self.jobs, self.grace = jobs, grace
-
-        async def shutdown(self, sockets=None):
-            import asyncio
-
-            asyncio.get_running_loop().call_later(self.grace, self.jobs.stop_all, "shutdown")
-            await super().shutdown(sockets)
-
-    return Server
-
-
-def _Server(config, jobs, grace):
-    return _server_class()(config, jobs, grace)
-
-
-class _quiet_signals:
-    """uvicorn re-raises SIGINT/SIGTERM after its clean shutdown, which would kill the process with that
-    signal; handlers that do nothing turn a requested shutdown into exit code 0."""
-
-    def __enter__(self):
-        self.previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
+    run(app, host, port, log_level, shutdown_timeout)

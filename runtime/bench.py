@@ -1,0 +1,133 @@
+"""`edgelm bench`: how fast a package runs here, and how close decode comes to the memory-bandwidth ceiling.
+
+Decoding one token at batch 1 must read every weight once, so tokens/s cannot beat
+bandwidth / weight bytes. The ceiling is measured in this process: the time for `threads` threads to read
+a buffer as large as the package's weights. Every figure is a median of several runs after a warm-up.
+"""
+
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from .config import GenerationConfig
+from .engine import generate
+from .model import load
+
+
+def _median(values):
+    return float(np.median(values))
+
+
+def _timed_tokens(model, prompts, new_tokens):
+    """Run greedy generation on token ids; returns (seconds to the first token, seconds for the rest)."""
+    config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
+    started = time.perf_counter()
+    first = None
+    for _ in generate(model.engine, prompts, config, [None] * len(prompts), model.pad_id):
+        if first is None:
+            first = time.perf_counter()
+    return first - started, time.perf_counter() - first
+
+
+def _prompt(model, length, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, model.arch.vocab_size, size=length)
+    eos = model.arch.eos_token_id
+    return [int(i) if i != eos else (int(i) + 1) % model.arch.vocab_size for i in ids]
+
+
+def read_ceiling(n_bytes: int, threads: int, runs: int = 5) -> float:
+    """Seconds for `threads` threads to read n_bytes once (a buffer larger than any cache)."""
+    buffer = np.ones(max(n_bytes // 4, threads), dtype=np.float32)
+    parts = np.array_split(buffer, threads)
+    times = []
+    for _ in range(runs + 1):
+        workers = [threading.Thread(target=np.maximum.reduce, args=(p,)) for p in parts]
+        started = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        times.append(time.perf_counter() - started)
+    return _median(times[1:])
+
+
+def _cold_start(path, threads) -> float:
+    """Seconds from starting a fresh Python process to its first generated token."""
+    code = (
+        "import edgelm.runtime as e\n"
+        f"m = e.load({str(path)!r}, threads={threads})\n"
+        "next(iter(m.start(['Hello'], max_new_tokens=1, ignore_eos=True)))\n"
+    )
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def run_bench(path, threads: int | None = None, device: str = "auto", runs: int = 3, new_tokens: int = 128, long_context: int = 896) -> dict:
+    """Measure one package; returns a dict of figures (also what `edgelm bench --json` prints)."""
+    threads = threads or os.cpu_count()
+    started = time.perf_counter()
+    model = load(path, device=device, threads=threads)
+    result = {"package": str(path), "device": model.device, "threads": threads, "runs": runs, "load_s": time.perf_counter() - started}
+    weights = model.package.model_file.stat().st_size
+    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    for length in (8, 128, 512):
+        if length < model.arch.n_positions:
+            result[f"ttft_{length}_ms"] = 1000 * _median([_timed_tokens(model, [_prompt(model, length, r)], 1)[0] for r in range(runs)])
+    new_tokens = min(new_tokens, model.arch.n_positions - 8)
+    decode = [_timed_tokens(model, [_prompt(model, 8, r)], new_tokens)[1] for r in range(runs)]
+    result["decode_tok_s"] = (new_tokens - 1) / _median(decode)
+    long_context = min(long_context, model.arch.n_positions - new_tokens)
+    decode_long = [_timed_tokens(model, [_prompt(model, long_context, r)], new_tokens)[1] for r in range(runs)]
+    result[f"decode_after_{long_context}_tok_s"] = (new_tokens - 1) / _median(decode_long)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # batch 1 work so far
+    batch_tokens = min(64, new_tokens)
+    for batch in (8, 16):
+        rest = [_timed_tokens(model, [_prompt(model, 8, r * 100 + b) for b in range(batch)], batch_tokens)[1] for r in range(runs)]
+        result[f"batch_{batch}_tok_s"] = batch * (batch_tokens - 1) / _median(rest)
+    ceiling_s = read_ceiling(weights, threads)
+    result.update({
+        "weight_bytes": weights,
+        "read_gb_s": weights / ceiling_s / 1e9,
+        "ceiling_tok_s": 1 / ceiling_s,
+        "decode_fraction_of_ceiling": result["decode_tok_s"] * ceiling_s,
+        "batch_16_over_batch_1": result["batch_16_tok_s"] / result["decode_tok_s"],
+        "cold_start_to_first_token_s": _median([_cold_start(path, threads) for _ in range(max(1, runs // 2))]),
+        "load_average": os.getloadavg(),
+    })
+    return result
+
+
+ROWS = [
+    ("load_s", "load", "{:.2f} s"),
+    ("cold_start_to_first_token_s", "process start to first token", "{:.2f} s"),
+    ("ttft_8_ms", "first token, 8-token prompt", "{:.0f} ms"),
+    ("ttft_128_ms", "first token, 128-token prompt", "{:.0f} ms"),
+    ("ttft_512_ms", "first token, 512-token prompt", "{:.0f} ms"),
+    ("decode_tok_s", "decode, batch 1, short context", "{:.1f} tok/s"),
+    ("decode_after_*", "decode, batch 1, after a long context", "{:.1f} tok/s"),
+    ("batch_8_tok_s", "decode, batch 8 (aggregate)", "{:.1f} tok/s"),
+    ("batch_16_tok_s", "decode, batch 16 (aggregate)", "{:.1f} tok/s"),
+    ("batch_16_over_batch_1", "batch 16 / batch 1", "{:.1f}x"),
+    ("peak_rss_mb", "peak RSS (batch 1 work)", "{:.0f} MB"),
+    ("read_gb_s", "memory read, same threads", "{:.1f} GB/s"),
+    ("ceiling_tok_s", "ceiling: weights read once per token", "{:.1f} tok/s"),
+    ("decode_fraction_of_ceiling", "decode / ceiling", "{:.2f}"),
+]
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['package']}  ({result['device']}, {result['threads']} threads, medians of {result['runs']}, load average {result['load_average'][0]:.2f})"]
+    for key, label, fmt in ROWS:
+        if key.endswith("*"):
+            key = next((k for k in result if k.startswith(key[:-1])), None)
+            label = f"decode, batch 1, after {key.split('_')[2]} tokens" if key else label
+        if key in result:
+            lines.append(f"  {label:<40} {fmt.format(result[key])}")
+    return "\n".join(lines)
