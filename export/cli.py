@@ -10,7 +10,7 @@ from edgelm.runtime.errors import EdgelmError
 @click.command()
 @click.argument("model", default="distilgpt2", required=False)
 @click.option("-o", "--output", type=click.Path(file_okay=False), help="Package folder (default: models/NAME, models/NAME-int8 when quantized).")
-@click.option("--quantize", type=click.Choice(["none", "int8"]), default="none", show_default=True, help="Weight storage: float32, or int8 with a measured quality report.")
+@click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True, help="Weight storage: float32, or int8 / int4 with a measured quality report.")
 @click.option("--revision", help="Hub branch, tag or commit (default: main).")
 @click.option("--force", is_flag=True, help="Replace an existing package at the output folder.")
 def export(model, output, quantize, revision, force):

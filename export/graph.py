@@ -22,10 +22,10 @@ import numpy as np
 from edgelm.runtime.architecture import Architecture
 
 from .onnx_builder import FLOAT, INT64, MS_DOMAIN, GraphBuilder
-from .quantize import quantize_int8
+from .quantize import INT4_BLOCK, quantize_int4, quantize_int8
 
 OPSET = 17
-FLOAT_MIN = float(np.finfo(np.float32).min)
+MASKED = float(np.finfo(np.float32).min) / 2  # added to a score: exp() underflows to exactly 0
 
 
 def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none"):
@@ -42,35 +42,36 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     logits_to_keep = g.input("logits_to_keep", INT64, [])
     g.weight("logits_to_keep", np.array(0, dtype=np.int64))  # default: every position
 
-    linear = _int8_linear if recipe == "int8" else _float_linear
-    mask = _attention_mask(g, input_ids, attention_mask)  # bool [B, 1, T, P + T]
+    matmul = {"none": _float_matmul, "int8": _int8_matmul, "int4": _int4_matmul}[recipe]
+    bias = lambda name: g.weight(name, weights[name])  # noqa: E731
+    attention_bias = _attention_bias(g, input_ids, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
     embed, lm_head = _tied_embedding(g, weights, recipe)
     x = g.op("Add", [embed(input_ids), g.op("Gather", [g.weight("wpe", weights["transformer.wpe.weight"]), position_ids])])
+    h = _layer_norm(g, x, weights, "transformer.h.0.ln_1", arch)
 
+    # Each block is 8 fused onnxruntime ops: the residual add, its bias and the next layer norm are one
+    # SkipLayerNormalization; the QKV bias, the cache concat and the attention are one MultiHeadAttention.
     for i in range(arch.n_layer):
         p = f"transformer.h.{i}."
-        h = _layer_norm(g, x, weights, p + "ln_1", arch)
-        qkv = linear(g, h, weights, p + "attn.c_attn")  # [B, T, 3C]
+        qkv = matmul(g, h, weights, p + "attn.c_attn")  # [B, T, 3C], bias added inside attention
         q, k, v = g.op("Split", [qkv, g.const([C, C, C])], outputs=3, axis=2)
-        q, k, v = (g.op("Transpose", [g.op("Reshape", [t, g.const([0, 0, H, D])])], perm=[0, 2, 1, 3]) for t in (q, k, v))
-        present_key = g.op("Concat", [past[i][0], k], outputs=[f"present.{i}.key"], axis=2)  # [B, H, P+T, D]
-        present_value = g.op("Concat", [past[i][1], v], outputs=[f"present.{i}.value"], axis=2)
-        scores = g.op("MatMul", [q, g.op("Transpose", [present_key], perm=[0, 1, 3, 2])])  # [B, H, T, P+T]
-        scores = g.op("Div", [scores, g.const(np.sqrt(D), np.float32)])
-        probs = g.op("Softmax", [g.op("Where", [mask, scores, g.const(FLOAT_MIN, np.float32)])], axis=-1)
-        attn = g.op("Transpose", [g.op("MatMul", [probs, present_value])], perm=[0, 2, 1, 3])  # [B, T, H, D]
-        attn = g.op("Reshape", [attn, g.const([0, 0, C])])
-        x = g.op("Add", [x, linear(g, attn, weights, p + "attn.c_proj")])
-        h = _layer_norm(g, x, weights, p + "ln_2", arch)
-        h = _gelu_new(g, linear(g, h, weights, p + "mlp.c_fc"))
-        x = g.op("Add", [x, linear(g, h, weights, p + "mlp.c_proj")])
+        attn = g.op(
+            "MultiHeadAttention", [q, k, v, bias(p + "attn.c_attn.bias"), "", attention_bias, *past[i]],
+            outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"], domain=MS_DOMAIN, num_heads=H,
+        )[0]
+        out = matmul(g, attn, weights, p + "attn.c_proj")
+        h, x = _skip_layer_norm(g, out, x, weights, p + "ln_2", p + "attn.c_proj.bias", arch)  # x += out + bias
+        m = g.op("FastGelu", [matmul(g, h, weights, p + "mlp.c_fc"), bias(p + "mlp.c_fc.bias")], domain=MS_DOMAIN)
+        m = matmul(g, m, weights, p + "mlp.c_proj")
+        if i + 1 < arch.n_layer:
+            h, x = _skip_layer_norm(g, m, x, weights, f"transformer.h.{i + 1}.ln_1", p + "mlp.c_proj.bias", arch)
 
-    # Keep only the positions the caller wants logits for, before the final norm and the LM head.
+    # Keep only the positions the caller wants logits for, then the last residual add, final norm, LM head.
     keep = g.op("Reshape", [logits_to_keep, g.const([1])])
     start = g.op("Where", [g.op("Greater", [keep, g.const([0])]), g.op("Neg", [keep]), g.const([0])])
-    x = g.op("Slice", [x, start, g.const([np.iinfo(np.int64).max]), g.const([1])])
-    x = _layer_norm(g, x, weights, "transformer.ln_f", arch)
-    lm_head(x, "logits")
+    kept = [g.op("Slice", [t, start, g.const([np.iinfo(np.int64).max]), g.const([1])]) for t in (m, x)]
+    h, _ = _skip_layer_norm(g, *kept, weights, "transformer.ln_f", p + "mlp.c_proj.bias", arch)
+    lm_head(h, "logits")
 
     g.output("logits", FLOAT, ["batch", "kept_sequence", arch.vocab_size])
     for i in range(arch.n_layer):
@@ -79,15 +80,16 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     return g.model(OPSET, doc=f"GPT-2 decoder with KV cache, weights: {recipe}")
 
 
-def _attention_mask(g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
-    """Causal and padding mask together: bool [B, 1, T, P + T], True where a query may attend."""
+def _attention_bias(g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
+    """Causal and padding mask together as an additive bias [B, 1, T, P + T]: 0 where a query may attend,
+    MASKED elsewhere. MASKED is finite so a fully padded query row gives a uniform softmax, never NaN."""
     new = g.op("Gather", [g.op("Shape", [input_ids]), g.const(1)])  # T
     total = g.op("Gather", [g.op("Shape", [attention_mask]), g.const(1)])  # P + T
     query_pos = g.op("Range", [g.op("Sub", [total, new]), total, g.const(1)])  # [T] absolute positions
     key_pos = g.op("Range", [g.const(0), total, g.const(1)])  # [P + T]
     causal = g.op("LessOrEqual", [g.op("Unsqueeze", [key_pos, g.const([0])]), g.op("Unsqueeze", [query_pos, g.const([1])])])
     padding = g.op("Unsqueeze", [g.op("Cast", [attention_mask], to=9), g.const([1, 2])])  # [B, 1, 1, P + T]
-    return g.op("And", [causal, padding])
+    return g.op("Where", [g.op("And", [causal, padding]), g.const(0.0, np.float32), g.const(MASKED, np.float32)])
 
 
 def _layer_norm(g, x, weights, prefix, arch):
@@ -99,30 +101,36 @@ def _layer_norm(g, x, weights, prefix, arch):
     )
 
 
-def _gelu_new(g, x):
-    """GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    cube = g.op("Mul", [g.op("Mul", [x, x]), x])
-    inner = g.op("Mul", [g.op("Add", [x, g.op("Mul", [cube, g.const(0.044715, np.float32)])]), g.const(np.sqrt(2.0 / np.pi), np.float32)])
-    return g.op("Mul", [g.op("Mul", [x, g.const(0.5, np.float32)]), g.op("Add", [g.op("Tanh", [inner]), g.const(1.0, np.float32)])])
+def _skip_layer_norm(g, x, residual, weights, prefix, bias_name, arch):
+    """LayerNorm(residual + x + bias) and the new residual, in one op."""
+    outputs = g.op(
+        "SkipLayerNormalization",
+        [x, residual, g.weight(prefix + ".weight", weights[prefix + ".weight"]), g.weight(prefix + ".bias", weights[prefix + ".bias"]), g.weight(bias_name, weights[bias_name])],
+        outputs=[g.fresh("normed"), "", "", g.fresh("residual")], domain=MS_DOMAIN, epsilon=arch.layer_norm_epsilon,
+    )
+    return outputs[0], outputs[3]
 
 
-def _float_linear(g, x, weights, prefix):
-    """x @ W + b with GPT-2's Conv1D layout W [in, out]."""
-    y = g.op("MatMul", [x, g.weight(prefix + ".weight", weights[prefix + ".weight"])])
-    return g.op("Add", [y, g.weight(prefix + ".bias", weights[prefix + ".bias"])])
+def _float_matmul(g, x, weights, prefix):
+    """x @ W with GPT-2's Conv1D layout W [in, out]; the bias is added by the op that follows."""
+    return g.op("MatMul", [x, g.weight(prefix + ".weight", weights[prefix + ".weight"])])
 
 
-def _int8_linear(g, x, weights, prefix):
+def _int8_matmul(g, x, weights, prefix):
     """The same product with int8 weights; activations are quantized on the fly by onnxruntime."""
     w = quantize_int8(weights[prefix + ".weight"])
-    inputs = [
-        x,
-        g.weight(prefix + ".weight_int8", w.q),
-        g.weight(prefix + ".weight_scale", w.scale),
-        g.weight(prefix + ".weight_zero_point", np.zeros_like(w.scale, dtype=np.int8)),
-        g.weight(prefix + ".bias", weights[prefix + ".bias"]),
-    ]
-    return g.op("DynamicQuantizeMatMul", inputs, domain=MS_DOMAIN)
+    scale = g.weight(prefix + ".weight_scale", w.scale)
+    zero_point = g.weight(prefix + ".weight_zero_point", np.zeros_like(w.scale, dtype=np.int8))
+    return g.op("DynamicQuantizeMatMul", [x, g.weight(prefix + ".weight_int8", w.q), scale, zero_point], domain=MS_DOMAIN)
+
+
+def _int4_matmul(g, x, weights, prefix, name=None):
+    """x @ W with W in 4-bit blocks; accuracy_level 4 quantizes x to int8 (its default 0 is ~100x slower)."""
+    weight = weights[prefix + ".weight"]  # [K, N]
+    w = quantize_int4(np.ascontiguousarray(weight.T))
+    k, n = weight.shape
+    inputs = [x, g.weight(prefix + ".weight_int4", w.packed), g.weight(prefix + ".weight_scale", w.scale)]
+    return g.op("MatMulNBits", inputs, outputs=[name] if name else 1, domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=INT4_BLOCK, accuracy_level=4)
 
 
 def _tied_embedding(g, weights, recipe):
@@ -139,6 +147,8 @@ def _tied_embedding(g, weights, recipe):
 
         return embed, lm_head
 
+    if recipe == "int4":
+        return _tied_embedding_int4(g, weights)
     w = quantize_int8(wte_t)  # one scale per vocabulary entry: the same for its embedding row and logit column
     table = g.weight("lm_head.weight_int8", w.q)
     scale = g.weight("lm_head.weight_scale", w.scale)
@@ -151,5 +161,24 @@ def _tied_embedding(g, weights, recipe):
 
     def lm_head(x, out):
         return g.op("DynamicQuantizeMatMul", [x, table, scale, zero_point], outputs=[out], domain=MS_DOMAIN)
+
+    return embed, lm_head
+
+
+def _tied_embedding_int4(g, weights):
+    """wte [V, C] is already MatMulNBits' [N, K] layout: one 4-bit copy serves the LM head and the lookup."""
+    wte = weights["transformer.wte.weight"]
+    vocab, width = wte.shape
+    w = quantize_int4(wte)
+    table = g.weight("lm_head.weight_int4", w.packed)  # [V, C / 32, 16]
+    scale = g.weight("lm_head.weight_scale", w.scale)  # [V, C / 32]
+    block_scale = g.op("Unsqueeze", [scale, g.const([2])])  # [V, C / 32, 1]: one block per row of the table
+
+    def embed(ids):
+        rows = g.op("GatherBlockQuantized", [table, ids, block_scale], domain=MS_DOMAIN, bits=4, block_size=INT4_BLOCK, gather_axis=0, quantize_axis=2)
+        return g.op("Reshape", [rows, g.const([0, 0, width])])  # [B, T, C/32, 32] -> [B, T, C]
+
+    def lm_head(x, out):
+        return g.op("MatMulNBits", [x, table, scale], outputs=[out], domain=MS_DOMAIN, K=width, N=vocab, bits=4, block_size=INT4_BLOCK, accuracy_level=4)
 
     return embed, lm_head

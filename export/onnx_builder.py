@@ -44,6 +44,10 @@ class GraphBuilder:
             self._constants[key] = self.weight(f"const_{len(self._constants)}", array)
         return self._constants[key]
 
+    def fresh(self, prefix: str) -> str:
+        """A fresh tensor name."""
+        return f"{prefix}_{next(self._ids)}"
+
     def op(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, domain: str = "", **attrs):
         """Add one node. Returns its output name, or a list of names when it has several."""
         if isinstance(outputs, int):

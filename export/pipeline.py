@@ -60,7 +60,7 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
     arch = checkpoint.arch
     weight_bytes = sum(w.nbytes for w in checkpoint.weights.values())
     stage("load", "done", f"{arch.n_layer} layers, {arch.n_embd} wide, {weight_bytes / 4e6:.1f} M parameters")
-    check_destination(output, force, int(weight_bytes * (0.3 if quantize == "int8" else 1.05)) + (1 << 20))
+    check_destination(output, force, int(weight_bytes * (0.3 if quantize != "none" else 1.05)) + (1 << 20))
 
     stage("export", "start")
     fp32_model = build_decoder(arch, checkpoint.weights, "none")

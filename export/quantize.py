@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RECIPES = ("none", "int8")
+RECIPES = ("none", "int8", "int4")
+INT4_BLOCK = 32  # weights per scale along the input dimension (llama.cpp q4_0 uses 32 too)
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,40 @@ def quantize_int8(weight: np.ndarray, reduce_range: bool = True) -> Int8Weight:
     return Int8Weight(q=q, scale=scale)
 
 
+@dataclass(frozen=True)
+class Int4Weight:
+    """A logical [K, N] weight stored as onnxruntime's MatMulNBits expects: transposed, 4-bit, in blocks."""
+
+    packed: np.ndarray  # uint8 [N, K / 32, 16]: two 4-bit values per byte, low nibble first
+    scale: np.ndarray  # float32 [N, K / 32]: w ~= (q - 8) * scale
+
+
+def quantize_int4(weight_nk: np.ndarray) -> Int4Weight:
+    """Symmetric 4-bit, one scale per block of 32 inputs, zero point 8 (the ops' default); weight_nk is [N, K]."""
+    n, k = weight_nk.shape
+    if k % INT4_BLOCK:
+        raise ValueError(f"int4 needs input widths divisible by {INT4_BLOCK}, got {k}")
+    blocks = weight_nk.reshape(n, k // INT4_BLOCK, INT4_BLOCK)
+    absmax = np.abs(blocks).max(axis=-1)
+    scale = np.where(absmax > 0, absmax / 7, 1.0).astype(np.float32)
+    q = (np.clip(np.rint(blocks / scale[..., None]), -8, 7) + 8).astype(np.uint8)
+    return Int4Weight(packed=q[..., 0::2] | (q[..., 1::2] << 4), scale=scale)
+
+
 def recipe_description(recipe: str, reduce_range: bool = True) -> dict:
     """What the manifest records about how the weights were stored."""
     if recipe == "none":
         return {"method": "none", "weights": "float32"}
+    if recipe == "int4":
+        return {
+            "method": "int4",
+            "weights": f"4-bit, symmetric, one float32 scale per block of {INT4_BLOCK} inputs, zero point 8",
+            "bits": 4,
+            "block_size": INT4_BLOCK,
+            "ops": "MatMulNBits (accuracy_level 4: int8 activations) and GatherBlockQuantized for the tied embedding",
+            "covers": "every block MatMul and the tied embedding / LM head matrix (stored once)",
+            "kept_float32": "position table, biases, layer norms",
+        }
     return {
         "method": "int8",
         "weights": "int8, symmetric, per output channel",

@@ -33,6 +33,13 @@ def tiny_package_int8(tiny_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_package_int4(tiny_checkpoint, tmp_path_factory):
+    from edgelm.export.pipeline import export_model
+
+    return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int4", quantize="int4").path
+
+
+@pytest.fixture(scope="session")
 def reference_model(tiny_checkpoint):
     """The same checkpoint in transformers (PyTorch), eager attention: the fidelity reference."""
     from transformers import GPT2LMHeadModel
