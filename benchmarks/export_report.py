@@ -20,7 +20,7 @@ OUT = Path(__file__).parent / "out"
 def main():
     checkpoint = Path(sys.argv[1]) if len(sys.argv) > 1 else build(OUT / "distilgpt2-random")
     rows = {}
-    for recipe in ("none", "int8"):
+    for recipe in ("none", "int8", "int4"):
         started = time.perf_counter()
         result = export_model(str(checkpoint), OUT / f"pkg-{recipe}", quantize=recipe, force=True)
         m = result.manifest

@@ -1,0 +1,302 @@
+"""Side-by-side peer benchmark: the same checkpoint, prompts and threads through every system, interleaved.
+
+    pip install -e '.[export,bench]'
+    python benchmarks/peers.py                      # distilgpt2-shaped random checkpoint from ../shared
+    python benchmarks/peers.py --checkpoint DIR --rounds 5 --systems edgelm-int8,llama.cpp-q8_0
+
+Each measurement runs in its own worker process (so peak RSS is that system's alone); rounds go through
+every system in turn, so machine noise spreads over all of them. Figures are medians over rounds:
+decode tok/s (batch 1, 8-token prompt, 128 greedy tokens), first token after a 512-token prompt, decode
+tok/s after that prompt (128 tokens), and peak RSS of the worker. Not part of CI.
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "peers"
+NEW_TOKENS = 128
+SYSTEMS = [
+    "transformers-fp32", "optimum-fp32", "genai-fp32", "genai-int8", "ct2-float32", "ct2-int8",
+    "llama.cpp-f32", "llama.cpp-q8_0", "llama.cpp-q4_0", "edgelm-fp32", "edgelm-int8", "edgelm-int4",
+]
+
+
+def prompt_ids(length: int, vocab: int, eos: int) -> list:
+    ids = np.random.default_rng(length).integers(0, vocab, size=length)
+    return [int(i) if i != eos else int(i) - 1 for i in ids]
+
+
+# --- preparing each system's model (once, cached under benchmarks/out/peers) -------------------------
+
+def prepare(system: str, checkpoint: Path) -> Path:
+    kind, _, variant = system.partition("-")
+    target = OUT / system
+    if kind in ("transformers",):
+        return checkpoint
+    if target.exists():
+        return target
+    if kind == "edgelm":
+        from edgelm.export.pipeline import export_model
+
+        export_model(str(checkpoint), target, quantize={"fp32": "none"}.get(variant, variant))
+    elif kind in ("optimum", "genai"):
+        _prepare_onnx_peer(checkpoint, target, int8=variant == "int8")
+    elif kind == "ct2":
+        import ctranslate2
+
+        ctranslate2.converters.TransformersConverter(str(checkpoint)).convert(str(target), quantization=variant)
+    elif kind == "llama.cpp":
+        _prepare_gguf(checkpoint, target, variant)
+    return target
+
+
+def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
+    base = OUT / "optimum-fp32"
+    if not base.exists():
+        from optimum.exporters.onnx import main_export
+
+        main_export(str(checkpoint), output=str(base), task="text-generation-with-past", no_post_process=True)
+    if target == base:
+        return
+    shutil.copytree(base, target)
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(base / "model.onnx"), str(target / "model.onnx"), weight_type=QuantType.QInt8)
+    config = json.loads((checkpoint / "config.json").read_text())
+    layers, heads, width = config["n_layer"], config["n_head"], config["n_embd"]
+    (target / "genai_config.json").write_text(json.dumps({
+        "model": {
+            "type": "gpt2", "context_length": config["n_positions"], "vocab_size": config["vocab_size"],
+            "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "pad_token_id": config["eos_token_id"],
+            "decoder": {
+                "filename": "model.onnx", "head_size": width // heads, "hidden_size": width, "num_attention_heads": heads,
+                "num_hidden_layers": layers, "num_key_value_heads": heads,
+                "session_options": {"intra_op_num_threads": int(os.environ.get("PEER_THREADS", 2)), "inter_op_num_threads": 1},
+                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
+                           "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+            },
+        },
+        "search": {"max_length": config["n_positions"], "do_sample": False, "num_beams": 1, "past_present_share_buffer": False},
+    }, indent=2))
+
+
+def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
+    """convert_hf_to_gguf.py ships in llama-cpp-python's sdist; quantize with the bindings' own call."""
+    f32 = OUT / "llama.cpp-f32" / "model.gguf"
+    if not f32.exists():
+        source = OUT / "llama-cpp-src"
+        if not source.exists():
+            import tarfile
+
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d", str(OUT / "sdist"), "llama-cpp-python==0.3.36"], check=True)
+            with tarfile.open(next((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))) as tar:
+                tar.extractall(source)
+        script = next(source.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+        f32.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
+        subprocess.run([sys.executable, str(script), str(checkpoint), "--outtype", "f32", "--outfile", str(f32)], check=True, env=env)
+    if variant == "f32":
+        return
+    import llama_cpp
+
+    target.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[variant]
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(f32).encode(), str(target / "model.gguf").encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize to {variant}")
+
+
+# --- workers: one system, one process, three figures ---------------------------------------------------
+
+def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int) -> dict:
+    kind = system.split("-")[0]
+    short, long = prompt_ids(8, vocab, eos), prompt_ids(512, vocab, eos)
+    run = RUNNERS[kind](system, model_path, threads)  # run(prompt, n) -> (seconds to first token, seconds for the rest)
+    run(short, 8)  # warm-up
+    first, rest = run(short, NEW_TOKENS)
+    ttft, rest_long = run(long, NEW_TOKENS)
+    return {
+        "decode_tok_s": (NEW_TOKENS - 1) / rest,
+        "ttft_512_ms": 1000 * ttft,
+        "decode_after_512_tok_s": (NEW_TOKENS - 1) / rest_long,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _timed(stream):
+    started = time.perf_counter()
+    first = None
+    for _ in stream:
+        first = first or time.perf_counter()
+    return first - started, time.perf_counter() - first
+
+
+def _edgelm(system, path, threads):
+    import edgelm.runtime as edgelm
+    from edgelm.runtime.config import GenerationConfig
+    from edgelm.runtime.engine import generate
+
+    model = edgelm.load(path, device="cpu", threads=threads)
+
+    def run(prompt, n):
+        config = GenerationConfig(max_new_tokens=n, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
+        return _timed(generate(model.engine, [prompt], config, [None], model.pad_id))
+    return run
+
+
+def _transformers(system, path, threads):
+    import torch
+    from transformers import GPT2LMHeadModel, TextIteratorStreamer  # noqa: F401
+
+    torch.set_num_threads(threads)
+    model = GPT2LMHeadModel.from_pretrained(path).eval()
+    return _hf_generate(model, torch)
+
+
+def _optimum(system, path, threads):
+    import onnxruntime as ort
+    import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    model = ORTModelForCausalLM.from_pretrained(path, session_options=options, use_cache=True, use_io_binding=True)
+    return _hf_generate(model, torch)
+
+
+def _hf_generate(model, torch):
+    """Time the first token with max_new_tokens=1, then the whole run; rest = whole - first."""
+    def run(prompt, n):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            started = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, pad_token_id=0)
+            first = time.perf_counter() - started
+            started = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            return first, time.perf_counter() - started - first
+    return run
+
+
+def _genai(system, path, threads):
+    import onnxruntime_genai as og
+
+    model = og.Model(str(path))
+
+    def run(prompt, n):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + n, min_length=len(prompt) + n, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(prompt)
+
+        def steps():
+            while not generator.is_done():
+                generator.generate_next_token()
+                yield
+
+        return _timed(steps())
+    return run
+
+
+def _ct2(system, path, threads):
+    import ctranslate2
+
+    generator = ctranslate2.Generator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
+
+    def run(prompt, n):
+        tokens = generator.convert_ids_to_tokens(prompt) if hasattr(generator, "convert_ids_to_tokens") else None
+        step_results = generator.generate_tokens(prompt if tokens is None else tokens, max_length=n, sampling_topk=1, end_token=[])
+        return _timed(step_results)
+    return run
+
+
+def _llama(system, path, threads):
+    from llama_cpp import Llama
+
+    model = Llama(str(path / "model.gguf"), n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False, flash_attn=True)
+
+    def run(prompt, n):
+        model.reset()
+        stream = model.generate(prompt, top_k=1, temp=0.0, reset=True)
+        return _timed(token for token, _ in zip(stream, range(n)))
+    return run
+
+
+RUNNERS = {"edgelm": _edgelm, "transformers": _transformers, "optimum": _optimum, "genai": _genai, "ct2": _ct2, "llama.cpp": _llama}
+
+
+# --- the driver -----------------------------------------------------------------------------------------
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, help="a GPT-2 checkpoint folder (default: distilgpt2-shaped, random weights)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.checkpoint is None:
+        sys.path.insert(0, str(HERE))
+        from distilgpt2_checkpoint import build
+
+        args.checkpoint = build(HERE / "out" / "distilgpt2-random")
+    config = json.loads((args.checkpoint / "config.json").read_text())
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.model, args.threads, config["vocab_size"], config["eos_token_id"])))
+        return
+    systems = args.systems.split(",")
+    paths, results, failed = {}, {s: [] for s in systems}, {}
+    for system in systems:
+        try:
+            paths[system] = prepare(system, args.checkpoint)
+        except Exception as error:  # a peer that cannot be prepared here is reported, not fatal
+            failed[system] = f"prepare: {type(error).__name__}: {str(error)[:200]}"
+    for round_ in range(args.rounds):
+        for system in [s for s in systems if s in paths and s not in failed]:
+            command = [sys.executable, __file__, "--worker", system, "--model", str(paths[system]), "--threads", str(args.threads), "--checkpoint", str(args.checkpoint)]
+            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+            if done.returncode != 0:
+                failed[system] = done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else f"exit {done.returncode}"
+                continue
+            results[system].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"round {round_ + 1}: {system} {results[system][-1]}", file=sys.stderr, flush=True)
+    table = {s: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for s, rs in results.items() if rs}
+    print(format_table(table, failed, args))
+    if args.json:
+        args.json.write_text(json.dumps({"medians": table, "failed": failed, "rounds": args.rounds, "threads": args.threads, "load_average": os.getloadavg()}, indent=2))
+
+
+def format_table(table: dict, failed: dict, args) -> str:
+    lines = [f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, load average now {os.getloadavg()[0]:.2f}",
+             "| system | decode tok/s | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |", "| --- | --- | --- | --- | --- |"]
+    for system, row in table.items():
+        lines.append(f"| {system} | {row['decode_tok_s']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |")
+    ratios = [("edgelm-int8", "llama.cpp-q8_0", "decode_tok_s"), ("edgelm-fp32", "transformers-fp32", "decode_tok_s"), ("edgelm-fp32", "llama.cpp-f32", "decode_tok_s"),
+              ("edgelm-int4", "llama.cpp-q4_0", "decode_tok_s"), ("edgelm-int8", "llama.cpp-q8_0", "decode_after_512_tok_s"), ("edgelm-int8", "ct2-int8", "ttft_512_ms"),
+              ("edgelm-int8", "ct2-int8", "peak_rss_mb")]
+    lines.append("")
+    for ours, peer, key in ratios:
+        if ours in table and peer in table:
+            lines.append(f"{ours} / {peer} {key}: {table[ours][key] / table[peer][key]:.2f}x")
+    for system, why in failed.items():
+        lines.append(f"not measured: {system}: {why}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
