@@ -114,7 +114,7 @@ def _stream(stream):
 
 
 def _read_stdin() -> str:
-    data = click.get_binary_stream("stdin").read()
+    data = sys.stdin.buffer.read()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -59,7 +59,7 @@ class Generation:
     def __post_init__(self):
         n = self.config.num_return_sequences
         self.rows = [p for p in self.prompts for _ in range(n)]
-        self._streams = [TextStream(self.tokenizer, self.config.stop, list(r[-PREFIX_TOKENS:])) for r in self.rows]
+        self._streams = [TextStream(self.tokenizer, self.config.stop, self._context(r)) for r in self.rows]
         self._tokens = [[] for _ in self.rows]
         self._logprobs = [[] if self.config.logprobs is not None else None for _ in self.rows]
         self._results = [None] * len(self.rows)
@@ -87,6 +87,14 @@ class Generation:
         finally:
             self.close()
         self.completions = self._results
+
+    def _context(self, prompt: list) -> list:
+        """The prompt's last ids, cut back to a whole character: a token-id prompt may end mid-character,
+        and then the bytes that complete it belong to the completion's text, as decode(token_ids) shows them."""
+        context = list(prompt[-PREFIX_TOKENS:])
+        while context and self.tokenizer.decode(context).endswith("\ufffd"):
+            context.pop()
+        return context
 
     def _accept(self, row: int, token: int, step) -> str:
         self._tokens[row].append(token)

@@ -56,7 +56,8 @@ class Model:
 
     def encode(self, text: str) -> list:
         if not isinstance(text, str):
-            raise PromptError(f"a prompt must be a string, got {type(text).__name__}")
+            hint = "; for one prompt of token ids write [[1, 2, 3]]" if isinstance(text, (int, np.integer)) else ""
+            raise PromptError(f"a prompt must be a string or a list of token ids, got {type(text).__name__}{hint}")
         return self.tokenizer.encode(text).ids
 
     def start(self, prompts, **options) -> Generation:

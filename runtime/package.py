@@ -63,7 +63,9 @@ def open_package(path, verify: bool = True) -> Package:
     if manifest.get("format") != FORMAT:
         raise PackageError(f"{folder / MANIFEST} is not an edgelm manifest (format is {manifest.get('format')!r}).")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise PackageError(f"{folder / MANIFEST} has no valid format_version (got {version!r}); the manifest is damaged. Export the package again.")
+    if version > FORMAT_VERSION:
         raise PackageError(f"{folder} uses package format {version}, newer than this edgelm reads ({FORMAT_VERSION}). Upgrade edgelm: pip install -U edgelm")
     files = manifest.get("files") or {}
     for name in (manifest.get("graph", {}).get("file"), manifest.get("tokenizer")):

@@ -79,6 +79,16 @@ def test_stream_never_shows_half_a_character(gpt2_vocab_model, target):
     assert len(pieces) > 1  # it did stream
 
 
+def test_continuing_token_ids_that_end_mid_character(gpt2_vocab_model):
+    """Continuing from ids that stop inside a character (e.g. a previous completion cut by max_new_tokens):
+    the text is still the decode of the generated ids, as Completion.token_ids documents."""
+    ids = gpt2_vocab_model.encode(" 😀 ok")  # [' \xf0\x9f\x98', '\x80', ' ok']
+    assert REPLACEMENT_CHAR in gpt2_vocab_model.tokenizer.decode(ids[:1])
+    completion, = gpt2_vocab_model.generate([ids[:1]], max_new_tokens=3, logit_bias={ids[1]: 1000.0}, no_repeat_ngram_size=1)
+    assert completion.token_ids[0] == ids[1]
+    assert completion.text == gpt2_vocab_model.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
+
+
 def test_breaking_out_of_a_stream_stops_generation(model, monkeypatch):
     calls = []
     forward = model.engine.forward

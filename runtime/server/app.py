@@ -1,6 +1,7 @@
 """The HTTP layer: Starlette routes over one loaded Model, an API-key check and a one-line-per-request log.
 
-    GET  /health              {"status", "model", "active", "queued"}        (no API key needed)
+    GET  /health              {"status", "model", "active", "queued", and jobs ended so far by outcome:
+                              "finished", "cancelled", "timeout", "shutdown"}    (no API key needed)
     GET  /v1/models           the loaded package as the one model (id = package name)
     POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
@@ -10,7 +11,6 @@ A non-streaming request that loses its client, or a stream whose client goes awa
 """
 
 import asyncio
-import hmac
 import json
 import logging
 import signal
@@ -19,14 +19,15 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import GenerationOptionError, PromptError
 from . import schema
 from .jobs import Job, Jobs, QueueFull, Stopped
+from .middleware import AccessLog, ApiKey
 from .schema import ApiError, Limits
 
 log = logging.getLogger("edgelm.server")
@@ -43,7 +44,7 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
     model_id = model.package.name
 
     async def health(request):
-        return JSONResponse({"status": "ok", "model": model_id, "active": jobs.slots.active, "queued": jobs.slots.queued})
+        return JSONResponse({"status": "ok", "model": model_id, "active": jobs.slots.active, "queued": jobs.slots.queued, **jobs.ended})
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [_model_card(model)]})
@@ -59,7 +60,9 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
         generation, prompt_counts = await _runtime_errors(asyncio.to_thread(_prepare, model, req))
         job = await _admit(request, jobs, lambda job: _complete(model, req, generation, job), deadline, limits)
         if req.stream:
-            return StreamingResponse(_events(request, job, req, model_id, prompt_counts, limits), media_type="text/event-stream", headers=SSE_HEADERS)
+            # background: a stream cut before its generator ever ran has no `finally` to stop the job
+            return StreamingResponse(_events(request, job, req, model_id, prompt_counts, limits), media_type="text/event-stream",
+                                     headers=SSE_HEADERS, background=BackgroundTask(job.stop))
         try:
             completions, scores = await _unless_gone(request, _result(job), job)
         except Exception as error:
@@ -73,6 +76,8 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
         job = await _admit(request, jobs, lambda job: job.emit("done", model.score(text)), time.monotonic() + limits.request_timeout, limits)
         try:
             result = await _unless_gone(request, _result(job), job)
+        except PromptError as error:
+            raise ApiError(400, str(error), "text", "invalid_prompt") from None
         except Exception as error:
             raise _api_error(error, limits) from None
         request.state.tokens = len(result.token_ids)
@@ -81,8 +86,7 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
     @asynccontextmanager
     async def lifespan(app):
         yield
-        jobs.stop_all("shutdown")
-        await asyncio.to_thread(jobs.pool.shutdown, True)
+        await jobs.shutdown()
 
     routes = [
         Route("/health", health), Route("/v1/models", models), Route("/v1/models/{name:path}", one_model),
@@ -145,7 +149,7 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
     """Server-sent events: text pieces as they become final, a finish chunk per choice, usage if asked, [DONE].
     A stream that fails after it began ends with an error event (OpenAI's error body) and no [DONE]."""
     def sse(body) -> str:
-        return f"data: {json.dumps(body, ensure_ascii=False, allow_nan=False)}\n\n"
+        return f"data: {json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(',', ':'))}\n\n"
 
     completions = scores = None
     try:
@@ -243,7 +247,8 @@ def _api_error(error: Exception, limits: Limits | None) -> ApiError:
     if isinstance(error, GenerationOptionError):
         return ApiError(400, str(error), schema.param_of(str(error), {}))
     if isinstance(error, Stopped) and error.reason == "timeout":
-        return ApiError(408, f"the request ran longer than {limits.request_timeout:g} s (--request-timeout), waiting included; ask for fewer tokens or retry later",
+        limit = f"{limits.request_timeout:g} s " if limits else ""
+        return ApiError(408, f"the request ran longer than {limit}(--request-timeout), waiting included; ask for fewer tokens or retry later",
                         code="request_timeout", type="timeout_error")
     if isinstance(error, Stopped):
         return ApiError(503, "the server is shutting down; retry in a moment", code="server_shutdown", type="server_error")
@@ -293,46 +298,3 @@ async def _client_gone(request, error: ClientGone):
 
 async def _server_error(request, error: Exception):
     return JSONResponse(_api_error(error, None).body(), status_code=500)
-
-
-class ApiKey:
-    """ASGI middleware: with a key set, every /v1/ request needs `Authorization: Bearer KEY` (401 otherwise)."""
-
-    def __init__(self, app, key: str | None):
-        self.app, self.key = app, key
-
-    async def __call__(self, scope, receive, send):
-        if self.key and scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            if not given.startswith("Bearer "):
-                error = ApiError(401, "no API key: send it as the header 'Authorization: Bearer KEY'", code="invalid_api_key")
-            elif not hmac.compare_digest(given[7:].strip().encode(), self.key.encode()):
-                error = ApiError(401, "incorrect API key", code="invalid_api_key")
-            else:
-                return await self.app(scope, receive, send)
-            return await JSONResponse(error.body(), status_code=401)(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-class AccessLog:
-    """ASGI middleware: one log line per request (method, path, status, generated tokens, duration)."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started, status = time.perf_counter(), [None]
-        state = scope.setdefault("state", {})
-
-        async def send_and_note(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            shown = status[0] if state.get("error") in (None, status[0]) else f"{status[0]}->{state['error']}"
-            log.info("%s %s %s tokens=%s %.3fs", scope["method"], scope["path"], shown, state.get("tokens", "-"), time.perf_counter() - started)

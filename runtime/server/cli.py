@@ -56,5 +56,6 @@ def serve(package, host, port, device, threads, api_key, max_concurrency, max_qu
     limits = Limits(max_tokens_limit or model.arch.n_positions, max_n, max_prompts, max_body_bytes, request_timeout)
     app = create_app(model, limits, max_concurrency, max_queue, api_key)
     logging.getLogger("edgelm.server").info(
-        "serving %s (%s, %s threads each, %d at once) at http://%s:%d/v1", model.package.name, model.device, threads or "all", max_concurrency, host, port)
+        "serving %s on %s (%d generations at once, onnxruntime threads per generation: %s) at http://%s:%d/v1",
+        model.package.name, model.device, max_concurrency, threads or "all", host, port)
     run(app, host, port, log_level, shutdown_timeout)

@@ -12,7 +12,6 @@ forward pass, so a stopped request gives its slot back after at most one step.
 """
 
 import asyncio
-import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +76,7 @@ class Job:
         self._events: asyncio.Queue = asyncio.Queue()
         self._stop: str | None = None  # set on the loop, read by the worker: one attribute, no lock needed
         self._ended = False
+        self.outcome = "finished"  # or the reason it was stopped: "cancelled", "timeout", "shutdown"
 
     # -- worker-thread side
 
@@ -84,6 +84,8 @@ class Job:
         try:
             self.work(self)
         except BaseException as error:  # every failure reaches the response as a clean error, never a hung client
+            if isinstance(error, Stopped):
+                self.outcome = error.reason
             self.emit("error", error)
         finally:
             self.emit("end")
@@ -148,6 +150,7 @@ class Jobs:
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="edgelm-generate")
         self.running: set = set()
         self.closing = False
+        self.ended = {"finished": 0, "cancelled": 0, "timeout": 0, "shutdown": 0}  # jobs by outcome, for /health
 
     async def start(self, work, deadline: float) -> Job:
         """Wait for a slot (raises QueueFull, or TimeoutError at the deadline), then run `work(job)` in a thread."""
@@ -163,6 +166,7 @@ class Jobs:
         return job
 
     def _ended(self, job: Job) -> None:
+        self.ended[job.outcome] += 1
         self.running.discard(job)
         self.slots.release()
 
@@ -171,6 +175,7 @@ class Jobs:
         for job in list(self.running):
             job.stop(reason)
 
-    def close(self) -> None:
-        self.stop_all()
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    async def shutdown(self) -> None:
+        """Stop every job and wait for the worker threads to end (each stops within one step)."""
+        self.stop_all("shutdown")
+        await asyncio.to_thread(self.pool.shutdown, True)
