@@ -36,8 +36,11 @@ def serve(package, host, port, device, threads, api_key, max_concurrency, max_qu
     POST /v1/score        per-token log-probs and perplexity of {"text": ...}
     GET  /v1/models, /health
 
-    Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent.
-    Each request runs on its own, so a seeded or greedy request gives what `edgelm generate` gives.
+    Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
+    transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
+    ignore_eos, truncate) are extra fields. Each request runs on its own, so a seeded or greedy request
+    gives what `edgelm generate` gives. Streamed log-probs come whole in each choice's last chunk.
+    Binds to 127.0.0.1 unless --host says otherwise.
     """
     try:
         from .app import create_app, run

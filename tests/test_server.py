@@ -1,0 +1,363 @@
+"""`edgelm serve` end to end: the real server in a subprocess, spoken to with httpx and the official openai client.
+
+Every answer is checked against Model.generate in this process with the same options: a request's
+output must not depend on HTTP, streaming, or what else the server is running.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from edgelm.runtime import load
+
+KEY = "sekret"
+PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "import numpy as np\n", ""]
+HTTP = httpx.Client(timeout=60)  # pooled and thread-safe; a fresh client per request costs ~50 ms of TLS setup
+# A request that keeps a slot busy for seconds even on the tiny model: 64 prompts x 8 rows, 50 steps, the top-20
+# log-probs and two per-row filters at every step.
+HEAVY = {"prompt": ["The quick"] * 64, "n": 8, "max_tokens": 50, "logprobs": 20, "ignore_eos": True, "temperature": 0,
+         "repetition_penalty": 1.1, "no_repeat_ngram_size": 2}
+
+
+class Server:
+    """`edgelm serve PACKAGE --port FREE ...` in a subprocess; its log goes to a file, shown when a test fails."""
+
+    def __init__(self, package, tmp_path, *options):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_file = open(tmp_path / f"server-{self.port}.log", "w+")
+        command = [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", str(package), "--port", str(self.port), *options]
+        self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.process.poll() is None, f"the server exited with {self.process.returncode}:\n{self.log()}"
+            assert time.monotonic() < deadline, f"the server did not answer /health within 60 s:\n{self.log()}"
+            try:
+                if HTTP.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+
+    def log(self) -> str:
+        self.log_file.flush()
+        self.log_file.seek(0)
+        return self.log_file.read()
+
+    def health(self) -> dict:
+        return HTTP.get(self.url + "/health", timeout=5).json()
+
+    def idle(self, changed: str | None = None, before: int = 0) -> dict:
+        """/health once no job runs (and, with `changed`, once that counter has moved past `before`); 10 s at most."""
+        deadline = time.monotonic() + 10
+        while True:
+            health = self.health()
+            if (health["active"] == 0 and (changed is None or health[changed] != before)) or time.monotonic() > deadline:
+                return health
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log_file.close()
+        return self.process.returncode
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_package):
+    return load(tiny_package)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_package, tmp_path_factory):
+    """Default limits; two generations at once."""
+    s = Server(tiny_package, tmp_path_factory.mktemp("server"), "--max-concurrency", "2")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def strict(tiny_package, tmp_path_factory):
+    """An API key, one slot and no queue, small limits, a 2-second request timeout."""
+    s = Server(tiny_package, tmp_path_factory.mktemp("strict"), "--api-key", KEY, "--max-concurrency", "1", "--max-queue", "0",
+               "--max-n", "8", "--max-prompts", "64", "--max-tokens-limit", "50", "--max-body-bytes", "3000", "--request-timeout", "2")
+    yield s
+    assert s.stop() == 0, s.log()
+
+
+def complete(server, body, key=None, **kwargs) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return HTTP.post(server.url + "/v1/completions", json=body, headers=headers, **kwargs)
+
+
+def stream_events(server, body, key=None) -> list:
+    """Every `data:` payload of a streaming request, parsed; the final "[DONE]" kept as a string."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    events = []
+    with HTTP.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, headers=headers) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: "):]
+                events.append(data if data == "[DONE]" else json.loads(data))
+            else:
+                assert line == "", line
+    return events
+
+
+def streamed_texts(events, rows: int = 1) -> tuple[list, list]:
+    assert events[-1] == "[DONE]"
+    texts, reasons = [""] * rows, [None] * rows
+    for event in events[:-1]:
+        for choice in event["choices"]:
+            texts[choice["index"]] += choice["text"]
+            reasons[choice["index"]] = choice["finish_reason"] or reasons[choice["index"]]
+    return texts, reasons
+
+
+# -- answers equal Model.generate ------------------------------------------------------------------------
+
+
+def test_health_and_models(server, model):
+    assert server.health()["status"] == "ok"
+    listing = HTTP.get(server.url + "/v1/models").json()
+    assert [m["id"] for m in listing["data"]] == [model.package.name]
+    assert HTTP.get(f"{server.url}/v1/models/{model.package.name}").json()["id"] == model.package.name
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_equals_generate(server, model, prompt):
+    expected = model.generate(prompt, max_new_tokens=20, do_sample=False)
+    body = complete(server, {"model": model.package.name, "prompt": prompt, "max_tokens": 20, "temperature": 0}).json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == model.package.name
+    assert body["choices"][0]["text"] == expected.text
+    assert body["choices"][0]["finish_reason"] == expected.finish_reason
+    assert body["usage"] == {"prompt_tokens": expected.prompt_tokens, "completion_tokens": expected.completion_tokens,
+                             "total_tokens": expected.prompt_tokens + expected.completion_tokens}
+    assert streamed_texts(stream_events(server, {"prompt": prompt, "max_tokens": 20, "temperature": 0}))[0] == [expected.text]
+
+
+def test_seeded_sampling_with_several_prompts_and_n(server, model):
+    options = dict(temperature=0.8, top_p=0.9, seed=7)
+    expected = model.generate(PROMPTS[:2], max_new_tokens=16, do_sample=True, top_k=0, num_return_sequences=3, **options)
+    body = complete(server, {"prompt": PROMPTS[:2], "max_tokens": 16, "n": 3, **options}).json()
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert [c["text"] for c in body["choices"]] == [c.text for c in expected]
+    texts, reasons = streamed_texts(stream_events(server, {"prompt": PROMPTS[:2], "max_tokens": 16, "n": 3, **options}), rows=6)
+    assert texts == [c.text for c in expected] and reasons == [c.finish_reason for c in expected]
+
+
+def test_openai_client_streaming_and_not(server, model):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    expected = model.generate("Once upon a time", max_new_tokens=24, do_sample=True, top_k=0, temperature=1.0, seed=3)
+    answer = client.completions.create(model=model.package.name, prompt="Once upon a time", max_tokens=24, seed=3)
+    assert answer.choices[0].text == expected.text and answer.usage.completion_tokens == expected.completion_tokens
+    chunks = list(client.completions.create(model=model.package.name, prompt="Once upon a time", max_tokens=24, seed=3, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert chunks[-1].choices[0].finish_reason == expected.finish_reason
+    extras = dict(top_k=5, repetition_penalty=1.3, no_repeat_ngram_size=2, min_tokens=4)
+    expected = model.generate("Hello", max_new_tokens=12, do_sample=True, temperature=0.7, seed=1, min_new_tokens=4,
+                              **{k: v for k, v in extras.items() if k != "min_tokens"})
+    answer = client.completions.create(model=model.package.name, prompt="Hello", max_tokens=12, temperature=0.7, seed=1, extra_body=extras)
+    assert answer.choices[0].text == expected.text
+
+
+def test_stop_logit_bias_and_penalties_map_to_the_runtime(server, model):
+    greedy = model.generate("Hello", max_new_tokens=20)
+    stop = greedy.text[3:6]
+    expected = model.generate("Hello", max_new_tokens=20, stop=[stop], frequency_penalty=0.5, presence_penalty=0.3, logit_bias={5: 3.0})
+    body = complete(server, {"prompt": "Hello", "max_tokens": 20, "temperature": 0, "stop": stop, "frequency_penalty": 0.5,
+                             "presence_penalty": 0.3, "logit_bias": {"5": 3}}).json()
+    assert body["choices"][0]["text"] == expected.text and body["choices"][0]["finish_reason"] == expected.finish_reason
+
+
+def test_logprobs_in_openai_legacy_shape(server, model):
+    expected = model.generate("Hello", max_new_tokens=8, logprobs=3)
+    choice = complete(server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "logprobs": 3}).json()["choices"][0]
+    lp = choice["logprobs"]
+    assert lp["tokens"] == [e["token"] for e in expected.logprobs]
+    assert lp["token_logprobs"] == pytest.approx([e["logprob"] for e in expected.logprobs])
+    assert all(len(top) <= 3 and max(top.values()) >= v - 1e-6 for top, v in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    assert lp["text_offset"][0] == 0 and len(lp["text_offset"]) == len(lp["tokens"])
+    # streamed: the finish chunk carries the same log-probs
+    events = stream_events(server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "logprobs": 3})
+    assert events[-2]["choices"][0]["logprobs"]["tokens"] == lp["tokens"]
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(server, model):
+    score = model.score("The quick brown fox")
+    choice = complete(server, {"prompt": "The quick brown fox", "max_tokens": 0, "echo": True, "logprobs": 0}).json()["choices"][0]
+    assert choice["text"] == "The quick brown fox"
+    assert choice["logprobs"]["tokens"] == score.tokens
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx(score.logprobs)
+    echoed = complete(server, {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "echo": True}).json()["choices"][0]["text"]
+    assert echoed == "Hello" + model.generate("Hello", max_new_tokens=5).text
+
+
+def test_score_endpoint(server, model):
+    expected = model.score("Once upon a time")
+    body = HTTP.post(server.url + "/v1/score", json={"text": "Once upon a time"}).json()
+    assert body["tokens"] == expected.tokens and body["perplexity"] == pytest.approx(expected.perplexity)
+    assert body["token_logprobs"] == pytest.approx(expected.logprobs)
+
+
+# -- many clients ----------------------------------------------------------------------------------------
+
+
+def test_16_streaming_clients_200_requests_all_complete_and_equal_serial_results(server, model):
+    cases = [(p, seed) for p in PROMPTS for seed in (None, 1, 2, 3)]  # None: greedy
+    expected = {}
+    for prompt, seed in cases:
+        options = dict(do_sample=False) if seed is None else dict(do_sample=True, top_k=0, seed=seed)
+        expected[prompt, seed] = model.generate(prompt, max_new_tokens=16, **options).text
+
+    def one(i):
+        prompt, seed = cases[i % len(cases)]
+        body = {"prompt": prompt, "max_tokens": 16, **({"temperature": 0} if seed is None else {"seed": seed})}
+        texts, _ = streamed_texts(stream_events(server, body))
+        return texts[0] == expected[prompt, seed]
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(200)))
+    assert all(results), f"{results.count(False)} of 200 streams differed from their serial result"
+    health = server.idle()
+    assert health["active"] == 0 and health["queued"] == 0
+
+
+# -- limits and bad requests -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"prompt": "Hi", "max_token": 5}, "max_token", "unknown field"),
+    ({"prompt": "Hi", "max_tokens": "5"}, "max_tokens", "must be an integer"),
+    ({"prompt": 5}, "prompt", "must be a string or a list of strings"),
+    ({"prompt": "Hi", "stream": "yes"}, "stream", "true or false"),
+    ({"prompt": "Hi", "temperature": -1}, "temperature", "temperature must be a number >= 0"),
+    ({"prompt": "Hi", "top_p": 2}, "top_p", "top_p must be in (0, 1]"),
+    ({"prompt": "Hi", "n": 9}, "n", "--max-n"),
+    ({"prompt": "Hi", "max_tokens": 65}, "max_tokens", "--max-tokens-limit"),
+    ({"prompt": "Hi", "max_tokens": 0}, "max_tokens", "only with echo"),
+    ({"prompt": "Hi " * 60, "max_tokens": 16}, "prompt", "context"),
+    ({"prompt": "Hi", "logit_bias": {"x": 1}}, "logit_bias", "token ids"),
+    ({"prompt": "Hi", "logprobs": 21}, "logprobs", "logprobs must be an integer from 0 to 20"),
+    ({"prompt": "Hi", "min_tokens": 3, "min_new_tokens": 3}, "min_tokens", "not both"),
+    ({"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
+])
+def test_bad_requests_get_400_in_openai_error_format(server, body, param, words):
+    response = complete(server, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and words in error["message"], error
+
+
+def test_bad_json_unknown_model_and_unknown_path(server):
+    response = HTTP.post(server.url + "/v1/completions", content=b"{not json", timeout=10)
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    response = complete(server, {"model": "gpt-4", "prompt": "Hi"})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+    assert HTTP.get(server.url + "/v1/chat").status_code == 404
+    assert HTTP.get(server.url + "/v1/completions").status_code == 405
+
+
+def test_openai_client_sees_the_error(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model="tiny-fp32", prompt="Hi", top_p=2)
+
+
+def test_api_key(strict):
+    assert complete(strict, {"prompt": "Hi", "max_tokens": 2}).status_code == 401
+    response = complete(strict, {"prompt": "Hi", "max_tokens": 2}, key="wrong")
+    assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+    assert complete(strict, {"prompt": "Hi", "max_tokens": 2}, key=KEY).status_code == 200
+    client = openai.OpenAI(base_url=strict.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.completions.create(model="tiny-fp32", prompt="Hi")
+    assert strict.health()["status"] == "ok"  # health needs no key
+
+
+def test_body_too_large_is_413(strict):
+    response = complete(strict, {"prompt": "x" * 4000}, key=KEY)
+    assert response.status_code == 413 and "--max-body-bytes" in response.json()["error"]["message"]
+
+
+def test_queue_full_is_429_and_a_client_that_leaves_frees_its_slot(strict):
+    before = strict.health()["cancelled"]
+    with HTTP.stream("POST", strict.url + "/v1/completions", json={**HEAVY, "stream": True}, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as held:
+        lines = held.iter_lines()  # kept: dropping a half-read iterator closes the connection
+        next(lines)  # the first piece: the heavy request holds the only slot
+        response = complete(strict, {"prompt": "Hi", "max_tokens": 2}, key=KEY)
+        assert response.status_code == 429, response.text
+        assert response.json()["error"]["code"] == "queue_full"
+    # the client closed its connection after one chunk: its generation stops and the slot comes back
+    health = strict.idle("cancelled", before)
+    assert health["active"] == 0 and health["cancelled"] == before + 1, strict.log()
+    assert complete(strict, {"prompt": "Hi", "max_tokens": 2}, key=KEY).status_code == 200
+
+
+def test_a_client_that_leaves_before_the_answer_stops_its_generation(strict):
+    before = strict.health()["cancelled"]
+    with pytest.raises(httpx.ReadTimeout):
+        complete(strict, HEAVY, key=KEY, timeout=0.5)  # gives up and closes the connection
+    health = strict.idle("cancelled", before)
+    assert health["active"] == 0 and health["cancelled"] == before + 1, strict.log()
+
+
+def test_request_timeout(strict):
+    response = complete(strict, HEAVY, key=KEY)
+    assert response.status_code == 408 and response.json()["error"]["code"] == "request_timeout"
+    events = stream_events(strict, HEAVY, key=KEY)
+    assert events[-1] != "[DONE]" and events[-1]["error"]["code"] == "request_timeout"
+
+
+def test_sigterm_mid_stream_exits_0_and_never_sends_broken_json(tiny_package, tmp_path):
+    s = Server(tiny_package, tmp_path, "--shutdown-timeout", "0.5", "--max-prompts", "64")
+    lines = []
+
+    def read():
+        try:
+            with HTTP.stream("POST", s.url + "/v1/completions", json={**HEAVY, "stream": True}, timeout=30) as response:
+                lines.extend(response.iter_lines())
+        except httpx.TransportError:  # a closed connection is allowed; a broken event is not
+            pass
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    while not lines and reader.is_alive():
+        time.sleep(0.02)
+    started = time.monotonic()
+    s.process.send_signal(signal.SIGTERM)
+    assert s.process.wait(15) == 0, s.log()
+    assert time.monotonic() - started < 10
+    reader.join(10)
+    events = [line[len("data: "):] for line in lines if line]
+    assert events and all(e == "[DONE]" or json.loads(e) for e in events)
+    assert events[-1] == "[DONE]" or json.loads(events[-1])["error"]["code"] == "server_shutdown"
+    s.stop()
+
+
+def test_serve_refuses_a_missing_package(tmp_path):
+    result = subprocess.run([sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", str(tmp_path / "nope")],
+                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 1 and "no model package at" in result.stderr
