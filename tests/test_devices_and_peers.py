@@ -1,0 +1,115 @@
+"""Provider selection (CUDA paths tested by simulating onnxruntime's answers), a real optimum-cli export
+loaded by the runtime, and the distilgpt2-shaped package sizes the export stage promises."""
+
+import json
+
+import numpy as np
+import pytest
+
+import edgelm.runtime as rt
+from edgelm.runtime import DeviceError, session
+from edgelm.runtime.session import CPU, CUDA
+
+
+class FakeSession:
+    """Stands in for an onnxruntime session that ended up on the given providers."""
+
+    def __init__(self, providers):
+        self._providers = providers
+
+    def get_providers(self):
+        return self._providers
+
+
+def _pretend(monkeypatch, available, started_on):
+    monkeypatch.setattr(session.ort, "get_available_providers", lambda: available)
+    asked = []
+
+    def fake_session(path, sess_options=None, providers=None):
+        asked.append(providers)
+        return FakeSession(started_on)
+
+    monkeypatch.setattr(session.ort, "InferenceSession", fake_session)
+    return asked
+
+
+def test_auto_picks_cuda_when_onnxruntime_gpu_and_a_gpu_are_present(monkeypatch):
+    asked = _pretend(monkeypatch, [CUDA, CPU], [CUDA, CPU])
+    _, device = session.create_session("model.onnx", "auto")
+    assert device == "cuda" and asked == [[CUDA, CPU]]
+
+
+def test_auto_falls_back_to_cpu_when_cuda_cannot_start(monkeypatch):
+    _pretend(monkeypatch, [CUDA, CPU], [CPU])  # onnxruntime-gpu installed, but no GPU: it starts on CPU
+    _, device = session.create_session("model.onnx", "auto")
+    assert device == "cpu"
+
+
+def test_cuda_asked_for_but_cannot_start_is_an_error_not_a_silent_fallback(monkeypatch):
+    _pretend(monkeypatch, [CUDA, CPU], [CPU])
+    with pytest.raises(DeviceError, match="could not start CUDA here"):
+        session.create_session("model.onnx", "cuda")
+
+
+def test_cpu_only_onnxruntime(monkeypatch):
+    asked = _pretend(monkeypatch, [CPU], [CPU])
+    assert session.create_session("model.onnx", "auto")[1] == "cpu" and asked == [[CPU]]
+    with pytest.raises(DeviceError, match=r"Install edgelm\[cuda\]"):
+        session.create_session("model.onnx", "cuda")
+
+
+def test_the_loaded_model_says_which_device_it_chose(tiny_package):
+    model = rt.load(tiny_package, device="auto")
+    assert model.device == ("cuda" if session.cuda_available() else "cpu")
+
+
+@pytest.mark.skipif(not session.cuda_available(), reason="needs onnxruntime-gpu and an NVIDIA GPU")
+def test_cuda_generation_equals_cpu(tiny_package):
+    prompt = "Once upon a time"
+    cpu = rt.load(tiny_package, device="cpu").generate(prompt, max_new_tokens=20)
+    cuda = rt.load(tiny_package, device="cuda").generate(prompt, max_new_tokens=20)
+    assert cuda.token_ids == cpu.token_ids
+
+
+def test_a_real_optimum_cli_export_runs(tiny_checkpoint, reference_model, tmp_path):
+    """`optimum-cli export onnx --task text-generation-with-past` output (model.onnx, config.json,
+    tokenizer.json) loads as a plain folder and gives transformers' greedy tokens."""
+    import torch
+    from optimum.exporters.onnx import main_export
+
+    folder = tmp_path / "optimum"
+    main_export(str(tiny_checkpoint), output=str(folder), task="text-generation-with-past")
+    model = rt.load(folder)
+    assert model.package.kind == "optimum" and not model.engine.io.has_logits_to_keep
+    ids = model.encode("The quick brown fox")
+    ours = model.generate([ids], max_new_tokens=12, min_new_tokens=12)[0]
+    with torch.no_grad():
+        theirs = reference_model.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert ours.token_ids == theirs[0, len(ids):].tolist()
+    assert np.isfinite(model.score("The quick brown fox").perplexity)
+
+
+def test_distilgpt2_shaped_packages_fit_their_size_budget(tmp_path_factory):
+    """A checkpoint of distilgpt2's exact shape (random weights): fp32 <= 335 MB (optimum writes 482 MB),
+    int8 <= 90 MB (quantize_dynamic on optimum's export gives ~120 MB), both passing fp32 parity."""
+    import sys
+    from pathlib import Path
+
+    from conftest import SHARED
+
+    if not (SHARED / "distilgpt2-config.json").exists():
+        pytest.skip(f"needs {SHARED}/distilgpt2-config.json and gpt2-tokenizer (../shared is absent)")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from distilgpt2_checkpoint import build
+
+    from edgelm.export.pipeline import export_model
+
+    checkpoint = build(tmp_path_factory.mktemp("distilgpt2") / "ckpt", SHARED)
+    budgets = {"none": 335e6, "int8": 90e6}
+    for recipe, budget in budgets.items():
+        result = export_model(str(checkpoint), tmp_path_factory.mktemp("pkg") / recipe, quantize=recipe)
+        size = sum(f["size"] for f in result.manifest["files"].values()) + (result.path / "manifest.json").stat().st_size
+        assert size <= budget, f"{recipe}: {size / 1e6:.1f} MB"
+        assert result.manifest["validation"]["fp32"]["max_logits_relative_error"] <= 1e-5
+        assert result.manifest["architecture"]["n_positions"] == 1024
+        assert json.loads((result.path / "config.json").read_text())["n_layer"] == 6
