@@ -14,6 +14,7 @@ from typing import Iterator
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
 from .config import GenerationConfig
 from .sampling import log_softmax, pick, process_logits, top_logprobs
@@ -34,6 +35,11 @@ class Engine:
 
     def __init__(self, session: ort.InferenceSession, io: GraphIO, n_head: int, head_size: int, device: str):
         self.session, self.io, self.device = session, io, device
+        # The decode loop talks to onnxruntime's C++ session and its OrtValues directly: the Python wrappers
+        # cost ~0.5 ms per step (13+ objects built and unwrapped), 7% of an int8 distilgpt2 step.
+        self._run = session._sess.run_with_ort_values
+        self._host = ort_c.OrtDevice(ort_c.OrtDevice.cpu(), ort_c.OrtDevice.default_memory(), 0)
+        self._cache_device = self._host if device == "cpu" else ort_c.OrtDevice(ort_c.OrtDevice.cuda(), ort_c.OrtDevice.default_memory(), 0)
         self.n_head, self.head_size = n_head, head_size
         self._present_names = [n for pair in zip(io.present_keys, io.present_values) for n in pair]
         self._past_names = [n for pair in zip(io.past_keys, io.past_values) for n in pair]
@@ -41,29 +47,26 @@ class Engine:
 
     def empty_past(self, batch: int) -> list:
         empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=np.float32)
-        return [ort.OrtValue.ortvalue_from_numpy(empty, self.device, 0) for _ in self._past_names]
+        return [ort_c.OrtValue.ortvalue_from_numpy(empty, self._cache_device) for _ in self._past_names]
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
         """One pass. Returns logits [B, K, V] as NumPy (K = logits_to_keep, 0 = all) and the present cache."""
-        feeds = {
-            "input_ids": _host(input_ids),
-            "attention_mask": _host(attention_mask),
-            **dict(zip(self._past_names, past)),
-        }
+        feeds = dict(zip(self._past_names, past))
+        feeds["input_ids"] = self._int64(input_ids)
+        feeds["attention_mask"] = self._int64(attention_mask)
         if self.io.has_position_ids:
-            feeds["position_ids"] = _host(position_ids)
+            feeds["position_ids"] = self._int64(position_ids)
         if self.io.has_logits_to_keep:
             # An overridable initializer: IO binding cannot address it, run_with_ort_values can.
-            feeds["logits_to_keep"] = _host(np.array(logits_to_keep))
-        outputs = self.session.run_with_ort_values(self._output_names, feeds)
+            feeds["logits_to_keep"] = self._int64(np.array(logits_to_keep))
+        outputs = self._run(feeds, self._output_names, None)
         logits = outputs[0].numpy()
         if not self.io.has_logits_to_keep and logits_to_keep:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
-        return logits, outputs[1:]
+        return logits, [outputs[i] for i in range(1, len(self._output_names))]
 
-
-def _host(array) -> ort.OrtValue:
-    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+    def _int64(self, array):
+        return ort_c.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=np.int64), self._host)
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +101,7 @@ def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list
     logits, past = engine.forward(input_ids, attention_mask, position_ids, engine.empty_past(batch))
     for step in range(config.max_new_tokens):
         raw = logits[:, -1, :]  # [B, V]
-        filtered = process_logits(raw, config, [np.asarray(s) for s in seen], [np.asarray(g) for g in generated])
+        filtered = process_logits(raw, config, seen, generated)
         tokens = np.where(done, -1, pick(filtered, config.do_sample, rngs))
         reasons = [None] * batch
         for row in np.flatnonzero(~done):

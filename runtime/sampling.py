@@ -281,7 +281,7 @@ def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray
     """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator."""
     # [B, V] -> [B] int64
     best = logits.argmax(axis=-1)
-    dead = np.flatnonzero(np.take_along_axis(logits, best[:, None], axis=-1)[:, 0] == NEG_INF)
+    dead = np.flatnonzero(logits[np.arange(logits.shape[0]), best] == NEG_INF)
     if dead.size:
         raise GenerationOptionError(
             f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"
