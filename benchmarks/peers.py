@@ -82,9 +82,10 @@ def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
         quantize_dynamic(str(base / "model.onnx"), str(target / "model.onnx"), weight_type=QuantType.QInt8)
     config = json.loads((checkpoint / "config.json").read_text())
     layers, heads, width = config["n_layer"], config["n_head"], config["n_embd"]
+    # onnxruntime-genai has no GPT-2 type; "llama" is its plain decoder loop and runs optimum's graph as it is.
     (target / "genai_config.json").write_text(json.dumps({
         "model": {
-            "type": "gpt2", "context_length": config["n_positions"], "vocab_size": config["vocab_size"],
+            "type": "llama", "context_length": config["n_positions"], "vocab_size": config["vocab_size"],
             "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "pad_token_id": config["eos_token_id"],
             "decoder": {
                 "filename": "model.onnx", "head_size": width // heads, "hidden_size": width, "num_attention_heads": heads,
@@ -207,9 +208,9 @@ def _genai(system, path, threads):
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=len(prompt) + n, min_length=len(prompt) + n, do_sample=False)
         generator = og.Generator(model, params)
-        generator.append_tokens(prompt)
 
         def steps():
+            generator.append_tokens(prompt)  # the prefill: timed as part of the first token
             while not generator.is_done():
                 generator.generate_next_token()
                 yield
