@@ -46,27 +46,26 @@ class Engine:
         self._output_names = ["logits", *self._present_names]
 
     def empty_past(self, batch: int) -> list:
-        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=np.float32)
+        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=np.float32)  # no elements: nothing to borrow
         return [ort_c.OrtValue.ortvalue_from_numpy(empty, self._cache_device) for _ in self._past_names]
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
         """One pass. Returns logits [B, K, V] as NumPy (K = logits_to_keep, 0 = all) and the present cache."""
-        feeds = dict(zip(self._past_names, past))
-        feeds["input_ids"] = self._int64(input_ids)
-        feeds["attention_mask"] = self._int64(attention_mask)
+        arrays = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self.io.has_position_ids:
-            feeds["position_ids"] = self._int64(position_ids)
+            arrays["position_ids"] = position_ids
         if self.io.has_logits_to_keep:
             # An overridable initializer: IO binding cannot address it, run_with_ort_values can.
-            feeds["logits_to_keep"] = self._int64(np.array(logits_to_keep))
+            arrays["logits_to_keep"] = np.array(logits_to_keep)
+        # C-level OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
+        arrays = {name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()}
+        feeds = dict(zip(self._past_names, past))
+        feeds.update({name: ort_c.OrtValue.ortvalue_from_numpy(a, self._host) for name, a in arrays.items()})
         outputs = self._run(feeds, self._output_names, None)
         logits = outputs[0].numpy()
         if not self.io.has_logits_to_keep and logits_to_keep:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
         return logits, [outputs[i] for i in range(1, len(self._output_names))]
-
-    def _int64(self, array):
-        return ort_c.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array, dtype=np.int64), self._host)
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
