@@ -124,13 +124,13 @@ def _int8_matmul(g, x, weights, prefix):
     return g.op("DynamicQuantizeMatMul", [x, g.weight(prefix + ".weight_int8", w.q), scale, zero_point], domain=MS_DOMAIN)
 
 
-def _int4_matmul(g, x, weights, prefix, name=None):
+def _int4_matmul(g, x, weights, prefix):
     """x @ W with W in 4-bit blocks; accuracy_level 4 quantizes x to int8 (its default 0 is ~100x slower)."""
     weight = weights[prefix + ".weight"]  # [K, N]
     w = quantize_int4(np.ascontiguousarray(weight.T))
     k, n = weight.shape
     inputs = [x, g.weight(prefix + ".weight_int4", w.packed), g.weight(prefix + ".weight_scale", w.scale)]
-    return g.op("MatMulNBits", inputs, outputs=[name] if name else 1, domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=INT4_BLOCK, accuracy_level=4)
+    return g.op("MatMulNBits", inputs, domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=INT4_BLOCK, accuracy_level=4)
 
 
 def _tied_embedding(g, weights, recipe):
