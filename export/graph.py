@@ -15,6 +15,11 @@ H heads, D head size, V vocabulary, K kept logits positions):
 The tied embedding / LM-head matrix is stored once, as [C, V] (the LM head's layout): the embedding
 lookup gathers its columns. The LM head runs only on the kept positions, so a 512-token prompt costs
 one row of V logits when the caller asks for one.
+
+In-place cache: attention is onnxruntime's GroupQueryAttention. Fed as above, present grows by T (what
+optimum expects). A caller may instead bind one preallocated [B, H, capacity, D] buffer per cache tensor as
+both past and present (IO binding): the op then writes the new T rows at P and copies nothing else,
+P + T being read from attention_mask. edgelm's runtime decodes that way on CPU.
 """
 
 import numpy as np
@@ -45,19 +50,19 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     matmul = {"none": _float_matmul, "int8": _int8_matmul, "int4": _int4_matmul}[recipe]
     bias = lambda name: g.weight(name, weights[name])  # noqa: E731
     attention_bias = _attention_bias(g, input_ids, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
+    seqlens_k, total_length = _cache_lengths(g, input_ids, attention_mask)
     embed, lm_head = _tied_embedding(g, weights, recipe)
     x = g.op("Add", [embed(input_ids), g.op("Gather", [g.weight("wpe", weights["transformer.wpe.weight"]), position_ids])])
     h = _layer_norm(g, x, weights, "transformer.h.0.ln_1", arch)
 
     # Each block is 8 fused onnxruntime ops: the residual add, its bias and the next layer norm are one
-    # SkipLayerNormalization; the QKV bias, the cache concat and the attention are one MultiHeadAttention.
+    # SkipLayerNormalization; the cache update and the attention are one GroupQueryAttention.
     for i in range(arch.n_layer):
         p = f"transformer.h.{i}."
-        qkv = matmul(g, h, weights, p + "attn.c_attn")  # [B, T, 3C], bias added inside attention
-        q, k, v = g.op("Split", [qkv, g.const([C, C, C])], outputs=3, axis=2)
+        qkv = g.op("Add", [matmul(g, h, weights, p + "attn.c_attn"), bias(p + "attn.c_attn.bias")])  # [B, T, 3C] packed
         attn = g.op(
-            "MultiHeadAttention", [q, k, v, bias(p + "attn.c_attn.bias"), "", attention_bias, *past[i]],
-            outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"], domain=MS_DOMAIN, num_heads=H,
+            "GroupQueryAttention", [qkv, "", "", *past[i], seqlens_k, total_length, "", "", "", attention_bias],
+            outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"], domain=MS_DOMAIN, num_heads=H, kv_num_heads=H,
         )[0]
         out = matmul(g, attn, weights, p + "attn.c_proj")
         h, x = _skip_layer_norm(g, out, x, weights, p + "ln_2", p + "attn.c_proj.bias", arch)  # x += out + bias
@@ -90,6 +95,15 @@ def _attention_bias(g: GraphBuilder, input_ids: str, attention_mask: str) -> str
     causal = g.op("LessOrEqual", [g.op("Unsqueeze", [key_pos, g.const([0])]), g.op("Unsqueeze", [query_pos, g.const([1])])])
     padding = g.op("Unsqueeze", [g.op("Cast", [attention_mask], to=9), g.const([1, 2])])  # [B, 1, 1, P + T]
     return g.op("Where", [g.op("And", [causal, padding]), g.const(0.0, np.float32), g.const(MASKED, np.float32)])
+
+
+def _cache_lengths(g: GraphBuilder, input_ids: str, attention_mask: str) -> tuple[str, str]:
+    """GroupQueryAttention's view of the cache: every row holds P + T positions (left padding included,
+    masked by the attention bias), so seqlens_k = P + T - 1 for each row and total_sequence_length = P + T."""
+    total = g.op("Cast", [g.op("Gather", [g.op("Shape", [attention_mask]), g.const(1)])], to=6)  # int32 scalar
+    batch = g.op("Slice", [g.op("Shape", [input_ids]), g.const([0]), g.const([1])])
+    seqlens = g.op("Expand", [g.op("Sub", [total, g.const(1, np.int32)]), batch])
+    return seqlens, total
 
 
 def _layer_norm(g, x, weights, prefix, arch):

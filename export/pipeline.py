@@ -139,6 +139,7 @@ def _graph_section(onnx_bytes: bytes) -> dict:
         "outputs": {v.name: describe(v) for v in model.graph.output},
         "logits_to_keep": "optional scalar input, default 0 = logits for every position; 1 = last position only",
         "past_layout": "[batch, heads, past_sequence, head_size]",
+        "kv_cache_in_place": True,  # past and present may be bound to one [batch, heads, capacity, head_size] buffer
     }
 
 

@@ -1,12 +1,14 @@
 """The decode engine: token ids in, token ids out. It knows nothing about text (nanochat's rule).
 
-One ONNX graph serves both steps. The cache travels as onnxruntime OrtValues: the presents of one pass are
-fed untouched as the pasts of the next, never converted to NumPy in between.
-Shapes (B batch, T prompt length, S = past + new tokens, V vocabulary):
+One ONNX graph serves both steps. Shapes (B batch, T prompt length, S = tokens so far, V vocabulary):
 
     prefill  input_ids [B, T]  attention_mask [B, T]      position_ids [B, T]  past: empty [B, H, 0, D]
-    decode   input_ids [B, 1]  attention_mask [B, S + 1]  position_ids [B, 1]  past: last step's present
-    both     logits [B, 1, V] (only the last position is computed), present [B, H, S, D] per layer
+    decode   input_ids [B, 1]  attention_mask [B, S + 1]  position_ids [B, 1]  past: the cache so far
+    both     logits [B, 1, V] (only the last position is computed)
+
+The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
+CPU it is one preallocated [B, H, T + max_new_tokens, D] buffer per tensor that the graph appends to in place
+(InPlaceCache); otherwise each step's present [B, H, S + 1, D] becomes the next past (GrowingCache).
 """
 
 from dataclasses import dataclass
@@ -68,6 +70,54 @@ class Engine:
         return logits, [outputs[i] for i in range(1, len(self._output_names))]
 
 
+    def cache(self, present: list, capacity: int):
+        """The decode-step cache after a prefill: updated in place when the graph and device allow it."""
+        if self.io.kv_cache_in_place and self.device == "cpu":
+            return InPlaceCache(self, present, capacity)
+        return GrowingCache(self, present)
+
+
+class GrowingCache:
+    """The plain contract: each step's present (past + 1 row) is the next step's past."""
+
+    def __init__(self, engine: Engine, present: list):
+        self.engine, self.past = engine, present
+
+    def step(self, input_ids, attention_mask, position_ids) -> np.ndarray:
+        logits, self.past = self.engine.forward(input_ids, attention_mask, position_ids, self.past)
+        return logits
+
+
+class InPlaceCache:
+    """One [B, H, capacity, D] buffer per cache tensor, bound through IO binding as both past and present:
+    GroupQueryAttention writes each step's new row in place, so no step copies the whole cache.
+    (A decode step has T = 1, so the graph's default logits_to_keep, which IO binding cannot set, is fine.)"""
+
+    def __init__(self, engine: Engine, present: list, capacity: int):
+        self.session = engine.session
+        self.binding = engine.session.io_binding()
+        self.binding.bind_output("logits", "cpu")  # first bound, first in get_outputs()
+        self.buffers = []
+        for past_name, present_name, value in zip(engine._past_names, engine._present_names, present):
+            rows = value.numpy()  # [B, H, T, D] from the prefill
+            buffer = np.zeros(rows.shape[:2] + (capacity,) + rows.shape[3:], dtype=np.float32)
+            buffer[:, :, :rows.shape[2]] = rows
+            bound = ort.OrtValue.ortvalue_from_numpy(buffer)  # keeps `buffer` alive
+            self.binding.bind_ortvalue_input(past_name, bound)
+            self.binding.bind_ortvalue_output(present_name, bound)
+            self.buffers.append(bound)
+        self.has_position_ids = engine.io.has_position_ids
+
+    def step(self, input_ids, attention_mask, position_ids) -> np.ndarray:
+        self._inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)]
+        self.binding.bind_cpu_input("input_ids", self._inputs[0])
+        self.binding.bind_cpu_input("attention_mask", self._inputs[1])
+        if self.has_position_ids:
+            self.binding.bind_cpu_input("position_ids", self._inputs[2])
+        self.session.run_with_iobinding(self.binding)
+        return self.binding.get_outputs()[0].numpy()
+
+
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows of different lengths -> input_ids and attention_mask [B, T], padding on the left."""
     width = max(len(p) for p in prompts)
@@ -97,7 +147,8 @@ def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list
     eos = None if config.ignore_eos else config.eos_token_id
 
     # Prefill: the whole prompt in one pass; only the last position's logits are computed.
-    logits, past = engine.forward(input_ids, attention_mask, position_ids, engine.empty_past(batch))
+    logits, present = engine.forward(input_ids, attention_mask, position_ids, engine.empty_past(batch))
+    cache = engine.cache(present, capacity=input_ids.shape[1] + config.max_new_tokens)
     for step in range(config.max_new_tokens):
         raw = logits[:, -1, :]  # [B, V]
         filtered = process_logits(raw, config, seen, generated)
@@ -117,7 +168,7 @@ def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list
         # Decode: one token per row against the cache; finished rows feed padding that nobody reads.
         attention_mask = np.concatenate([attention_mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
         position_ids = position_ids[:, -1:] + 1
-        logits, past = engine.forward(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids, past)
+        logits = cache.step(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids)
 
 
 def _logprobs(raw: np.ndarray, tokens: np.ndarray, top_n: int | None):

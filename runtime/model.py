@@ -46,7 +46,8 @@ class Model:
         except Exception as error:  # tokenizers raises a bare Exception for a damaged file
             raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {error}") from None
         session, self.device = create_session(package.model_file, device, threads)
-        self.engine = Engine(session, graph_io(session, self.arch.n_layer), self.arch.n_head, self.arch.head_size, self.device)
+        in_place = bool(package.manifest.get("graph", {}).get("kv_cache_in_place", False))
+        self.engine = Engine(session, graph_io(session, self.arch.n_layer, in_place), self.arch.n_head, self.arch.head_size, self.device)
         self.defaults = GenerationConfig.from_generation_config_json(package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
 

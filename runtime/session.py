@@ -22,6 +22,7 @@ class GraphIO:
     present_values: tuple[str, ...]
     has_position_ids: bool
     has_logits_to_keep: bool  # False for optimum graphs: they return logits for every position
+    kv_cache_in_place: bool = False  # the package says past and present may share one preallocated buffer
 
 
 def cuda_available() -> bool:
@@ -60,7 +61,7 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
     return session, running
 
 
-def graph_io(session: ort.InferenceSession, n_layer: int) -> GraphIO:
+def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: bool = False) -> GraphIO:
     inputs = {i.name for i in session.get_inputs()}
     outputs = {o.name for o in session.get_outputs()}
     names = GraphIO(
@@ -70,6 +71,7 @@ def graph_io(session: ort.InferenceSession, n_layer: int) -> GraphIO:
         present_values=tuple(f"present.{i}.value" for i in range(n_layer)),
         has_position_ids="position_ids" in inputs,
         has_logits_to_keep="logits_to_keep" in inputs | {i.name for i in session.get_overridable_initializers()},
+        kv_cache_in_place=kv_cache_in_place,
     )
     missing = [n for n in ("input_ids", "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
     missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]

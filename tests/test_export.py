@@ -110,7 +110,7 @@ def test_int8_package_quality_and_recipe(tiny_package, tiny_package_int8):
     assert manifest["validation"]["fp32"]["greedy_identical"]
     ops = {n.op_type for n in onnx.load(str(tiny_package_int8 / "model.onnx")).graph.node}
     assert "DynamicQuantizeMatMul" in ops and "MatMul" not in ops  # every weight product is int8
-    assert "MultiHeadAttention" in ops  # attention itself stays float (activations only)
+    assert "GroupQueryAttention" in ops  # attention itself stays float (activations only)
     int8_size = (tiny_package_int8 / "model.onnx").stat().st_size
     assert int8_size < 0.45 * (tiny_package / "model.onnx").stat().st_size
 

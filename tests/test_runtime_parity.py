@@ -263,3 +263,27 @@ def test_logprobs_are_the_models_own_even_when_a_filter_changed_the_pick(model, 
     got = [e["logprob"] for e in completion.logprobs]
     expected = [logprobs[len(prompt_ids) - 1 + i, t] for i, t in enumerate(completion.token_ids)]
     np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_in_place_cache_equals_the_growing_cache(tiny_package):
+    """Decoding with the preallocated in-place cache (the default on CPU) gives exactly the tokens and logits
+    of the plain contract, where every present becomes the next past, for a padded batch too."""
+    import numpy as np
+
+    from edgelm.runtime.engine import GrowingCache, InPlaceCache, left_pad, position_ids_from_mask
+
+    model = rt.load(tiny_package)
+    assert model.engine.io.kv_cache_in_place
+    prompts = [model.encode("The quick brown fox"), model.encode("Once upon a time, in a land far away")]
+    ids, mask = left_pad(prompts, 0)
+    positions = position_ids_from_mask(mask)
+    _, present = model.engine.forward(ids, mask, positions, model.engine.empty_past(2))
+    growing, in_place = GrowingCache(model.engine, present), InPlaceCache(model.engine, present, capacity=ids.shape[1] + 12)
+    assert isinstance(model.engine.cache(present, ids.shape[1] + 1), InPlaceCache)
+    token = np.array([[7], [9]])
+    for _ in range(12):
+        mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+        positions = positions[:, -1:] + 1
+        a, b = growing.step(token, mask, positions), in_place.step(token, mask, positions)
+        np.testing.assert_array_equal(a, b)
+        token = a[:, -1].argmax(-1)[:, None]

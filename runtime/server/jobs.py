@@ -129,7 +129,8 @@ class Job:
 
 
 class GuardedEngine:
-    """The model's engine with a stop check before each forward pass (prefill and every decode step)."""
+    """The model's engine with a stop check before each forward pass: the prefill, and every decode step
+    through the cache it hands out."""
 
     def __init__(self, engine, job: Job):
         self._engine, self._job = engine, job
@@ -138,8 +139,22 @@ class GuardedEngine:
         self._job.check()
         return self._engine.forward(*args, **kwargs)
 
+    def cache(self, present, capacity):
+        return GuardedCache(self._engine.cache(present, capacity), self._job)
+
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+
+class GuardedCache:
+    """A decode-step cache with the same stop check before each step."""
+
+    def __init__(self, cache, job: Job):
+        self._cache, self._job = cache, job
+
+    def step(self, *args):
+        self._job.check()
+        return self._cache.step(*args)
 
 
 class Jobs:
