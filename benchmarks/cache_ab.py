@@ -1,0 +1,51 @@
+"""The in-place cache against the growing one, side by side in one process: greedy decode speed.
+
+    python benchmarks/cache_ab.py models/distilgpt2-int8 [--threads 2] [--rounds 3]
+
+Both paths run the same package and prompts, interleaved; medians over rounds, 128 tokens each.
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+import edgelm.runtime as edgelm
+from edgelm.runtime.config import GenerationConfig
+from edgelm.runtime.engine import GrowingCache, generate
+
+NEW_TOKENS = 128
+
+
+def decode_rate(engine, prompt, eos) -> float:
+    """Tokens per second after the first token (the prefill is not counted)."""
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True, eos_token_id=eos)
+    first = None
+    for _ in generate(engine, [prompt], config, [None], eos):
+        first = first or time.perf_counter()
+    return (NEW_TOKENS - 1) / (time.perf_counter() - first)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("package")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    model = edgelm.load(args.package, device="cpu", threads=args.threads)
+    engine, in_place = model.engine, model.engine.cache
+    growing = lambda present, capacity: GrowingCache(engine, present)  # noqa: E731
+    eos = model.arch.eos_token_id
+    for length in (8, 512):
+        prompt = [(i * 7919) % (model.arch.vocab_size - 1) for i in range(length)]
+        rates = {"in-place": [], "growing": []}
+        for _ in range(args.rounds):
+            for name, make_cache in (("in-place", in_place), ("growing", growing)):
+                engine.cache = make_cache
+                rates[name].append(decode_rate(engine, prompt, eos))
+        engine.cache = in_place
+        print(f"{args.threads} threads, {length}-token prompt: " + ", ".join(f"{k} {np.median(v):.1f} tok/s" for k, v in rates.items()))
+
+
+if __name__ == "__main__":
+    main()
