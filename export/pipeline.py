@@ -18,7 +18,7 @@ from edgelm.runtime.errors import ExportError
 from .checkpoint import load_checkpoint
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
-from .writer import PackageWriter, check_destination, sweep_partials
+from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
 TOOLS = ("edgelm", "torch", "transformers", "onnx", "onnxruntime", "optimum-onnx", "huggingface_hub", "tokenizers", "safetensors", "numpy")
@@ -42,8 +42,7 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
     output = Path(output) if output is not None else default_output(model, quantize)
     report = progress or (lambda stage, event, detail: None)
-    if output.is_dir() and any(output.iterdir()) and not force:
-        raise ExportError(f"{output} already exists and is not empty; pass --force to replace it.")
+    refuse_existing(output, force)
     timings, stage_started = {}, {}
 
     def stage(name, event, detail=""):

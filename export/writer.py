@@ -18,12 +18,17 @@ from edgelm.runtime.package import FORMAT, FORMAT_VERSION, MANIFEST, file_record
 PARTIAL = ".partial-"
 
 
-def check_destination(output: Path, force: bool, needed_bytes: int) -> None:
-    """Refuse early: existing package without --force, an unwritable place, or too little disk space."""
+def refuse_existing(output: Path, force: bool) -> None:
+    """A file in the way, or a non-empty folder without --force: cheap, so checked before the slow stages too."""
     if output.exists() and not output.is_dir():
         raise ExportError(f"{output} exists and is a file; choose another output folder.")
     if output.is_dir() and any(output.iterdir()) and not force:
         raise ExportError(f"{output} already exists and is not empty; pass --force to replace it.")
+
+
+def check_destination(output: Path, force: bool, needed_bytes: int) -> None:
+    """Refuse early: existing package without --force, an unwritable place, or too little disk space."""
+    refuse_existing(output, force)
     parent = output.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

@@ -69,7 +69,6 @@ class Engine:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
         return logits, [outputs[i] for i in range(1, len(self._output_names))]
 
-
     def cache(self, present: list, capacity: int):
         """The decode-step cache after a prefill: updated in place when the graph and device allow it."""
         if self.io.kv_cache_in_place and self.device == "cpu":
