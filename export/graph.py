@@ -18,8 +18,9 @@ one row of V logits when the caller asks for one.
 
 In-place cache: attention is onnxruntime's GroupQueryAttention. Fed as above, present grows by T (what
 optimum expects). A caller may instead bind one preallocated [B, H, capacity, D] buffer per cache tensor as
-both past and present (IO binding): the op then writes the new T rows at P and copies nothing else,
-P + T being read from attention_mask. edgelm's runtime decodes that way on CPU.
+both past and present (a preallocated output): the op then writes the new T rows at P and copies nothing
+else, P + T being read from attention_mask (T > 1 with P > 0 at batch 1 only). edgelm's runtime writes the
+prompt, in chunks, and each decode step that way on CPU.
 """
 
 import numpy as np

@@ -65,7 +65,7 @@ def _engine(onnx_bytes: bytes, arch) -> Engine:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(onnx_bytes, sess_options=options, providers=["CPUExecutionProvider"])
-    return Engine(session, graph_io(session, arch.n_layer, kv_cache_in_place=True), arch.n_head, arch.head_size, "cpu")
+    return Engine(session, graph_io(session, arch.n_layer, kv_cache_in_place=True), arch.n_head, arch.head_size, arch.vocab_size, "cpu")
 
 
 def _ours_greedy(engine, rows, new_tokens, arch):

@@ -7,8 +7,9 @@ One ONNX graph serves both steps. Shapes (B batch, T prompt length, S = tokens s
     both     logits [B, 1, V] (only the last position is computed)
 
 The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
-CPU it is one preallocated [B, H, T + max_new_tokens, D] buffer per tensor that the graph appends to in place
-(InPlaceCache); otherwise each step's present [B, H, S + 1, D] becomes the next past (GrowingCache).
+CPU it is one preallocated [B, H, T + max_new_tokens, D] buffer per tensor that the graph writes in place, the
+prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceCache); otherwise each step's present
+[B, H, S + 1, D] becomes the next past (GrowingCache).
 """
 
 from dataclasses import dataclass
@@ -22,6 +23,11 @@ from .config import GenerationConfig
 from .sampling import log_softmax, pick, process_logits, top_logprobs
 from .session import GraphIO
 
+# Prompt tokens per pass when the cache is written in place. Activations (and onnxruntime's arena) scale with
+# the chunk: after a 512-token int8 prompt, peak RSS is 235 MB in chunks of 128, 262 MB in one pass, for a
+# first token ~8% later (each chunk reads the weights again; benchmarks/NOTES.md). int8 graphs quantize
+# activations per pass, so their logits depend slightly on the chunking.
+PREFILL_CHUNK = 128
 
 @dataclass
 class Step:
@@ -35,8 +41,8 @@ class Step:
 class Engine:
     """Runs the decoder graph one forward pass at a time."""
 
-    def __init__(self, session: ort.InferenceSession, io: GraphIO, n_head: int, head_size: int, device: str):
-        self.session, self.io, self.device = session, io, device
+    def __init__(self, session: ort.InferenceSession, io: GraphIO, n_head: int, head_size: int, vocab_size: int, device: str):
+        self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
         # The decode loop talks to onnxruntime's C++ session and its OrtValues directly: the Python wrappers
         # cost ~0.5 ms per step (13+ objects built and unwrapped), 7% of an int8 distilgpt2 step.
         self._run = session._sess.run_with_ort_values
@@ -69,52 +75,65 @@ class Engine:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
         return logits, [outputs[i] for i in range(1, len(self._output_names))]
 
-    def cache(self, present: list, capacity: int):
-        """The decode-step cache after a prefill: updated in place when the graph and device allow it."""
-        if self.io.kv_cache_in_place and self.device == "cpu":
-            return InPlaceCache(self, present, capacity)
-        return GrowingCache(self, present)
+    def cache(self, batch: int, capacity: int):
+        """An empty cache for `batch` rows of up to `capacity` positions: written in place when the graph and
+        the device allow it. Its run(input_ids, attention_mask, position_ids) takes the prompt, then each step,
+        and returns the last position's logits [B, 1, V]."""
+        if self.io.kv_cache_in_place and self.io.has_logits_to_keep and self.device == "cpu":
+            return InPlaceCache(self, batch, capacity)
+        return GrowingCache(self, batch)
 
 
 class GrowingCache:
-    """The plain contract: each step's present (past + 1 row) is the next step's past."""
+    """The plain contract: each pass's present (past + T rows) is the next pass's past."""
 
-    def __init__(self, engine: Engine, present: list):
-        self.engine, self.past = engine, present
+    def __init__(self, engine: Engine, batch: int):
+        self.engine, self.past = engine, engine.empty_past(batch)
 
-    def step(self, input_ids, attention_mask, position_ids) -> np.ndarray:
+    def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         logits, self.past = self.engine.forward(input_ids, attention_mask, position_ids, self.past)
         return logits
 
 
 class InPlaceCache:
-    """One [B, H, capacity, D] buffer per cache tensor, bound through IO binding as both past and present:
-    GroupQueryAttention writes each step's new row in place, so no step copies the whole cache.
-    (A decode step has T = 1, so the graph's default logits_to_keep, which IO binding cannot set, is fine.)"""
+    """One [B, H, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
+    writes each pass's new rows in place, so neither the prompt nor any step copies the cache. The logits come
+    back in one preallocated [B, 1, V] array, valid until the next run."""
 
-    def __init__(self, engine: Engine, present: list, capacity: int):
-        self.session = engine.session
-        self.binding = engine.session.io_binding()
-        self.binding.bind_output("logits", "cpu")  # first bound, first in get_outputs()
-        self.buffers = []
-        for past_name, present_name, value in zip(engine._past_names, engine._present_names, present):
-            rows = value.numpy()  # [B, H, T, D] from the prefill
-            buffer = np.zeros(rows.shape[:2] + (capacity,) + rows.shape[3:], dtype=np.float32)
-            buffer[:, :, :rows.shape[2]] = rows
-            bound = ort.OrtValue.ortvalue_from_numpy(buffer)  # keeps `buffer` alive
-            self.binding.bind_ortvalue_input(past_name, bound)
-            self.binding.bind_ortvalue_output(present_name, bound)
-            self.buffers.append(bound)
-        self.has_position_ids = engine.io.has_position_ids
+    def __init__(self, engine: Engine, batch: int, capacity: int):
+        self.engine, self.host = engine, engine._host
+        shape = (batch, engine.n_head, capacity, engine.head_size)
+        self.buffers = [np.zeros(shape, dtype=np.float32) for _ in engine._past_names]
+        self.logits = np.zeros((batch, 1, engine.vocab_size), dtype=np.float32)
+        cache = [ort_c.OrtValue.ortvalue_from_numpy(b, self.host) for b in self.buffers]  # they borrow the buffers
+        self.fetches = ort_c.OrtValueVector()
+        for value in [ort_c.OrtValue.ortvalue_from_numpy(self.logits, self.host), *cache]:
+            self.fetches.push_back(value)
+        self.cache, self.fetch_devices = cache, [self.host] * len(engine._output_names)
+        self.names = ["input_ids", "attention_mask", "position_ids", "logits_to_keep"] if engine.io.has_position_ids else ["input_ids", "attention_mask", "logits_to_keep"]
+        self.names += engine._past_names
+        self.keep_last, self.run_options = np.array(1, dtype=np.int64), ort_c.RunOptions()
 
-    def step(self, input_ids, attention_mask, position_ids) -> np.ndarray:
-        self._inputs = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)]
-        self.binding.bind_cpu_input("input_ids", self._inputs[0])
-        self.binding.bind_cpu_input("attention_mask", self._inputs[1])
-        if self.has_position_ids:
-            self.binding.bind_cpu_input("position_ids", self._inputs[2])
-        self.session.run_with_iobinding(self.binding)
-        return self.binding.get_outputs()[0].numpy()
+    def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
+        width, new = attention_mask.shape[1], input_ids.shape[1]
+        # GroupQueryAttention takes several new tokens over an existing cache for one row only.
+        chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
+        for start in range(0, new, chunk):  # a decode step is one chunk of one token
+            end = min(start + chunk, new)
+            self._pass(input_ids[:, start:end], attention_mask[:, :width - new + end], position_ids[:, start:end])
+        return self.logits
+
+    def _pass(self, input_ids, attention_mask, position_ids):
+        # The int64 arrays must outlive the run: the OrtValues below only borrow them.
+        arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)]
+        if not self.engine.io.has_position_ids:
+            arrays.pop()
+        feeds = ort_c.OrtValueVector()
+        for array in (*arrays, self.keep_last):
+            feeds.push_back(ort_c.OrtValue.ortvalue_from_numpy(array, self.host))
+        for value in self.cache:
+            feeds.push_back(value)
+        self.engine.session._sess.run_with_ortvaluevector(self.run_options, self.names, feeds, self.engine._output_names, self.fetches, self.fetch_devices)
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -145,9 +164,9 @@ def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list
     done = np.zeros(batch, dtype=bool)
     eos = None if config.ignore_eos else config.eos_token_id
 
-    # Prefill: the whole prompt in one pass; only the last position's logits are computed.
-    logits, present = engine.forward(input_ids, attention_mask, position_ids, engine.empty_past(batch))
-    cache = engine.cache(present, capacity=input_ids.shape[1] + config.max_new_tokens)
+    # Prefill: the whole prompt into the cache; only the last position's logits are computed.
+    cache = engine.cache(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
+    logits = cache.run(input_ids, attention_mask, position_ids)
     for step in range(config.max_new_tokens):
         raw = logits[:, -1, :]  # [B, V]
         filtered = process_logits(raw, config, seen, generated)
@@ -167,7 +186,7 @@ def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list
         # Decode: one token per row against the cache; finished rows feed padding that nobody reads.
         attention_mask = np.concatenate([attention_mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
         position_ids = position_ids[:, -1:] + 1
-        logits = cache.step(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids)
+        logits = cache.run(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids)
 
 
 def _logprobs(raw: np.ndarray, tokens: np.ndarray, top_n: int | None):

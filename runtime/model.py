@@ -18,7 +18,7 @@ from .errors import GenerationOptionError, PackageError, PromptError
 from .generation import Completion, Generation
 from .package import Package, open_package
 from .sampling import log_softmax
-from .session import create_session, graph_io
+from .session import create_session, graph_io, release_freed_memory
 
 DEFAULT_PACKAGE = Path("models") / "distilgpt2"
 
@@ -47,9 +47,10 @@ class Model:
             raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {error}") from None
         session, self.device = create_session(package.model_file, device, threads)
         in_place = bool(package.manifest.get("graph", {}).get("kv_cache_in_place", False))
-        self.engine = Engine(session, graph_io(session, self.arch.n_layer, in_place), self.arch.n_head, self.arch.head_size, self.device)
+        self.engine = Engine(session, graph_io(session, self.arch.n_layer, in_place), self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device)
         self.defaults = GenerationConfig.from_generation_config_json(package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
+        release_freed_memory()
 
     def settings(self, **options) -> GenerationConfig:
         """The settings in effect: package defaults, then these options."""

@@ -89,17 +89,32 @@ def test_continuing_token_ids_that_end_mid_character(gpt2_vocab_model):
     assert completion.text == gpt2_vocab_model.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
 
 
-def test_breaking_out_of_a_stream_stops_generation(model, monkeypatch):
-    calls = []
-    forward = model.engine.forward
+def count_passes(model, monkeypatch) -> list:
+    """Every pass through the graph (a prompt chunk, a decode step, a scoring pass) appends to the list."""
+    calls, make_cache, forward = [], model.engine.cache, model.engine.forward
+
+    class Counted:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, *args):
+            calls.append(1)
+            return self.inner.run(*args)
+
+    monkeypatch.setattr(model.engine, "cache", lambda *a, **k: Counted(make_cache(*a, **k)))
     monkeypatch.setattr(model.engine, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    return calls
+
+
+def test_breaking_out_of_a_stream_stops_generation(model, monkeypatch):
+    calls = count_passes(model, monkeypatch)
     stream = model.stream(PROMPTS[0], max_new_tokens=50, ignore_eos=True)
     for piece in stream:
         break
     assert piece
     steps = stream.generation._steps
     assert steps is not None and steps.gi_frame is None  # the engine's generator was closed
-    assert len(calls) < 10
+    assert 1 <= len(calls) < 10
     assert stream.completion is None
     assert stream.generation.completions == []
     # a stream that is never iterated never runs the model
@@ -266,11 +281,14 @@ def test_bad_options_raise_a_clear_error(model, options, error, fragment):
 
 
 def test_bad_options_fail_before_any_work(model, monkeypatch):
-    monkeypatch.setattr(model.engine, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    calls = count_passes(model, monkeypatch)
     with pytest.raises(GenerationOptionError):
         model.stream("Hello", top_p=0)
     with pytest.raises(GenerationOptionError):
         model.generate(["Hello", "Hi"], top_k=-1)
+    assert calls == []
+    model.generate("Hello", max_new_tokens=3, ignore_eos=True)
+    assert len(calls) == 3  # the counter sees work: the prompt, then two decode steps
 
 
 @pytest.mark.parametrize("prompt, fragment", [

@@ -265,25 +265,34 @@ def test_logprobs_are_the_models_own_even_when_a_filter_changed_the_pick(model, 
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
-def test_in_place_cache_equals_the_growing_cache(tiny_package):
-    """Decoding with the preallocated in-place cache (the default on CPU) gives exactly the tokens and logits
-    of the plain contract, where every present becomes the next past, for a padded batch too."""
+def test_in_place_cache_equals_the_growing_cache(tiny_package, monkeypatch):
+    """Decoding with the preallocated in-place cache (the default on CPU), the prompt written into it (in
+    chunks at batch 1), gives the logits of the plain contract, where the whole prompt is one pass and every
+    present becomes the next past, for a padded batch too."""
     import numpy as np
 
+    from edgelm.runtime import engine as engine_module
     from edgelm.runtime.engine import GrowingCache, InPlaceCache, left_pad, position_ids_from_mask
 
     model = rt.load(tiny_package)
     assert model.engine.io.kv_cache_in_place
+    assert isinstance(model.engine.cache(2, 16), InPlaceCache)
+    monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 3)  # several chunks, the last one short
     prompts = [model.encode("The quick brown fox"), model.encode("Once upon a time, in a land far away")]
     ids, mask = left_pad(prompts, 0)
+    assert all(len(p) > 3 for p in prompts) and any(len(p) % 3 for p in prompts)
     positions = position_ids_from_mask(mask)
-    _, present = model.engine.forward(ids, mask, positions, model.engine.empty_past(2))
-    growing, in_place = GrowingCache(model.engine, present), InPlaceCache(model.engine, present, capacity=ids.shape[1] + 12)
-    assert isinstance(model.engine.cache(present, ids.shape[1] + 1), InPlaceCache)
-    token = np.array([[7], [9]])
+    growing, in_place = GrowingCache(model.engine, 2), InPlaceCache(model.engine, 2, capacity=ids.shape[1] + 12)
+    a, b = growing.run(ids, mask, positions), in_place.run(ids, mask, positions)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    for row, prompt in enumerate(prompts):  # one row alone: its prompt goes in three tokens at a time
+        alone = InPlaceCache(model.engine, 1, capacity=len(prompt) + 1)
+        single = np.array([prompt])
+        np.testing.assert_allclose(alone.run(single, np.ones_like(single), np.arange(len(prompt))[None]), a[row:row + 1], rtol=0, atol=1e-5)
+    token = a[:, -1].argmax(-1)[:, None]
     for _ in range(12):
         mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
         positions = positions[:, -1:] + 1
-        a, b = growing.step(token, mask, positions), in_place.step(token, mask, positions)
-        np.testing.assert_array_equal(a, b)
+        a, b = growing.run(token, mask, positions), in_place.run(token, mask, positions)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
         token = a[:, -1].argmax(-1)[:, None]

@@ -129,32 +129,28 @@ class Job:
 
 
 class GuardedEngine:
-    """The model's engine with a stop check before each forward pass: the prefill, and every decode step
-    through the cache it hands out."""
+    """The model's engine, handing out caches that check for a stop before each pass (generation runs every
+    pass, the prompt's included, through its cache)."""
 
     def __init__(self, engine, job: Job):
         self._engine, self._job = engine, job
 
-    def forward(self, *args, **kwargs):
-        self._job.check()
-        return self._engine.forward(*args, **kwargs)
-
-    def cache(self, present, capacity):
-        return GuardedCache(self._engine.cache(present, capacity), self._job)
+    def cache(self, batch, capacity):
+        return GuardedCache(self._engine.cache(batch, capacity), self._job)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
 
 class GuardedCache:
-    """A decode-step cache with the same stop check before each step."""
+    """A cache with the same stop check before each pass: the prompt, then every decode step."""
 
     def __init__(self, cache, job: Job):
         self._cache, self._job = cache, job
 
-    def step(self, *args):
+    def run(self, *args):
         self._job.check()
-        return self._cache.step(*args)
+        return self._cache.run(*args)
 
 
 class Jobs:
