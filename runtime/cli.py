@@ -185,7 +185,7 @@ def verify(package):
 @main.command()
 @click.argument("package", required=False)
 @click.option("--runs", type=int, default=3, show_default=True, help="Repeats per figure (medians are reported).")
-@click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def bench(package, runs, threads, device, as_json):

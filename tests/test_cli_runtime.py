@@ -266,3 +266,33 @@ def test_ctrl_c_keeps_the_printed_text_and_exits_130(gpt2_vocab_package):
     assert printed.endswith(b"\n")
     shown = printed[:-1].decode("utf-8")
     assert len(shown) >= len(text) and shown == text * (len(shown) // len(text))  # whole pieces, kept
+
+
+def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package):
+    result = invoke("bench", tiny_package, "--runs", "1", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    rates = ["decode_tok_s", "batch_8_tok_s", "batch_16_tok_s", "ceiling_tok_s", "read_gb_s"]
+    assert all(figures[k] > 0 for k in rates + ["ttft_8_ms", "peak_rss_mb", "load_s", "cold_start_to_first_token_s"])
+    assert figures["decode_fraction_of_ceiling"] == pytest.approx(figures["decode_tok_s"] / figures["ceiling_tok_s"])
+    assert figures["weight_bytes"] == (Path(tiny_package) / "model.onnx").stat().st_size
+    assert figures["batch_16_over_batch_1"] > 1  # sixteen rows in one pass beat one row, even on the tiny model
+    assert "ttft_128_ms" not in figures  # a 64-position model cannot take a 128-token prompt
+    table = invoke("bench", tiny_package, "--runs", "1", "--threads", "1")
+    assert table.exit_code == 0, table.output
+    for label in ("first token, 8-token prompt", "decode, batch 16 (aggregate)", "batch 16 / batch 1, same rounds", "decode / ceiling, same rounds"):
+        assert label in table.output
+    assert_clean_failure(invoke("bench", tiny_package, "--threads", "0"), "--threads", code=2)
+    assert_clean_failure(invoke("bench", Path(tiny_package).parent / "missing"), "edgelm export")
+
+
+def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():
+    import numpy as np
+    import onnxruntime as ort
+
+    from edgelm.runtime.bench import READ_PROBE, ReadProbe
+
+    probe = ort.InferenceSession(READ_PROBE, providers=["CPUExecutionProvider"])
+    a, b = np.random.default_rng(0).standard_normal((1, 768), dtype=np.float32), np.random.default_rng(1).standard_normal((768, 40), dtype=np.float32)
+    np.testing.assert_allclose(probe.run(None, {"a": a, "b": b})[0], a @ b, rtol=1e-4, atol=1e-4)
+    assert 0 < ReadProbe(8 << 20, threads=1).seconds(repeats=1) < 10
