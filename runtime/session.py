@@ -46,7 +46,9 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
     """Returns the session and the device it really runs on ("cuda" or "cpu")."""
     providers = choose_providers(device)
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # EXTENDED: every fusion this graph gets (ALL adds only layout passes, which find nothing in a decoder and
+    # cost ~0.1 s of each process start: 0.29 -> 0.18 s for the distilgpt2-shaped int8 graph).
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.log_severity_level = 3  # the overridable logits_to_keep initializer is intended; keep ORT quiet
     if threads is not None:
         if not isinstance(threads, int) or threads < 1:

@@ -113,3 +113,25 @@ def test_distilgpt2_shaped_packages_fit_their_size_budget(tmp_path_factory):
         assert result.manifest["validation"]["fp32"]["max_logits_relative_error"] <= 1e-5
         assert result.manifest["architecture"]["n_positions"] == 1024
         assert json.loads((result.path / "config.json").read_text())["n_layer"] == 6
+
+
+@pytest.mark.parametrize("fixture", ["tiny_package", "tiny_package_int8", "tiny_package_int4"])
+def test_loading_at_the_extended_optimization_level_loses_no_fusion(fixture, request, tmp_path):
+    """The runtime loads at ORT_ENABLE_EXTENDED to start faster: onnxruntime's ALL level must find nothing more
+    in any recipe's graph (same nodes after optimization)."""
+    from collections import Counter
+
+    import onnx
+    import onnxruntime as ort
+
+    model_file = str(request.getfixturevalue(fixture) / "model.onnx")
+    graphs = {}
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level, options.log_severity_level = level, 3
+        options.optimized_model_filepath = str(tmp_path / f"{level}.onnx")
+        ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
+        graphs[level] = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    extended, full = graphs.values()
+    assert extended == full
+    assert rt.session.create_session(model_file, "cpu")[0]._sess_options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
