@@ -25,8 +25,8 @@ from .session import GraphIO
 
 # Prompt tokens per pass when the cache is written in place. Activations (and onnxruntime's arena) scale with
 # the chunk: after a 512-token int8 prompt, peak RSS is 235 MB in chunks of 128, 262 MB in one pass, for a
-# first token ~8% later (each chunk reads the weights again; benchmarks/NOTES.md). int8 graphs quantize
-# activations per pass, so their logits depend slightly on the chunking.
+# first token 2-10% later (benchmarks/prefill_chunks.py). int8 graphs quantize activations per pass, so their
+# logits depend on the chunking: slightly closer to fp32 in chunks (KL 0.00035 against 0.00040).
 PREFILL_CHUNK = 128
 
 @dataclass
