@@ -27,6 +27,7 @@ NEW_TOKENS = 128
 SYSTEMS = [
     "transformers-fp32", "optimum-fp32", "genai-fp32", "genai-int8", "ct2-float32", "ct2-int8",
     "llama.cpp-f32", "llama.cpp-q8_0", "llama.cpp-q4_0", "llama.cpp-q8_0-nofa", "edgelm-fp32", "edgelm-int8", "edgelm-int4",
+    "edgelm-int8-kv8", "edgelm-int4-kv8",
 ]
 
 
@@ -55,7 +56,8 @@ def prepare(system: str, checkpoint: Path) -> Path:
     if kind == "edgelm":
         from edgelm.export.pipeline import export_model
 
-        export_model(str(checkpoint), target, quantize={"fp32": "none"}.get(variant, variant))
+        weights, _, cache = variant.partition("-")  # int8-kv8: int8 weights, int8 KV cache
+        export_model(str(checkpoint), target, quantize={"fp32": "none"}.get(weights, weights), kv_cache="int8" if cache == "kv8" else "float32")
     elif kind in ("optimum", "genai"):
         _prepare_onnx_peer(checkpoint, target, int8=variant == "int8")
     elif kind == "ct2":
@@ -294,9 +296,11 @@ def format_table(table: dict, failed: dict, args) -> str:
              "| system | decode tok/s | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |", "| --- | --- | --- | --- | --- |"]
     for system, row in table.items():
         lines.append(f"| {system} | {row['decode_tok_s']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |")
-    ratios = [("edgelm-int8", "llama.cpp-q8_0", "decode_tok_s"), ("edgelm-fp32", "transformers-fp32", "decode_tok_s"), ("edgelm-fp32", "llama.cpp-f32", "decode_tok_s"),
-              ("edgelm-int4", "llama.cpp-q4_0", "decode_tok_s"), ("edgelm-int8", "llama.cpp-q8_0", "decode_after_512_tok_s"), ("edgelm-int8", "ct2-int8", "ttft_512_ms"),
-              ("edgelm-int8", "ct2-int8", "peak_rss_mb")]
+    ratios = [("edgelm-fp32", "transformers-fp32", "decode_tok_s"), ("edgelm-fp32", "llama.cpp-f32", "decode_tok_s")]
+    for cache in ("", "-kv8"):
+        ratios += [(f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_tok_s"), (f"edgelm-int4{cache}", "llama.cpp-q4_0", "decode_tok_s"),
+                   (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_after_512_tok_s"), (f"edgelm-int8{cache}", "ct2-int8", "ttft_512_ms"),
+                   (f"edgelm-int8{cache}", "ct2-int8", "peak_rss_mb")]
     lines.append("")
     for ours, peer, key in ratios:
         peers = [table[p][key] for p in (peer, peer + "-nofa") if p in table]  # llama.cpp at its best setting

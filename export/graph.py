@@ -6,11 +6,11 @@ H heads, D head size, V vocabulary, K kept logits positions):
     inputs   input_ids                      int64 [B, T]
              attention_mask                 int64 [B, P + T]   1 = real token, 0 = padding
              position_ids                   int64 [B, T]
-             past_key_values.{i}.key/value  float [B, H, P, D]  P = 0 on the first step
+             past_key_values.{i}.key/value  float [B, H, P, D]  P = 0 on the first step (int8 with an int8 cache)
              logits_to_keep                 int64 scalar, default 0 (an overridable initializer):
                                             K = the last logits_to_keep positions, 0 keeps all T
     outputs  logits                         float [B, K, V]
-             present.{i}.key/value          float [B, H, P + T, D]
+             present.{i}.key/value          float [B, H, P + T, D]  (int8 with an int8 cache)
 
 The tied embedding / LM-head matrix is stored once, as [C, V] (the LM head's layout): the embedding
 lookup gathers its columns. The LM head runs only on the kept positions, so a 512-token prompt costs
@@ -21,30 +21,35 @@ optimum expects). A caller may instead bind one preallocated [B, H, capacity, D]
 both past and present (a preallocated output): the op then writes the new T rows at P and copies nothing
 else, P + T being read from attention_mask (T > 1 with P > 0 at batch 1 only). edgelm's runtime writes the
 prompt, in chunks, and each decode step that way on CPU.
+
+int8 cache (optional): GroupQueryAttention stores K and V as int8 with one fixed scale per head and channel
+(kv_cache_bit_width 8, PER_CHANNEL), the scales calibrated at export; attention reads a quarter of the bytes.
 """
 
 import numpy as np
 
 from edgelm.runtime.architecture import Architecture
 
-from .onnx_builder import FLOAT, INT64, MS_DOMAIN, GraphBuilder
+from .onnx_builder import FLOAT, INT8, INT64, MS_DOMAIN, GraphBuilder
 from .quantize import INT4_BLOCK, quantize_int4, quantize_int8
 
 OPSET = 17
 MASKED = float(np.finfo(np.float32).min) / 2  # added to a score: exp() underflows to exactly 0
 
 
-def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none"):
-    """weights: a GPT-2 state dict as NumPy arrays (HF names). Returns an onnx.ModelProto."""
+def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none", cache_scales: dict | None = None):
+    """weights: a GPT-2 state dict as NumPy arrays (HF names). cache_scales, for an int8 cache: layer ->
+    (key scale, value scale), each float32 [H, D] (export/calibrate.py). Returns an onnx.ModelProto."""
     g = GraphBuilder("edgelm_gpt2_decoder")
     H, D, C = arch.n_head, arch.head_size, arch.n_embd
+    cache_type = INT8 if cache_scales else FLOAT
     input_ids = g.input("input_ids", INT64, ["batch", "sequence"])
     attention_mask = g.input("attention_mask", INT64, ["batch", "total_sequence"])
     position_ids = g.input("position_ids", INT64, ["batch", "sequence"])
     past = []
     for i in range(arch.n_layer):
         shape = ["batch", H, "past_sequence", D]
-        past.append((g.input(f"past_key_values.{i}.key", FLOAT, shape), g.input(f"past_key_values.{i}.value", FLOAT, shape)))
+        past.append((g.input(f"past_key_values.{i}.key", cache_type, shape), g.input(f"past_key_values.{i}.value", cache_type, shape)))
     logits_to_keep = g.input("logits_to_keep", INT64, [])
     g.weight("logits_to_keep", np.array(0, dtype=np.int64))  # default: every position
 
@@ -61,9 +66,14 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     for i in range(arch.n_layer):
         p = f"transformer.h.{i}."
         qkv = g.op("Add", [matmul(g, h, weights, p + "attn.c_attn"), bias(p + "attn.c_attn.bias")])  # [B, T, 3C] packed
+        inputs, quantized = [qkv, "", "", *past[i], seqlens_k, total_length, "", "", "", attention_bias], {}
+        if cache_scales:
+            k_scale, v_scale = (g.weight(f"{p}attn.{kind}_cache_scale", s.reshape(H, 1, D).astype(np.float32)) for kind, s in zip("kv", cache_scales[i]))
+            inputs += ["", k_scale, v_scale]
+            quantized = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
         attn = g.op(
-            "GroupQueryAttention", [qkv, "", "", *past[i], seqlens_k, total_length, "", "", "", attention_bias],
-            outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"], domain=MS_DOMAIN, num_heads=H, kv_num_heads=H,
+            "GroupQueryAttention", inputs, outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"],
+            domain=MS_DOMAIN, num_heads=H, kv_num_heads=H, **quantized,
         )[0]
         out = matmul(g, attn, weights, p + "attn.c_proj")
         h, x = _skip_layer_norm(g, out, x, weights, p + "ln_2", p + "attn.c_proj.bias", arch)  # x += out + bias
@@ -82,8 +92,8 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     g.output("logits", FLOAT, ["batch", "kept_sequence", arch.vocab_size])
     for i in range(arch.n_layer):
         for kind in ("key", "value"):
-            g.output(f"present.{i}.{kind}", FLOAT, ["batch", H, "total_sequence", D])
-    return g.model(OPSET, doc=f"GPT-2 decoder with KV cache, weights: {recipe}")
+            g.output(f"present.{i}.{kind}", cache_type, ["batch", H, "total_sequence", D])
+    return g.model(OPSET, doc=f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}")
 
 
 def _attention_bias(g: GraphBuilder, input_ids: str, attention_mask: str) -> str:

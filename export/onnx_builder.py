@@ -71,4 +71,5 @@ class GraphBuilder:
 
 
 FLOAT = TensorProto.FLOAT
+INT8 = TensorProto.INT8
 INT64 = TensorProto.INT64

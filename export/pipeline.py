@@ -21,6 +21,7 @@ from .quantize import RECIPES, recipe_description
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
+KV_CACHES = ("float32", "int8")
 TOOLS = ("edgelm", "torch", "transformers", "onnx", "onnxruntime", "optimum-onnx", "huggingface_hub", "tokenizers", "safetensors", "numpy")
 
 
@@ -30,17 +31,21 @@ class ExportResult:
     manifest: dict
 
 
-def default_output(model: str, quantize: str) -> Path:
+def default_output(model: str, quantize: str, kv_cache: str = "float32") -> Path:
     name = Path(model.rstrip("/")).name
-    return Path("models") / (name if quantize == "none" else f"{name}-{quantize}")
+    return Path("models") / (name + ("" if quantize == "none" else f"-{quantize}") + ("-kv8" if kv_cache == "int8" else ""))
 
 
 def export_model(model: str = "distilgpt2", output=None, quantize: str = "none", force: bool = False, revision: str | None = None,
-                 progress: Callable[[str, str, str], None] | None = None) -> ExportResult:
+                 progress: Callable[[str, str, str], None] | None = None, kv_cache: str = "float32") -> ExportResult:
     """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
-    output = Path(output) if output is not None else default_output(model, quantize)
+    if kv_cache not in KV_CACHES:
+        raise ExportError(f"unknown KV cache type {kv_cache!r}; choose one of {', '.join(KV_CACHES)}.")
+    if kv_cache == "int8" and quantize == "none":
+        raise ExportError("an int8 KV cache goes with quantized weights (--quantize int8 or int4): the float32 package stays token-exact with transformers.")
+    output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
     report = progress or (lambda stage, event, detail: None)
     refuse_existing(output, force)
     timings, stage_started = {}, {}
@@ -55,6 +60,7 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
     stage("load", "start", model)
     checkpoint = load_checkpoint(model, revision)
     tokenizer_json = _tokenizer_json(checkpoint.folder)
+    tokenizer = _tokenizer(tokenizer_json)
     reference = _reference_model(checkpoint)
     arch = checkpoint.arch
     weight_bytes = sum(w.nbytes for w in checkpoint.weights.values())
@@ -71,16 +77,18 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
 
     final_bytes = fp32_bytes
     if quantize != "none":
-        stage("quantize", "start", quantize)
-        final_bytes = _optimize(build_decoder(arch, checkpoint.weights, quantize))
+        stage("quantize", "start", quantize + (" weights, int8 KV cache" if kv_cache == "int8" else ""))
+        scales = None
+        if kv_cache == "int8":
+            from .calibrate import kv_cache_scales
+
+            scales = kv_cache_scales(reference, tokenizer, arch)
+        final_bytes = _optimize(build_decoder(arch, checkpoint.weights, quantize, scales))
         stage("quantize", "done", f"{len(final_bytes) / 1e6:.1f} MB graph")
 
     stage("validate", "start", "against transformers (PyTorch)")
-    from tokenizers import Tokenizer
-
     from .validate import check_fp32, quality_report
 
-    tokenizer = Tokenizer.from_str(tokenizer_json)
     validation = {"reference": "transformers GPT2LMHeadModel, float32, eager attention", "fp32": check_fp32(fp32_bytes, reference, tokenizer, arch)}
     if quantize != "none":
         validation[quantize] = quality_report(final_bytes, reference, tokenizer, arch)
@@ -101,7 +109,7 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
         manifest = writer.publish({
             "name": output.name,
             "architecture": arch.to_dict(),
-            "graph": _graph_section(final_bytes),
+            "graph": _graph_section(final_bytes) | {"kv_cache": _kv_cache_description(kv_cache)},
             "tokenizer": "tokenizer.json",
             "weights": {"dtype": "float32" if quantize == "none" else quantize, "tied_embedding_stored_once": True, "quantization": recipe_description(quantize)},
             "source": checkpoint.source | {"weights_file": checkpoint.weight_file},
@@ -140,6 +148,22 @@ def _graph_section(onnx_bytes: bytes) -> dict:
         "past_layout": "[batch, heads, past_sequence, head_size]",
         "kv_cache_in_place": True,  # past and present may be bound to one [batch, heads, capacity, head_size] buffer
     }
+
+
+def _kv_cache_description(kv_cache: str) -> dict:
+    if kv_cache == "float32":
+        return {"dtype": "float32"}
+    return {"dtype": "int8", "scales": "fixed, one per head and channel (1.5 x the largest |K| or |V| seen / 127), calibrated at export on the PyTorch reference (export/calibrate.py); larger values are clipped",
+            "op": "GroupQueryAttention kv_cache_bit_width 8, PER_CHANNEL"}
+
+
+def _tokenizer(tokenizer_json: str):
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(tokenizer_json)
+    except Exception as error:  # tokenizers raises a bare Exception for a damaged file
+        raise ExportError(f"the checkpoint's tokenizer cannot be read: {str(error)[:200]}. Save it again with the model (tokenizer.save_pretrained).") from None
 
 
 def _tokenizer_json(folder: Path) -> str:

@@ -1,7 +1,8 @@
 """Stage 5, validate: run the exported graph through edgelm's own runtime engine and compare it with the
 same checkpoint run by transformers in PyTorch, on a fixed set of cases.
 
-fp32 is a gate (export fails, nothing is written, when it misses); int8 gets a measured quality report.
+fp32 is a gate (export fails, nothing is written, when it misses); int8 and int4 (with or without an int8
+KV cache) get a measured quality report.
 Relative error is max |ours - reference| / max |reference| over real (unpadded) positions.
 """
 
@@ -15,6 +16,7 @@ from edgelm.runtime.session import graph_io
 
 FP32_TOLERANCE = 1e-5
 GREEDY_TOKENS = 16
+CACHE_STEPS = 32  # held-out positions the quality report decodes one at a time through the cache
 PROMPTS = ("The quick brown fox", "Once upon a time, in a land far away,", "import numpy as np\n", "Émile a visité 東京 🚀")
 # Held-out text for perplexity: written for this project, not part of any training set we know of.
 HELD_OUT = (
@@ -135,6 +137,9 @@ def quality_report(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
     ours, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(1), logits_to_keep=0)
     ref_lp, our_lp = _log_softmax(reference[0]), _log_softmax(ours[0])
     kl = np.sum(np.exp(ref_lp) * (ref_lp - our_lp), axis=-1)
+    # The last CACHE_STEPS positions again, one token at a time through the cache (where an int8 cache acts).
+    cached_lp = _log_softmax(_cache_path_logits(engine, ids, mask, steps=CACHE_STEPS)[0])
+    cache_kl = np.sum(np.exp(ref_lp[-len(cached_lp):]) * (ref_lp[-len(cached_lp):] - cached_lp), axis=-1)
     targets = np.asarray(held_out[1:])
     ppl = lambda lp: float(np.exp(-lp[np.arange(len(targets)), targets].mean()))  # noqa: E731
     agreement = []
@@ -150,6 +155,9 @@ def quality_report(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
         "held_out_tokens": len(held_out),
         "top1_agreement": float((reference[0].argmax(-1) == ours[0].argmax(-1)).mean()),
         "mean_kl_divergence": float(kl.mean()),
+        "cache_path_mean_kl_divergence": float(cache_kl.mean()),
+        "cache_path_positions": len(cached_lp),
+        "kv_cache": engine.io.cache_dtype,
         "greedy_agreement": float(np.mean(agreement)),
         "greedy_agreement_means": "tokens before the first divergence / tokens generated, averaged over prompts",
         "perplexity_reference": ppl(ref_lp[:-1]),

@@ -156,6 +156,7 @@ def info(package, as_json):
         return
     q = m["weights"]["quantization"]
     click.echo(f"  weights       {m['weights']['dtype']} ({q.get('weights')}), tied embedding stored once")
+    click.echo(f"  KV cache      {m['graph'].get('kv_cache', {}).get('dtype', 'float32')}, updated in place: {bool(m['graph'].get('kv_cache_in_place'))}")
     click.echo(f"  source        {m['source'].get('hub_id') or m['source'].get('local_path')} {m['source'].get('revision') or ''}".rstrip())
     click.echo(f"  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))
     v = m.get("validation", {})
@@ -164,7 +165,8 @@ def info(package, as_json):
     for recipe in ("int8", "int4"):
         if recipe in v:
             r = v[recipe]
-            click.echo(f"  {recipe} quality  top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_divergence']:.4f}, greedy agreement {r['greedy_agreement']:.3f}, perplexity {r['perplexity_reference']:.2f} -> {r['perplexity']:.2f} ({r['perplexity_change']:+.2%})")
+            cached = f", through the cache {r['cache_path_mean_kl_divergence']:.4f}" if "cache_path_mean_kl_divergence" in r else ""
+            click.echo(f"  {recipe} quality  top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_divergence']:.4f}{cached}, greedy agreement {r['greedy_agreement']:.3f}, perplexity {r['perplexity_reference']:.2f} -> {r['perplexity']:.2f} ({r['perplexity_change']:+.2%})")
     click.echo(f"  made with     " + ", ".join(f"{k} {v}" for k, v in m["tools"].items() if v is not None))
 
 

@@ -54,7 +54,7 @@ class Engine:
         self._output_names = ["logits", *self._present_names]
 
     def empty_past(self, batch: int) -> list:
-        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=np.float32)  # no elements: nothing to borrow
+        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=self.io.cache_dtype)  # no elements: nothing to borrow
         return [ort_c.OrtValue.ortvalue_from_numpy(empty, self._cache_device) for _ in self._past_names]
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
@@ -103,7 +103,7 @@ class InPlaceCache:
     def __init__(self, engine: Engine, batch: int, capacity: int):
         self.engine, self.host = engine, engine._host
         shape = (batch, engine.n_head, capacity, engine.head_size)
-        self.buffers = [np.zeros(shape, dtype=np.float32) for _ in engine._past_names]
+        self.buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
         self.logits = np.zeros((batch, 1, engine.vocab_size), dtype=np.float32)
         cache = [ort_c.OrtValue.ortvalue_from_numpy(b, self.host) for b in self.buffers]  # they borrow the buffers
         self.fetches = ort_c.OrtValueVector()

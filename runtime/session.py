@@ -25,6 +25,7 @@ class GraphIO:
     has_position_ids: bool
     has_logits_to_keep: bool  # False for optimum graphs: they return logits for every position
     kv_cache_in_place: bool = False  # the package says past and present may share one preallocated buffer
+    cache_dtype: str = "float32"  # "int8" for a graph with an int8 KV cache
 
 
 def cuda_available() -> bool:
@@ -65,6 +66,9 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
     return session, running
 
 
+_CACHE_TYPES = {"tensor(float)": "float32", "tensor(int8)": "int8"}
+
+
 def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: bool = False) -> GraphIO:
     inputs = {i.name for i in session.get_inputs()}
     outputs = {o.name for o in session.get_outputs()}
@@ -76,6 +80,7 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
         has_position_ids="position_ids" in inputs,
         has_logits_to_keep="logits_to_keep" in inputs | {i.name for i in session.get_overridable_initializers()},
         kv_cache_in_place=kv_cache_in_place,
+        cache_dtype=_CACHE_TYPES.get(next((i.type for i in session.get_inputs() if i.name == "past_key_values.0.key"), ""), "float32"),
     )
     missing = [n for n in ("input_ids", "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
     missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]
