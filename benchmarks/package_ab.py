@@ -1,0 +1,43 @@
+"""Two packages side by side in one process, interleaved: decode speed on the same work.
+
+    python benchmarks/package_ab.py benchmarks/out/pkg-int8 benchmarks/out/pkg-int8-kv8 [--rounds 5]
+
+Batch 1 after an 8-token prompt (128 tokens), batch 1 after a 512-token prompt (128 tokens), batch 16 after
+8-token prompts (64 tokens); the two packages alternate within every round, and the ratio is the median of
+the per-round ratios (B over A).
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+import edgelm.runtime as edgelm
+from edgelm.runtime.bench import SETTLE_S, _prompt, _timed_tokens
+
+WORK = (("batch 1, 8-token prompt", 1, 8, 128), ("batch 1, 512-token prompt", 1, 512, 128), ("batch 16, 8-token prompts", 16, 8, 64))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    models = [edgelm.load(p, device="cpu", threads=args.threads) for p in (args.a, args.b)]
+    for model in models:
+        _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    for label, batch, length, new in WORK:
+        rates = [[], []]
+        for r in range(args.rounds):
+            for model, rate in zip(models, rates):
+                time.sleep(SETTLE_S)  # the other session's threads stop spinning
+                prompts = [_prompt(model, length, r * 100 + b) for b in range(batch)]
+                rate.append(batch * (new - 1) / _timed_tokens(model, prompts, new)[1])
+        ratio = np.median(np.array(rates[1]) / np.array(rates[0]))
+        print(f"{label}: A {np.median(rates[0]):.1f} tok/s, B {np.median(rates[1]):.1f} tok/s, B/A {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
