@@ -1,0 +1,53 @@
+"""Where a process's memory goes, stage by stage: resident now and peak so far (VmRSS, VmHWM).
+
+    python benchmarks/rss_stages.py benchmarks/out/pkg-int8
+
+Imports, the tokenizer, the onnxruntime session (the pieces edgelm.runtime.load puts together), then, in a
+fresh process, edgelm.runtime.load itself and a 512-token prompt with 128 tokens. Linux only.
+"""
+
+import re
+import subprocess
+import sys
+
+
+def memory() -> str:
+    status = open("/proc/self/status").read()
+    now, peak = (int(re.search(key + r":\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM"))
+    return f"resident {now:4.0f} MB, peak {peak:4.0f} MB"
+
+
+def main():
+    package = sys.argv[1]
+    print(f"{'python started':<34} {memory()}")
+    import edgelm.runtime  # noqa: F401  (what every edgelm process imports)
+    from edgelm.runtime.package import open_package
+    from edgelm.runtime.session import create_session, release_freed_memory
+    from tokenizers import Tokenizer
+
+    print(f"{'numpy, onnxruntime, edgelm imported':<34} {memory()}")
+    opened = open_package(package)
+    tokenizer = Tokenizer.from_file(str(opened.tokenizer_file))
+    print(f"{'tokenizer.json parsed':<34} {memory()}")
+    release_freed_memory()
+    print(f"{'  freed memory returned':<34} {memory()}")
+    session, _ = create_session(opened.model_file, "cpu")
+    print(f"{'onnxruntime session':<34} {memory()}")
+    release_freed_memory()
+    print(f"{'  freed memory returned':<34} {memory()}")
+    print("a fresh process:", flush=True)
+    subprocess.run([sys.executable, __file__, package, "--generate"], check=True)
+
+
+def generate(package):
+    import edgelm.runtime as edgelm
+    from edgelm.runtime.bench import _prompt, _timed_tokens
+
+    model = edgelm.load(package, device="cpu")
+    print(f"{'  edgelm.runtime.load':<34} {memory()}")
+    _timed_tokens(model, [_prompt(model, 512)], 128)
+    print(f"{'  512-token prompt, 128 tokens':<34} {memory()}")
+
+
+if __name__ == "__main__":
+    generate(sys.argv[1]) if "--generate" in sys.argv else main()
