@@ -1,4 +1,5 @@
-"""Export a distilgpt2-shaped checkpoint fp32 and int8 and report stage times, sizes and int8 quality.
+"""Export a distilgpt2-shaped checkpoint fp32, int8, int4 and int8 with an int8 KV cache; report stage times,
+sizes and quality.
 
     python benchmarks/export_report.py [CHECKPOINT]   (default: build one from ../shared)
 """
@@ -20,11 +21,11 @@ OUT = Path(__file__).parent / "out"
 def main():
     checkpoint = Path(sys.argv[1]) if len(sys.argv) > 1 else build(OUT / "distilgpt2-random")
     rows = {}
-    for recipe in ("none", "int8", "int4"):
+    for name, recipe, kv_cache in (("none", "none", "float32"), ("int8", "int8", "float32"), ("int4", "int4", "float32"), ("int8-kv8", "int8", "int8")):
         started = time.perf_counter()
-        result = export_model(str(checkpoint), OUT / f"pkg-{recipe}", quantize=recipe, force=True)
+        result = export_model(str(checkpoint), OUT / f"pkg-{name}", quantize=recipe, force=True, kv_cache=kv_cache)
         m = result.manifest
-        rows[recipe] = {
+        rows[name] = {
             "total_s": round(time.perf_counter() - started, 1),
             "stages_s": m["export_seconds"],
             "package_MB": round(sum(f["size"] for f in m["files"].values()) / 1e6, 1),
