@@ -153,7 +153,9 @@ def _graph_section(onnx_bytes: bytes) -> dict:
 def _kv_cache_description(kv_cache: str) -> dict:
     if kv_cache == "float32":
         return {"dtype": "float32"}
-    return {"dtype": "int8", "scales": "fixed, one per head and channel (1.5 x the largest |K| or |V| seen / 127), calibrated at export on the PyTorch reference (export/calibrate.py); larger values are clipped",
+    from .calibrate import HEADROOM
+
+    return {"dtype": "int8", "scales": f"fixed, one per head and channel ({HEADROOM} x the largest |K| or |V| seen / 127), calibrated at export on the PyTorch reference (export/calibrate.py); larger values are clipped",
             "op": "GroupQueryAttention kv_cache_bit_width 8, PER_CHANNEL"}
 
 

@@ -136,10 +136,9 @@ def quality_report(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
     ids, _ = left_pad([held_out], 0)
     ours, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(1), logits_to_keep=0)
     ref_lp, our_lp = _log_softmax(reference[0]), _log_softmax(ours[0])
-    kl = np.sum(np.exp(ref_lp) * (ref_lp - our_lp), axis=-1)
+    kl = lambda ref, our: np.sum(np.exp(ref) * (ref - our), axis=-1)  # noqa: E731  KL(reference || ours) per position
     # The last CACHE_STEPS positions again, one token at a time through the cache (where an int8 cache acts).
     cached_lp = _log_softmax(_cache_path_logits(engine, ids, mask, steps=CACHE_STEPS)[0])
-    cache_kl = np.sum(np.exp(ref_lp[-len(cached_lp):]) * (ref_lp[-len(cached_lp):] - cached_lp), axis=-1)
     targets = np.asarray(held_out[1:])
     ppl = lambda lp: float(np.exp(-lp[np.arange(len(targets)), targets].mean()))  # noqa: E731
     agreement = []
@@ -154,8 +153,8 @@ def quality_report(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
     return {
         "held_out_tokens": len(held_out),
         "top1_agreement": float((reference[0].argmax(-1) == ours[0].argmax(-1)).mean()),
-        "mean_kl_divergence": float(kl.mean()),
-        "cache_path_mean_kl_divergence": float(cache_kl.mean()),
+        "mean_kl_divergence": float(kl(ref_lp, our_lp).mean()),
+        "cache_path_mean_kl_divergence": float(kl(ref_lp[-len(cached_lp):], cached_lp).mean()),
         "cache_path_positions": len(cached_lp),
         "kv_cache": engine.io.cache_dtype,
         "greedy_agreement": float(np.mean(agreement)),

@@ -66,7 +66,7 @@ class ReadProbe:
         width = 768
         self.b = np.ones((width, max(n_bytes // (4 * width), 1)), dtype=np.float32)
         self.a = np.ones((1, width), dtype=np.float32)
-        self.scale, self.threads = n_bytes / self.b.nbytes, threads
+        self.scale = n_bytes / self.b.nbytes
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         self.session = ort.InferenceSession(READ_PROBE, options, providers=["CPUExecutionProvider"])

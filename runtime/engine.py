@@ -29,6 +29,7 @@ from .session import GraphIO
 # logits depend on the chunking: slightly closer to fp32 in chunks (KL 0.00035 against 0.00040).
 PREFILL_CHUNK = 128
 
+
 @dataclass
 class Step:
     """What one decode step produced for every row."""
@@ -110,8 +111,8 @@ class InPlaceCache:
         for value in [ort_c.OrtValue.ortvalue_from_numpy(self.logits, self.host), *cache]:
             self.fetches.push_back(value)
         self.cache, self.fetch_devices = cache, [self.host] * len(engine._output_names)
-        self.names = ["input_ids", "attention_mask", "position_ids", "logits_to_keep"] if engine.io.has_position_ids else ["input_ids", "attention_mask", "logits_to_keep"]
-        self.names += engine._past_names
+        self.id_inputs = 3 if engine.io.has_position_ids else 2  # input_ids, attention_mask[, position_ids]
+        self.names = [*("input_ids", "attention_mask", "position_ids")[:self.id_inputs], "logits_to_keep", *engine._past_names]
         self.keep_last, self.run_options = np.array(1, dtype=np.int64), ort_c.RunOptions()
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
@@ -125,9 +126,7 @@ class InPlaceCache:
 
     def _pass(self, input_ids, attention_mask, position_ids):
         # The int64 arrays must outlive the run: the OrtValues below only borrow them.
-        arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)]
-        if not self.engine.io.has_position_ids:
-            arrays.pop()
+        arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)[:self.id_inputs]]
         feeds = ort_c.OrtValueVector()
         for array in (*arrays, self.keep_last):
             feeds.push_back(ort_c.OrtValue.ortvalue_from_numpy(array, self.host))

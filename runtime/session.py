@@ -1,7 +1,6 @@
 """Create the onnxruntime session on the chosen device and learn the graph's inputs and outputs from it."""
 
 import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 
@@ -70,7 +69,8 @@ _CACHE_TYPES = {"tensor(float)": "float32", "tensor(int8)": "int8"}
 
 
 def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: bool = False) -> GraphIO:
-    inputs = {i.name for i in session.get_inputs()}
+    input_types = {i.name: i.type for i in session.get_inputs()}
+    inputs = set(input_types)
     outputs = {o.name for o in session.get_outputs()}
     names = GraphIO(
         past_keys=tuple(f"past_key_values.{i}.key" for i in range(n_layer)),
@@ -80,7 +80,7 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
         has_position_ids="position_ids" in inputs,
         has_logits_to_keep="logits_to_keep" in inputs | {i.name for i in session.get_overridable_initializers()},
         kv_cache_in_place=kv_cache_in_place,
-        cache_dtype=_CACHE_TYPES.get(next((i.type for i in session.get_inputs() if i.name == "past_key_values.0.key"), ""), "float32"),
+        cache_dtype=_CACHE_TYPES.get(input_types.get("past_key_values.0.key"), "float32"),
     )
     missing = [n for n in ("input_ids", "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
     missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]
@@ -94,11 +94,9 @@ def release_freed_memory() -> None:
 
     Parsing tokenizer.json and the ONNX file leaves ~15 MB of freed heap resident that the arena-managed
     decode work never reuses; trimming lowers every later peak (benchmarks/NOTES.md)."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = libc.malloc_trim if libc is not None else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: glibc's, where it is
+    except (OSError, TypeError):  # no such handle (Windows)
         return
     if trim is not None:
         trim(0)
