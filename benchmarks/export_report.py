@@ -29,7 +29,7 @@ def main():
             "total_s": round(time.perf_counter() - started, 1),
             "stages_s": m["export_seconds"],
             "package_MB": round(sum(f["size"] for f in m["files"].values()) / 1e6, 1),
-            "model_onnx_MB": round(m["files"]["model.onnx"]["size"] / 1e6, 1),
+            "weights_MB": round(m["files"]["model.onnx.data"]["size"] / 1e6, 1),
             "fp32_max_logits_rel_error": m["validation"]["fp32"]["max_logits_relative_error"],
             "quality": m["validation"].get(recipe),
         }

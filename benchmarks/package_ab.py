@@ -2,9 +2,9 @@
 
     python benchmarks/package_ab.py benchmarks/out/pkg-int8 benchmarks/out/pkg-int8-kv8 [--rounds 5]
 
-Batch 1 after an 8-token prompt (128 tokens), batch 1 after a 512-token prompt (128 tokens), batch 16 after
-8-token prompts (64 tokens); the two packages alternate within every round, and the ratio is the median of
-the per-round ratios (B over A).
+Batch 1 after an 8-token prompt (128 tokens), batch 1 after a 512-token prompt (128 tokens, and the time to
+its first token), batch 16 after 8-token prompts (64 tokens); the two packages alternate within every round,
+and the ratio is the median of the per-round ratios (B over A).
 """
 
 import argparse
@@ -29,14 +29,19 @@ def main():
     for model in models:
         _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     for label, batch, length, new in WORK:
-        rates = [[], []]
+        rates, firsts = [[], []], [[], []]
         for r in range(args.rounds):
-            for model, rate in zip(models, rates):
+            for model, rate, first in zip(models, rates, firsts):
                 time.sleep(SETTLE_S)  # the other session's threads stop spinning
                 prompts = [_prompt(model, length, r * 100 + b) for b in range(batch)]
-                rate.append(batch * (new - 1) / _timed_tokens(model, prompts, new)[1])
+                seconds_first, seconds_rest = _timed_tokens(model, prompts, new)
+                rate.append(batch * (new - 1) / seconds_rest)
+                first.append(1000 * seconds_first)
         ratio = np.median(np.array(rates[1]) / np.array(rates[0]))
         print(f"{label}: A {np.median(rates[0]):.1f} tok/s, B {np.median(rates[1]):.1f} tok/s, B/A {ratio:.2f}")
+        if length >= 128:
+            ratio = np.median(np.array(firsts[1]) / np.array(firsts[0]))
+            print(f"  first token: A {np.median(firsts[0]):.0f} ms, B {np.median(firsts[1]):.0f} ms, B/A {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
     options.enable_profiling, options.log_severity_level = True, 3
     options.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "prefill")
     session = ort.InferenceSession(str(model.package.model_file), options, providers=["CPUExecutionProvider"])
-    profiled = engine.Engine(session, model.engine.io, model.arch.n_head, model.arch.head_size, model.arch.vocab_size, "cpu")
+    profiled = engine.Engine(session, model.engine.io, model.arch.n_head, model.arch.head_size, model.arch.vocab_size, "cpu", model.engine.embeddings)
     engine.PREFILL_CHUNK = chunk
     ids = np.array([_prompt(model, PROMPT)])
     for _ in range(repeats):

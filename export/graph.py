@@ -3,7 +3,7 @@
 The ONNX contract (names as optimum and onnxruntime-genai use them; B batch, T new tokens, P past tokens,
 H heads, D head size, V vocabulary, K kept logits positions):
 
-    inputs   input_ids                      int64 [B, T]
+    inputs   input_ids                      int64 [B, T]       (int8 weights: inputs_embeds float [B, T, C])
              attention_mask                 int64 [B, P + T]   1 = real token, 0 = padding
              position_ids                   int64 [B, T]
              past_key_values.{i}.key/value  float [B, H, P, D]  P = 0 on the first step (int8 with an int8 cache)
@@ -12,9 +12,12 @@ H heads, D head size, V vocabulary, K kept logits positions):
     outputs  logits                         float [B, K, V]
              present.{i}.key/value          float [B, H, P + T, D]  (int8 with an int8 cache)
 
-The tied embedding / LM-head matrix is stored once, as [C, V] (the LM head's layout): the embedding
-lookup gathers its columns. The LM head runs only on the kept positions, so a 512-token prompt costs
-one row of V logits when the caller asks for one.
+The tied embedding / LM-head matrix is stored once. float32 keeps it as [C, V], the LM head's layout, and
+the lookup gathers its columns: optimum can load that package as it is. int4 keeps [V, C] 4-bit rows that
+the lookup gathers and MatMulNBits reads as its [N, K]. int8 keeps [V, C] rows that the LM head (QGemm,
+transposed) reads and the runtime looks tokens up in itself (runtime/embeddings.py, from model.onnx.data),
+so onnxruntime never holds a second, unpacked copy. The LM head runs only on the
+kept positions, so a 512-token prompt costs one row of V logits when the caller asks for one.
 
 In-place cache: attention is onnxruntime's GroupQueryAttention. Fed as above, present grows by T (what
 optimum expects). A caller may instead bind one preallocated [B, H, capacity, D] buffer per cache tensor as
@@ -26,14 +29,20 @@ int8 cache (optional): GroupQueryAttention stores K and V as int8 with one fixed
 (kv_cache_bit_width 8, PER_CHANNEL), the scales calibrated at export; attention reads a quarter of the bytes.
 """
 
+import math
+
 import numpy as np
 
 from edgelm.runtime.architecture import Architecture
+from edgelm.runtime.embeddings import ALIGN
 
 from .onnx_builder import FLOAT, INT8, INT64, MS_DOMAIN, GraphBuilder
 from .quantize import INT4_BLOCK, quantize_int4, quantize_int8
 
 OPSET = 17
+EMBEDDINGS_OUTSIDE = ("int8",)  # recipes whose graph takes inputs_embeds: the runtime looks tokens up
+TOKEN_ROWS, TOKEN_SCALE = "transformer.wte.weight_int8", "transformer.wte.weight_scale"  # + ".{part}"
+LM_HEAD_PARTS = 4
 MASKED = float(np.finfo(np.float32).min) / 2  # added to a score: exp() underflows to exactly 0
 
 
@@ -43,7 +52,10 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     g = GraphBuilder("edgelm_gpt2_decoder")
     H, D, C = arch.n_head, arch.head_size, arch.n_embd
     cache_type = INT8 if cache_scales else FLOAT
-    input_ids = g.input("input_ids", INT64, ["batch", "sequence"])
+    if recipe in EMBEDDINGS_OUTSIDE:  # the runtime looks the tokens up (runtime/embeddings.py)
+        tokens = g.input("inputs_embeds", FLOAT, ["batch", "sequence", C])
+    else:
+        tokens = g.input("input_ids", INT64, ["batch", "sequence"])
     attention_mask = g.input("attention_mask", INT64, ["batch", "total_sequence"])
     position_ids = g.input("position_ids", INT64, ["batch", "sequence"])
     past = []
@@ -55,10 +67,10 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
 
     matmul = {"none": _float_matmul, "int8": _int8_matmul, "int4": _int4_matmul}[recipe]
     bias = lambda name: g.weight(name, weights[name])  # noqa: E731
-    attention_bias = _attention_bias(g, input_ids, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
-    seqlens_k, total_length = _cache_lengths(g, input_ids, attention_mask)
+    attention_bias = _attention_bias(g, tokens, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
+    seqlens_k, total_length = _cache_lengths(g, tokens, attention_mask)
     embed, lm_head = _tied_embedding(g, weights, recipe)
-    x = g.op("Add", [embed(input_ids), g.op("Gather", [g.weight("wpe", weights["transformer.wpe.weight"]), position_ids])])
+    x = g.op("Add", [embed(tokens), g.op("Gather", [g.weight("wpe", weights["transformer.wpe.weight"]), position_ids])])
     h = _layer_norm(g, x, weights, "transformer.h.0.ln_1", arch)
 
     # Each block is 8 fused onnxruntime ops: the residual add, its bias and the next layer norm are one
@@ -96,10 +108,10 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     return g.model(OPSET, doc=f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}")
 
 
-def _attention_bias(g: GraphBuilder, input_ids: str, attention_mask: str) -> str:
+def _attention_bias(g: GraphBuilder, tokens: str, attention_mask: str) -> str:
     """Causal and padding mask together as an additive bias [B, 1, T, P + T]: 0 where a query may attend,
     MASKED elsewhere. MASKED is finite so a fully padded query row gives a uniform softmax, never NaN."""
-    new = g.op("Gather", [g.op("Shape", [input_ids]), g.const(1)])  # T
+    new = g.op("Gather", [g.op("Shape", [tokens]), g.const(1)])  # T
     total = g.op("Gather", [g.op("Shape", [attention_mask]), g.const(1)])  # P + T
     query_pos = g.op("Range", [g.op("Sub", [total, new]), total, g.const(1)])  # [T] absolute positions
     key_pos = g.op("Range", [g.const(0), total, g.const(1)])  # [P + T]
@@ -108,11 +120,11 @@ def _attention_bias(g: GraphBuilder, input_ids: str, attention_mask: str) -> str
     return g.op("Where", [g.op("And", [causal, padding]), g.const(0.0, np.float32), g.const(MASKED, np.float32)])
 
 
-def _cache_lengths(g: GraphBuilder, input_ids: str, attention_mask: str) -> tuple[str, str]:
+def _cache_lengths(g: GraphBuilder, tokens: str, attention_mask: str) -> tuple[str, str]:
     """GroupQueryAttention's view of the cache: every row holds P + T positions (left padding included,
     masked by the attention bias), so seqlens_k = P + T - 1 for each row and total_sequence_length = P + T."""
     total = g.op("Cast", [g.op("Gather", [g.op("Shape", [attention_mask]), g.const(1)])], to=6)  # int32 scalar
-    batch = g.op("Slice", [g.op("Shape", [input_ids]), g.const([0]), g.const([1])])
+    batch = g.op("Slice", [g.op("Shape", [tokens]), g.const([0]), g.const([1])])
     seqlens = g.op("Expand", [g.op("Sub", [total, g.const(1, np.int32)]), batch])
     return seqlens, total
 
@@ -174,20 +186,29 @@ def _tied_embedding(g, weights, recipe):
 
     if recipe == "int4":
         return _tied_embedding_int4(g, weights)
-    w = quantize_int8(wte_t)  # one scale per vocabulary entry: the same for its embedding row and logit column
-    table = g.weight("lm_head.weight_int8", w.q)
-    scale = g.weight("lm_head.weight_scale", w.scale)
-    zero_point = g.weight("lm_head.weight_zero_point", np.zeros_like(w.scale, dtype=np.int8))
-
-    def embed(ids):
-        columns = g.op("Cast", [g.op("Gather", [table, ids], axis=1)], to=FLOAT)  # [C, B, T]
-        rows = g.op("Transpose", [columns], perm=[1, 2, 0])  # [B, T, C]
-        return g.op("Mul", [rows, g.op("Unsqueeze", [g.op("Gather", [scale, ids]), g.const([-1])])])
+    # One scale per vocabulary entry, the same for its embedding row and its logit column, stored as [V, C]
+    # rows that the runtime reads itself (export/weights_file.py, runtime/embeddings.py). The LM head is QGemm
+    # reading the rows transposed (as fast as DynamicQuantizeMatMul on [C, V]), in LM_HEAD_PARTS slices:
+    # onnxruntime transposes B into a scratch buffer to prepack it, and a quarter of the table at a time keeps
+    # that transient small.
+    w = quantize_int8(wte_t)
+    rows = np.ascontiguousarray(w.q.T)  # [V, C]
+    vocab, width = rows.shape
+    step = -(-vocab // LM_HEAD_PARTS)
+    grain = ALIGN // math.gcd(width, ALIGN)  # rows per 64 KiB boundary: every slice starts where it can be mapped
+    step = -(-step // grain) * grain
+    parts = [(g.weight(f"{TOKEN_ROWS}.{k}", rows[start:start + step]), g.weight(f"{TOKEN_SCALE}.{k}", w.scale[start:start + step]),
+              g.weight(f"transformer.wte.weight_zero_point.{k}", np.zeros(len(w.scale[start:start + step]), dtype=np.int8)))
+             for k, start in enumerate(range(0, vocab, step))]
 
     def lm_head(x, out):
-        return g.op("DynamicQuantizeMatMul", [x, table, scale, zero_point], outputs=[out], domain=MS_DOMAIN)
+        quantized = g.op("DynamicQuantizeLinear", [g.op("Reshape", [x, g.const([-1, width])])], outputs=3)  # [B * K, C]
+        logits = [g.op("QGemm", [*quantized, *part], domain=MS_DOMAIN, transB=1) for part in parts]  # [B * K, V / parts]
+        logits = g.op("Concat", logits, axis=1) if len(logits) > 1 else logits[0]
+        shape = g.op("Concat", [g.op("Shape", [x], start=0, end=2), g.const([vocab])], axis=0)
+        return g.op("Reshape", [logits, shape], outputs=[out])
 
-    return embed, lm_head
+    return (lambda embeddings: embeddings), lm_head
 
 
 def _tied_embedding_int4(g, weights):

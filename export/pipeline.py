@@ -18,6 +18,7 @@ from edgelm.runtime.errors import ExportError
 from .checkpoint import load_checkpoint
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
+from .weights_file import WEIGHTS_FILE, split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
@@ -85,20 +86,23 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
             scales = kv_cache_scales(reference, tokenizer, arch)
         final_bytes = _optimize(build_decoder(arch, checkpoint.weights, quantize, scales))
         stage("quantize", "done", f"{len(final_bytes) / 1e6:.1f} MB graph")
+    shipped = split_weights(final_bytes)  # what is written: model.onnx and model.onnx.data
 
     stage("validate", "start", "against transformers (PyTorch)")
     from .validate import check_fp32, quality_report
 
-    validation = {"reference": "transformers GPT2LMHeadModel, float32, eager attention", "fp32": check_fp32(fp32_bytes, reference, tokenizer, arch)}
+    fp32_graph = shipped if quantize == "none" else fp32_bytes
+    validation = {"reference": "transformers GPT2LMHeadModel, float32, eager attention", "fp32": check_fp32(fp32_graph, reference, tokenizer, arch)}
     if quantize != "none":
-        validation[quantize] = quality_report(final_bytes, reference, tokenizer, arch)
+        validation[quantize] = quality_report(shipped, reference, tokenizer, arch)
     stage("validate", "done", f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}")
 
     stage("save", "start", str(output))
     sweep_partials(output)
     writer = PackageWriter(output)
     try:
-        writer.write_bytes("model.onnx", final_bytes)
+        writer.write_bytes("model.onnx", shipped.graph)
+        writer.write_bytes(WEIGHTS_FILE, shipped.data)
         writer.write_bytes("tokenizer.json", tokenizer_json.encode())
         for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (checkpoint.folder / name).exists():
@@ -109,7 +113,7 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
         manifest = writer.publish({
             "name": output.name,
             "architecture": arch.to_dict(),
-            "graph": _graph_section(final_bytes) | {"kv_cache": _kv_cache_description(kv_cache)},
+            "graph": _graph_section(shipped) | {"kv_cache": _kv_cache_description(kv_cache)},
             "tokenizer": "tokenizer.json",
             "weights": {"dtype": "float32" if quantize == "none" else quantize, "tied_embedding_stored_once": True, "quantization": recipe_description(quantize)},
             "source": checkpoint.source | {"weights_file": checkpoint.weight_file},
@@ -133,10 +137,10 @@ def _optimize(model) -> bytes:
     return model.SerializeToString()
 
 
-def _graph_section(onnx_bytes: bytes) -> dict:
+def _graph_section(shipped) -> dict:
     import onnx
 
-    model = onnx.load_model_from_string(onnx_bytes)
+    model = onnx.load_model_from_string(shipped.graph)
     describe = lambda v: {"dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,  # noqa: E731
                           "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]}
     return {
@@ -147,7 +151,8 @@ def _graph_section(onnx_bytes: bytes) -> dict:
         "logits_to_keep": "optional scalar input, default 0 = logits for every position; 1 = last position only",
         "past_layout": "[batch, heads, past_sequence, head_size]",
         "kv_cache_in_place": True,  # past and present may be bound to one [batch, heads, capacity, head_size] buffer
-    }
+        "weights_file": WEIGHTS_FILE,
+    } | ({"token_embeddings": shipped.token_embeddings} if shipped.token_embeddings else {})
 
 
 def _kv_cache_description(kv_cache: str) -> dict:

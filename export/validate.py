@@ -14,6 +14,8 @@ from edgelm.runtime.engine import Engine, generate, left_pad, position_ids_from_
 from edgelm.runtime.errors import ParityError
 from edgelm.runtime.session import graph_io
 
+from .weights_file import ShippedGraph
+
 FP32_TOLERANCE = 1e-5
 GREEDY_TOKENS = 16
 CACHE_STEPS = 32  # held-out positions the quality report decodes one at a time through the cache
@@ -63,11 +65,19 @@ def _torch_greedy(model, rows, new_tokens, eos):
     return out[:, ids.shape[1]:].numpy()
 
 
-def _engine(onnx_bytes: bytes, arch) -> Engine:
+def _engine(graph, arch) -> Engine:
+    """graph: ONNX bytes with the weights inside, or a ShippedGraph, whose model.onnx.data is not written yet:
+    its weights are handed to onnxruntime from memory."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(onnx_bytes, sess_options=options, providers=["CPUExecutionProvider"])
-    return Engine(session, graph_io(session, arch.n_layer, kv_cache_in_place=True), arch.n_head, arch.head_size, arch.vocab_size, "cpu")
+    embeddings = None
+    if isinstance(graph, ShippedGraph):
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in graph.weights.values()]  # borrowed by the session
+        options.add_external_initializers(list(graph.weights), values)
+        graph, embeddings = graph.graph, graph.embeddings()
+    session = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+    io = graph_io(session, arch.n_layer, kv_cache_in_place=True)
+    return Engine(session, io, arch.n_head, arch.head_size, arch.vocab_size, "cpu", embeddings)
 
 
 def _ours_greedy(engine, rows, new_tokens, arch):
@@ -81,9 +91,9 @@ def _relative_error(ours, reference, mask):
     return float(np.abs(ours[real] - reference[real]).max() / np.abs(reference[real]).max())
 
 
-def check_fp32(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
+def check_fp32(graph, model, tokenizer, arch) -> dict:
     """Full logits, cache path and greedy tokens against PyTorch; raises ParityError past the tolerance."""
-    engine = _engine(onnx_bytes, arch)
+    engine = _engine(graph, arch)
     report = {"tolerance": FP32_TOLERANCE, "cases": {}}
     for name, rows in validation_cases(tokenizer, arch).items():
         reference, mask = _torch_logits(model, rows)
@@ -128,9 +138,9 @@ def _cache_path_logits(engine, ids, mask, steps: int = 4):
     return np.stack(collected, axis=1)
 
 
-def quality_report(onnx_bytes: bytes, model, tokenizer, arch) -> dict:
+def quality_report(graph, model, tokenizer, arch) -> dict:
     """How far a quantized graph is from the PyTorch reference: top-1, KL, greedy agreement, perplexity."""
-    engine = _engine(onnx_bytes, arch)
+    engine = _engine(graph, arch)
     held_out = tokenizer.encode(HELD_OUT).ids[: arch.n_positions]
     reference, mask = _torch_logits(model, [held_out])
     ids, _ = left_pad([held_out], 0)

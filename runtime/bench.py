@@ -122,7 +122,8 @@ def run_bench(path, threads: int | None = None, device: str = "auto", runs: int 
     started = time.perf_counter()
     model = load(path, device=device, threads=threads)
     result = {"package": str(path), "device": model.device, "threads": threads, "runs": runs, "load_s": time.perf_counter() - started}
-    weights = model.package.model_file.stat().st_size
+    data = model.package.manifest.get("graph", {}).get("weights_file")  # the weights, when outside model.onnx
+    weights = model.package.model_file.stat().st_size + ((model.package.folder / data).stat().st_size if data else 0)
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     for length in (8, 128, 512):
         if length < model.arch.n_positions:

@@ -42,8 +42,10 @@ class Step:
 class Engine:
     """Runs the decoder graph one forward pass at a time."""
 
-    def __init__(self, session: ort.InferenceSession, io: GraphIO, n_head: int, head_size: int, vocab_size: int, device: str):
+    def __init__(self, session: ort.InferenceSession, io: GraphIO, n_head: int, head_size: int, vocab_size: int, device: str, embeddings=None):
         self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
+        self.embeddings = embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/embeddings.py)
+        self.token_input = "inputs_embeds" if io.takes_embeddings else "input_ids"
         # The decode loop talks to onnxruntime's C++ session and its OrtValues directly: the Python wrappers
         # cost ~0.5 ms per step (13+ objects built and unwrapped), 7% of an int8 distilgpt2 step.
         self._run = session._sess.run_with_ort_values
@@ -68,6 +70,8 @@ class Engine:
             arrays["logits_to_keep"] = np.array(logits_to_keep)
         # C-level OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
         arrays = {name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()}
+        if self.io.takes_embeddings:
+            arrays["inputs_embeds"] = self.embeddings(arrays.pop("input_ids"))
         feeds = dict(zip(self._past_names, past))
         feeds.update({name: ort_c.OrtValue.ortvalue_from_numpy(a, self._host) for name, a in arrays.items()})
         outputs = self._run(feeds, self._output_names, None)
@@ -111,8 +115,8 @@ class InPlaceCache:
         for value in [ort_c.OrtValue.ortvalue_from_numpy(self.logits, self.host), *cache]:
             self.fetches.push_back(value)
         self.cache, self.fetch_devices = cache, [self.host] * len(engine._output_names)
-        self.id_inputs = 3 if engine.io.has_position_ids else 2  # input_ids, attention_mask[, position_ids]
-        self.names = [*("input_ids", "attention_mask", "position_ids")[:self.id_inputs], "logits_to_keep", *engine._past_names]
+        self.id_inputs = 3 if engine.io.has_position_ids else 2  # the tokens, attention_mask[, position_ids]
+        self.names = [*(engine.token_input, "attention_mask", "position_ids")[:self.id_inputs], "logits_to_keep", *engine._past_names]
         self.keep_last, self.run_options = np.array(1, dtype=np.int64), ort_c.RunOptions()
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
@@ -125,8 +129,10 @@ class InPlaceCache:
         return self.logits
 
     def _pass(self, input_ids, attention_mask, position_ids):
-        # The int64 arrays must outlive the run: the OrtValues below only borrow them.
+        # The arrays must outlive the run: the OrtValues below only borrow them.
         arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)[:self.id_inputs]]
+        if self.engine.io.takes_embeddings:
+            arrays[0] = self.engine.embeddings(arrays[0])
         feeds = ort_c.OrtValueVector()
         for array in (*arrays, self.keep_last):
             feeds.push_back(ort_c.OrtValue.ortvalue_from_numpy(array, self.host))

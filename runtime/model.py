@@ -13,6 +13,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .config import GenerationConfig
+from .embeddings import TokenEmbeddings
 from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
 from .generation import Completion, Generation
@@ -46,8 +47,14 @@ class Model:
         except Exception as error:  # tokenizers raises a bare Exception for a damaged file
             raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {error}") from None
         session, self.device = create_session(package.model_file, device, threads)
-        in_place = bool(package.manifest.get("graph", {}).get("kv_cache_in_place", False))
-        self.engine = Engine(session, graph_io(session, self.arch.n_layer, in_place), self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device)
+        graph = package.manifest.get("graph", {})
+        io = graph_io(session, self.arch.n_layer, bool(graph.get("kv_cache_in_place", False)))
+        embeddings = None
+        if io.takes_embeddings:
+            if "token_embeddings" not in graph:
+                raise PackageError(f"{package.model_file} takes inputs_embeds, but {package.folder / 'manifest.json'} does not describe its token_embeddings; export the package again.")
+            embeddings = TokenEmbeddings.open(package.folder, graph["token_embeddings"], self.arch.vocab_size, self.arch.n_embd)
+        self.engine = Engine(session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings)
         self.defaults = GenerationConfig.from_generation_config_json(package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         release_freed_memory()

@@ -16,7 +16,7 @@ from .errors import PackageError
 
 MANIFEST = "manifest.json"
 FORMAT = "edgelm-package"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weights in model.onnx.data; int8 graphs take inputs_embeds (graph.token_embeddings)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ class GraphIO:
     has_logits_to_keep: bool  # False for optimum graphs: they return logits for every position
     kv_cache_in_place: bool = False  # the package says past and present may share one preallocated buffer
     cache_dtype: str = "float32"  # "int8" for a graph with an int8 KV cache
+    takes_embeddings: bool = False  # the graph's first input is inputs_embeds: the runtime looks tokens up
 
 
 def cuda_available() -> bool:
@@ -81,8 +82,10 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
         has_logits_to_keep="logits_to_keep" in inputs | {i.name for i in session.get_overridable_initializers()},
         kv_cache_in_place=kv_cache_in_place,
         cache_dtype=_CACHE_TYPES.get(input_types.get("past_key_values.0.key"), "float32"),
+        takes_embeddings="inputs_embeds" in inputs,
     )
-    missing = [n for n in ("input_ids", "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
+    tokens = "inputs_embeds" if names.takes_embeddings else "input_ids"
+    missing = [n for n in (tokens, "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
     missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]
     if missing:
         raise PackageError(f"the graph lacks {missing[0]} (and {len(missing) - 1} more): it is not a GPT-2 decoder with a key/value cache. Export with edgelm export, or optimum-cli export onnx --task text-generation-with-past.")

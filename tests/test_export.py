@@ -25,11 +25,16 @@ def _feed(ids, n_layer=2, heads=4, head_size=8):
     return feed
 
 
+def _weights_size(package):
+    return sum((package / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))
+
+
 def test_package_files_and_manifest(tiny_package):
     manifest = json.loads((tiny_package / "manifest.json").read_text())
     names = {p.name for p in tiny_package.iterdir()}
-    assert {"model.onnx", "tokenizer.json", "config.json", "generation_config.json", "manifest.json"} <= names
-    assert manifest["format"] == "edgelm-package" and manifest["format_version"] == 1
+    assert {"model.onnx", "model.onnx.data", "tokenizer.json", "config.json", "generation_config.json", "manifest.json"} <= names
+    assert manifest["format"] == "edgelm-package" and manifest["format_version"] == 2
+    assert manifest["graph"]["weights_file"] == "model.onnx.data" and "token_embeddings" not in manifest["graph"]
     assert manifest["architecture"] == {
         "n_layer": 2, "n_head": 4, "head_size": 8, "n_embd": 32, "n_positions": 64, "vocab_size": 320,
         "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None, "layer_norm_epsilon": 1e-5, "model_type": "gpt2",
@@ -90,11 +95,35 @@ def test_logits_to_keep_computes_only_kept_positions(tiny_package):
 def test_tied_embedding_stored_once(tiny_package, tiny_package_int8, tiny_package_int4):
     for package in (tiny_package, tiny_package_int8, tiny_package_int4):
         graph = onnx.load(str(package / "model.onnx")).graph
-        vocab_sized = [i.name for i in graph.initializer if 320 in list(i.dims)[:2]]
-        tables = [name for name in vocab_sized if "scale" not in name and "zero_point" not in name]
-        assert len(tables) == 1, vocab_sized
-        users = {n.op_type for n in graph.node if tables[0] in n.input}
-        assert users in ({"Gather", "MatMul"}, {"Gather", "DynamicQuantizeMatMul"}, {"GatherBlockQuantized", "MatMulNBits"}), users
+        vocab_sized = [i for i in graph.initializer if 320 in list(i.dims)[:2] or i.name.startswith("transformer.wte.weight_int8.")]
+        tables = [i for i in vocab_sized if "scale" not in i.name and "zero_point" not in i.name]
+        assert sum(t.dims[0] for t in tables) in (32, 320), [t.name for t in vocab_sized]  # one [C, V] table, or [V, ...] rows in parts
+        users = {n.op_type for t in tables for n in graph.node if t.name in n.input}
+        assert users in ({"Gather", "MatMul"}, {"QGemm"}, {"GatherBlockQuantized", "MatMulNBits"}), users
+        # int8 and int4 keep [V, C] rows (contiguous per token); float32 keeps the head's [C, V].
+        assert (tables[0].dims[0] != 32) == (package != tiny_package), (package, tables[0].dims)
+
+
+def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int8):
+    """The int8 graph takes inputs_embeds; the runtime reads token rows from model.onnx.data, where the LM
+    head's QGemm parts name the same bytes (one copy on disk, none unpacked in memory)."""
+    from onnx import numpy_helper
+
+    manifest = json.loads((tiny_package_int8 / "manifest.json").read_text())
+    section = manifest["graph"]["token_embeddings"]
+    assert list(manifest["graph"]["inputs"])[0] == "inputs_embeds" and "input_ids" not in manifest["graph"]["inputs"]
+    graph = onnx.load(str(tiny_package_int8 / "model.onnx")).graph
+    parts = sorted((i for i in graph.initializer if i.name.startswith("transformer.wte.weight_int8.")), key=lambda i: int(i.name.rsplit(".", 1)[1]))
+    rows = np.concatenate([numpy_helper.to_array(i) for i in parts])
+    data = (tiny_package_int8 / section["file"]).read_bytes()
+    stored = np.frombuffer(data, np.int8, count=rows.size, offset=section["rows"]["offset"]).reshape(rows.shape)
+    np.testing.assert_array_equal(stored, rows)
+    from edgelm.runtime.embeddings import TokenEmbeddings
+
+    lookup = TokenEmbeddings.open(tiny_package_int8, section, 320, 32)
+    scale = np.frombuffer(data, np.float32, count=320, offset=section["scale"]["offset"])
+    ids = np.array([[0, 5, 319], [7, 7, 1]])
+    np.testing.assert_array_equal(lookup(ids), (rows[ids] * scale[ids][..., None]).astype(np.float32))
 
 
 def test_int8_package_quality_and_recipe(tiny_package, tiny_package_int8):
@@ -111,8 +140,7 @@ def test_int8_package_quality_and_recipe(tiny_package, tiny_package_int8):
     ops = {n.op_type for n in onnx.load(str(tiny_package_int8 / "model.onnx")).graph.node}
     assert "DynamicQuantizeMatMul" in ops and "MatMul" not in ops  # every weight product is int8
     assert "GroupQueryAttention" in ops  # attention itself stays float (activations only)
-    int8_size = (tiny_package_int8 / "model.onnx").stat().st_size
-    assert int8_size < 0.45 * (tiny_package / "model.onnx").stat().st_size
+    assert _weights_size(tiny_package_int8) < 0.45 * _weights_size(tiny_package)
 
 
 def test_int8_weights_never_saturate():
@@ -140,7 +168,7 @@ def test_int4_package(tiny_package, tiny_package_int4):
     matmuls = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert len(matmuls) == 2 * 4 + 1  # four products per block and the LM head
     assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in matmuls)
-    assert (tiny_package_int4 / "model.onnx").stat().st_size < 0.3 * (tiny_package / "model.onnx").stat().st_size
+    assert _weights_size(tiny_package_int4) < 0.3 * _weights_size(tiny_package)
 
 
 def test_int4_quantization_round_trip():
@@ -155,3 +183,31 @@ def test_int4_quantization_round_trip():
     assert np.abs(restored - weight).max() <= q.scale.max() / 2 + 1e-6
     with pytest.raises(ValueError, match="divisible by 32"):
         quantize_int4(weight[:, :40])
+
+
+def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatch):
+    """The distilgpt2-sized LM head is four QGemm slices (so onnxruntime's transposed prepack scratch stays a
+    quarter of the table); the tiny model has one. Forced into four here, the logits must not change and the
+    token rows must stay contiguous in model.onnx.data, where the runtime reads them."""
+    from edgelm.export import graph as graph_module
+    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.validate import _engine
+    from edgelm.export.weights_file import split_weights
+    from edgelm.runtime.engine import position_ids_from_mask
+
+    checkpoint = load_checkpoint(str(tiny_checkpoint))
+    shipped = {}
+    for align in (graph_module.ALIGN, 256):  # 256: a part boundary every 8 rows of 32 int8 values
+        monkeypatch.setattr(graph_module, "ALIGN", align)
+        shipped[align] = split_weights(graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8").SerializeToString())
+    one, four = shipped.values()
+    assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(four.graph).graph.node) == 4
+    assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(one.graph).graph.node) == 1
+    section = four.token_embeddings
+    rows = np.frombuffer(four.data, np.int8, count=320 * 32, offset=section["rows"]["offset"]).reshape(320, 32)
+    np.testing.assert_array_equal(rows, one.weights["transformer.wte.weight_int8.0"])
+    ids = np.array([[3, 100, 319, 5, 0]])
+    mask = np.ones_like(ids)
+    engines = [_engine(s, checkpoint.arch) for s in (one, four)]
+    logits = [e.forward(ids, mask, position_ids_from_mask(mask), e.empty_past(1), logits_to_keep=0)[0] for e in engines]
+    np.testing.assert_array_equal(*logits)

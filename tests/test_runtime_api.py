@@ -7,6 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import onnxruntime as ort
+import numpy as np
 import pytest
 
 import edgelm.runtime as rt
@@ -432,7 +433,7 @@ def test_an_unloadable_graph_is_a_package_error(tiny_package, tmp_path):
 def test_an_optimum_style_folder_loads(tiny_package, tmp_path, model):
     folder = tmp_path / "optimum"
     folder.mkdir()
-    for name in ("model.onnx", "config.json", "tokenizer.json"):
+    for name in ("model.onnx", "model.onnx.data", "config.json", "tokenizer.json"):
         shutil.copy(tiny_package / name, folder / name)
     plain = rt.load(folder)
     assert plain.package.kind == "optimum"
@@ -444,3 +445,35 @@ def test_an_optimum_style_folder_loads(tiny_package, tmp_path, model):
     (folder / "tokenizer.json").unlink()
     with pytest.raises(PackageError, match="tokenizer.json"):
         rt.load(folder)
+
+
+def test_an_int8_package_with_a_damaged_token_table_description_is_refused(tiny_package_int8, tmp_path):
+    """int8 graphs take inputs_embeds; the manifest says where the token rows are. Without that, or with the
+    wrong shape, load says so instead of failing inside onnxruntime."""
+    folder = copy_package(tiny_package_int8, tmp_path)
+    graph = json.loads((folder / "manifest.json").read_text())["graph"]
+    section = graph.pop("token_embeddings")
+    edit_manifest(folder, graph=graph)
+    with pytest.raises(PackageError, match="does not describe its token_embeddings"):
+        rt.load(folder)
+    edit_manifest(folder, graph=graph | {"token_embeddings": section | {"rows": section["rows"] | {"shape": [320, 16]}}})
+    with pytest.raises(PackageError, match=r"int8 rows \[320, 32\]"):
+        rt.load(folder)
+    edit_manifest(folder, graph=graph | {"token_embeddings": {"file": "model.onnx.data"}})
+    with pytest.raises(PackageError, match="incompletely"):
+        rt.load(folder)
+
+
+def test_an_int8_package_reads_token_rows_not_the_whole_table(tiny_package_int8):
+    """The lookup reads one row per token from the weights file: the same embeddings as the stored table."""
+    model = rt.load(tiny_package_int8)
+    section = model.package.manifest["graph"]["token_embeddings"]
+    data = (tiny_package_int8 / section["file"]).read_bytes()
+    rows = np.frombuffer(data, np.int8, count=320 * 32, offset=section["rows"]["offset"]).reshape(320, 32)
+    scale = np.frombuffer(data, np.float32, count=320, offset=section["scale"]["offset"])
+    reads = []
+    original = model.engine.embeddings._read_row
+    model.engine.embeddings._read_row = lambda token, out: (reads.append(token), original(token, out))
+    ids = np.array([[4, 9, 4]])
+    np.testing.assert_array_equal(model.engine.embeddings(ids), rows[ids] * scale[ids][..., None])
+    assert reads == [4, 9, 4]
