@@ -171,7 +171,8 @@ def _int4_matmul(g, x, weights, prefix):
 
 
 def _tied_embedding(g, weights, recipe):
-    """Returns (embed(ids) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]) sharing one stored matrix."""
+    """Returns (embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]) sharing one stored matrix; for
+    int8 the tokens arrive embedded (inputs_embeds) and embed passes them through."""
     wte_t = np.ascontiguousarray(weights["transformer.wte.weight"].T)  # [C, V]
     if recipe == "none":
         table = g.weight("lm_head.weight_t", wte_t)
@@ -197,16 +198,23 @@ def _tied_embedding(g, weights, recipe):
     step = -(-vocab // LM_HEAD_PARTS)
     grain = ALIGN // math.gcd(width, ALIGN)  # rows per 64 KiB boundary: every slice starts where it can be mapped
     step = -(-step // grain) * grain
-    parts = [(g.weight(f"{TOKEN_ROWS}.{k}", rows[start:start + step]), g.weight(f"{TOKEN_SCALE}.{k}", w.scale[start:start + step]),
-              g.weight(f"transformer.wte.weight_zero_point.{k}", np.zeros(len(w.scale[start:start + step]), dtype=np.int8)))
-             for k, start in enumerate(range(0, vocab, step))]
+    parts = []  # (vocabulary entries, (rows, scale, zero point)) per slice
+    for k, start in enumerate(range(0, vocab, step)):
+        piece = slice(start, start + step)
+        n = len(w.scale[piece])
+        names = (f"{TOKEN_ROWS}.{k}", f"{TOKEN_SCALE}.{k}", f"transformer.wte.weight_zero_point.{k}")
+        parts.append((n, [g.weight(name, a) for name, a in zip(names, (rows[piece], w.scale[piece], np.zeros(n, dtype=np.int8)))]))
 
     def lm_head(x, out):
         quantized = g.op("DynamicQuantizeLinear", [g.op("Reshape", [x, g.const([-1, width])])], outputs=3)  # [B * K, C]
-        logits = [g.op("QGemm", [*quantized, *part], domain=MS_DOMAIN, transB=1) for part in parts]  # [B * K, V / parts]
-        logits = g.op("Concat", logits, axis=1) if len(logits) > 1 else logits[0]
-        shape = g.op("Concat", [g.op("Shape", [x], start=0, end=2), g.const([vocab])], axis=0)
-        return g.op("Reshape", [logits, shape], outputs=[out])
+        batch, shapes = g.op("Shape", [x], start=0, end=1), {}
+        logits = []
+        for n, weights_k in parts:
+            if n not in shapes:
+                shapes[n] = g.op("Concat", [batch, g.const([-1, n])], axis=0)  # [B, K, n]
+            logits.append(g.op("Reshape", [g.op("QGemm", [*quantized, *weights_k], domain=MS_DOMAIN, transB=1), shapes[n]]))
+        # The last op writes the logits: into the caller's preallocated output, without a copy after it.
+        return g.op("Concat", logits, outputs=[out], axis=-1)
 
     return (lambda embeddings: embeddings), lm_head
 
