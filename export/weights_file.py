@@ -2,8 +2,8 @@
 as ONNX external data, large ones at 64 KiB-aligned offsets.
 
 Why: onnxruntime maps aligned external data instead of parsing it out of the protobuf, and releases a mapped
-weight once an op has prepacked it, so loading holds one copy of each weight at a time. For distilgpt2 int8
-the load's peak RSS drops by ~25 MB against the same weights inside model.onnx (benchmarks/NOTES.md).
+weight once an op has prepacked it. For distilgpt2 int8 the load's own peak was 228 MB with the weights
+inside model.onnx and 202 MB with them mapped (benchmarks/NOTES.md).
 
 For graphs that take inputs_embeds (int8), the token rows come first in the file, in vocabulary order, and
 their scales right after: the runtime reads the rows it needs from there (runtime/embeddings.py), while the
@@ -48,11 +48,9 @@ def split_weights(model_bytes: bytes) -> ShippedGraph:
     from onnx import numpy_helper
 
     model = onnx.load_model_from_string(model_bytes)
-    token = lambda name: name.startswith((TOKEN_ROWS + ".", TOKEN_SCALE + "."))  # noqa: E731  the runtime reads these from the file
-    tensors = [t for t in model.graph.initializer if len(t.raw_data) >= INLINE_BELOW or token(t.name)]
-    # Token rows first and contiguous (part after part), then their scales, then everything else.
-    order = lambda t: (0, _part_index(t.name)) if t.name.startswith(TOKEN_ROWS + ".") else (1, _part_index(t.name)) if t.name.startswith(TOKEN_SCALE + ".") else (2, 0)  # noqa: E731
-    tensors.sort(key=order)
+    # The token rows and scales go to the file whatever their size: the runtime reads them there.
+    tensors = [t for t in model.graph.initializer if len(t.raw_data) >= INLINE_BELOW or _file_order(t)[0] < 2]
+    tensors.sort(key=_file_order)
     chunks, offset, offsets, weights = [], 0, {}, {}
     for tensor in tensors:
         size = len(tensor.raw_data)
@@ -89,6 +87,14 @@ def _token_section(weights: dict, offsets: dict) -> dict | None:
         "scale": {"dtype": "float32", "shape": [rows], "offset": offsets[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]},
         "embedding": "row * scale. The runtime reads the rows it needs; the LM head's QGemm parts name the same bytes.",
     }
+
+
+def _file_order(tensor) -> tuple:
+    """Token rows first and contiguous (part after part), then their scales, then everything else."""
+    for rank, prefix in enumerate((TOKEN_ROWS + ".", TOKEN_SCALE + ".")):
+        if tensor.name.startswith(prefix):
+            return rank, _part_index(tensor.name)
+    return 2, 0
 
 
 def _part_index(name: str) -> int:

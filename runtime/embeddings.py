@@ -52,6 +52,7 @@ class TokenEmbeddings:
         except OSError as error:
             raise PackageError(f"cannot read {path}: {error.strerror}. Export the package again.") from None
         if scale_values.size != vocab_size:
+            handle.close()
             raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
         return cls(_row_reader(handle, path, row_offset, width), scale_values, width)
 
