@@ -3,8 +3,9 @@
     python benchmarks/package_ab.py benchmarks/out/pkg-int8 benchmarks/out/pkg-int8-kv8 [--rounds 5]
 
 Batch 1 after an 8-token prompt (128 tokens), batch 1 after a 512-token prompt (128 tokens, and the time to
-its first token), batch 16 after 8-token prompts (64 tokens); the two packages alternate within every round,
-and the ratio is the median of the per-round ratios (B over A).
+its first token), batch 16 after 8-token prompts (64 tokens), then process start to first token (fresh
+processes); the two packages alternate within every round, and the ratio is the median of the per-round
+ratios (B over A).
 """
 
 import argparse
@@ -13,7 +14,7 @@ import time
 import numpy as np
 
 import edgelm.runtime as edgelm
-from edgelm.runtime.bench import SETTLE_S, _prompt, _timed_tokens
+from edgelm.runtime.bench import SETTLE_S, _cold_start, _prompt, _timed_tokens
 
 WORK = (("batch 1, 8-token prompt", 1, 8, 128), ("batch 1, 512-token prompt", 1, 512, 128), ("batch 16, 8-token prompts", 16, 8, 64))
 
@@ -42,6 +43,12 @@ def main():
         if length >= 128:
             ratio = np.median(np.array(firsts[1]) / np.array(firsts[0]))
             print(f"  first token: A {np.median(firsts[0]):.0f} ms, B {np.median(firsts[1]):.0f} ms, B/A {ratio:.2f}")
+    starts = [[], []]
+    for r in range(args.rounds):
+        for path, start in zip((args.a, args.b), starts):
+            start.append(_cold_start(path, args.threads))
+    ratio = np.median(np.array(starts[1]) / np.array(starts[0]))
+    print(f"process start to first token: A {np.median(starts[0]):.2f} s, B {np.median(starts[1]):.2f} s, B/A {ratio:.2f}")
 
 
 if __name__ == "__main__":
