@@ -364,3 +364,20 @@ def test_serve_refuses_a_missing_package(tmp_path):
     result = subprocess.run([sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", str(tmp_path / "nope")],
                             capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert result.returncode == 1 and "no model package at" in result.stderr
+
+
+def test_an_int8_package_serves_what_generate_gives(tiny_package_int8, tmp_path):
+    """The int8 graph takes inputs_embeds, read by the runtime from model.onnx.data: a served batch and a
+    stream give what Model.generate gives for the same prompts. (int8 quantizes activations per tensor, so a
+    row's tokens may depend on the other rows of its own request; never on other requests.)"""
+    model = load(tiny_package_int8)
+    s = Server(tiny_package_int8, tmp_path)
+    try:
+        prompts = PROMPTS[:3]
+        expected = [c.text for c in model.generate(prompts, max_new_tokens=12, do_sample=False)]
+        body = complete(s, {"prompt": prompts, "max_tokens": 12, "temperature": 0}).json()
+        assert [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])] == expected
+        alone = model.generate(prompts[1], max_new_tokens=12, do_sample=False).text
+        assert streamed_texts(stream_events(s, {"prompt": prompts[1], "max_tokens": 12, "temperature": 0}))[0] == [alone]
+    finally:
+        assert s.stop() == 0, s.log()
