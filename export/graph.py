@@ -16,8 +16,8 @@ The tied embedding / LM-head matrix is stored once. float32 keeps it as [C, V], 
 the lookup gathers its columns: optimum can load that package as it is. int4 keeps [V, C] 4-bit rows that
 the lookup gathers and MatMulNBits reads as its [N, K]. int8 keeps [V, C] rows that the LM head (QGemm,
 transposed) reads and the runtime looks tokens up in itself (runtime/embeddings.py, from model.onnx.data),
-so onnxruntime never holds a second, unpacked copy. The LM head runs only on the
-kept positions, so a 512-token prompt costs one row of V logits when the caller asks for one.
+so onnxruntime never holds a second, unpacked copy. The LM head runs only on the kept positions, so a
+512-token prompt costs one row of V logits when the caller asks for one.
 
 In-place cache: attention is onnxruntime's GroupQueryAttention. Fed as above, present grows by T (what
 optimum expects). A caller may instead bind one preallocated [B, H, capacity, D] buffer per cache tensor as
@@ -187,11 +187,15 @@ def _tied_embedding(g, weights, recipe):
 
     if recipe == "int4":
         return _tied_embedding_int4(g, weights)
-    # One scale per vocabulary entry, the same for its embedding row and its logit column, stored as [V, C]
-    # rows that the runtime reads itself (export/weights_file.py, runtime/embeddings.py). The LM head is QGemm
-    # reading the rows transposed (as fast as DynamicQuantizeMatMul on [C, V]), in LM_HEAD_PARTS slices:
-    # onnxruntime transposes B into a scratch buffer to prepack it, and a quarter of the table at a time keeps
-    # that transient small.
+    return _tied_embedding_int8(g, wte_t)
+
+
+def _tied_embedding_int8(g, wte_t):
+    """One scale per vocabulary entry, the same for its embedding row and its logit column, stored as [V, C]
+    rows that the runtime reads itself (export/weights_file.py, runtime/embeddings.py). The LM head is QGemm
+    reading the rows transposed (as fast as DynamicQuantizeMatMul on [C, V]), in LM_HEAD_PARTS slices:
+    onnxruntime transposes B into a scratch buffer to prepack it, and a quarter of the table at a time keeps
+    that transient small."""
     w = quantize_int8(wte_t)
     rows = np.ascontiguousarray(w.q.T)  # [V, C]
     vocab, width = rows.shape
