@@ -155,7 +155,8 @@ def info(package, as_json):
     if not m:
         return
     q = m["weights"]["quantization"]
-    click.echo(f"  weights       {m['weights']['dtype']} ({q.get('weights')}), tied embedding stored once")
+    lookup = f", token rows read from {m['graph']['token_embeddings']['file']} by the runtime" if "token_embeddings" in m["graph"] else ""
+    click.echo(f"  weights       {m['weights']['dtype']} ({q.get('weights')}), tied embedding stored once{lookup}")
     click.echo(f"  KV cache      {m['graph'].get('kv_cache', {}).get('dtype', 'float32')}, updated in place: {bool(m['graph'].get('kv_cache_in_place'))}")
     click.echo(f"  source        {m['source'].get('hub_id') or m['source'].get('local_path')} {m['source'].get('revision') or ''}".rstrip())
     click.echo(f"  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))

@@ -124,6 +124,12 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     scale = np.frombuffer(data, np.float32, count=320, offset=section["scale"]["offset"])
     ids = np.array([[0, 5, 319], [7, 7, 1]])
     np.testing.assert_array_equal(lookup(ids), (rows[ids] * scale[ids][..., None]).astype(np.float32))
+    from click.testing import CliRunner
+
+    from edgelm.runtime.cli import main
+
+    info = CliRunner().invoke(main, ["info", str(tiny_package_int8)])
+    assert "token rows read from model.onnx.data by the runtime" in info.output
 
 
 def test_int8_package_quality_and_recipe(tiny_package, tiny_package_int8):

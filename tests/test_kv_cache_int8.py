@@ -113,4 +113,5 @@ def test_the_export_command_takes_the_kv_cache_option(tiny_checkpoint, tmp_path)
     assert made.exit_code == 0, made.output
     info = CliRunner().invoke(main, ["info", str(tmp_path / "c")])
     assert "KV cache      int8" in info.output and "through the cache" in info.output
+    assert "token rows read" not in info.output  # int4 keeps its lookup in the graph
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
