@@ -37,7 +37,7 @@ class ShippedGraph:
     def embeddings(self) -> TokenEmbeddings | None:
         if self.token_embeddings is None:
             return None
-        parts = sorted((name for name in self.weights if name.startswith(TOKEN_ROWS + ".")), key=_part_index)
+        parts = _token_parts(self.weights)
         rows = np.concatenate([self.weights[name] for name in parts])
         scale = np.concatenate([self.weights[name.replace(TOKEN_ROWS, TOKEN_SCALE)] for name in parts])
         return TokenEmbeddings.from_arrays(rows, scale)
@@ -71,7 +71,7 @@ def split_weights(model_bytes: bytes) -> ShippedGraph:
 
 def _token_section(weights: dict, offsets: dict) -> dict | None:
     """Where the token rows and their scales are in model.onnx.data; None for a graph that takes input_ids."""
-    parts = sorted((name for name in weights if name.startswith(TOKEN_ROWS + ".")), key=_part_index)
+    parts = _token_parts(weights)
     if not parts:
         return None
     rows = sum(weights[name].shape[0] for name in parts)
@@ -87,6 +87,11 @@ def _token_section(weights: dict, offsets: dict) -> dict | None:
         "scale": {"dtype": "float32", "shape": [rows], "offset": offsets[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]},
         "embedding": "row * scale. The runtime reads the rows it needs; the LM head's QGemm parts name the same bytes.",
     }
+
+
+def _token_parts(weights: dict) -> list:
+    """The names of the token-row slices, in vocabulary order."""
+    return sorted((name for name in weights if name.startswith(TOKEN_ROWS + ".")), key=_part_index)
 
 
 def _file_order(tensor) -> tuple:

@@ -62,16 +62,14 @@ class Engine:
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
         """One pass. Returns logits [B, K, V] as NumPy (K = logits_to_keep, 0 = all) and the present cache."""
-        arrays = {"input_ids": input_ids, "attention_mask": attention_mask}
+        arrays = {"attention_mask": attention_mask}
         if self.io.has_position_ids:
             arrays["position_ids"] = position_ids
         if self.io.has_logits_to_keep:
             # An overridable initializer: IO binding cannot address it, run_with_ort_values can.
             arrays["logits_to_keep"] = np.array(logits_to_keep)
         # C-level OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
-        arrays = {name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()}
-        if self.io.takes_embeddings:
-            arrays["inputs_embeds"] = self.embeddings(arrays.pop("input_ids"))
+        arrays = {self.token_input: self.tokens(input_ids)} | {name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()}
         feeds = dict(zip(self._past_names, past))
         feeds.update({name: ort_c.OrtValue.ortvalue_from_numpy(a, self._host) for name, a in arrays.items()})
         outputs = self._run(feeds, self._output_names, None)
@@ -79,6 +77,11 @@ class Engine:
         if not self.io.has_logits_to_keep and logits_to_keep:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
         return logits, [outputs[i] for i in range(1, len(self._output_names))]
+
+    def tokens(self, input_ids) -> np.ndarray:
+        """What the graph's first input takes: the ids as int64, or their embeddings when it takes inputs_embeds."""
+        ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+        return self.embeddings(ids) if self.io.takes_embeddings else ids
 
     def cache(self, batch: int, capacity: int):
         """An empty cache for `batch` rows of up to `capacity` positions: written in place when the graph and
@@ -130,9 +133,7 @@ class InPlaceCache:
 
     def _pass(self, input_ids, attention_mask, position_ids):
         # The arrays must outlive the run: the OrtValues below only borrow them.
-        arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (input_ids, attention_mask, position_ids)[:self.id_inputs]]
-        if self.engine.io.takes_embeddings:
-            arrays[0] = self.engine.embeddings(arrays[0])
+        arrays = [self.engine.tokens(input_ids), *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[:self.id_inputs - 1])]
         feeds = ort_c.OrtValueVector()
         for array in (*arrays, self.keep_last):
             feeds.push_back(ort_c.OrtValue.ortvalue_from_numpy(array, self.host))
