@@ -257,6 +257,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--huge-pages", action="store_true", help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what the edgelm command sets for itself)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -279,7 +280,8 @@ def main():
     for round_ in range(args.rounds):
         for system in [s for s in systems if s in paths and s not in failed]:
             command = [sys.executable, __file__, "--worker", system, "--model", str(paths[system]), "--threads", str(args.threads), "--checkpoint", str(args.checkpoint)]
-            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), **({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"} if args.huge_pages else {})}
+            done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 failed[system] = done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else f"exit {done.returncode}"
                 continue
@@ -288,11 +290,12 @@ def main():
     table = {s: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for s, rs in results.items() if rs}
     print(format_table(table, failed, args))
     if args.json:
-        args.json.write_text(json.dumps({"medians": table, "failed": failed, "rounds": args.rounds, "threads": args.threads, "load_average": os.getloadavg()}, indent=2))
+        args.json.write_text(json.dumps({"medians": table, "failed": failed, "rounds": args.rounds, "threads": args.threads, "huge_pages": args.huge_pages, "load_average": os.getloadavg()}, indent=2))
 
 
 def format_table(table: dict, failed: dict, args) -> str:
-    lines = [f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, load average now {os.getloadavg()[0]:.2f}",
+    pages = "every worker on glibc.malloc.hugetlb=1" if args.huge_pages else "default malloc"
+    lines = [f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, {pages}, load average now {os.getloadavg()[0]:.2f}",
              "| system | decode tok/s | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |", "| --- | --- | --- | --- | --- |"]
     for system, row in table.items():
         lines.append(f"| {system} | {row['decode_tok_s']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |")

@@ -5,14 +5,31 @@
     print(model.generate("The meaning of life is", max_new_tokens=30).text)
     for piece in model.stream("Once upon a time", max_new_tokens=40):
         print(piece, end="", flush=True)
+
+The names that need NumPy, onnxruntime and tokenizers are imported on first use, so that the `edgelm`
+command can start (and restart itself with huge pages: hugepages.py) before it pays for them.
 """
 
 from .config import GenerationConfig
 from .errors import DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
-from .generation import Completion
-from .model import Model, Score, Stream, load, pipeline
+
+_LAZY = {"Completion": "generation", "Model": "model", "Score": "model", "Stream": "model", "load": "model", "pipeline": "model"}
 
 __all__ = [
     "load", "pipeline", "Model", "Stream", "Score", "Completion", "GenerationConfig",
     "EdgelmError", "PackageError", "DeviceError", "GenerationOptionError", "PromptError",
 ]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY})

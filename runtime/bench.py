@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 from .config import GenerationConfig
 from .engine import generate
+from .hugepages import huge_page_mb
 from .model import load
 
 
@@ -122,6 +123,7 @@ def run_bench(path, threads: int | None = None, device: str = "auto", runs: int 
     started = time.perf_counter()
     model = load(path, device=device, threads=threads)
     result = {"package": str(path), "device": model.device, "threads": threads, "runs": runs, "load_s": time.perf_counter() - started}
+    result["huge_pages_mb"] = huge_page_mb()  # the prepacked weights on 2 MiB pages, or 0 (runtime/hugepages.py)
     data = model.package.manifest.get("graph", {}).get("weights_file")  # the weights, when outside model.onnx
     weights = model.package.model_file.stat().st_size + ((model.package.folder / data).stat().st_size if data else 0)
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
@@ -175,6 +177,7 @@ ROWS = [
     ("batch_16_tok_s", "decode, batch 16 (aggregate)", "{:.1f} tok/s"),
     ("batch_16_over_batch_1", "batch 16 / batch 1, same rounds", "{:.1f}x"),
     ("peak_rss_mb", "peak RSS (batch 1 work)", "{:.0f} MB"),
+    ("huge_pages_mb", "of it on huge pages after load", "{:.0f} MB"),
     ("read_gb_s", "memory read, same threads", "{:.1f} GB/s"),
     ("ceiling_tok_s", "ceiling: weights read once per token", "{:.1f} tok/s"),
     ("decode_fraction_of_ceiling", "decode / ceiling, same rounds", "{:.2f}"),
@@ -187,6 +190,6 @@ def format_table(result: dict) -> str:
         if key.endswith("*"):
             key = next((k for k in result if k.startswith(key[:-1])), None)
             label = f"decode, batch 1, after {key.split('_')[2]} tokens" if key else label
-        if key in result:
+        if result.get(key) is not None:
             lines.append(f"  {label:<40} {fmt.format(result[key])}")
     return "\n".join(lines)

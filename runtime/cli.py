@@ -6,6 +6,7 @@ import sys
 import click
 
 from .errors import EdgelmError
+from .hugepages import restart_with_huge_pages
 
 LAZY_COMMANDS = {"export": "edgelm.export.cli:export", "serve": "edgelm.runtime.server.cli:serve"}  # heavy stages import only when asked for
 
@@ -30,6 +31,12 @@ def main():
     edgelm export distilgpt2            # hub id or local folder -> models/distilgpt2
     edgelm generate "Hello, my name is"  # stream a completion
     """
+
+
+def entry():
+    """The `edgelm` command: first, where it helps, restart with huge pages (runtime/hugepages.py)."""
+    restart_with_huge_pages()
+    main()
 
 
 def _fail(error: EdgelmError):
@@ -206,4 +213,4 @@ def bench(package, runs, threads, device, as_json):
 
 
 if __name__ == "__main__":
-    main()
+    entry()

@@ -1,0 +1,76 @@
+"""Transparent huge pages for the memory onnxruntime prepacks the weights into (Linux, glibc 2.35 or later).
+
+At load onnxruntime copies every int8 matrix into its own packed buffer (malloc'd), and each decode step
+streams all of them once. With the usual 4 KiB pages that is ~20,000 page-table walks a token for
+distilgpt2 int8. glibc backs what malloc gets from the kernel with 2 MiB pages when the process starts with
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 and the kernel's THP setting is `madvise` (the common default; with
+`always` every process has them already). Measured on the distilgpt2-shaped int8 package (benchmarks/NOTES.md):
+decode 1.10x, first token after 512 tokens 0.94-0.97x, batch 16 1.04x, process start to first token 0.90x.
+
+glibc reads the tunable only when a process starts, so the `edgelm` command restarts itself once with it
+(EDGELM_HUGE_PAGES=0 turns that off). A program that embeds the runtime sets it in its own environment.
+"""
+
+import os
+import re
+import sys
+from pathlib import Path
+
+TUNABLE = "glibc.malloc.hugetlb=1"
+OPT_OUT = "EDGELM_HUGE_PAGES"  # "0": never restart the command for huge pages
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def thp_mode(setting: Path = THP_SETTING) -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise", "never"), or None where there is none."""
+    try:
+        found = re.search(r"\[(\w+)\]", setting.read_text())
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def libc_version() -> tuple[str, tuple[int, ...]]:
+    """("glibc", (2, 36)) on glibc; ("", ()) elsewhere (musl, macOS, Windows)."""
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        return name, tuple(int(part) for part in version.split(".")[:2])
+    except (AttributeError, ValueError, OSError):
+        return "", ()
+
+
+def environment_with_huge_pages(environ, platform: str, thp: str | None, libc: tuple) -> dict | None:
+    """The environment to restart the command with, or None when a restart would change nothing."""
+    if platform != "linux" or thp != "madvise" or environ.get(OPT_OUT) == "0":
+        return None
+    name, version = libc
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if name != "glibc" or version < (2, 35) or "glibc.malloc.hugetlb" in tunables:
+        return None
+    return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}" if tunables else TUNABLE}
+
+
+def restart_with_huge_pages() -> None:
+    """For the `edgelm` command, before it imports anything heavy: run this same command line again, in this
+    same process (exec), with the tunable set. Returns (and changes nothing) where that would not help."""
+    if getattr(sys, "frozen", False) or not getattr(sys, "orig_argv", None):
+        return
+    environment = environment_with_huge_pages(os.environ, sys.platform, thp_mode(), libc_version())
+    if environment is not None:
+        sys.stdout.flush()
+        try:
+            os.execve(sys.executable, sys.orig_argv, environment)
+        except OSError:  # the interpreter cannot be started again: carry on with small pages
+            return
+
+
+def huge_page_mb() -> float | None:
+    """This process's anonymous memory on transparent huge pages (AnonHugePages), where Linux reports it."""
+    try:
+        with open("/proc/self/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
