@@ -1,11 +1,11 @@
 """Transparent huge pages for the memory onnxruntime prepacks the weights into (Linux, glibc 2.35 or later).
 
 At load onnxruntime copies every int8 matrix into its own packed buffer (malloc'd), and each decode step
-streams all of them once. With the usual 4 KiB pages that is ~20,000 page-table walks a token for
-distilgpt2 int8. glibc backs what malloc gets from the kernel with 2 MiB pages when the process starts with
+streams all of them once: for distilgpt2 int8, about 20,000 pages of 4 KiB to translate for every token. glibc backs what malloc gets from the kernel with 2 MiB pages when the process starts with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 and the kernel's THP setting is `madvise` (the common default; with
 `always` every process has them already). Measured on the distilgpt2-shaped int8 package (benchmarks/NOTES.md):
-decode 1.10x, first token after 512 tokens 0.94-0.97x, batch 16 1.04x, process start to first token 0.90x.
+decode 1.10x, first token after 512 tokens 0.94-0.97x, batch 16 1.04x, process start to first token 0.90x
+(the restart below costs about as much: `edgelm generate` reaches its first token as soon as without it).
 
 glibc reads the tunable only when a process starts, so the `edgelm` command restarts itself once with it
 (EDGELM_HUGE_PAGES=0 turns that off). A program that embeds the runtime sets it in its own environment.
@@ -53,7 +53,7 @@ def environment_with_huge_pages(environ, platform: str, thp: str | None, libc: t
 def restart_with_huge_pages() -> None:
     """For the `edgelm` command, before it imports anything heavy: run this same command line again, in this
     same process (exec), with the tunable set. Returns (and changes nothing) where that would not help."""
-    if getattr(sys, "frozen", False) or not getattr(sys, "orig_argv", None):
+    if getattr(sys, "frozen", False) or not sys.executable or not getattr(sys, "orig_argv", None):
         return
     environment = environment_with_huge_pages(os.environ, sys.platform, thp_mode(), libc_version())
     if environment is not None:
