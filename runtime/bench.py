@@ -123,7 +123,7 @@ def run_bench(path, threads: int | None = None, device: str = "auto", runs: int 
     started = time.perf_counter()
     model = load(path, device=device, threads=threads)
     result = {"package": str(path), "device": model.device, "threads": threads, "runs": runs, "load_s": time.perf_counter() - started}
-    result["huge_pages_mb"] = huge_page_mb()  # the prepacked weights on 2 MiB pages, or 0 (runtime/hugepages.py)
+    result["huge_pages_mb"] = huge_page_mb()  # this process on 2 MiB pages: the packed weights, when started with them (hugepages.py)
     data = model.package.manifest.get("graph", {}).get("weights_file")  # the weights, when outside model.onnx
     weights = model.package.model_file.stat().st_size + ((model.package.folder / data).stat().st_size if data else 0)
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
