@@ -257,7 +257,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--huge-pages", action="store_true", help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what the edgelm command sets for itself)")
+    parser.add_argument("--huge-pages", action="store_true", help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what edgelm serve and bench set for themselves on int8 packages)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -6,14 +6,13 @@
     for piece in model.stream("Once upon a time", max_new_tokens=40):
         print(piece, end="", flush=True)
 
-The names that need NumPy, onnxruntime and tokenizers are imported on first use, so that the `edgelm`
-command can start (and restart itself with huge pages: hugepages.py) before it pays for them.
+The other names are imported on first use, so that the `edgelm` command can decide to restart itself with
+huge pages (launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 """
 
-from .config import GenerationConfig
 from .errors import DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
 
-_LAZY = {"Completion": "generation", "Model": "model", "Score": "model", "Stream": "model", "load": "model", "pipeline": "model"}
+_LAZY = {"Completion": "generation", "GenerationConfig": "config", "Model": "model", "Score": "model", "Stream": "model", "load": "model", "pipeline": "model"}
 
 __all__ = [
     "load", "pipeline", "Model", "Stream", "Score", "Completion", "GenerationConfig",

@@ -6,7 +6,6 @@ import sys
 import click
 
 from .errors import EdgelmError
-from .hugepages import restart_with_huge_pages
 
 LAZY_COMMANDS = {"export": "edgelm.export.cli:export", "serve": "edgelm.runtime.server.cli:serve"}  # heavy stages import only when asked for
 
@@ -31,12 +30,6 @@ def main():
     edgelm export distilgpt2            # hub id or local folder -> models/distilgpt2
     edgelm generate "Hello, my name is"  # stream a completion
     """
-
-
-def entry():
-    """The `edgelm` command: first, where it helps, restart with huge pages (runtime/hugepages.py)."""
-    restart_with_huge_pages()
-    main()
 
 
 def _fail(error: EdgelmError):
@@ -145,7 +138,7 @@ def _parse_bias(items) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest.")
 def info(package, as_json):
     """Show a package's architecture, weights, sizes and validation figures."""
-    from .model import DEFAULT_PACKAGE
+    from .package import DEFAULT_PACKAGE
     from .package import open_package
 
     try:
@@ -182,7 +175,7 @@ def info(package, as_json):
 @click.argument("package", required=False)
 def verify(package):
     """Check every file of a package against the sizes and sha256 in its manifest."""
-    from .model import DEFAULT_PACKAGE
+    from .package import DEFAULT_PACKAGE
     from .package import open_package
 
     try:
@@ -201,7 +194,7 @@ def verify(package):
 def bench(package, runs, threads, device, as_json):
     """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling."""
     from .bench import format_table, run_bench
-    from .model import DEFAULT_PACKAGE
+    from .package import DEFAULT_PACKAGE
 
     if runs < 1:
         raise click.BadParameter("must be at least 1", param_hint="--runs")
@@ -213,4 +206,4 @@ def bench(package, runs, threads, device, as_json):
 
 
 if __name__ == "__main__":
-    entry()
+    main()

@@ -4,13 +4,20 @@ At load onnxruntime copies every int8 matrix into its own packed buffer (malloc'
 streams all of them once: for distilgpt2 int8, about 20,000 pages of 4 KiB to translate for every token. glibc backs what malloc gets from the kernel with 2 MiB pages when the process starts with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 and the kernel's THP setting is `madvise` (the common default; with
 `always` every process has them already). Measured on the distilgpt2-shaped int8 package (benchmarks/NOTES.md):
-decode 1.10x, first token after 512 tokens 0.94-0.97x, batch 16 1.04x, process start to first token 0.90x
-(the restart below costs about as much: `edgelm generate` reaches its first token as soon as without it).
+decode 1.10x, first token after 512 tokens 0.94-0.97x, batch 16 1.04x, process start to first token 0.90-0.94x
+for a process started with the tunable (a restart to get it costs more than that: launch.py).
 
-glibc reads the tunable only when a process starts, so the `edgelm` command restarts itself once with it
-(EDGELM_HUGE_PAGES=0 turns that off). A program that embeds the runtime sets it in its own environment.
+Measured per recipe, fresh processes alternating: int8 gains (above); float32 is even (decode 1.02x); int4
+loses (first token after 512 tokens 1.06-1.24x later in three runs, decode 0.96-0.98x: MatMulNBits is not
+held back by the page walks, and the fresh 2 MiB pages it takes for its prompt buffers cost). So only int8
+packages get it.
+
+glibc reads the tunable only when a process starts, so `edgelm serve` and `edgelm bench` on an int8 package
+restart themselves once with it, first thing (launch.py says why not `generate`; EDGELM_HUGE_PAGES=0 turns it
+off). A program that embeds the runtime sets it in its own environment.
 """
 
+import json
 import os
 import re
 import sys
@@ -19,6 +26,7 @@ from pathlib import Path
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "EDGELM_HUGE_PAGES"  # "0": never restart the command for huge pages
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+RECIPES = ("int8",)  # the weight recipes measured to gain (see above)
 
 
 def thp_mode(setting: Path = THP_SETTING) -> str | None:
@@ -50,10 +58,20 @@ def environment_with_huge_pages(environ, platform: str, thp: str | None, libc: t
     return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}" if tunables else TUNABLE}
 
 
-def restart_with_huge_pages() -> None:
-    """For the `edgelm` command, before it imports anything heavy: run this same command line again, in this
-    same process (exec), with the tunable set. Returns (and changes nothing) where that would not help."""
-    if getattr(sys, "frozen", False) or not sys.executable or not getattr(sys, "orig_argv", None):
+def gains(package_folder) -> bool:
+    """Whether the package's weights are of a recipe that huge pages speed up (read from its manifest only)."""
+    try:
+        manifest = json.loads((Path(package_folder) / "manifest.json").read_text())
+        return manifest["weights"]["quantization"]["method"] in RECIPES
+    except (OSError, ValueError, KeyError, TypeError):  # no package there, or not edgelm's: the load will say so
+        return False
+
+
+def restart_with_huge_pages(package_folder) -> None:
+    """For the `edgelm` command about to load `package_folder`, before it imports anything heavy or reads
+    stdin: run this same command line again, in this same process (exec), with the tunable set. Returns (and
+    changes nothing) where that would not help."""
+    if getattr(sys, "frozen", False) or not sys.executable or not getattr(sys, "orig_argv", None) or not gains(package_folder):
         return
     environment = environment_with_huge_pages(os.environ, sys.platform, thp_mode(), libc_version())
     if environment is not None:

@@ -7,7 +7,6 @@ A Model is immutable after load; any number of threads may call it at once (each
 """
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -17,11 +16,10 @@ from .embeddings import TokenEmbeddings
 from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
 from .generation import Completion, Generation
-from .package import Package, open_package
+from .package import DEFAULT_PACKAGE, Package, open_package
 from .sampling import log_softmax
 from .session import create_session, graph_io, release_freed_memory
 
-DEFAULT_PACKAGE = Path("models") / "distilgpt2"
 
 
 @dataclass

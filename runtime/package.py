@@ -14,6 +14,8 @@ from pathlib import Path
 from .architecture import Architecture
 from .errors import PackageError
 
+DEFAULT_PACKAGE = Path("models") / "distilgpt2"  # what every command and load() open when given no folder
+
 MANIFEST = "manifest.json"
 FORMAT = "edgelm-package"
 FORMAT_VERSION = 2  # 2: weights in model.onnx.data; int8 graphs take inputs_embeds (graph.token_embeddings)

@@ -1,10 +1,10 @@
 """Huge pages for the prepacked weights: when the `edgelm` command restarts itself with glibc's tunable, and
 that the restart is real (runtime/hugepages.py)."""
 
+import json
 import os
 import subprocess
 import sys
-from importlib import metadata
 
 import pytest
 
@@ -12,7 +12,6 @@ from edgelm.runtime import hugepages
 from edgelm.runtime.hugepages import OPT_OUT, TUNABLE, environment_with_huge_pages
 
 GLIBC = ("glibc", (2, 36))
-VERSION = f"edgelm, version {metadata.version('edgelm')}"
 
 
 def test_restarts_only_where_the_tunable_would_take_effect():
@@ -43,29 +42,66 @@ def test_thp_mode_reads_the_bracketed_setting(tmp_path):
 RESTART = (
     "import os, sys\n"
     "print('GLIBC_TUNABLES=' + os.environ.get('GLIBC_TUNABLES', ''), flush=True)\n"
-    "sys.argv = ['edgelm', '--version']\n"
-    "from edgelm.runtime.cli import entry\n"
-    "entry()\n"
+    "sys.argv = ['edgelm', 'bench', sys.argv[1], '--runs', '1', '--threads', '1', '--json']\n"
+    "from edgelm.runtime.launch import command\n"
+    "command()\n"
 )
 
 
-@pytest.mark.parametrize("opt_out", [False, True])
-def test_the_command_restarts_itself_once_with_the_tunable(opt_out):
+def test_only_int8_packages_gain(tiny_package, tiny_package_int8, tiny_package_int4, tmp_path):
+    assert hugepages.gains(tiny_package_int8)
+    assert not hugepages.gains(tiny_package) and not hugepages.gains(tiny_package_int4)
+    assert not hugepages.gains(tmp_path / "absent")
+    (tmp_path / "manifest.json").write_text("{not json")
+    assert not hugepages.gains(tmp_path)
+
+
+@pytest.mark.parametrize("fixture, opt_out", [("tiny_package_int8", False), ("tiny_package_int8", True), ("tiny_package", False)])
+def test_the_command_restarts_itself_once_with_the_tunable(fixture, opt_out, request):
+    package = request.getfixturevalue(fixture)
     environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)} | ({OPT_OUT: "0"} if opt_out else {})
-    expected = environment_with_huge_pages(environ, sys.platform, hugepages.thp_mode(), hugepages.libc_version())
-    done = subprocess.run([sys.executable, "-c", RESTART], env=environ, capture_output=True, text=True, timeout=60)
+    machine = environment_with_huge_pages(environ, sys.platform, hugepages.thp_mode(), hugepages.libc_version())
+    done = subprocess.run([sys.executable, "-c", RESTART, str(package)], env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "GLIBC_TUNABLES="
-    if expected is None:  # this machine (or the opt-out) gives nothing to restart for
-        assert lines[1:] == [VERSION]
-    else:  # the same process ran the command line again, now with the tunable, and went on to the command
-        assert lines[1:] == [f"GLIBC_TUNABLES={TUNABLE}", VERSION]
-    assert opt_out is False or expected is None
+    printed = done.stdout.splitlines()
+    figures = json.loads("\n".join(line for line in printed if not line.startswith("GLIBC_TUNABLES=")))
+    assert figures["package"] == str(package)  # the command ran once, to its end
+    tunables = [line for line in printed if line.startswith("GLIBC_TUNABLES=")]
+    if machine is not None and fixture == "tiny_package_int8":  # the same process ran the command line again, with the tunable
+        assert tunables == ["GLIBC_TUNABLES=", f"GLIBC_TUNABLES={TUNABLE}"]
+        assert figures["huge_pages_mb"] > 0  # and glibc did put memory on huge pages
+    else:  # the opt-out, a float32 package, or a machine where it would change nothing: no restart
+        assert tunables == ["GLIBC_TUNABLES="]
+    assert machine is None or not opt_out
+
+
+def test_the_command_line_names_the_package_it_will_load(tiny_package_int8, tmp_path):
+    from edgelm.runtime.launch import package_to_load
+    from edgelm.runtime.package import DEFAULT_PACKAGE
+
+    package = str(tiny_package_int8)
+    assert package_to_load(["bench", package, "--runs", "1"]) == package
+    assert package_to_load(["serve", "--port", "8001", package]) == package
+    assert package_to_load(["serve", str(tmp_path), package]) == package  # a folder without a manifest is not one
+    assert package_to_load(["bench"]) == DEFAULT_PACKAGE
+    # one-shot generation would pay the restart's start-up on every call; the others load no model
+    for args in (["generate", "Hello", "-m", package], ["info", package], ["verify", package], ["export", "distilgpt2"], ["--help"], []):
+        assert package_to_load(args) is None
+
+
+def test_click_alone_never_restarts_its_host(tiny_package_int8):
+    """In-process (click's runner, a program calling main) nothing may exec: only the command's launcher does."""
+    from click.testing import CliRunner
+
+    from edgelm.runtime.cli import main
+
+    result = CliRunner().invoke(main, ["generate", "-m", str(tiny_package_int8), "--show-config"])
+    assert result.exit_code == 0 and json.loads(result.output)["package"] == str(tiny_package_int8)  # still this process
 
 
 def test_the_command_imports_nothing_heavy_before_it_may_restart():
-    code = "import sys, edgelm.runtime.cli; print(sorted(m for m in ('numpy', 'onnxruntime', 'tokenizers') if m in sys.modules))"
+    """launch.py decides before click, NumPy, onnxruntime or tokenizers are imported: a restart costs a bare start."""
+    code = "import sys, edgelm.runtime.launch; print(sorted(m for m in ('numpy', 'onnxruntime', 'tokenizers', 'click') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
     import edgelm.runtime as rt
