@@ -93,9 +93,7 @@ class Products:
 def measure(package: Path, rounds: int, threads: int) -> dict:
     model = load(package, device="cpu", threads=threads)
     products = Products(model, threads)
-    data = model.package.manifest.get("graph", {}).get("weights_file")
-    weights = model.package.model_file.stat().st_size + ((package / data).stat().st_size if data else 0)
-    probe = ReadProbe(weights, threads)
+    probe = ReadProbe(model.package.weight_bytes, threads)
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     figures = {key: [] for key in ("decode", "one", "sixteen", "prompt", "read")}
     for r in range(rounds):

@@ -19,7 +19,6 @@ import onnxruntime as ort
 
 from .config import GenerationConfig
 from .engine import generate
-from .hugepages import huge_page_mb
 from .model import load
 
 
@@ -92,16 +91,27 @@ class ReadProbe:
         return min(medians) * self.scale
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory. VmHWM, unlike ru_maxrss, is not inherited across fork + exec."""
+def _proc_mb(path: str, field: str) -> float | None:
+    """A `field:  N kB` line of one of this process's /proc files, in MB; None where Linux does not report it."""
     try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. VmHWM, unlike ru_maxrss, is not inherited across fork + exec."""
+    peak = _proc_mb("/proc/self/status", "VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def huge_page_mb() -> float | None:
+    """This process's anonymous memory on transparent huge pages (AnonHugePages), where Linux reports it."""
+    return _proc_mb("/proc/self/smaps_rollup", "AnonHugePages")
 
 
 def _cold_start(path, threads) -> float:
@@ -124,8 +134,7 @@ def run_bench(path, threads: int | None = None, device: str = "auto", runs: int 
     model = load(path, device=device, threads=threads)
     result = {"package": str(path), "device": model.device, "threads": threads, "runs": runs, "load_s": time.perf_counter() - started}
     result["huge_pages_mb"] = huge_page_mb()  # this process on 2 MiB pages: the packed weights, when started with them (hugepages.py)
-    data = model.package.manifest.get("graph", {}).get("weights_file")  # the weights, when outside model.onnx
-    weights = model.package.model_file.stat().st_size + ((model.package.folder / data).stat().st_size if data else 0)
+    weights = model.package.weight_bytes
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     for length in (8, 128, 512):
         if length < model.arch.n_positions:

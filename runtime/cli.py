@@ -138,8 +138,7 @@ def _parse_bias(items) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest.")
 def info(package, as_json):
     """Show a package's architecture, weights, sizes and validation figures."""
-    from .package import DEFAULT_PACKAGE
-    from .package import open_package
+    from .package import DEFAULT_PACKAGE, open_package
 
     try:
         pkg = open_package(package or DEFAULT_PACKAGE, verify=False)
@@ -175,8 +174,7 @@ def info(package, as_json):
 @click.argument("package", required=False)
 def verify(package):
     """Check every file of a package against the sizes and sha256 in its manifest."""
-    from .package import DEFAULT_PACKAGE
-    from .package import open_package
+    from .package import DEFAULT_PACKAGE, open_package
 
     try:
         pkg = open_package(package or DEFAULT_PACKAGE, verify=True)

@@ -1,9 +1,10 @@
 """Transparent huge pages for the memory onnxruntime prepacks the weights into (Linux, glibc 2.35 or later).
 
 At load onnxruntime copies every int8 matrix into its own packed buffer (malloc'd), and each decode step
-streams all of them once: for distilgpt2 int8, about 20,000 pages of 4 KiB to translate for every token. glibc backs what malloc gets from the kernel with 2 MiB pages when the process starts with
+streams all of them once: for distilgpt2 int8, about 20,000 pages of 4 KiB to translate for every token.
+glibc backs what malloc gets from the kernel with 2 MiB pages when the process starts with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 and the kernel's THP setting is `madvise` (the common default; with
-`always` every process has them already). Measured on the distilgpt2-shaped int8 package (benchmarks/NOTES.md):
+`always` every process has them already). `edgelm bench` reports how much memory is on them (huge_page_mb). Measured on the distilgpt2-shaped int8 package (benchmarks/NOTES.md):
 decode 1.10x, first token after 512 tokens 0.94-0.97x, batch 16 1.04x, process start to first token 0.90-0.94x
 for a process started with the tunable (a restart to get it costs more than that: launch.py).
 
@@ -80,15 +81,3 @@ def restart_with_huge_pages(package_folder) -> None:
             os.execve(sys.executable, sys.orig_argv, environment)
         except OSError:  # the interpreter cannot be started again: carry on with small pages
             return
-
-
-def huge_page_mb() -> float | None:
-    """This process's anonymous memory on transparent huge pages (AnonHugePages), where Linux reports it."""
-    try:
-        with open("/proc/self/smaps_rollup") as rollup:
-            for line in rollup:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None

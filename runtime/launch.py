@@ -1,8 +1,9 @@
 """The `edgelm` command's first step: restart with huge pages where that helps (hugepages.py), then run the
 command (cli.py). It decides before click, NumPy, onnxruntime and tokenizers are imported, but a restart still
 costs a second interpreter start: `edgelm generate` on the int8 package reached its first token in 1.02-1.09 s
-against 0.98-1.00 s without it (12 rounds, alternating, twice), while decode runs 1.10x faster after. That pays after
-~130 tokens, so only the long-running commands restart: `serve`, and `bench` (which measures what serve gets).
+against 0.98-1.00 s without it (12 rounds, alternating, twice), while decode runs 1.10x faster after. That pays
+after ~130 tokens, so only the long-running commands restart: `serve`, and `bench` (which measures what serve
+gets).
 `generate` does not; give it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs."""
 
 import os

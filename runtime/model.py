@@ -21,7 +21,6 @@ from .sampling import log_softmax
 from .session import create_session, graph_io, release_freed_memory
 
 
-
 @dataclass
 class Score:
     """Per-token log-probabilities of a text under the model, and its perplexity."""

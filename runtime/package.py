@@ -37,6 +37,12 @@ class Package:
     def name(self) -> str:
         return self.manifest.get("name") or self.folder.name
 
+    @property
+    def weight_bytes(self) -> int:
+        """The graph's bytes on disk: model.onnx, and its external weights file where the manifest names one."""
+        data = self.manifest.get("graph", {}).get("weights_file")
+        return self.model_file.stat().st_size + ((self.folder / data).stat().st_size if data else 0)
+
 
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()

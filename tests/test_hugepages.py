@@ -112,5 +112,7 @@ def test_the_command_imports_nothing_heavy_before_it_may_restart():
 
 
 def test_huge_page_memory_is_read_from_the_kernel():
-    value = hugepages.huge_page_mb()
+    from edgelm.runtime.bench import huge_page_mb
+
+    value = huge_page_mb()
     assert value >= 0 if os.path.exists("/proc/self/smaps_rollup") else value is None  # Linux reports AnonHugePages
