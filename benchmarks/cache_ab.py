@@ -44,8 +44,13 @@ def main():
                 engine.cache = make_cache
                 rates[name].append(timed(engine, prompt, eos))
         engine.cache = in_place
-        print(f"{args.threads} threads, {length}-token prompt: " + ", ".join(
-            f"{k} first token {np.median([r[0] for r in v]):.0f} ms, decode {np.median([r[1] for r in v]):.1f} tok/s" for k, v in rates.items()))
+        print(
+            f"{args.threads} threads, {length}-token prompt: "
+            + ", ".join(
+                f"{k} first token {np.median([r[0] for r in v]):.0f} ms, decode {np.median([r[1] for r in v]):.1f} tok/s"
+                for k, v in rates.items()
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,12 @@ OUT = Path(__file__).parent / "out"
 def main():
     checkpoint = Path(sys.argv[1]) if len(sys.argv) > 1 else build(OUT / "distilgpt2-random")
     rows = {}
-    for name, recipe, kv_cache in (("none", "none", "float32"), ("int8", "int8", "float32"), ("int4", "int4", "float32"), ("int8-kv8", "int8", "int8")):
+    for name, recipe, kv_cache in (
+        ("none", "none", "float32"),
+        ("int8", "int8", "float32"),
+        ("int4", "int4", "float32"),
+        ("int8-kv8", "int8", "int8"),
+    ):
         started = time.perf_counter()
         result = export_model(str(checkpoint), OUT / f"pkg-{name}", quantize=recipe, force=True, kv_cache=kv_cache)
         m = result.manifest

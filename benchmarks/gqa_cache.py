@@ -27,17 +27,32 @@ def attention(int8_cache: bool, threads: int) -> ort.InferenceSession:
     if int8_cache:
         inputs += ["", "k_scale", "v_scale"]
         attributes.update(k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL", kv_cache_bit_width=8)
-        scales = [numpy_helper.from_array(np.full((H, 1, D), 0.03, np.float32), name) for name in ("k_scale", "v_scale")]
-    node = helper.make_node("GroupQueryAttention", inputs, ["out", "present_key", "present_value"], domain="com.microsoft", **attributes)
-    graph = helper.make_graph([node], "gqa", [
-        helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["B", "T", 3 * H * D]),
-        helper.make_tensor_value_info("past_key", cache_type, ["B", H, "C", D]),
-        helper.make_tensor_value_info("past_value", cache_type, ["B", H, "C", D]),
-        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
-        helper.make_tensor_value_info("total", TensorProto.INT32, []),
-        helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["B", 1, "T", "S"]),
-    ], [helper.make_tensor_value_info(n, t, None) for n, t in (("out", TensorProto.FLOAT), ("present_key", cache_type), ("present_value", cache_type))], scales)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+        scales = [
+            numpy_helper.from_array(np.full((H, 1, D), 0.03, np.float32), name) for name in ("k_scale", "v_scale")
+        ]
+    node = helper.make_node(
+        "GroupQueryAttention", inputs, ["out", "present_key", "present_value"], domain="com.microsoft", **attributes
+    )
+    graph = helper.make_graph(
+        [node],
+        "gqa",
+        [
+            helper.make_tensor_value_info("qkv", TensorProto.FLOAT, ["B", "T", 3 * H * D]),
+            helper.make_tensor_value_info("past_key", cache_type, ["B", H, "C", D]),
+            helper.make_tensor_value_info("past_value", cache_type, ["B", H, "C", D]),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+            helper.make_tensor_value_info("total", TensorProto.INT32, []),
+            helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["B", 1, "T", "S"]),
+        ],
+        [
+            helper.make_tensor_value_info(n, t, None)
+            for n, t in (("out", TensorProto.FLOAT), ("present_key", cache_type), ("present_value", cache_type))
+        ],
+        scales,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -54,16 +69,32 @@ def step_ms(session, batch: int, past: int, int8_cache: bool) -> float:
     times = []
     for step in range(STEPS):
         total = past + step + 1
-        arrays = [qkv, np.full(batch, total - 1, np.int32), np.array(total, np.int32), np.zeros((batch, 1, 1, total), np.float32)]
+        arrays = [
+            qkv,
+            np.full(batch, total - 1, np.int32),
+            np.array(total, np.int32),
+            np.zeros((batch, 1, 1, total), np.float32),
+        ]
         started = time.perf_counter()
         for key, value in caches:
             feeds, fetches = ort_c.OrtValueVector(), ort_c.OrtValueVector()
-            for v in (ort_c.OrtValue.ortvalue_from_numpy(arrays[0], HOST), key, value, *(ort_c.OrtValue.ortvalue_from_numpy(a, HOST) for a in arrays[1:])):
+            for v in (
+                ort_c.OrtValue.ortvalue_from_numpy(arrays[0], HOST),
+                key,
+                value,
+                *(ort_c.OrtValue.ortvalue_from_numpy(a, HOST) for a in arrays[1:]),
+            ):
                 feeds.push_back(v)
             for v in (out_value, key, value):
                 fetches.push_back(v)
-            session._sess.run_with_ortvaluevector(ort_c.RunOptions(), ["qkv", "past_key", "past_value", "seqlens_k", "total", "bias"], feeds,
-                                                  ["out", "present_key", "present_value"], fetches, [HOST] * 3)
+            session._sess.run_with_ortvaluevector(
+                ort_c.RunOptions(),
+                ["qkv", "past_key", "past_value", "seqlens_k", "total", "bias"],
+                feeds,
+                ["out", "present_key", "present_value"],
+                fetches,
+                [HOST] * 3,
+            )
         times.append(time.perf_counter() - started)
     return 1000 * float(np.median(times[5:]))
 

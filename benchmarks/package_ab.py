@@ -16,7 +16,11 @@ import numpy as np
 import edgelm.runtime as edgelm
 from edgelm.runtime.bench import SETTLE_S, _cold_start, _prompt, _timed_tokens
 
-WORK = (("batch 1, 8-token prompt", 1, 8, 128), ("batch 1, 512-token prompt", 1, 512, 128), ("batch 16, 8-token prompts", 16, 8, 64))
+WORK = (
+    ("batch 1, 8-token prompt", 1, 8, 128),
+    ("batch 1, 512-token prompt", 1, 512, 128),
+    ("batch 16, 8-token prompts", 16, 8, 64),
+)
 
 
 def main():
@@ -48,7 +52,9 @@ def main():
         for path, start in zip((args.a, args.b), starts):
             start.append(_cold_start(path, args.threads))
     ratio = np.median(np.array(starts[1]) / np.array(starts[0]))
-    print(f"process start to first token: A {np.median(starts[0]):.2f} s, B {np.median(starts[1]):.2f} s, B/A {ratio:.2f}")
+    print(
+        f"process start to first token: A {np.median(starts[0]):.2f} s, B {np.median(starts[1]):.2f} s, B/A {ratio:.2f}"
+    )
 
 
 if __name__ == "__main__":

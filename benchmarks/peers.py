@@ -25,9 +25,21 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "peers"
 NEW_TOKENS = 128
 SYSTEMS = [
-    "transformers-fp32", "optimum-fp32", "genai-fp32", "genai-int8", "ct2-float32", "ct2-int8",
-    "llama.cpp-f32", "llama.cpp-q8_0", "llama.cpp-q4_0", "llama.cpp-q8_0-nofa", "edgelm-fp32", "edgelm-int8", "edgelm-int4",
-    "edgelm-int8-kv8", "edgelm-int4-kv8",
+    "transformers-fp32",
+    "optimum-fp32",
+    "genai-fp32",
+    "genai-int8",
+    "ct2-float32",
+    "ct2-int8",
+    "llama.cpp-f32",
+    "llama.cpp-q8_0",
+    "llama.cpp-q4_0",
+    "llama.cpp-q8_0-nofa",
+    "edgelm-fp32",
+    "edgelm-int8",
+    "edgelm-int4",
+    "edgelm-int8-kv8",
+    "edgelm-int4-kv8",
 ]
 
 
@@ -45,6 +57,7 @@ def prompt_ids(length: int, vocab: int, eos: int) -> list:
 
 # --- preparing each system's model (once, cached under benchmarks/out/peers) -------------------------
 
+
 def prepare(system: str, checkpoint: Path) -> Path:
     system = system.removesuffix("-nofa")  # the same model, run without flash attention
     kind, _, variant = system.partition("-")
@@ -57,7 +70,12 @@ def prepare(system: str, checkpoint: Path) -> Path:
         from edgelm.export.pipeline import export_model
 
         weights, _, cache = variant.partition("-")  # int8-kv8: int8 weights, int8 KV cache
-        export_model(str(checkpoint), target, quantize={"fp32": "none"}.get(weights, weights), kv_cache="int8" if cache == "kv8" else "float32")
+        export_model(
+            str(checkpoint),
+            target,
+            quantize={"fp32": "none"}.get(weights, weights),
+            kv_cache="int8" if cache == "kv8" else "float32",
+        )
     elif kind in ("optimum", "genai"):
         _prepare_onnx_peer(checkpoint, target, int8=variant == "int8")
     elif kind == "ct2":
@@ -85,21 +103,51 @@ def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
     config = json.loads((checkpoint / "config.json").read_text())
     layers, heads, width = config["n_layer"], config["n_head"], config["n_embd"]
     # onnxruntime-genai has no GPT-2 type; "llama" is its plain decoder loop and runs optimum's graph as it is.
-    (target / "genai_config.json").write_text(json.dumps({
-        "model": {
-            "type": "llama", "context_length": config["n_positions"], "vocab_size": config["vocab_size"],
-            "bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "pad_token_id": config["eos_token_id"],
-            "decoder": {
-                "filename": "model.onnx", "head_size": width // heads, "hidden_size": width, "num_attention_heads": heads,
-                "num_hidden_layers": layers, "num_key_value_heads": heads,
-                "session_options": {"intra_op_num_threads": int(os.environ.get("PEER_THREADS", 2)), "inter_op_num_threads": 1},
-                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask", "position_ids": "position_ids",
-                           "past_key_names": "past_key_values.%d.key", "past_value_names": "past_key_values.%d.value"},
-                "outputs": {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"},
+    (target / "genai_config.json").write_text(
+        json.dumps(
+            {
+                "model": {
+                    "type": "llama",
+                    "context_length": config["n_positions"],
+                    "vocab_size": config["vocab_size"],
+                    "bos_token_id": config["bos_token_id"],
+                    "eos_token_id": config["eos_token_id"],
+                    "pad_token_id": config["eos_token_id"],
+                    "decoder": {
+                        "filename": "model.onnx",
+                        "head_size": width // heads,
+                        "hidden_size": width,
+                        "num_attention_heads": heads,
+                        "num_hidden_layers": layers,
+                        "num_key_value_heads": heads,
+                        "session_options": {
+                            "intra_op_num_threads": int(os.environ.get("PEER_THREADS", 2)),
+                            "inter_op_num_threads": 1,
+                        },
+                        "inputs": {
+                            "input_ids": "input_ids",
+                            "attention_mask": "attention_mask",
+                            "position_ids": "position_ids",
+                            "past_key_names": "past_key_values.%d.key",
+                            "past_value_names": "past_key_values.%d.value",
+                        },
+                        "outputs": {
+                            "logits": "logits",
+                            "present_key_names": "present.%d.key",
+                            "present_value_names": "present.%d.value",
+                        },
+                    },
+                },
+                "search": {
+                    "max_length": config["n_positions"],
+                    "do_sample": False,
+                    "num_beams": 1,
+                    "past_present_share_buffer": False,
+                },
             },
-        },
-        "search": {"max_length": config["n_positions"], "do_sample": False, "num_beams": 1, "past_present_share_buffer": False},
-    }, indent=2))
+            indent=2,
+        )
+    )
 
 
 def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
@@ -110,13 +158,31 @@ def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
         if not source.exists():
             import tarfile
 
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d", str(OUT / "sdist"), "llama-cpp-python==0.3.36"], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-binary",
+                    ":all:",
+                    "--no-deps",
+                    "-d",
+                    str(OUT / "sdist"),
+                    "llama-cpp-python==0.3.36",
+                ],
+                check=True,
+            )
             with tarfile.open(next((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))) as tar:
                 tar.extractall(source)
         script = next(source.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
         f32.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
-        subprocess.run([sys.executable, str(script), str(checkpoint), "--outtype", "f32", "--outfile", str(f32)], check=True, env=env)
+        subprocess.run(
+            [sys.executable, str(script), str(checkpoint), "--outtype", "f32", "--outfile", str(f32)],
+            check=True,
+            env=env,
+        )
     if variant == "f32":
         return
     import llama_cpp
@@ -130,6 +196,7 @@ def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
 
 
 # --- workers: one system, one process, three figures ---------------------------------------------------
+
 
 def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int) -> dict:
     kind = system.split("-")[0]
@@ -164,6 +231,7 @@ def _edgelm(system, path, threads):
     def run(prompt, n):
         config = GenerationConfig(max_new_tokens=n, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
         return _timed(generate(model.engine, [prompt], config, [None], model.pad_id))
+
     return run
 
 
@@ -189,6 +257,7 @@ def _optimum(system, path, threads):
 
 def _hf_generate(model, torch):
     """Time the first token with max_new_tokens=1, then the whole run; rest = whole - first."""
+
     def run(prompt, n):
         ids = torch.tensor([prompt])
         with torch.no_grad():
@@ -196,8 +265,16 @@ def _hf_generate(model, torch):
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, pad_token_id=0)
             first = time.perf_counter() - started
             started = time.perf_counter()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
             return first, time.perf_counter() - started - first
+
     return run
 
 
@@ -218,6 +295,7 @@ def _genai(system, path, threads):
                 yield
 
         return _timed(steps())
+
     return run
 
 
@@ -228,36 +306,61 @@ def _ct2(system, path, threads):
     vocabulary = json.loads((Path(path) / "vocabulary.json").read_text())  # CTranslate2 takes token strings
 
     def run(prompt, n):
-        return _timed(generator.generate_tokens([vocabulary[i] for i in prompt], max_length=n, sampling_topk=1, end_token=[]))
+        return _timed(
+            generator.generate_tokens([vocabulary[i] for i in prompt], max_length=n, sampling_topk=1, end_token=[])
+        )
+
     return run
 
 
 def _llama(system, path, threads):
     from llama_cpp import Llama
 
-    model = Llama(str(path / "model.gguf"), n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False,
-                  flash_attn=not system.endswith("-nofa"))
+    model = Llama(
+        str(path / "model.gguf"),
+        n_ctx=1024,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        verbose=False,
+        flash_attn=not system.endswith("-nofa"),
+    )
 
     def run(prompt, n):
         model.reset()
         stream = model.generate(prompt, top_k=1, temp=0.0, reset=True)
         return _timed(token for token, _ in zip(stream, range(n)))
+
     return run
 
 
-RUNNERS = {"edgelm": _edgelm, "transformers": _transformers, "optimum": _optimum, "genai": _genai, "ct2": _ct2, "llama.cpp": _llama}
+RUNNERS = {
+    "edgelm": _edgelm,
+    "transformers": _transformers,
+    "optimum": _optimum,
+    "genai": _genai,
+    "ct2": _ct2,
+    "llama.cpp": _llama,
+}
 
 
 # --- the driver -----------------------------------------------------------------------------------------
 
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, help="a GPT-2 checkpoint folder (default: distilgpt2-shaped, random weights)")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="a GPT-2 checkpoint folder (default: distilgpt2-shaped, random weights)"
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--huge-pages", action="store_true", help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what edgelm serve and bench set for themselves on int8 packages)")
+    parser.add_argument(
+        "--huge-pages",
+        action="store_true",
+        help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what edgelm serve and bench set for themselves on int8 packages)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -279,31 +382,69 @@ def main():
             failed[system] = f"prepare: {type(error).__name__}: {str(error)[:200]}"
     for round_ in range(args.rounds):
         for system in [s for s in systems if s in paths and s not in failed]:
-            command = [sys.executable, __file__, "--worker", system, "--model", str(paths[system]), "--threads", str(args.threads), "--checkpoint", str(args.checkpoint)]
-            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), **({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"} if args.huge_pages else {})}
+            command = [
+                sys.executable,
+                __file__,
+                "--worker",
+                system,
+                "--model",
+                str(paths[system]),
+                "--threads",
+                str(args.threads),
+                "--checkpoint",
+                str(args.checkpoint),
+            ]
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": str(args.threads),
+                **({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"} if args.huge_pages else {}),
+            }
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
-                failed[system] = done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else f"exit {done.returncode}"
+                failed[system] = (
+                    done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else f"exit {done.returncode}"
+                )
                 continue
             results[system].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"round {round_ + 1}: {system} {results[system][-1]}", file=sys.stderr, flush=True)
     table = {s: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for s, rs in results.items() if rs}
     print(format_table(table, failed, args))
     if args.json:
-        args.json.write_text(json.dumps({"medians": table, "failed": failed, "rounds": args.rounds, "threads": args.threads, "huge_pages": args.huge_pages, "load_average": os.getloadavg()}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "medians": table,
+                    "failed": failed,
+                    "rounds": args.rounds,
+                    "threads": args.threads,
+                    "huge_pages": args.huge_pages,
+                    "load_average": os.getloadavg(),
+                },
+                indent=2,
+            )
+        )
 
 
 def format_table(table: dict, failed: dict, args) -> str:
     pages = "every worker on glibc.malloc.hugetlb=1" if args.huge_pages else "default malloc"
-    lines = [f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, {pages}, load average now {os.getloadavg()[0]:.2f}",
-             "| system | decode tok/s | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |", "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, {pages}, load average now {os.getloadavg()[0]:.2f}",
+        "| system | decode tok/s | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for system, row in table.items():
-        lines.append(f"| {system} | {row['decode_tok_s']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |")
+        lines.append(
+            f"| {system} | {row['decode_tok_s']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |"
+        )
     ratios = [("edgelm-fp32", "transformers-fp32", "decode_tok_s"), ("edgelm-fp32", "llama.cpp-f32", "decode_tok_s")]
     for cache in ("", "-kv8"):
-        ratios += [(f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_tok_s"), (f"edgelm-int4{cache}", "llama.cpp-q4_0", "decode_tok_s"),
-                   (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_after_512_tok_s"), (f"edgelm-int8{cache}", "ct2-int8", "ttft_512_ms"),
-                   (f"edgelm-int8{cache}", "ct2-int8", "peak_rss_mb")]
+        ratios += [
+            (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_tok_s"),
+            (f"edgelm-int4{cache}", "llama.cpp-q4_0", "decode_tok_s"),
+            (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_after_512_tok_s"),
+            (f"edgelm-int8{cache}", "ct2-int8", "ttft_512_ms"),
+            (f"edgelm-int8{cache}", "ct2-int8", "peak_rss_mb"),
+        ]
     lines.append("")
     for ours, peer, key in ratios:
         peers = [table[p][key] for p in (peer, peer + "-nofa") if p in table]  # llama.cpp at its best setting

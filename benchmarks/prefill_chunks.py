@@ -47,13 +47,23 @@ def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
     options.enable_profiling, options.log_severity_level = True, 3
     options.profile_file_prefix = os.path.join(tempfile.mkdtemp(), "prefill")
     session = ort.InferenceSession(str(model.package.model_file), options, providers=["CPUExecutionProvider"])
-    profiled = engine.Engine(session, model.engine.io, model.arch.n_head, model.arch.head_size, model.arch.vocab_size, "cpu", model.engine.embeddings)
+    profiled = engine.Engine(
+        session,
+        model.engine.io,
+        model.arch.n_head,
+        model.arch.head_size,
+        model.arch.vocab_size,
+        "cpu",
+        model.engine.embeddings,
+    )
     engine.PREFILL_CHUNK = chunk
     ids = np.array([_prompt(model, PROMPT)])
     for _ in range(repeats):
         profiled.cache(1, PROMPT + 1).run(ids, np.ones_like(ids), np.arange(PROMPT)[None])
     events = json.loads(open(session.end_profiling()).read())
-    return sum(e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")) / 1000 / repeats
+    return (
+        sum(e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")) / 1000 / repeats
+    )
 
 
 def last_logprobs(model, ids, chunk) -> np.ndarray:
@@ -78,8 +88,10 @@ def main():
             first[chunk].append(1000 * _timed_tokens(model, [_prompt(model, PROMPT, r)], 1)[0])
     for chunk in CHUNKS:
         label = "one pass" if chunk >= PROMPT else f"chunks of {chunk}"
-        print(f"{label:>14}: first token after {PROMPT} tokens {np.median(first[chunk]):.0f} ms, "
-              f"kernel time {kernel_ms(model, chunk):.0f} ms, peak RSS {peak_in_fresh_process(args.package, chunk):.0f} MB")
+        print(
+            f"{label:>14}: first token after {PROMPT} tokens {np.median(first[chunk]):.0f} ms, "
+            f"kernel time {kernel_ms(model, chunk):.0f} ms, peak RSS {peak_in_fresh_process(args.package, chunk):.0f} MB"
+        )
     if args.fp32:
         reference = edgelm.load(args.fp32)
         rng = np.random.default_rng(0)

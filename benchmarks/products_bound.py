@@ -49,7 +49,12 @@ def products_graph(model_file: Path) -> tuple[onnx.ModelProto, set]:
                 inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
                 if not weight.startswith("transformer.h."):
                     lm_head.add(name)
-    outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for n in nodes if n.op_type != "DynamicQuantizeLinear" for o in n.output]
+    outputs = [
+        helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+        for n in nodes
+        if n.op_type != "DynamicQuantizeLinear"
+        for o in n.output
+    ]
     graph = helper.make_graph(nodes, "weight_products", inputs, outputs, [initializers[name] for name in sorted(used)])
     return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version), lm_head
 
@@ -127,14 +132,19 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
-    print("| package | products | ceiling tok/s | products alone tok/s | decode tok/s | products alone / ceiling | decode / ceiling "
-          "| products' share of a step | batch 16 / batch 1, products alone | 512-token prompt, products alone |")
+    print(
+        "| package | products | ceiling tok/s | products alone tok/s | decode tok/s | products alone / ceiling | decode / ceiling "
+        "| products' share of a step | batch 16 / batch 1, products alone | 512-token prompt, products alone |"
+    )
     print("| --- " * 10 + "|")
     for package in args.packages:
         r = measure(package, args.rounds, args.threads)
-        print(f"| {package.name} | {r['products']} | {r['ceiling_tok_s']:.1f} | {r['products_alone_tok_s']:.1f} | {r['decode_tok_s']:.1f} | "
-              f"{r['products_alone_fraction']:.2f} | {r['decode_fraction']:.2f} | {r['products_share_of_step']:.2f} | "
-              f"{r['batch_16_over_1_products_alone']:.2f}x | {r['prompt_512_products_ms']:.0f} ms |", flush=True)
+        print(
+            f"| {package.name} | {r['products']} | {r['ceiling_tok_s']:.1f} | {r['products_alone_tok_s']:.1f} | {r['decode_tok_s']:.1f} | "
+            f"{r['products_alone_fraction']:.2f} | {r['decode_fraction']:.2f} | {r['products_share_of_step']:.2f} | "
+            f"{r['batch_16_over_1_products_alone']:.2f}x | {r['prompt_512_products_ms']:.0f} ms |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

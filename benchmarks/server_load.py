@@ -29,7 +29,16 @@ def start_server(package: str, serve_options: list) -> tuple[subprocess.Popen, s
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", package, "--port", str(port), *serve_options]
+    command = [
+        sys.executable,
+        "-c",
+        "from edgelm.runtime.cli import main; main()",
+        "serve",
+        package,
+        "--port",
+        str(port),
+        *serve_options,
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -47,8 +56,14 @@ def start_server(package: str, serve_options: list) -> tuple[subprocess.Popen, s
 
 def one_request(client: httpx.Client, url: str, index: int, max_tokens: int, headers: dict) -> dict:
     """Stream one completion; returns its latency, time to first token and generated tokens (or an error)."""
-    body = {"prompt": PROMPTS[index % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": PROMPTS[index % len(PROMPTS)],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     started = time.perf_counter()
     first = None
     tokens, done = 0, False
@@ -59,7 +74,7 @@ def one_request(client: httpx.Client, url: str, index: int, max_tokens: int, hea
             for line in response.iter_lines():
                 if not line.startswith("data: "):
                     continue
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
                 if data == "[DONE]":
                     done = True
                     break
@@ -78,7 +93,11 @@ def one_request(client: httpx.Client, url: str, index: int, max_tokens: int, hea
 
 
 def percentile(values: list, q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else (values[0] if values else float("nan"))
+    return (
+        statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+        if len(values) > 1
+        else (values[0] if values else float("nan"))
+    )
 
 
 def main() -> None:
@@ -92,7 +111,7 @@ def main() -> None:
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
-    serve_options = argv[split + 1:]  # after --: options for edgelm serve, e.g. -- --max-concurrency 4
+    serve_options = argv[split + 1 :]  # after --: options for edgelm serve, e.g. -- --max-concurrency 4
 
     process, url = (None, args.url) if args.url else start_server(args.package, serve_options)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -103,7 +122,9 @@ def main() -> None:
         one_request(client, url, 0, args.max_tokens, headers)  # warm-up, not counted
         started = time.perf_counter()
         with ThreadPoolExecutor(args.clients) as pool:
-            results = list(pool.map(lambda i: one_request(client, url, i, args.max_tokens, headers), range(args.requests)))
+            results = list(
+                pool.map(lambda i: one_request(client, url, i, args.max_tokens, headers), range(args.requests))
+            )
         wall = time.perf_counter() - started
     finally:
         if process is not None:
@@ -114,11 +135,17 @@ def main() -> None:
     failed = [r["error"] for r in results if "error" in r]
     tokens = sum(r["tokens"] for r in ok)
     latencies, ttfts = [r["latency"] for r in ok], [r["ttft"] for r in ok if r["ttft"] is not None]
-    print(f"model {model}: {args.requests} requests, {args.clients} clients, {args.max_tokens} tokens each, server {' '.join(serve_options) or 'defaults'}")
+    print(
+        f"model {model}: {args.requests} requests, {args.clients} clients, {args.max_tokens} tokens each, server {' '.join(serve_options) or 'defaults'}"
+    )
     print(f"  completed     {len(ok)} ({len(failed)} failed{': ' + failed[0] if failed else ''})")
-    print(f"  throughput    {tokens / wall:.1f} tokens/s, {len(ok) / wall:.2f} requests/s ({tokens} tokens in {wall:.2f} s)")
+    print(
+        f"  throughput    {tokens / wall:.1f} tokens/s, {len(ok) / wall:.2f} requests/s ({tokens} tokens in {wall:.2f} s)"
+    )
     if ok:
-        print(f"  latency       p50 {percentile(latencies, 50) * 1000:.0f} ms, p95 {percentile(latencies, 95) * 1000:.0f} ms")
+        print(
+            f"  latency       p50 {percentile(latencies, 50) * 1000:.0f} ms, p95 {percentile(latencies, 95) * 1000:.0f} ms"
+        )
     if ttfts:
         print(f"  first token   p50 {percentile(ttfts, 50) * 1000:.0f} ms, p95 {percentile(ttfts, 95) * 1000:.0f} ms")
 

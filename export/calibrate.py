@@ -27,7 +27,9 @@ HEADROOM = 1.5
 def calibration_rows(tokenizer, arch, seed: int = 1) -> list:
     """The prose-and-code text, and rows of random tokens filling every position."""
     rng = np.random.default_rng(seed)
-    return [tokenizer.encode(CALIBRATION).ids[: arch.n_positions]] + [rng.integers(0, arch.vocab_size, size=arch.n_positions).tolist() for _ in range(RANDOM_ROWS)]
+    return [tokenizer.encode(CALIBRATION).ids[: arch.n_positions]] + [
+        rng.integers(0, arch.vocab_size, size=arch.n_positions).tolist() for _ in range(RANDOM_ROWS)
+    ]
 
 
 def kv_cache_scales(model, tokenizer, arch) -> dict:
@@ -41,6 +43,7 @@ def kv_cache_scales(model, tokenizer, arch) -> dict:
         def hook(_module, _inputs, output):  # c_attn's output: [B, T, 3C] packed as q | k | v
             kv = output[0, :, C:].detach().float().abs().reshape(-1, 2, H, D).amax(dim=0).numpy()
             np.maximum(absmax[layer], kv, out=absmax[layer])
+
         return hook
 
     rows = calibration_rows(tokenizer, arch)

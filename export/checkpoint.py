@@ -57,13 +57,19 @@ def _download(repo_id: str, revision: str | None) -> tuple[Path, dict]:
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["model.safetensors"]))
         if not (folder / "model.safetensors").exists():
-            folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["pytorch_model.bin"]))
+            folder = Path(
+                snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["pytorch_model.bin"])
+            )
     except HFValidationError:
         raise ExportError(f"'{repo_id}' is neither a local folder nor a valid Hugging Face hub id.") from None
     except GatedRepoError:
-        raise ExportError(f"{repo_id} is gated on the Hugging Face hub: accept its terms and log in (huggingface-cli login).") from None
+        raise ExportError(
+            f"{repo_id} is gated on the Hugging Face hub: accept its terms and log in (huggingface-cli login)."
+        ) from None
     except RepositoryNotFoundError:
-        raise ExportError(f"unknown model id '{repo_id}': the Hugging Face hub has no such repository (or it is private).") from None
+        raise ExportError(
+            f"unknown model id '{repo_id}': the Hugging Face hub has no such repository (or it is private)."
+        ) from None
     except RevisionNotFoundError:
         raise ExportError(f"{repo_id} has no revision '{revision}'.") from None
     except (LocalEntryNotFoundError, EntryNotFoundError, OSError) as error:
@@ -93,7 +99,9 @@ def read_config(folder: Path) -> tuple[dict, Architecture]:
         raise ExportError(f"{config_path} is not valid JSON ({error}).") from None
     model_type = config.get("model_type")
     if model_type != "gpt2":
-        raise ExportError(f"{folder.name} is a '{model_type}' model ({', '.join(config.get('architectures') or [])}); edgelm exports {SUPPORTED}.")
+        raise ExportError(
+            f"{folder.name} is a '{model_type}' model ({', '.join(config.get('architectures') or [])}); edgelm exports {SUPPORTED}."
+        )
     unsupported = {
         "activation_function": ("gelu_new", config.get("activation_function", "gelu_new")),
         "scale_attn_weights": (True, config.get("scale_attn_weights", True)),
@@ -124,7 +132,9 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
         else:
             tensors = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as error:  # safetensors and torch raise many types for a damaged file
-        raise ExportError(f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]}).") from None
+        raise ExportError(
+            f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]})."
+        ) from None
     weights = {}
     for key, tensor in tensors.items():
         if key.endswith((".attn.bias", ".attn.masked_bias")):
@@ -137,7 +147,11 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
 
 def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:
     C, V = arch.n_embd, arch.vocab_size
-    expected = {"transformer.wte.weight": (V, C), "transformer.wpe.weight": (arch.n_positions, C), "transformer.ln_f.weight": (C,)}
+    expected = {
+        "transformer.wte.weight": (V, C),
+        "transformer.wpe.weight": (arch.n_positions, C),
+        "transformer.ln_f.weight": (C,),
+    }
     for i in range(arch.n_layer):
         p = f"transformer.h.{i}."
         expected[p + "attn.c_attn.weight"] = (C, 3 * C)
@@ -147,13 +161,17 @@ def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:
         expected[p + "mlp.c_proj.bias"] = (C,)
     missing = [k for k in expected if k not in weights]
     if missing:
-        raise ExportError(f"{path} is missing {len(missing)} weight tensors the config promises (first: {missing[0]}); the checkpoint is incomplete.")
+        raise ExportError(
+            f"{path} is missing {len(missing)} weight tensors the config promises (first: {missing[0]}); the checkpoint is incomplete."
+        )
     wrong = [f"{k} {weights[k].shape} != {s}" for k, s in expected.items() if s and weights[k].shape != s]
     if wrong:
         raise ExportError(f"{path} does not match its config.json: {wrong[0]}.")
     head = weights.get("lm_head.weight")
     if head is not None and not np.array_equal(head, weights["transformer.wte.weight"]):
-        raise ExportError(f"{path} has an LM head that is not tied to the token embedding; edgelm supports tied GPT-2 heads only.")
+        raise ExportError(
+            f"{path} has an LM head that is not tied to the token embedding; edgelm supports tied GPT-2 heads only."
+        )
 
 
 def load_checkpoint(model: str, revision: str | None = None) -> Checkpoint:

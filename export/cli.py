@@ -9,10 +9,26 @@ from edgelm.runtime.errors import EdgelmError
 
 @click.command()
 @click.argument("model", default="distilgpt2", required=False)
-@click.option("-o", "--output", type=click.Path(file_okay=False), help="Package folder (default: models/NAME, models/NAME-int8 when quantized, ...-kv8 with an int8 cache).")
-@click.option("--quantize", type=click.Choice(["none", "int8", "int4"]), default="none", show_default=True, help="Weight storage: float32, or int8 / int4 with a measured quality report.")
-@click.option("--kv-cache", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
-              help="Key/value cache storage; int8 (with --quantize int8 or int4) reads a quarter of the bytes per step, scales calibrated at export.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(file_okay=False),
+    help="Package folder (default: models/NAME, models/NAME-int8 when quantized, ...-kv8 with an int8 cache).",
+)
+@click.option(
+    "--quantize",
+    type=click.Choice(["none", "int8", "int4"]),
+    default="none",
+    show_default=True,
+    help="Weight storage: float32, or int8 / int4 with a measured quality report.",
+)
+@click.option(
+    "--kv-cache",
+    type=click.Choice(["float32", "int8"]),
+    default="float32",
+    show_default=True,
+    help="Key/value cache storage; int8 (with --quantize int8 or int4) reads a quarter of the bytes per step, scales calibrated at export.",
+)
 @click.option("--revision", help="Hub branch, tag or commit (default: main).")
 @click.option("--force", is_flag=True, help="Replace an existing package at the output folder.")
 def export(model, output, quantize, kv_cache, revision, force):
@@ -25,7 +41,9 @@ def export(model, output, quantize, kv_cache, revision, force):
 
         from .pipeline import export_model
     except ImportError as error:
-        raise click.ClickException(f"edgelm export needs the export extra ({error.name} is missing): pip install 'edgelm[export]'") from None
+        raise click.ClickException(
+            f"edgelm export needs the export extra ({error.name} is missing): pip install 'edgelm[export]'"
+        ) from None
     console = Console(stderr=True, highlight=False)
     started = {}
 
@@ -37,7 +55,9 @@ def export(model, output, quantize, kv_cache, revision, force):
             console.print(f"[green]✓[/] {stage:<9} {detail}  [dim]({time.perf_counter() - started[stage]:.1f}s)[/]")
 
     try:
-        result = export_model(model, output, quantize=quantize, force=force, revision=revision, progress=progress, kv_cache=kv_cache)
+        result = export_model(
+            model, output, quantize=quantize, force=force, revision=revision, progress=progress, kv_cache=kv_cache
+        )
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
     size = sum(f["size"] for f in result.manifest["files"].values())

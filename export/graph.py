@@ -46,7 +46,9 @@ LM_HEAD_PARTS = 4
 MASKED = float(np.finfo(np.float32).min) / 2  # added to a score: exp() underflows to exactly 0
 
 
-def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none", cache_scales: dict | None = None):
+def build_decoder(
+    arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none", cache_scales: dict | None = None
+):
     """weights: a GPT-2 state dict as NumPy arrays (HF names). cache_scales, for an int8 cache: layer ->
     (key scale, value scale), each float32 [H, D] (export/calibrate.py). Returns an onnx.ModelProto."""
     g = GraphBuilder("edgelm_gpt2_decoder")
@@ -61,7 +63,12 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     past = []
     for i in range(arch.n_layer):
         shape = ["batch", H, "past_sequence", D]
-        past.append((g.input(f"past_key_values.{i}.key", cache_type, shape), g.input(f"past_key_values.{i}.value", cache_type, shape)))
+        past.append(
+            (
+                g.input(f"past_key_values.{i}.key", cache_type, shape),
+                g.input(f"past_key_values.{i}.value", cache_type, shape),
+            )
+        )
     logits_to_keep = g.input("logits_to_keep", INT64, [])
     g.weight("logits_to_keep", np.array(0, dtype=np.int64))  # default: every position
 
@@ -80,12 +87,20 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
         qkv = g.op("Add", [matmul(g, h, weights, p + "attn.c_attn"), bias(p + "attn.c_attn.bias")])  # [B, T, 3C] packed
         inputs, quantized = [qkv, "", "", *past[i], seqlens_k, total_length, "", "", "", attention_bias], {}
         if cache_scales:
-            k_scale, v_scale = (g.weight(f"{p}attn.{kind}_cache_scale", s.reshape(H, 1, D).astype(np.float32)) for kind, s in zip("kv", cache_scales[i]))
+            k_scale, v_scale = (
+                g.weight(f"{p}attn.{kind}_cache_scale", s.reshape(H, 1, D).astype(np.float32))
+                for kind, s in zip("kv", cache_scales[i])
+            )
             inputs += ["", k_scale, v_scale]
             quantized = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
         attn = g.op(
-            "GroupQueryAttention", inputs, outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"],
-            domain=MS_DOMAIN, num_heads=H, kv_num_heads=H, **quantized,
+            "GroupQueryAttention",
+            inputs,
+            outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"],
+            domain=MS_DOMAIN,
+            num_heads=H,
+            kv_num_heads=H,
+            **quantized,
         )[0]
         out = matmul(g, attn, weights, p + "attn.c_proj")
         h, x = _skip_layer_norm(g, out, x, weights, p + "ln_2", p + "attn.c_proj.bias", arch)  # x += out + bias
@@ -105,7 +120,9 @@ def build_decoder(arch: Architecture, weights: dict[str, np.ndarray], recipe: st
     for i in range(arch.n_layer):
         for kind in ("key", "value"):
             g.output(f"present.{i}.{kind}", cache_type, ["batch", H, "total_sequence", D])
-    return g.model(OPSET, doc=f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}")
+    return g.model(
+        OPSET, doc=f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
+    )
 
 
 def _attention_bias(g: GraphBuilder, tokens: str, attention_mask: str) -> str:
@@ -115,7 +132,9 @@ def _attention_bias(g: GraphBuilder, tokens: str, attention_mask: str) -> str:
     total = g.op("Gather", [g.op("Shape", [attention_mask]), g.const(1)])  # P + T
     query_pos = g.op("Range", [g.op("Sub", [total, new]), total, g.const(1)])  # [T] absolute positions
     key_pos = g.op("Range", [g.const(0), total, g.const(1)])  # [P + T]
-    causal = g.op("LessOrEqual", [g.op("Unsqueeze", [key_pos, g.const([0])]), g.op("Unsqueeze", [query_pos, g.const([1])])])
+    causal = g.op(
+        "LessOrEqual", [g.op("Unsqueeze", [key_pos, g.const([0])]), g.op("Unsqueeze", [query_pos, g.const([1])])]
+    )
     padding = g.op("Unsqueeze", [g.op("Cast", [attention_mask], to=9), g.const([1, 2])])  # [B, 1, 1, P + T]
     return g.op("Where", [g.op("And", [causal, padding]), g.const(0.0, np.float32), g.const(MASKED, np.float32)])
 
@@ -132,7 +151,11 @@ def _cache_lengths(g: GraphBuilder, tokens: str, attention_mask: str) -> tuple[s
 def _layer_norm(g, x, weights, prefix, arch):
     return g.op(
         "LayerNormalization",
-        [x, g.weight(prefix + ".weight", weights[prefix + ".weight"]), g.weight(prefix + ".bias", weights[prefix + ".bias"])],
+        [
+            x,
+            g.weight(prefix + ".weight", weights[prefix + ".weight"]),
+            g.weight(prefix + ".bias", weights[prefix + ".bias"]),
+        ],
         axis=-1,
         epsilon=arch.layer_norm_epsilon,
     )
@@ -142,8 +165,16 @@ def _skip_layer_norm(g, x, residual, weights, prefix, bias_name, arch):
     """LayerNorm(residual + x + bias) and the new residual, in one op."""
     outputs = g.op(
         "SkipLayerNormalization",
-        [x, residual, g.weight(prefix + ".weight", weights[prefix + ".weight"]), g.weight(prefix + ".bias", weights[prefix + ".bias"]), g.weight(bias_name, weights[bias_name])],
-        outputs=[g.fresh("normed"), "", "", g.fresh("residual")], domain=MS_DOMAIN, epsilon=arch.layer_norm_epsilon,
+        [
+            x,
+            residual,
+            g.weight(prefix + ".weight", weights[prefix + ".weight"]),
+            g.weight(prefix + ".bias", weights[prefix + ".bias"]),
+            g.weight(bias_name, weights[bias_name]),
+        ],
+        outputs=[g.fresh("normed"), "", "", g.fresh("residual")],
+        domain=MS_DOMAIN,
+        epsilon=arch.layer_norm_epsilon,
     )
     return outputs[0], outputs[3]
 
@@ -158,7 +189,9 @@ def _int8_matmul(g, x, weights, prefix):
     w = quantize_int8(weights[prefix + ".weight"])
     scale = g.weight(prefix + ".weight_scale", w.scale)
     zero_point = g.weight(prefix + ".weight_zero_point", np.zeros_like(w.scale, dtype=np.int8))
-    return g.op("DynamicQuantizeMatMul", [x, g.weight(prefix + ".weight_int8", w.q), scale, zero_point], domain=MS_DOMAIN)
+    return g.op(
+        "DynamicQuantizeMatMul", [x, g.weight(prefix + ".weight_int8", w.q), scale, zero_point], domain=MS_DOMAIN
+    )
 
 
 def _int4_matmul(g, x, weights, prefix):
@@ -207,7 +240,15 @@ def _tied_embedding_int8(g, wte_t):
         piece = slice(start, start + step)
         n = len(w.scale[piece])
         names = (f"{TOKEN_ROWS}.{k}", f"{TOKEN_SCALE}.{k}", f"transformer.wte.weight_zero_point.{k}")
-        parts.append((n, [g.weight(name, a) for name, a in zip(names, (rows[piece], w.scale[piece], np.zeros(n, dtype=np.int8)))]))
+        parts.append(
+            (
+                n,
+                [
+                    g.weight(name, a)
+                    for name, a in zip(names, (rows[piece], w.scale[piece], np.zeros(n, dtype=np.int8)))
+                ],
+            )
+        )
 
     def lm_head(x, out):
         quantized = g.op("DynamicQuantizeLinear", [g.op("Reshape", [x, g.const([-1, width])])], outputs=3)  # [B * K, C]
@@ -216,7 +257,9 @@ def _tied_embedding_int8(g, wte_t):
         for n, weights_k in parts:
             if n not in shapes:
                 shapes[n] = g.op("Concat", [batch, g.const([-1, n])], axis=0)  # [B, K, n]
-            logits.append(g.op("Reshape", [g.op("QGemm", [*quantized, *weights_k], domain=MS_DOMAIN, transB=1), shapes[n]]))
+            logits.append(
+                g.op("Reshape", [g.op("QGemm", [*quantized, *weights_k], domain=MS_DOMAIN, transB=1), shapes[n]])
+            )
         # The last op writes the logits: into the caller's preallocated output, without a copy after it.
         return g.op("Concat", logits, outputs=[out], axis=-1)
 
@@ -233,10 +276,28 @@ def _tied_embedding_int4(g, weights):
     block_scale = g.op("Unsqueeze", [scale, g.const([2])])  # [V, C / 32, 1]: one block per row of the table
 
     def embed(ids):
-        rows = g.op("GatherBlockQuantized", [table, ids, block_scale], domain=MS_DOMAIN, bits=4, block_size=INT4_BLOCK, gather_axis=0, quantize_axis=2)
+        rows = g.op(
+            "GatherBlockQuantized",
+            [table, ids, block_scale],
+            domain=MS_DOMAIN,
+            bits=4,
+            block_size=INT4_BLOCK,
+            gather_axis=0,
+            quantize_axis=2,
+        )
         return g.op("Reshape", [rows, g.const([0, 0, width])])  # [B, T, C/32, 32] -> [B, T, C]
 
     def lm_head(x, out):
-        return g.op("MatMulNBits", [x, table, scale], outputs=[out], domain=MS_DOMAIN, K=width, N=vocab, bits=4, block_size=INT4_BLOCK, accuracy_level=4)
+        return g.op(
+            "MatMulNBits",
+            [x, table, scale],
+            outputs=[out],
+            domain=MS_DOMAIN,
+            K=width,
+            N=vocab,
+            bits=4,
+            block_size=INT4_BLOCK,
+            accuracy_level=4,
+        )
 
     return embed, lm_head

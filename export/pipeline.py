@@ -23,7 +23,18 @@ from .writer import PackageWriter, check_destination, refuse_existing, sweep_par
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
 KV_CACHES = ("float32", "int8")
-TOOLS = ("edgelm", "torch", "transformers", "onnx", "onnxruntime", "optimum-onnx", "huggingface_hub", "tokenizers", "safetensors", "numpy")
+TOOLS = (
+    "edgelm",
+    "torch",
+    "transformers",
+    "onnx",
+    "onnxruntime",
+    "optimum-onnx",
+    "huggingface_hub",
+    "tokenizers",
+    "safetensors",
+    "numpy",
+)
 
 
 @dataclass
@@ -34,18 +45,29 @@ class ExportResult:
 
 def default_output(model: str, quantize: str, kv_cache: str = "float32") -> Path:
     name = Path(model.rstrip("/")).name
-    return Path("models") / (name + ("" if quantize == "none" else f"-{quantize}") + ("-kv8" if kv_cache == "int8" else ""))
+    return Path("models") / (
+        name + ("" if quantize == "none" else f"-{quantize}") + ("-kv8" if kv_cache == "int8" else "")
+    )
 
 
-def export_model(model: str = "distilgpt2", output=None, quantize: str = "none", force: bool = False, revision: str | None = None,
-                 progress: Callable[[str, str, str], None] | None = None, kv_cache: str = "float32") -> ExportResult:
+def export_model(
+    model: str = "distilgpt2",
+    output=None,
+    quantize: str = "none",
+    force: bool = False,
+    revision: str | None = None,
+    progress: Callable[[str, str, str], None] | None = None,
+    kv_cache: str = "float32",
+) -> ExportResult:
     """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
     if kv_cache not in KV_CACHES:
         raise ExportError(f"unknown KV cache type {kv_cache!r}; choose one of {', '.join(KV_CACHES)}.")
     if kv_cache == "int8" and quantize == "none":
-        raise ExportError("an int8 KV cache goes with quantized weights (--quantize int8 or int4): the float32 package stays token-exact with transformers.")
+        raise ExportError(
+            "an int8 KV cache goes with quantized weights (--quantize int8 or int4): the float32 package stays token-exact with transformers."
+        )
     output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
     report = progress or (lambda stage, event, detail: None)
     refuse_existing(output, force)
@@ -92,7 +114,10 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
     from .validate import check_fp32, quality_report
 
     fp32_graph = shipped if quantize == "none" else fp32_bytes
-    validation = {"reference": "transformers GPT2LMHeadModel, float32, eager attention", "fp32": check_fp32(fp32_graph, reference, tokenizer, arch)}
+    validation = {
+        "reference": "transformers GPT2LMHeadModel, float32, eager attention",
+        "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
+    }
     if quantize != "none":
         validation[quantize] = quality_report(shipped, reference, tokenizer, arch)
     stage("validate", "done", f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}")
@@ -108,19 +133,27 @@ def export_model(model: str = "distilgpt2", output=None, quantize: str = "none",
             if (checkpoint.folder / name).exists():
                 writer.copy(name, checkpoint.folder / name)
         if not (checkpoint.folder / "generation_config.json").exists():
-            writer.write_json("generation_config.json", {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id})
+            writer.write_json(
+                "generation_config.json", {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id}
+            )
         timings_so_far = dict(timings)
-        manifest = writer.publish({
-            "name": output.name,
-            "architecture": arch.to_dict(),
-            "graph": _graph_section(shipped) | {"kv_cache": _kv_cache_description(kv_cache)},
-            "tokenizer": "tokenizer.json",
-            "weights": {"dtype": "float32" if quantize == "none" else quantize, "tied_embedding_stored_once": True, "quantization": recipe_description(quantize)},
-            "source": checkpoint.source | {"weights_file": checkpoint.weight_file},
-            "tools": _tool_versions() | {"onnx_opset": OPSET},
-            "validation": validation,
-            "export_seconds": timings_so_far,
-        })
+        manifest = writer.publish(
+            {
+                "name": output.name,
+                "architecture": arch.to_dict(),
+                "graph": _graph_section(shipped) | {"kv_cache": _kv_cache_description(kv_cache)},
+                "tokenizer": "tokenizer.json",
+                "weights": {
+                    "dtype": "float32" if quantize == "none" else quantize,
+                    "tied_embedding_stored_once": True,
+                    "quantization": recipe_description(quantize),
+                },
+                "source": checkpoint.source | {"weights_file": checkpoint.weight_file},
+                "tools": _tool_versions() | {"onnx_opset": OPSET},
+                "validation": validation,
+                "export_seconds": timings_so_far,
+            }
+        )
     except BaseException:
         writer.discard()
         raise
@@ -141,8 +174,10 @@ def _graph_section(shipped) -> dict:
     import onnx
 
     model = onnx.load_model_from_string(shipped.graph)
-    describe = lambda v: {"dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,  # noqa: E731
-                          "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]}
+    describe = lambda v: {
+        "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,  # noqa: E731
+        "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+    }
     return {
         "file": "model.onnx",
         "opset": OPSET,
@@ -160,8 +195,11 @@ def _kv_cache_description(kv_cache: str) -> dict:
         return {"dtype": "float32"}
     from .calibrate import HEADROOM
 
-    return {"dtype": "int8", "scales": f"fixed, one per head and channel ({HEADROOM} x the largest |K| or |V| seen / 127), calibrated at export on the PyTorch reference (export/calibrate.py); larger values are clipped",
-            "op": "GroupQueryAttention kv_cache_bit_width 8, PER_CHANNEL"}
+    return {
+        "dtype": "int8",
+        "scales": f"fixed, one per head and channel ({HEADROOM} x the largest |K| or |V| seen / 127), calibrated at export on the PyTorch reference (export/calibrate.py); larger values are clipped",
+        "op": "GroupQueryAttention kv_cache_bit_width 8, PER_CHANNEL",
+    }
 
 
 def _tokenizer(tokenizer_json: str):
@@ -170,7 +208,9 @@ def _tokenizer(tokenizer_json: str):
     try:
         return Tokenizer.from_str(tokenizer_json)
     except Exception as error:  # tokenizers raises a bare Exception for a damaged file
-        raise ExportError(f"the checkpoint's tokenizer cannot be read: {str(error)[:200]}. Save it again with the model (tokenizer.save_pretrained).") from None
+        raise ExportError(
+            f"the checkpoint's tokenizer cannot be read: {str(error)[:200]}. Save it again with the model (tokenizer.save_pretrained)."
+        ) from None
 
 
 def _tokenizer_json(folder: Path) -> str:
@@ -195,7 +235,9 @@ def _reference_model(checkpoint):
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
     if missing or unexpected:
-        raise ExportError(f"the weights do not fit GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}.")
+        raise ExportError(
+            f"the weights do not fit GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}."
+        )
     model.tie_weights()
     return model
 

@@ -19,7 +19,12 @@ from .weights_file import ShippedGraph
 FP32_TOLERANCE = 1e-5
 GREEDY_TOKENS = 16
 CACHE_STEPS = 32  # held-out positions the quality report decodes one at a time through the cache
-PROMPTS = ("The quick brown fox", "Once upon a time, in a land far away,", "import numpy as np\n", "Émile a visité 東京 🚀")
+PROMPTS = (
+    "The quick brown fox",
+    "Once upon a time, in a land far away,",
+    "import numpy as np\n",
+    "Émile a visité 東京 🚀",
+)
 # Held-out text for perplexity: written for this project, not part of any training set we know of.
 HELD_OUT = (
     "The lighthouse keeper rowed out at dawn to read the tide gauge, as he had every morning for eleven years. "
@@ -48,7 +53,9 @@ def _torch_logits(model, rows):
     ids, mask = left_pad(rows, 0)
     with torch.no_grad():
         out = model(
-            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), position_ids=torch.from_numpy(position_ids_from_mask(mask))
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            position_ids=torch.from_numpy(position_ids_from_mask(mask)),
         )
     return out.logits.float().numpy(), mask
 
@@ -59,10 +66,15 @@ def _torch_greedy(model, rows, new_tokens, eos):
     ids, mask = left_pad(rows, 0)
     with torch.no_grad():
         out = model.generate(
-            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            do_sample=False, pad_token_id=0, eos_token_id=eos,
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=eos,
         )
-    return out[:, ids.shape[1]:].numpy()
+    return out[:, ids.shape[1] :].numpy()
 
 
 def _engine(graph, arch) -> Engine:
@@ -98,19 +110,29 @@ def check_fp32(graph, model, tokenizer, arch) -> dict:
     for name, rows in validation_cases(tokenizer, arch).items():
         reference, mask = _torch_logits(model, rows)
         ids, _ = left_pad(rows, 0)
-        full, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(len(rows)), logits_to_keep=0)
+        full, _ = engine.forward(
+            ids, mask, position_ids_from_mask(mask), engine.empty_past(len(rows)), logits_to_keep=0
+        )
         cached = _cache_path_logits(engine, ids, mask)
         new_tokens = min(GREEDY_TOKENS, arch.n_positions - ids.shape[1])
-        ours_tokens, torch_tokens = _ours_greedy(engine, rows, new_tokens, arch), _torch_greedy(model, rows, new_tokens, arch.eos_token_id)
+        ours_tokens, torch_tokens = (
+            _ours_greedy(engine, rows, new_tokens, arch),
+            _torch_greedy(model, rows, new_tokens, arch.eos_token_id),
+        )
         case = {
             "prompt_tokens": [len(r) for r in rows],
             "logits_relative_error": _relative_error(full, reference, mask),
-            "cache_path_relative_error": _relative_error(cached, reference[:, -cached.shape[1]:], mask[:, -cached.shape[1]:]),
+            "cache_path_relative_error": _relative_error(
+                cached, reference[:, -cached.shape[1] :], mask[:, -cached.shape[1] :]
+            ),
             "greedy_tokens": int(new_tokens),
             "greedy_identical": bool(np.array_equal(ours_tokens, torch_tokens)),
         }
         report["cases"][name] = case
-        if max(case["logits_relative_error"], case["cache_path_relative_error"]) > FP32_TOLERANCE or not case["greedy_identical"]:
+        if (
+            max(case["logits_relative_error"], case["cache_path_relative_error"]) > FP32_TOLERANCE
+            or not case["greedy_identical"]
+        ):
             raise ParityError(
                 f"fp32 parity failed on case '{name}': logits relative error {case['logits_relative_error']:.2e}, "
                 f"cache path {case['cache_path_relative_error']:.2e} (limit {FP32_TOLERANCE:.0e}), greedy identical: "
@@ -126,14 +148,16 @@ def _cache_path_logits(engine, ids, mask, steps: int = 4):
     """Prefill all but the last `steps` tokens, then feed them one at a time through the cache."""
     steps = min(steps, ids.shape[1] - 1)
     if steps <= 0:
-        logits, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(len(ids)), logits_to_keep=1)
+        logits, _ = engine.forward(
+            ids, mask, position_ids_from_mask(mask), engine.empty_past(len(ids)), logits_to_keep=1
+        )
         return logits
     positions = position_ids_from_mask(mask)
     head = ids.shape[1] - steps
     _, past = engine.forward(ids[:, :head], mask[:, :head], positions[:, :head], engine.empty_past(len(ids)))
     collected = []
     for t in range(head, ids.shape[1]):
-        logits, past = engine.forward(ids[:, t:t + 1], mask[:, :t + 1], positions[:, t:t + 1], past)
+        logits, past = engine.forward(ids[:, t : t + 1], mask[:, : t + 1], positions[:, t : t + 1], past)
         collected.append(logits[:, -1])
     return np.stack(collected, axis=1)
 
@@ -156,7 +180,10 @@ def quality_report(graph, model, tokenizer, arch) -> dict:
         if name in ("near_limit",):
             continue
         new_tokens = min(GREEDY_TOKENS, arch.n_positions - max(len(r) for r in rows))
-        ours_tokens, torch_tokens = _ours_greedy(engine, rows, new_tokens, arch), _torch_greedy(model, rows, new_tokens, arch.eos_token_id)
+        ours_tokens, torch_tokens = (
+            _ours_greedy(engine, rows, new_tokens, arch),
+            _torch_greedy(model, rows, new_tokens, arch.eos_token_id),
+        )
         for a, b in zip(ours_tokens, torch_tokens):
             differ = np.flatnonzero(a != b)
             agreement.append((differ[0] if len(differ) else new_tokens) / new_tokens)
@@ -164,7 +191,7 @@ def quality_report(graph, model, tokenizer, arch) -> dict:
         "held_out_tokens": len(held_out),
         "top1_agreement": float((reference[0].argmax(-1) == ours[0].argmax(-1)).mean()),
         "mean_kl_divergence": float(kl(ref_lp, our_lp).mean()),
-        "cache_path_mean_kl_divergence": float(kl(ref_lp[-len(cached_lp):], cached_lp).mean()),
+        "cache_path_mean_kl_divergence": float(kl(ref_lp[-len(cached_lp) :], cached_lp).mean()),
         "cache_path_positions": len(cached_lp),
         "kv_cache": engine.io.cache_dtype,
         "greedy_agreement": float(np.mean(agreement)),

@@ -80,7 +80,9 @@ def _token_section(weights: dict, offsets: dict) -> dict | None:
         names = [name.replace(TOKEN_ROWS, kind) for name in parts]
         ends = [offsets[name] + weights[name].nbytes for name in names]
         if [offsets[name] for name in names[1:]] != ends[:-1]:
-            raise ExportError(f"the token table's parts are not contiguous in {WEIGHTS_FILE}; please report this with the checkpoint's config.json.")
+            raise ExportError(
+                f"the token table's parts are not contiguous in {WEIGHTS_FILE}; please report this with the checkpoint's config.json."
+            )
     return {
         "file": WEIGHTS_FILE,
         "rows": {"dtype": "int8", "shape": [rows, width], "offset": offsets[parts[0]]},

@@ -33,12 +33,16 @@ def check_destination(output: Path, force: bool, needed_bytes: int) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ExportError(f"cannot create {parent}: {error.strerror}. Choose a writable output folder with -o.") from None
+        raise ExportError(
+            f"cannot create {parent}: {error.strerror}. Choose a writable output folder with -o."
+        ) from None
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ExportError(f"cannot write to {parent}: permission denied. Choose a writable output folder with -o.")
     free = shutil.disk_usage(parent).free
     if free < needed_bytes:
-        raise ExportError(f"not enough disk space in {parent}: the package needs about {needed_bytes / 1e6:.0f} MB, {free / 1e6:.0f} MB are free.")
+        raise ExportError(
+            f"not enough disk space in {parent}: the package needs about {needed_bytes / 1e6:.0f} MB, {free / 1e6:.0f} MB are free."
+        )
 
 
 def sweep_partials(output: Path) -> None:
@@ -82,13 +86,21 @@ class PackageWriter:
             write(self.partial / name)
         except OSError as error:
             if error.errno == errno.ENOSPC:
-                raise ExportError(f"the disk filled up while writing {name} to {self.output.parent}; free some space and export again.") from None
+                raise ExportError(
+                    f"the disk filled up while writing {name} to {self.output.parent}; free some space and export again."
+                ) from None
             raise ExportError(f"cannot write {name} to {self.output.parent}: {error.strerror}.") from None
 
     def publish(self, manifest: dict) -> dict:
         """Checksum every file, write the manifest last, then move the folder into place."""
         files = {p.name: file_record(p) for p in sorted(self.partial.iterdir())}
-        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **manifest, "files": files, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            **manifest,
+            "files": files,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         self.write_json(MANIFEST, manifest)
         old = None
         if self.output.exists():

@@ -12,11 +12,29 @@ huge pages (launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 
 from .errors import DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
 
-_LAZY = {"Completion": "generation", "GenerationConfig": "config", "Model": "model", "Score": "model", "Stream": "model", "load": "model", "pipeline": "model"}
+_LAZY = {
+    "Completion": "generation",
+    "GenerationConfig": "config",
+    "Model": "model",
+    "Score": "model",
+    "Stream": "model",
+    "load": "model",
+    "pipeline": "model",
+}
 
 __all__ = [
-    "load", "pipeline", "Model", "Stream", "Score", "Completion", "GenerationConfig",
-    "EdgelmError", "PackageError", "DeviceError", "GenerationOptionError", "PromptError",
+    "load",
+    "pipeline",
+    "Model",
+    "Stream",
+    "Score",
+    "Completion",
+    "GenerationConfig",
+    "EdgelmError",
+    "PackageError",
+    "DeviceError",
+    "GenerationOptionError",
+    "PromptError",
 ]
 
 

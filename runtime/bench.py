@@ -127,18 +127,35 @@ def _cold_start(path, threads) -> float:
     return time.perf_counter() - started
 
 
-def run_bench(path, threads: int | None = None, device: str = "auto", runs: int = 3, new_tokens: int = 128, long_context: int = 896) -> dict:
+def run_bench(
+    path,
+    threads: int | None = None,
+    device: str = "auto",
+    runs: int = 3,
+    new_tokens: int = 128,
+    long_context: int = 896,
+) -> dict:
     """Measure one package; returns a dict of figures (also what `edgelm bench --json` prints)."""
     threads = threads or os.cpu_count()
     started = time.perf_counter()
     model = load(path, device=device, threads=threads)
-    result = {"package": str(path), "device": model.device, "threads": threads, "runs": runs, "load_s": time.perf_counter() - started}
-    result["huge_pages_mb"] = huge_page_mb()  # this process on 2 MiB pages: the packed weights, when started with them (hugepages.py)
+    result = {
+        "package": str(path),
+        "device": model.device,
+        "threads": threads,
+        "runs": runs,
+        "load_s": time.perf_counter() - started,
+    }
+    result["huge_pages_mb"] = (
+        huge_page_mb()
+    )  # this process on 2 MiB pages: the packed weights, when started with them (hugepages.py)
     weights = model.package.weight_bytes
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     for length in (8, 128, 512):
         if length < model.arch.n_positions:
-            result[f"ttft_{length}_ms"] = 1000 * _median([_timed_tokens(model, [_prompt(model, length, r)], 1)[0] for r in range(runs)])
+            result[f"ttft_{length}_ms"] = 1000 * _median(
+                [_timed_tokens(model, [_prompt(model, length, r)], 1)[0] for r in range(runs)]
+            )
     new_tokens = min(new_tokens, model.arch.n_positions - 8)
     long_context = min(long_context, model.arch.n_positions - new_tokens)
     decode_long = [_timed_tokens(model, [_prompt(model, long_context, r)], new_tokens)[1] for r in range(runs)]
@@ -152,13 +169,15 @@ def run_bench(path, threads: int | None = None, device: str = "auto", runs: int 
         time.sleep(SETTLE_S)
         reads.append(probe.seconds())
     del probe
-    result.update({
-        "decode_tok_s": _median(decode),
-        "weight_bytes": weights,
-        "read_gb_s": weights / _median(reads) / 1e9,
-        "ceiling_tok_s": 1 / _median(reads),
-        "decode_fraction_of_ceiling": _median([rate * seconds for rate, seconds in zip(decode, reads)]),
-    })
+    result.update(
+        {
+            "decode_tok_s": _median(decode),
+            "weight_bytes": weights,
+            "read_gb_s": weights / _median(reads) / 1e9,
+            "ceiling_tok_s": 1 / _median(reads),
+            "decode_fraction_of_ceiling": _median([rate * seconds for rate, seconds in zip(decode, reads)]),
+        }
+    )
     # Batches, with batch 1 in the same rounds on the same work, so the scaling ratio is measured side by side.
     batch_tokens, rates = min(64, new_tokens), {1: [], 8: [], 16: []}
     for r in range(runs):
@@ -167,10 +186,12 @@ def run_bench(path, threads: int | None = None, device: str = "auto", runs: int 
             rate.append(batch * (batch_tokens - 1) / rest)
     result.update({"batch_8_tok_s": _median(rates[8]), "batch_16_tok_s": _median(rates[16])})
     result["batch_16_over_batch_1"] = _median([b16 / b1 for b1, b16 in zip(rates[1], rates[16])])
-    result.update({
-        "cold_start_to_first_token_s": _median([_cold_start(path, threads) for _ in range(max(1, runs // 2))]),
-        "load_average": os.getloadavg(),
-    })
+    result.update(
+        {
+            "cold_start_to_first_token_s": _median([_cold_start(path, threads) for _ in range(max(1, runs // 2))]),
+            "load_average": os.getloadavg(),
+        }
+    )
     return result
 
 
@@ -194,7 +215,9 @@ ROWS = [
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{result['package']}  ({result['device']}, {result['threads']} threads, medians of {result['runs']}, load average {result['load_average'][0]:.2f})"]
+    lines = [
+        f"{result['package']}  ({result['device']}, {result['threads']} threads, medians of {result['runs']}, load average {result['load_average'][0]:.2f})"
+    ]
     for key, label, fmt in ROWS:
         if key.endswith("*"):
             key = next((k for k in result if k.startswith(key[:-1])), None)

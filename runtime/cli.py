@@ -7,7 +7,10 @@ import click
 
 from .errors import EdgelmError
 
-LAZY_COMMANDS = {"export": "edgelm.export.cli:export", "serve": "edgelm.runtime.server.cli:serve"}  # heavy stages import only when asked for
+LAZY_COMMANDS = {
+    "export": "edgelm.export.cli:export",
+    "serve": "edgelm.runtime.server.cli:serve",
+}  # heavy stages import only when asked for
 
 
 class EdgelmGroup(click.Group):
@@ -44,7 +47,11 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 @click.option("-m", "--model", "package", default=None, help="Package folder (default: models/distilgpt2).")
 @click.option("--max-new-tokens", type=int, help="Stop after this many new tokens.")
 @click.option("--min-new-tokens", type=int, help="Do not end before this many new tokens.")
-@click.option("--do-sample/--greedy", default=None, help="Sample, or pick the most likely token. Sampling options below turn sampling on unless --greedy is given.")
+@click.option(
+    "--do-sample/--greedy",
+    default=None,
+    help="Sample, or pick the most likely token. Sampling options below turn sampling on unless --greedy is given.",
+)
 @click.option("--temperature", type=float, help="Divide logits by this (sampling).")
 @click.option("--top-k", type=int, help="Keep the k most likely tokens; 0 turns it off.")
 @click.option("--top-p", type=float, help="Nucleus sampling mass in (0, 1].")
@@ -54,14 +61,21 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 @click.option("--no-repeat-ngram-size", type=int, help="Never repeat an n-gram of this size.")
 @click.option("--frequency-penalty", type=float, help="OpenAI-style, per occurrence in the output, in [-2, 2].")
 @click.option("--presence-penalty", type=float, help="OpenAI-style, once per token present in the output, in [-2, 2].")
-@click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS", help="Add BIAS to token ID's logit (repeatable).")
+@click.option(
+    "--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS", help="Add BIAS to token ID's logit (repeatable)."
+)
 @click.option("--ban", multiple=True, metavar="TEXT", help="Never generate this word or token sequence (repeatable).")
 @click.option("--stop", multiple=True, help="End when this text appears; it is not printed (repeatable).")
 @click.option("--ignore-eos", is_flag=True, default=None, help="Keep going past end-of-text.")
 @click.option("-n", "--num-return-sequences", type=int, help="Completions for the prompt.")
 @click.option("--seed", type=int, help="Same seed, prompt and options give the same text.")
 @click.option("--logprobs", type=int, help="Include the chosen and top-N tokens' log-probs (with --json).")
-@click.option("--truncate", is_flag=True, default=None, help="Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.")
+@click.option(
+    "--truncate",
+    is_flag=True,
+    default=None,
+    help="Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
@@ -83,15 +97,29 @@ def generate(prompt, package, device, threads, as_json, show_config, no_verify, 
             options["logit_bias"] = _parse_bias(logit_bias)
         model = load(package, device=device, threads=threads, verify=not no_verify)
         if ban:
-            options["bad_words_ids"] = [model.encode(w) for w in ban] + [model.encode(" " + w) for w in ban if not w.startswith(" ")]
+            options["bad_words_ids"] = [model.encode(w) for w in ban] + [
+                model.encode(" " + w) for w in ban if not w.startswith(" ")
+            ]
         settings = model.settings(**options)
         if show_config:
-            click.echo(json.dumps({"package": str(model.package.folder), "device": model.device, **settings.__dict__}, indent=2, default=str))
+            click.echo(
+                json.dumps(
+                    {"package": str(model.package.folder), "device": model.device, **settings.__dict__},
+                    indent=2,
+                    default=str,
+                )
+            )
             return
         if as_json or settings.num_return_sequences > 1:
             completions = model.generate([prompt], **options)
             if as_json:
-                click.echo(json.dumps([c.to_dict() for c in completions] if len(completions) > 1 else completions[0].to_dict(), indent=2, ensure_ascii=False))
+                click.echo(
+                    json.dumps(
+                        [c.to_dict() for c in completions] if len(completions) > 1 else completions[0].to_dict(),
+                        indent=2,
+                        ensure_ascii=False,
+                    )
+                )
             else:
                 click.echo("\n---\n".join(c.text for c in completions))
             return
@@ -118,7 +146,9 @@ def _read_stdin() -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise click.ClickException(f"stdin is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); convert it first, e.g. iconv -t UTF-8.") from None
+        raise click.ClickException(
+            f"stdin is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); convert it first, e.g. iconv -t UTF-8."
+        ) from None
     return text[:-1] if text.endswith("\n") else text
 
 
@@ -150,23 +180,41 @@ def info(package, as_json):
         return
     a = pkg.arch
     click.echo(f"{pkg.name}  ({pkg.kind} package at {pkg.folder})")
-    click.echo(f"  architecture  {a.model_type}: {a.n_layer} layers, {a.n_head} heads x {a.head_size}, width {a.n_embd}, {a.n_positions} positions, vocab {a.vocab_size}, eos {a.eos_token_id}")
+    click.echo(
+        f"  architecture  {a.model_type}: {a.n_layer} layers, {a.n_head} heads x {a.head_size}, width {a.n_embd}, {a.n_positions} positions, vocab {a.vocab_size}, eos {a.eos_token_id}"
+    )
     if not m:
         return
     q = m["weights"]["quantization"]
-    lookup = f", token rows read from {m['graph']['token_embeddings']['file']} by the runtime" if "token_embeddings" in m["graph"] else ""
+    lookup = (
+        f", token rows read from {m['graph']['token_embeddings']['file']} by the runtime"
+        if "token_embeddings" in m["graph"]
+        else ""
+    )
     click.echo(f"  weights       {m['weights']['dtype']} ({q.get('weights')}), tied embedding stored once{lookup}")
-    click.echo(f"  KV cache      {m['graph'].get('kv_cache', {}).get('dtype', 'float32')}, updated in place: {bool(m['graph'].get('kv_cache_in_place'))}")
-    click.echo(f"  source        {m['source'].get('hub_id') or m['source'].get('local_path')} {m['source'].get('revision') or ''}".rstrip())
+    click.echo(
+        f"  KV cache      {m['graph'].get('kv_cache', {}).get('dtype', 'float32')}, updated in place: {bool(m['graph'].get('kv_cache_in_place'))}"
+    )
+    click.echo(
+        f"  source        {m['source'].get('hub_id') or m['source'].get('local_path')} {m['source'].get('revision') or ''}".rstrip()
+    )
     click.echo(f"  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))
     v = m.get("validation", {})
     fp32 = v.get("fp32", {})
-    click.echo(f"  fp32 parity   max logits rel. error {fp32.get('max_logits_relative_error', float('nan')):.1e}, cache path {fp32.get('max_cache_path_relative_error', float('nan')):.1e}, greedy identical {fp32.get('greedy_identical')}")
+    click.echo(
+        f"  fp32 parity   max logits rel. error {fp32.get('max_logits_relative_error', float('nan')):.1e}, cache path {fp32.get('max_cache_path_relative_error', float('nan')):.1e}, greedy identical {fp32.get('greedy_identical')}"
+    )
     for recipe in ("int8", "int4"):
         if recipe in v:
             r = v[recipe]
-            cached = f", through the cache {r['cache_path_mean_kl_divergence']:.4f}" if "cache_path_mean_kl_divergence" in r else ""
-            click.echo(f"  {recipe} quality  top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_divergence']:.4f}{cached}, greedy agreement {r['greedy_agreement']:.3f}, perplexity {r['perplexity_reference']:.2f} -> {r['perplexity']:.2f} ({r['perplexity_change']:+.2%})")
+            cached = (
+                f", through the cache {r['cache_path_mean_kl_divergence']:.4f}"
+                if "cache_path_mean_kl_divergence" in r
+                else ""
+            )
+            click.echo(
+                f"  {recipe} quality  top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_divergence']:.4f}{cached}, greedy agreement {r['greedy_agreement']:.3f}, perplexity {r['perplexity_reference']:.2f} -> {r['perplexity']:.2f} ({r['perplexity_change']:+.2%})"
+            )
     click.echo(f"  made with     " + ", ".join(f"{k} {v}" for k, v in m["tools"].items() if v is not None))
 
 
@@ -180,7 +228,11 @@ def verify(package):
         pkg = open_package(package or DEFAULT_PACKAGE, verify=True)
     except EdgelmError as error:
         _fail(error)
-    click.echo(f"OK: {len(pkg.manifest.get('files', {}))} files of {pkg.folder} match their sha256" if pkg.manifest else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify")
+    click.echo(
+        f"OK: {len(pkg.manifest.get('files', {}))} files of {pkg.folder} match their sha256"
+        if pkg.manifest
+        else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify"
+    )
 
 
 @main.command()

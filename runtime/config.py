@@ -32,7 +32,9 @@ class GenerationConfig:
     num_return_sequences: int = 1  # completions per prompt
     seed: int | None = None  # same seed, prompt and options -> same tokens
     logprobs: int | None = None  # None: off; N >= 0: the chosen token's log-prob and the top-N alternatives
-    truncate: bool = False  # prompt + max_new_tokens over the context: False raises, True drops the oldest prompt tokens
+    truncate: bool = (
+        False  # prompt + max_new_tokens over the context: False raises, True drops the oldest prompt tokens
+    )
     eos_token_id: int | None = None  # from the package; None means never stop on a token
     pad_token_id: int | None = None
 
@@ -41,8 +43,14 @@ class GenerationConfig:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise GenerationOptionError(f"unknown generation option(s): {', '.join(unknown)}. Known: {', '.join(sorted(known))}.")
-        options = {k: v for k, v in options.items() if v is not None or k in ("seed", "logprobs", "eos_token_id", "pad_token_id")}
+            raise GenerationOptionError(
+                f"unknown generation option(s): {', '.join(unknown)}. Known: {', '.join(sorted(known))}."
+            )
+        options = {
+            k: v
+            for k, v in options.items()
+            if v is not None or k in ("seed", "logprobs", "eos_token_id", "pad_token_id")
+        }
         if isinstance(options.get("stop"), str):
             options["stop"] = (options["stop"],)
         for key in ("stop", "bad_words_ids"):
@@ -54,6 +62,7 @@ class GenerationConfig:
 
     def validated(self) -> "GenerationConfig":
         """Raise GenerationOptionError naming the first option out of range."""
+
         def need(ok: bool, message: str):
             if not ok:
                 raise GenerationOptionError(message)
@@ -64,28 +73,64 @@ class GenerationConfig:
         def is_num(v):
             return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-        need(is_int(self.max_new_tokens) and self.max_new_tokens >= 1, f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        need(is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens, f"min_new_tokens must be an integer between 0 and max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens!r}")
+        need(
+            is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
+            f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}",
+        )
+        need(
+            is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens,
+            f"min_new_tokens must be an integer between 0 and max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens!r}",
+        )
         need(isinstance(self.do_sample, bool), f"do_sample must be true or false, got {self.do_sample!r}")
-        need(is_num(self.temperature) and self.temperature >= 0, f"temperature must be a number >= 0, got {self.temperature!r}")
-        need(is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k!r}")
+        need(
+            is_num(self.temperature) and self.temperature >= 0,
+            f"temperature must be a number >= 0, got {self.temperature!r}",
+        )
+        need(
+            is_int(self.top_k) and self.top_k >= 0,
+            f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k!r}",
+        )
         need(is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
         need(is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
         need(is_num(self.typical_p) and 0 < self.typical_p <= 1, f"typical_p must be in (0, 1], got {self.typical_p!r}")
-        need(is_num(self.repetition_penalty) and self.repetition_penalty > 0, f"repetition_penalty must be a number > 0 (1.0 turns it off), got {self.repetition_penalty!r}")
-        need(is_int(self.no_repeat_ngram_size) and self.no_repeat_ngram_size >= 0, f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}")
+        need(
+            is_num(self.repetition_penalty) and self.repetition_penalty > 0,
+            f"repetition_penalty must be a number > 0 (1.0 turns it off), got {self.repetition_penalty!r}",
+        )
+        need(
+            is_int(self.no_repeat_ngram_size) and self.no_repeat_ngram_size >= 0,
+            f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}",
+        )
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             need(is_num(value) and -2 <= value <= 2, f"{name} must be a number in [-2, 2], got {value!r}")
         need(all(is_num(v) for v in self.logit_bias.values()), "logit_bias values must be finite numbers")
-        need(all(len(w) > 0 and all(is_int(t) and t >= 0 for t in w) for w in self.bad_words_ids), "bad_words_ids must be non-empty lists of token ids")
-        need(all(isinstance(s, str) and s for s in self.stop), f"stop must be a list of non-empty strings, got {self.stop!r}")
-        need(is_int(self.num_return_sequences) and self.num_return_sequences >= 1, f"num_return_sequences must be an integer >= 1, got {self.num_return_sequences!r}")
-        need(self.seed is None or (is_int(self.seed) and self.seed >= 0), f"seed must be an integer >= 0, got {self.seed!r}")
-        need(self.logprobs is None or (is_int(self.logprobs) and 0 <= self.logprobs <= 20), f"logprobs must be an integer from 0 to 20, got {self.logprobs!r}")
+        need(
+            all(len(w) > 0 and all(is_int(t) and t >= 0 for t in w) for w in self.bad_words_ids),
+            "bad_words_ids must be non-empty lists of token ids",
+        )
+        need(
+            all(isinstance(s, str) and s for s in self.stop),
+            f"stop must be a list of non-empty strings, got {self.stop!r}",
+        )
+        need(
+            is_int(self.num_return_sequences) and self.num_return_sequences >= 1,
+            f"num_return_sequences must be an integer >= 1, got {self.num_return_sequences!r}",
+        )
+        need(
+            self.seed is None or (is_int(self.seed) and self.seed >= 0),
+            f"seed must be an integer >= 0, got {self.seed!r}",
+        )
+        need(
+            self.logprobs is None or (is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+            f"logprobs must be an integer from 0 to 20, got {self.logprobs!r}",
+        )
         need(isinstance(self.truncate, bool), f"truncate must be true or false, got {self.truncate!r}")
         need(isinstance(self.ignore_eos, bool), f"ignore_eos must be true or false, got {self.ignore_eos!r}")
-        need(not (self.do_sample and self.temperature == 0), "temperature 0 means greedy: set do_sample=False instead (or a temperature > 0)")
+        need(
+            not (self.do_sample and self.temperature == 0),
+            "temperature 0 means greedy: set do_sample=False instead (or a temperature > 0)",
+        )
         return self
 
     @classmethod

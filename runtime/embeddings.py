@@ -30,8 +30,10 @@ class TokenEmbeddings:
     @classmethod
     def from_arrays(cls, rows: np.ndarray, scale: np.ndarray) -> "TokenEmbeddings":
         """In memory (the export's validation runs the graph before any file exists)."""
+
         def read_row(token, out):
             out[:] = rows[token]
+
         return cls(read_row, np.asarray(scale, dtype=np.float32), rows.shape[1])
 
     @classmethod
@@ -40,11 +42,20 @@ class TokenEmbeddings:
             path = folder / description["file"]
             rows, scale = description["rows"], description["scale"]
             row_offset, scale_offset = int(rows["offset"]), int(scale["offset"])
-            shapes_ok = rows["dtype"] == "int8" and list(rows["shape"]) == [vocab_size, width] and scale["dtype"] == "float32" and list(scale["shape"]) == [vocab_size]
+            shapes_ok = (
+                rows["dtype"] == "int8"
+                and list(rows["shape"]) == [vocab_size, width]
+                and scale["dtype"] == "float32"
+                and list(scale["shape"]) == [vocab_size]
+            )
         except (KeyError, TypeError, ValueError) as error:
-            raise PackageError(f"{folder / 'manifest.json'} describes graph.token_embeddings incompletely ({error!r}); export the package again.") from None
+            raise PackageError(
+                f"{folder / 'manifest.json'} describes graph.token_embeddings incompletely ({error!r}); export the package again."
+            ) from None
         if not shapes_ok:
-            raise PackageError(f"{folder / 'manifest.json'}: graph.token_embeddings must be int8 rows [{vocab_size}, {width}] and float32 scales [{vocab_size}], as edgelm export writes them.")
+            raise PackageError(
+                f"{folder / 'manifest.json'}: graph.token_embeddings must be int8 rows [{vocab_size}, {width}] and float32 scales [{vocab_size}], as edgelm export writes them."
+            )
         try:
             handle = open(path, "rb")
             handle.seek(scale_offset)
@@ -80,5 +91,6 @@ def _row_reader(handle, path: Path, offset: int, width: int):
                 handle.seek(offset + token * width)
                 if handle.readinto(out) != width:
                     raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
+
     read_row.handle = handle  # keeps the file open as long as the reader lives
     return read_row

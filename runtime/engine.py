@@ -42,7 +42,16 @@ class Step:
 class Engine:
     """Runs the decoder graph one forward pass at a time."""
 
-    def __init__(self, session: ort.InferenceSession, io: GraphIO, n_head: int, head_size: int, vocab_size: int, device: str, embeddings=None):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        io: GraphIO,
+        n_head: int,
+        head_size: int,
+        vocab_size: int,
+        device: str,
+        embeddings=None,
+    ):
         self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
         self.embeddings = embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/embeddings.py)
         self.token_input = "inputs_embeds" if io.takes_embeddings else "input_ids"
@@ -50,14 +59,20 @@ class Engine:
         # cost ~0.5 ms per step (13+ objects built and unwrapped), 7% of an int8 distilgpt2 step.
         self._run = session._sess.run_with_ort_values
         self._host = ort_c.OrtDevice(ort_c.OrtDevice.cpu(), ort_c.OrtDevice.default_memory(), 0)
-        self._cache_device = self._host if device == "cpu" else ort_c.OrtDevice(ort_c.OrtDevice.cuda(), ort_c.OrtDevice.default_memory(), 0)
+        self._cache_device = (
+            self._host
+            if device == "cpu"
+            else ort_c.OrtDevice(ort_c.OrtDevice.cuda(), ort_c.OrtDevice.default_memory(), 0)
+        )
         self.n_head, self.head_size = n_head, head_size
         self._present_names = [n for pair in zip(io.present_keys, io.present_values) for n in pair]
         self._past_names = [n for pair in zip(io.past_keys, io.past_values) for n in pair]
         self._output_names = ["logits", *self._present_names]
 
     def empty_past(self, batch: int) -> list:
-        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=self.io.cache_dtype)  # no elements: nothing to borrow
+        empty = np.zeros(
+            (batch, self.n_head, 0, self.head_size), dtype=self.io.cache_dtype
+        )  # no elements: nothing to borrow
         return [ort_c.OrtValue.ortvalue_from_numpy(empty, self._cache_device) for _ in self._past_names]
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
@@ -69,7 +84,9 @@ class Engine:
             # An overridable initializer: IO binding cannot address it, run_with_ort_values can.
             arrays["logits_to_keep"] = np.array(logits_to_keep)
         # C-level OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
-        arrays = {self.token_input: self.tokens(input_ids)} | {name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()}
+        arrays = {self.token_input: self.tokens(input_ids)} | {
+            name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()
+        }
         feeds = dict(zip(self._past_names, past))
         feeds.update({name: ort_c.OrtValue.ortvalue_from_numpy(a, self._host) for name, a in arrays.items()})
         outputs = self._run(feeds, self._output_names, None)
@@ -119,7 +136,11 @@ class InPlaceCache:
             self.fetches.push_back(value)
         self.cache, self.fetch_devices = cache, [self.host] * len(engine._output_names)
         self.id_inputs = 3 if engine.io.has_position_ids else 2  # the tokens, attention_mask[, position_ids]
-        self.names = [*(engine.token_input, "attention_mask", "position_ids")[:self.id_inputs], "logits_to_keep", *engine._past_names]
+        self.names = [
+            *(engine.token_input, "attention_mask", "position_ids")[: self.id_inputs],
+            "logits_to_keep",
+            *engine._past_names,
+        ]
         self.keep_last, self.run_options = np.array(1, dtype=np.int64), ort_c.RunOptions()
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
@@ -128,18 +149,23 @@ class InPlaceCache:
         chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
         for start in range(0, new, chunk):  # a decode step is one chunk of one token
             end = min(start + chunk, new)
-            self._pass(input_ids[:, start:end], attention_mask[:, :width - new + end], position_ids[:, start:end])
+            self._pass(input_ids[:, start:end], attention_mask[:, : width - new + end], position_ids[:, start:end])
         return self.logits
 
     def _pass(self, input_ids, attention_mask, position_ids):
         # The arrays must outlive the run: the OrtValues below only borrow them.
-        arrays = [self.engine.tokens(input_ids), *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[:self.id_inputs - 1])]
+        arrays = [
+            self.engine.tokens(input_ids),
+            *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[: self.id_inputs - 1]),
+        ]
         feeds = ort_c.OrtValueVector()
         for array in (*arrays, self.keep_last):
             feeds.push_back(ort_c.OrtValue.ortvalue_from_numpy(array, self.host))
         for value in self.cache:
             feeds.push_back(value)
-        self.engine.session._sess.run_with_ortvaluevector(self.run_options, self.names, feeds, self.engine._output_names, self.fetches, self.fetch_devices)
+        self.engine.session._sess.run_with_ortvaluevector(
+            self.run_options, self.names, feeds, self.engine._output_names, self.fetches, self.fetch_devices
+        )
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,8 +175,8 @@ def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     attention_mask = np.zeros((len(prompts), width), dtype=np.int64)
     for row, prompt in enumerate(prompts):
         if len(prompt):
-            input_ids[row, -len(prompt):] = prompt
-            attention_mask[row, -len(prompt):] = 1
+            input_ids[row, -len(prompt) :] = prompt
+            attention_mask[row, -len(prompt) :] = 1
     return input_ids, attention_mask
 
 
@@ -200,4 +226,7 @@ def _logprobs(raw: np.ndarray, tokens: np.ndarray, top_n: int | None):
     if top_n is None:
         return None
     logprobs = log_softmax(raw)
-    return [None if t < 0 else (float(logprobs[r, t]), list(zip(*top_logprobs(logprobs[r], top_n)))) for r, t in enumerate(tokens)]
+    return [
+        None if t < 0 else (float(logprobs[r, t]), list(zip(*top_logprobs(logprobs[r], top_n))))
+        for r, t in enumerate(tokens)
+    ]

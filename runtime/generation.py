@@ -66,7 +66,12 @@ class Generation:
         self._steps = None
 
     def __iter__(self):
-        rngs = [np.random.default_rng(None if self.config.seed is None else [self.config.seed, r % self.config.num_return_sequences]) for r in range(len(self.rows))]
+        rngs = [
+            np.random.default_rng(
+                None if self.config.seed is None else [self.config.seed, r % self.config.num_return_sequences]
+            )
+            for r in range(len(self.rows))
+        ]
         self._steps = generate(self.engine, self.rows, self.config, rngs, self.pad_id)
         try:
             for step in self._steps:
@@ -100,18 +105,32 @@ class Generation:
         self._tokens[row].append(token)
         if self._logprobs[row] is not None:
             chosen, top = step.logprobs[row]
-            self._logprobs[row].append({
-                "token_id": token, "token": self.tokenizer.decode([token]), "logprob": chosen,
-                "top_logprobs": [{"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)} for i, v in top],
-            })
+            self._logprobs[row].append(
+                {
+                    "token_id": token,
+                    "token": self.tokenizer.decode([token]),
+                    "logprob": chosen,
+                    "top_logprobs": [
+                        {"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)}
+                        for i, v in top
+                    ],
+                }
+            )
         return self._streams[row].push(token)
 
     def _finish(self, row: int, reason: str) -> None:
         stream, prompt_index = self._streams[row], row // self.config.num_return_sequences
         self._results[row] = Completion(
-            text=stream.text, token_ids=self._tokens[row], finish_reason=reason, prompt_tokens=len(self.rows[row]),
-            completion_tokens=len(self._tokens[row]), index=row, prompt_index=prompt_index, stop_string=stream.stop_string,
-            truncated_prompt_tokens=self.truncated[prompt_index] if self.truncated else 0, logprobs=self._logprobs[row],
+            text=stream.text,
+            token_ids=self._tokens[row],
+            finish_reason=reason,
+            prompt_tokens=len(self.rows[row]),
+            completion_tokens=len(self._tokens[row]),
+            index=row,
+            prompt_index=prompt_index,
+            stop_string=stream.stop_string,
+            truncated_prompt_tokens=self.truncated[prompt_index] if self.truncated else 0,
+            logprobs=self._logprobs[row],
         )
 
     def close(self) -> None:

@@ -72,7 +72,12 @@ def restart_with_huge_pages(package_folder) -> None:
     """For the `edgelm` command about to load `package_folder`, before it imports anything heavy or reads
     stdin: run this same command line again, in this same process (exec), with the tunable set. Returns (and
     changes nothing) where that would not help."""
-    if getattr(sys, "frozen", False) or not sys.executable or not getattr(sys, "orig_argv", None) or not gains(package_folder):
+    if (
+        getattr(sys, "frozen", False)
+        or not sys.executable
+        or not getattr(sys, "orig_argv", None)
+        or not gains(package_folder)
+    ):
         return
     environment = environment_with_huge_pages(os.environ, sys.platform, thp_mode(), libc_version())
     if environment is not None:

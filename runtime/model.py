@@ -49,10 +49,18 @@ class Model:
         embeddings = None
         if io.takes_embeddings:
             if "token_embeddings" not in graph:
-                raise PackageError(f"{package.model_file} takes inputs_embeds, but {package.folder / 'manifest.json'} does not describe its token_embeddings; export the package again.")
-            embeddings = TokenEmbeddings.open(package.folder, graph["token_embeddings"], self.arch.vocab_size, self.arch.n_embd)
-        self.engine = Engine(session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings)
-        self.defaults = GenerationConfig.from_generation_config_json(package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id)
+                raise PackageError(
+                    f"{package.model_file} takes inputs_embeds, but {package.folder / 'manifest.json'} does not describe its token_embeddings; export the package again."
+                )
+            embeddings = TokenEmbeddings.open(
+                package.folder, graph["token_embeddings"], self.arch.vocab_size, self.arch.n_embd
+            )
+        self.engine = Engine(
+            session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings
+        )
+        self.defaults = GenerationConfig.from_generation_config_json(
+            package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id
+        )
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         release_freed_memory()
 
@@ -96,16 +104,25 @@ class Model:
         start = [self.arch.bos_token_id] if self.arch.bos_token_id is not None else []
         full = start + ids
         if len(full) > self.arch.n_positions:
-            raise PromptError(f"the text is {len(ids)} tokens; scoring covers at most {self.arch.n_positions - len(start)} (the model's context). Score it in parts.")
+            raise PromptError(
+                f"the text is {len(ids)} tokens; scoring covers at most {self.arch.n_positions - len(start)} (the model's context). Score it in parts."
+            )
         self._check_ids(full)
         row = np.asarray([full], dtype=np.int64)
         mask = np.ones_like(row)
-        logits, _ = self.engine.forward(row, mask, np.arange(row.shape[1])[None], self.engine.empty_past(1), logits_to_keep=0)
+        logits, _ = self.engine.forward(
+            row, mask, np.arange(row.shape[1])[None], self.engine.empty_past(1), logits_to_keep=0
+        )
         logprobs = log_softmax(logits[0, :-1])[np.arange(len(full) - 1), full[1:]].astype(float)
         if not start:  # the first token has nothing to be conditioned on
             logprobs = np.concatenate([[np.nan], logprobs])
         scored = logprobs[~np.isnan(logprobs)]
-        return Score(ids, [self.tokenizer.decode([i]) for i in ids], logprobs.tolist(), float(np.exp(-scored.mean())) if len(scored) else float("nan"))
+        return Score(
+            ids,
+            [self.tokenizer.decode([i]) for i in ids],
+            logprobs.tolist(),
+            float(np.exp(-scored.mean())) if len(scored) else float("nan"),
+        )
 
     def _prepare(self, prompt, config: GenerationConfig) -> tuple[list, int]:
         """Token ids for one prompt, checked against the vocabulary and the context length."""
@@ -118,7 +135,9 @@ class Model:
         limit = self.arch.n_positions
         room = limit - config.max_new_tokens
         if room < 1:
-            raise PromptError(f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's {limit}-token context; lower it.")
+            raise PromptError(
+                f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's {limit}-token context; lower it."
+            )
         if len(ids) <= room:
             return ids, 0
         if not config.truncate:

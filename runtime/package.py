@@ -66,15 +66,21 @@ def open_package(path, verify: bool = True) -> Package:
     if not (folder / MANIFEST).exists():
         if (folder / "model.onnx").exists() and (folder / "config.json").exists():
             return _open_optimum_folder(folder)
-        raise PackageError(f"{folder} is not a model package: it has no {MANIFEST} (and is not an optimum ONNX export). Make one with: edgelm export MODEL -o {folder}")
+        raise PackageError(
+            f"{folder} is not a model package: it has no {MANIFEST} (and is not an optimum ONNX export). Make one with: edgelm export MODEL -o {folder}"
+        )
     manifest = _read_json(folder / MANIFEST)
     if manifest.get("format") != FORMAT:
         raise PackageError(f"{folder / MANIFEST} is not an edgelm manifest (format is {manifest.get('format')!r}).")
     version = manifest.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise PackageError(f"{folder / MANIFEST} has no valid format_version (got {version!r}); the manifest is damaged. Export the package again.")
+        raise PackageError(
+            f"{folder / MANIFEST} has no valid format_version (got {version!r}); the manifest is damaged. Export the package again."
+        )
     if version > FORMAT_VERSION:
-        raise PackageError(f"{folder} uses package format {version}, newer than this edgelm reads ({FORMAT_VERSION}). Upgrade edgelm: pip install -U edgelm")
+        raise PackageError(
+            f"{folder} uses package format {version}, newer than this edgelm reads ({FORMAT_VERSION}). Upgrade edgelm: pip install -U edgelm"
+        )
     files = manifest.get("files") or {}
     for name in (manifest.get("graph", {}).get("file"), manifest.get("tokenizer")):
         if name not in files:
@@ -86,7 +92,9 @@ def open_package(path, verify: bool = True) -> Package:
     except (KeyError, TypeError) as error:
         raise PackageError(f"{folder / MANIFEST} has an incomplete architecture section (missing {error}).") from None
     generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").exists() else {}
-    return Package(folder, arch, folder / manifest["graph"]["file"], folder / manifest["tokenizer"], generation, manifest)
+    return Package(
+        folder, arch, folder / manifest["graph"]["file"], folder / manifest["tokenizer"], generation, manifest
+    )
 
 
 def verify_files(folder: Path, files: dict) -> None:
@@ -97,9 +105,13 @@ def verify_files(folder: Path, files: dict) -> None:
             raise PackageError(f"{path} is missing; the package is incomplete. Export it again.")
         size = path.stat().st_size
         if size != record.get("size"):
-            raise PackageError(f"{path} has {size} bytes but the manifest records {record.get('size')}: the file is truncated or replaced. Export it again.")
+            raise PackageError(
+                f"{path} has {size} bytes but the manifest records {record.get('size')}: the file is truncated or replaced. Export it again."
+            )
         if sha256_of(path) != record.get("sha256"):
-            raise PackageError(f"{path} does not match its sha256 in the manifest: the file was altered. Export it again.")
+            raise PackageError(
+                f"{path} does not match its sha256 in the manifest: the file was altered. Export it again."
+            )
 
 
 def _open_optimum_folder(folder: Path) -> Package:
@@ -109,7 +121,15 @@ def _open_optimum_folder(folder: Path) -> Package:
     if not (folder / "tokenizer.json").exists():
         raise PackageError(f"{folder} has no tokenizer.json; save the fast tokenizer next to model.onnx.")
     generation = _read_json(folder / "generation_config.json") if (folder / "generation_config.json").exists() else {}
-    return Package(folder, Architecture.from_hf_config(config), folder / "model.onnx", folder / "tokenizer.json", generation, {}, "optimum")
+    return Package(
+        folder,
+        Architecture.from_hf_config(config),
+        folder / "model.onnx",
+        folder / "tokenizer.json",
+        generation,
+        {},
+        "optimum",
+    )
 
 
 def _read_json(path: Path) -> dict:

@@ -49,7 +49,7 @@ def _candidates(logits: np.ndarray) -> np.ndarray | None:
     cols = np.repeat(logits.argmin(axis=-1)[:, None], m, axis=1)  # padding points at one of the row's -inf
     for r, row in enumerate(alive):
         row_cols = np.flatnonzero(row)
-        cols[r, :len(row_cols)] = row_cols
+        cols[r, : len(row_cols)] = row_cols
     return cols
 
 
@@ -69,7 +69,9 @@ def repetition_penalty(logits, seen: list[np.ndarray], penalty: float, *, inplac
     return out
 
 
-def frequency_presence_penalty(logits, generated: list[np.ndarray], frequency_penalty: float, presence_penalty: float, *, inplace=False):
+def frequency_presence_penalty(
+    logits, generated: list[np.ndarray], frequency_penalty: float, presence_penalty: float, *, inplace=False
+):
     """Subtract frequency_penalty * count + presence_penalty * (count > 0) for each generated token (prompt excluded).
 
     OpenAI's API semantics. Both at 0.0 is a no-op.
@@ -93,7 +95,9 @@ def logit_bias(logits, bias: dict[int, float], *, inplace=False):
     n_vocab = out.shape[-1]
     bad = sorted(t for t in bias if not 0 <= t < n_vocab)
     if bad:
-        raise GenerationOptionError(f"logit_bias names token id(s) {bad} outside this model's vocabulary (ids 0 to {n_vocab - 1})")
+        raise GenerationOptionError(
+            f"logit_bias names token id(s) {bad} outside this model's vocabulary (ids 0 to {n_vocab - 1})"
+        )
     ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
     out[:, ids] += np.fromiter(bias.values(), dtype=out.dtype, count=len(bias))
     return out
@@ -113,7 +117,7 @@ def no_repeat_ngram(logits, seen: list[np.ndarray], n: int, *, inplace=False):
         if len(ids) < n:
             continue
         grams = np.lib.stride_tricks.sliding_window_view(ids, n)  # [L - n + 1, n]
-        match = (grams[:, :-1] == ids[len(ids) - n + 1:]).all(axis=1)
+        match = (grams[:, :-1] == ids[len(ids) - n + 1 :]).all(axis=1)
         out[r, grams[match, -1]] = NEG_INF
     return out
 
@@ -130,11 +134,13 @@ def bad_words(logits, seen: list[np.ndarray], bad_words_ids: tuple[tuple[int, ..
     n_vocab = out.shape[-1]
     bad = sorted({t for word in bad_words_ids for t in word if not 0 <= t < n_vocab})
     if bad:
-        raise GenerationOptionError(f"bad_words_ids names token id(s) {bad} outside this model's vocabulary (ids 0 to {n_vocab - 1})")
+        raise GenerationOptionError(
+            f"bad_words_ids names token id(s) {bad} outside this model's vocabulary (ids 0 to {n_vocab - 1})"
+        )
     for word in bad_words_ids:
         prefix, last = word[:-1], word[-1]
         for r, ids in enumerate(seen):
-            if not prefix or (len(ids) >= len(prefix) and np.array_equal(ids[len(ids) - len(prefix):], prefix)):
+            if not prefix or (len(ids) >= len(prefix) and np.array_equal(ids[len(ids) - len(prefix) :], prefix)):
                 out[r, last] = NEG_INF
     return out
 
@@ -199,7 +205,7 @@ def top_p(logits, p: float, min_tokens_to_keep: int = 1, *, inplace=False):
     cols = order if cols is None else np.take_along_axis(cols, order, axis=-1)  # [B, m], ascending logits
     cumulative = rest + np.cumsum(np.take_along_axis(probs, cols, axis=-1), axis=-1, dtype=np.float64)
     keep_sorted = cumulative.astype(np.float32) > (1 - p)
-    keep_sorted[:, cols.shape[-1] - min_tokens_to_keep:] = True
+    keep_sorted[:, cols.shape[-1] - min_tokens_to_keep :] = True
     keep = np.zeros(out.shape, dtype=bool)
     np.put_along_axis(keep, cols, keep_sorted, axis=-1)
     out[~keep] = NEG_INF
@@ -238,7 +244,9 @@ def typical_p(logits, mass: float, *, inplace=False):
         shifted = np.abs(-logp - entropy)
     order = np.argsort(shifted, axis=-1)
     shifted, cols = np.take_along_axis(shifted, order, axis=-1), np.take_along_axis(cols, order, axis=-1)
-    cumulative = np.cumsum(_softmax(np.take_along_axis(cand, order, axis=-1)), axis=-1, dtype=np.float64).astype(np.float32)
+    cumulative = np.cumsum(_softmax(np.take_along_axis(cand, order, axis=-1)), axis=-1, dtype=np.float64).astype(
+        np.float32
+    )
     last = np.minimum((cumulative < mass).sum(axis=-1), shifted.shape[-1] - 1)
     remove = shifted > np.take_along_axis(shifted, last[:, None], axis=-1)
     remove[:, 0] = False
@@ -257,7 +265,9 @@ def process_logits(logits, config: GenerationConfig, seen: list[np.ndarray], gen
     c = config
     penalties = c.repetition_penalty != 1.0 or c.frequency_penalty != 0 or c.presence_penalty != 0 or c.logit_bias
     bans = c.no_repeat_ngram_size > 0 or c.bad_words_ids or (c.eos_token_id is not None and c.min_new_tokens > 0)
-    warps = c.do_sample and (c.temperature != 1.0 or 0 < c.top_k < logits.shape[-1] or c.top_p < 1 or c.min_p > 0 or c.typical_p < 1)
+    warps = c.do_sample and (
+        c.temperature != 1.0 or 0 < c.top_k < logits.shape[-1] or c.top_p < 1 or c.min_p > 0 or c.typical_p < 1
+    )
     if not (penalties or bans or warps):
         return logits
     out = logits.copy()
@@ -267,7 +277,7 @@ def process_logits(logits, config: GenerationConfig, seen: list[np.ndarray], gen
     no_repeat_ngram(out, seen, c.no_repeat_ngram_size, inplace=True)
     bad_words(out, seen, c.bad_words_ids, inplace=True)
     for r, ids in enumerate(generated):
-        min_new_tokens(out[r:r + 1], len(ids), c.min_new_tokens, c.eos_token_id, inplace=True)
+        min_new_tokens(out[r : r + 1], len(ids), c.min_new_tokens, c.eos_token_id, inplace=True)
     if c.do_sample:
         temperature(out, c.temperature, inplace=True)
         top_k(out, c.top_k, inplace=True)
@@ -315,6 +325,6 @@ def top_logprobs(logprobs_row, n: int) -> tuple[np.ndarray, np.ndarray]:
     n = min(max(n, 0), len(logprobs_row))
     if n == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=logprobs_row.dtype)
-    ids = np.argpartition(logprobs_row, len(logprobs_row) - n)[len(logprobs_row) - n:]
+    ids = np.argpartition(logprobs_row, len(logprobs_row) - n)[len(logprobs_row) - n :]
     ids = ids[np.argsort(-logprobs_row[ids], kind="stable")].astype(np.int64)
     return ids, logprobs_row[ids]

@@ -37,7 +37,9 @@ def choose_providers(device: str) -> list[str]:
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}.")
     if device == "cuda" and not cuda_available():
-        raise DeviceError("device 'cuda' was asked for, but this onnxruntime has no CUDA provider. Install edgelm[cuda] (onnxruntime-gpu) on a machine with an NVIDIA GPU, or use --device cpu.")
+        raise DeviceError(
+            "device 'cuda' was asked for, but this onnxruntime has no CUDA provider. Install edgelm[cuda] (onnxruntime-gpu) on a machine with an NVIDIA GPU, or use --device cpu."
+        )
     if device in ("cuda", "auto") and cuda_available():
         return [CUDA, CPU]
     return [CPU]
@@ -62,7 +64,9 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
         raise PackageError(f"onnxruntime cannot load {model_file}: {str(error)[:300]}") from None
     running = "cuda" if CUDA in session.get_providers() else "cpu"
     if device == "cuda" and running != "cuda":
-        raise DeviceError("device 'cuda' was asked for, but onnxruntime could not start CUDA here (no GPU or no matching CUDA/cuDNN libraries). Use --device cpu.")
+        raise DeviceError(
+            "device 'cuda' was asked for, but onnxruntime could not start CUDA here (no GPU or no matching CUDA/cuDNN libraries). Use --device cpu."
+        )
     return session, running
 
 
@@ -88,7 +92,9 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
     missing = [n for n in (tokens, "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
     missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]
     if missing:
-        raise PackageError(f"the graph lacks {missing[0]} (and {len(missing) - 1} more): it is not a GPT-2 decoder with a key/value cache. Export with edgelm export, or optimum-cli export onnx --task text-generation-with-past.")
+        raise PackageError(
+            f"the graph lacks {missing[0]} (and {len(missing) - 1} more): it is not a GPT-2 decoder with a key/value cache. Export with edgelm export, or optimum-cli export onnx --task text-generation-with-past."
+        )
     return names
 
 

@@ -28,8 +28,9 @@ class TextStream:
     They must end on a character boundary, as any encoded prompt does.
     """
 
-    def __init__(self, tokenizer: tokenizers.Tokenizer, stop: tuple[str, ...] = (),
-                 prefix_ids: list[int] | None = None):
+    def __init__(
+        self, tokenizer: tokenizers.Tokenizer, stop: tuple[str, ...] = (), prefix_ids: list[int] | None = None
+    ):
         if isinstance(stop, str):
             raise GenerationOptionError(f"stop must be a tuple of strings, not one string; use stop=({stop!r},)")
         if not all(isinstance(s, str) and s for s in stop):
@@ -37,29 +38,31 @@ class TextStream:
         self._tokenizer = tokenizer
         self._stop = tuple(stop)
         self._ids = list(prefix_ids or [])
-        self._read = len(self._ids)            # ids[:_read] is context, already emitted; ids[_read:] pending
+        self._read = len(self._ids)  # ids[:_read] is context, already emitted; ids[_read:] pending
         self._context_len = len(self._decode(self._ids))  # characters that the context decodes to
-        self._held = ""                        # final text that might be the start of a stop string
+        self._held = ""  # final text that might be the start of a stop string
         self._finished = False
         self.stopped = False
         self.stop_string: str | None = None
         self.text = ""
-        self.token_count = 0                   # ids accepted by push, including the one that hit a stop
+        self.token_count = 0  # ids accepted by push, including the one that hit a stop
 
     def push(self, token_id: int) -> str:
         """Accepts the next generated id and returns the text that became final ("" if none did)."""
         if self.stopped or self._finished:
-            raise RuntimeError("TextStream is done (a stop string matched or finish() was called); "
-                               "start a new TextStream for a new generation")
+            raise RuntimeError(
+                "TextStream is done (a stop string matched or finish() was called); "
+                "start a new TextStream for a new generation"
+            )
         self._ids.append(token_id)
         self.token_count += 1
         new_text = self._decode(self._ids)
         # Hold while a character is incomplete: its bytes decode to U+FFFD until the rest arrives.
         if len(new_text) <= self._context_len or new_text.endswith(REPLACEMENT_CHAR):
             return ""
-        piece = new_text[self._context_len:]
+        piece = new_text[self._context_len :]
         # Slide the window: the ids just released become the context for the next piece.
-        del self._ids[:self._read]
+        del self._ids[: self._read]
         self._read = len(self._ids)
         self._context_len = len(self._decode(self._ids))
         return self._emit(piece, final=False)
@@ -69,7 +72,7 @@ class TextStream:
         if self.stopped or self._finished:
             return ""
         self._finished = True
-        piece = self._decode(self._ids)[self._context_len:]
+        piece = self._decode(self._ids)[self._context_len :]
         self._ids.clear()
         return self._emit(piece, final=True)
 
@@ -86,7 +89,7 @@ class TextStream:
             out, self._held = held[:start], ""
         else:
             keep = 0 if final else self._stop_prefix_len(held)
-            out, self._held = held[:len(held) - keep], held[len(held) - keep:]
+            out, self._held = held[: len(held) - keep], held[len(held) - keep :]
         self.text += out
         return out
 

@@ -20,14 +20,31 @@ def build_tokenizer(folder: Path, vocab_size: int = 320):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(CORPUS, trainer)
-    fast = GPT2TokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast = GPT2TokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     fast.save_pretrained(folder)
     return fast
 
 
-def build_checkpoint(folder, n_layer=2, n_head=4, n_embd=32, n_positions=64, seed=0, safetensors=True, init_scale=0.3, tokenizer_folder=None):
+def build_checkpoint(
+    folder,
+    n_layer=2,
+    n_head=4,
+    n_embd=32,
+    n_positions=64,
+    seed=0,
+    safetensors=True,
+    init_scale=0.3,
+    tokenizer_folder=None,
+):
     """Random GPT2LMHeadModel weights + tokenizer in a Hugging Face folder. init_scale > 0.02 makes the
     next-token distributions peaked, like a trained model's, so top-1 comparisons mean something."""
     import shutil
@@ -47,8 +64,16 @@ def build_checkpoint(folder, n_layer=2, n_head=4, n_embd=32, n_positions=64, see
         tok = build_tokenizer(folder)
         vocab_size, eos = len(tok), tok.eos_token_id
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
-                        bos_token_id=eos, eos_token_id=eos, initializer_range=init_scale)
+    config = GPT2Config(
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        initializer_range=init_scale,
+    )
     model = GPT2LMHeadModel(config).eval()
     model.save_pretrained(folder, safe_serialization=safetensors)
     return folder

@@ -61,7 +61,9 @@ def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
     from checkpoints import build_checkpoint
     from edgelm.export.pipeline import export_model
 
-    folder = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "gpt2-vocab", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir)
+    folder = build_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "gpt2-vocab", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir
+    )
     return export_model(str(folder), tmp_path_factory.mktemp("pkg") / "gpt2-vocab").path
 
 
@@ -70,4 +72,6 @@ def tiny_package_int8_kv8(tiny_checkpoint, tmp_path_factory):
     """int8 weights and an int8 KV cache."""
     from edgelm.export.pipeline import export_model
 
-    return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int8-kv8", quantize="int8", kv_cache="int8").path
+    return export_model(
+        str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int8-kv8", quantize="int8", kv_cache="int8"
+    ).path

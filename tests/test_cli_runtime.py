@@ -44,6 +44,7 @@ def assert_clean_failure(result, fragment, code=1):
 
 # --- generate ----------------------------------------------------------------------------------------
 
+
 def test_generate_prints_the_completion(tiny_package, model):
     result = generate(tiny_package, "The quick brown", "--max-new-tokens", 5)
     assert result.exit_code == 0, result.output
@@ -65,7 +66,9 @@ def test_generate_json(tiny_package, model):
 
 
 def test_show_config_prints_the_settings_in_effect(tiny_package, model):
-    result = generate(tiny_package, "--show-config", "--temperature", 0.7, "--top-k", 7, "--stop", "END", "--max-new-tokens", 9)
+    result = generate(
+        tiny_package, "--show-config", "--temperature", 0.7, "--top-k", 7, "--stop", "END", "--max-new-tokens", 9
+    )
     assert result.exit_code == 0, result.output
     settings = json.loads(result.stdout)
     assert settings["temperature"] == 0.7 and settings["top_k"] == 7 and settings["max_new_tokens"] == 9
@@ -120,17 +123,35 @@ def test_seeded_sampling_repeats(tiny_package, model):
     first, second = generate(tiny_package, *args), generate(tiny_package, *args)
     assert first.exit_code == 0 and first.stdout == second.stdout
     assert first.stdout == model.generate("The quick brown", max_new_tokens=20, seed=1, do_sample=True).text + "\n"
-    assert generate(tiny_package, "The quick brown", "--max-new-tokens", 20, "--seed", 2, "--do-sample").stdout != first.stdout
+    assert (
+        generate(tiny_package, "The quick brown", "--max-new-tokens", 20, "--seed", 2, "--do-sample").stdout
+        != first.stdout
+    )
 
 
 def test_stop(tiny_package, model):
     text = model.generate("", max_new_tokens=25, ignore_eos=True).text
-    start = next(i for i in range(4, len(text) - 3) if text[i:i + 3].isprintable() and text.find(text[i:i + 3]) == i)
-    result = generate(tiny_package, "", "--max-new-tokens", 25, "--ignore-eos", "--stop", text[start:start + 3])
+    start = next(
+        i for i in range(4, len(text) - 3) if text[i : i + 3].isprintable() and text.find(text[i : i + 3]) == i
+    )
+    result = generate(tiny_package, "", "--max-new-tokens", 25, "--ignore-eos", "--stop", text[start : start + 3])
     assert result.exit_code == 0, result.output
     assert result.stdout == text[:start] + "\n"
-    data = json.loads(generate(tiny_package, "", "--max-new-tokens", 25, "--ignore-eos", "--stop", "\u2603", "--stop", text[start:start + 3], "--json").stdout)
-    assert (data["text"], data["finish_reason"], data["stop_string"]) == (text[:start], "stop", text[start:start + 3])
+    data = json.loads(
+        generate(
+            tiny_package,
+            "",
+            "--max-new-tokens",
+            25,
+            "--ignore-eos",
+            "--stop",
+            "\u2603",
+            "--stop",
+            text[start : start + 3],
+            "--json",
+        ).stdout
+    )
+    assert (data["text"], data["finish_reason"], data["stop_string"]) == (text[:start], "stop", text[start : start + 3])
 
 
 def test_several_sequences(tiny_package, model):
@@ -138,7 +159,9 @@ def test_several_sequences(tiny_package, model):
     assert result.exit_code == 0, result.output
     text = model.generate("Hi", max_new_tokens=6).text
     assert result.stdout == f"{text}\n---\n{text}\n"  # greedy rows are identical
-    data = json.loads(generate(tiny_package, "Hi", "--max-new-tokens", 6, "-n", 3, "--json", "--do-sample", "--seed", 4).stdout)
+    data = json.loads(
+        generate(tiny_package, "Hi", "--max-new-tokens", 6, "-n", 3, "--json", "--do-sample", "--seed", 4).stdout
+    )
     assert [d["index"] for d in data] == [0, 1, 2]
 
 
@@ -157,9 +180,9 @@ def test_ban(tiny_package, model):
     before = model.generate(prompt, max_new_tokens=20)
     word = next(w for w in (model.tokenizer.decode([t]) for t in before.token_ids) if w.isalpha() and len(w) >= 2)
     word_ids = model.encode(word)
-    assert any(before.token_ids[i:i + len(word_ids)] == word_ids for i in range(len(before.token_ids)))
+    assert any(before.token_ids[i : i + len(word_ids)] == word_ids for i in range(len(before.token_ids)))
     data = json.loads(generate(tiny_package, prompt, "--max-new-tokens", 20, "--ban", word, "--json").stdout)
-    assert not any(data["token_ids"][i:i + len(word_ids)] == word_ids for i in range(len(data["token_ids"])))
+    assert not any(data["token_ids"][i : i + len(word_ids)] == word_ids for i in range(len(data["token_ids"])))
     assert word not in data["text"]
     assert data["token_ids"] != before.token_ids
 
@@ -170,6 +193,7 @@ def test_truncate_flag(tiny_package):
 
 
 # --- info and verify ---------------------------------------------------------------------------------
+
 
 def test_info(tiny_package, tiny_package_int8):
     result = invoke("info", tiny_package)
@@ -217,12 +241,22 @@ def test_info_and_verify_on_an_optimum_folder(tiny_package, tmp_path):
 
 # --- real processes ----------------------------------------------------------------------------------
 
+
 def test_edgelm_command_streams_and_exits_cleanly(tiny_package, model):
-    done = subprocess.run([EDGELM, "generate", "-m", tiny_package, "The quick brown", "--max-new-tokens", "12"],
-                          capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [EDGELM, "generate", "-m", tiny_package, "The quick brown", "--max-new-tokens", "12"],
+        capture_output=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode("utf-8") == model.generate("The quick brown", max_new_tokens=12).text + "\n"
-    failed = subprocess.run([EDGELM, "generate", "-m", tiny_package, "Hi", "--top-p", "0"], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    failed = subprocess.run(
+        [EDGELM, "generate", "-m", tiny_package, "Hi", "--top-p", "0"],
+        capture_output=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert failed.returncode == 1
     assert b"top_p must be in (0, 1]" in failed.stderr and b"Traceback" not in failed.stderr
     assert failed.stdout == b""
@@ -242,8 +276,21 @@ def test_ctrl_c_keeps_the_printed_text_and_exits_130(gpt2_vocab_package):
     capacity = fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     assert 60 * len(text.encode()) > capacity
     process = subprocess.Popen(
-        [EDGELM, "generate", "-m", gpt2_vocab_package, "A", "--max-new-tokens", "60", "--ignore-eos", "--logit-bias", f"{token}=1000"],
-        stdout=write_end, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        [
+            EDGELM,
+            "generate",
+            "-m",
+            gpt2_vocab_package,
+            "A",
+            "--max-new-tokens",
+            "60",
+            "--ignore-eos",
+            "--logit-bias",
+            f"{token}=1000",
+        ],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal, whatever runs pytest
     )
     os.close(write_end)
@@ -275,12 +322,19 @@ def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package):
     rates = ["decode_tok_s", "batch_8_tok_s", "batch_16_tok_s", "ceiling_tok_s", "read_gb_s"]
     assert all(figures[k] > 0 for k in rates + ["ttft_8_ms", "peak_rss_mb", "load_s", "cold_start_to_first_token_s"])
     assert figures["decode_fraction_of_ceiling"] == pytest.approx(figures["decode_tok_s"] / figures["ceiling_tok_s"])
-    assert figures["weight_bytes"] == sum((Path(tiny_package) / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))
+    assert figures["weight_bytes"] == sum(
+        (Path(tiny_package) / name).stat().st_size for name in ("model.onnx", "model.onnx.data")
+    )
     assert figures["batch_16_over_batch_1"] > 1  # sixteen rows in one pass beat one row, even on the tiny model
     assert "ttft_128_ms" not in figures  # a 64-position model cannot take a 128-token prompt
     table = invoke("bench", tiny_package, "--runs", "1", "--threads", "1")
     assert table.exit_code == 0, table.output
-    for label in ("first token, 8-token prompt", "decode, batch 16 (aggregate)", "batch 16 / batch 1, same rounds", "decode / ceiling, same rounds"):
+    for label in (
+        "first token, 8-token prompt",
+        "decode, batch 16 (aggregate)",
+        "batch 16 / batch 1, same rounds",
+        "decode / ceiling, same rounds",
+    ):
         assert label in table.output
     assert_clean_failure(invoke("bench", tiny_package, "--threads", "0"), "--threads", code=2)
     assert_clean_failure(invoke("bench", Path(tiny_package).parent / "missing"), "edgelm export")
@@ -293,6 +347,9 @@ def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():
     from edgelm.runtime.bench import READ_PROBE, ReadProbe
 
     probe = ort.InferenceSession(READ_PROBE, providers=["CPUExecutionProvider"])
-    a, b = np.random.default_rng(0).standard_normal((1, 768), dtype=np.float32), np.random.default_rng(1).standard_normal((768, 40), dtype=np.float32)
+    a, b = (
+        np.random.default_rng(0).standard_normal((1, 768), dtype=np.float32),
+        np.random.default_rng(1).standard_normal((768, 40), dtype=np.float32),
+    )
     np.testing.assert_allclose(probe.run(None, {"a": a, "b": b})[0], a @ b, rtol=1e-4, atol=1e-4)
     assert 0 < ReadProbe(8 << 20, threads=1).seconds(repeats=1) < 10

@@ -84,8 +84,10 @@ def test_a_real_optimum_cli_export_runs(tiny_checkpoint, reference_model, tmp_pa
     ids = model.encode("The quick brown fox")
     ours = model.generate([ids], max_new_tokens=12, min_new_tokens=12)[0]
     with torch.no_grad():
-        theirs = reference_model.generate(torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert ours.token_ids == theirs[0, len(ids):].tolist()
+        theirs = reference_model.generate(
+            torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0
+        )
+    assert ours.token_ids == theirs[0, len(ids) :].tolist()
     assert np.isfinite(model.score("The quick brown fox").perplexity)
 
 
@@ -108,7 +110,9 @@ def test_distilgpt2_shaped_packages_fit_their_size_budget(tmp_path_factory):
     budgets = {"none": 335e6, "int8": 90e6}
     for recipe, budget in budgets.items():
         result = export_model(str(checkpoint), tmp_path_factory.mktemp("pkg") / recipe, quantize=recipe)
-        size = sum(f["size"] for f in result.manifest["files"].values()) + (result.path / "manifest.json").stat().st_size
+        size = (
+            sum(f["size"] for f in result.manifest["files"].values()) + (result.path / "manifest.json").stat().st_size
+        )
         assert size <= budget, f"{recipe}: {size / 1e6:.1f} MB"
         assert result.manifest["validation"]["fp32"]["max_logits_relative_error"] <= 1e-5
         assert result.manifest["architecture"]["n_positions"] == 1024
@@ -131,14 +135,25 @@ def test_loading_at_the_extended_optimization_level_loses_no_fusion(fixture, req
         options.graph_optimization_level, options.log_severity_level = level, 3
         options.optimized_model_filepath = str(tmp_path / f"{level}.onnx")
         ort.InferenceSession(model_file, options, providers=["CPUExecutionProvider"])
-        graphs[level] = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node)
+        graphs[level] = Counter(
+            node.op_type for node in onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node
+        )
     extended, full = graphs.values()
     assert extended == full
-    assert rt.session.create_session(model_file, "cpu")[0]._sess_options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    assert (
+        rt.session.create_session(model_file, "cpu")[0]._sess_options.graph_optimization_level
+        == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    )
 
 
-@pytest.mark.parametrize("fixture, products", [("tiny_package", {"MatMul": 4 * 2 + 1}), ("tiny_package_int8", {"DynamicQuantizeMatMul": 4 * 2, "QGemm": 1}),
-                                               ("tiny_package_int4", {"MatMulNBits": 4 * 2 + 1})])
+@pytest.mark.parametrize(
+    "fixture, products",
+    [
+        ("tiny_package", {"MatMul": 4 * 2 + 1}),
+        ("tiny_package_int8", {"DynamicQuantizeMatMul": 4 * 2, "QGemm": 1}),
+        ("tiny_package_int4", {"MatMulNBits": 4 * 2 + 1}),
+    ],
+)
 def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, products, request):
     """benchmarks/products_bound.py: the graph of the products alone holds each product of the package's graph
     once, with the same weights, and only the LM head keeps one position when a prompt is timed."""
@@ -154,13 +169,17 @@ def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, p
     package = request.getfixturevalue(fixture)
     graph, lm_head = products_graph(package / "model.onnx")
     found = Counter(n.op_type for n in graph.graph.node if n.op_type != "DynamicQuantizeLinear")
-    assert found == products  # 2 layers: 4 block products each, and the LM head (one int8 slice: the vocabulary is tiny)
+    assert (
+        found == products
+    )  # 2 layers: 4 block products each, and the LM head (one int8 slice: the vocabulary is tiny)
     full = onnx.load(str(package / "model.onnx"))
     assert found == Counter(n.op_type for n in full.graph.node if n.op_type in products)
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in full.graph.initializer}
     for tensor in graph.graph.initializer:
         np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor), weights[tensor.name])
-    assert len(lm_head) == 1 and all(i.name in lm_head or i.type.tensor_type.shape.dim[1].dim_param == "sequence" for i in graph.graph.input)
+    assert len(lm_head) == 1 and all(
+        i.name in lm_head or i.type.tensor_type.shape.dim[1].dim_param == "sequence" for i in graph.graph.input
+    )
     timer = Products(rt.load(package, device="cpu", threads=1), threads=1)
     assert timer.count == sum(products.values())
     assert 0 < timer.seconds(2, 3, repeats=1) < 10

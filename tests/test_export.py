@@ -18,7 +18,11 @@ def _session(path):
 
 def _feed(ids, n_layer=2, heads=4, head_size=8):
     ids = np.asarray(ids, dtype=np.int64)
-    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.broadcast_to(np.arange(ids.shape[1]), ids.shape).copy()}
+    feed = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": np.broadcast_to(np.arange(ids.shape[1]), ids.shape).copy(),
+    }
     for i in range(n_layer):
         for kind in ("key", "value"):
             feed[f"past_key_values.{i}.{kind}"] = np.zeros((ids.shape[0], heads, 0, head_size), np.float32)
@@ -32,12 +36,28 @@ def _weights_size(package):
 def test_package_files_and_manifest(tiny_package):
     manifest = json.loads((tiny_package / "manifest.json").read_text())
     names = {p.name for p in tiny_package.iterdir()}
-    assert {"model.onnx", "model.onnx.data", "tokenizer.json", "config.json", "generation_config.json", "manifest.json"} <= names
+    assert {
+        "model.onnx",
+        "model.onnx.data",
+        "tokenizer.json",
+        "config.json",
+        "generation_config.json",
+        "manifest.json",
+    } <= names
     assert manifest["format"] == "edgelm-package" and manifest["format_version"] == 2
     assert manifest["graph"]["weights_file"] == "model.onnx.data" and "token_embeddings" not in manifest["graph"]
     assert manifest["architecture"] == {
-        "n_layer": 2, "n_head": 4, "head_size": 8, "n_embd": 32, "n_positions": 64, "vocab_size": 320,
-        "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": None, "layer_norm_epsilon": 1e-5, "model_type": "gpt2",
+        "n_layer": 2,
+        "n_head": 4,
+        "head_size": 8,
+        "n_embd": 32,
+        "n_positions": 64,
+        "vocab_size": 320,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": None,
+        "layer_norm_epsilon": 1e-5,
+        "model_type": "gpt2",
     }
     graph = manifest["graph"]
     assert list(graph["inputs"])[:3] == ["input_ids", "attention_mask", "position_ids"]
@@ -58,9 +78,16 @@ def test_fp32_validation_recorded(tiny_package):
     validation = json.loads((tiny_package / "manifest.json").read_text())["validation"]["fp32"]
     assert set(validation["cases"]) >= {"one_token", "near_limit", "padded_batch"}
     assert validation["cases"]["near_limit"]["prompt_tokens"] == [60]
-    assert validation["cases"]["padded_batch"]["prompt_tokens"][0] != validation["cases"]["padded_batch"]["prompt_tokens"][1]
+    assert (
+        validation["cases"]["padded_batch"]["prompt_tokens"][0]
+        != validation["cases"]["padded_batch"]["prompt_tokens"][1]
+    )
     for case in validation["cases"].values():
-        assert case["logits_relative_error"] <= 1e-5 and case["cache_path_relative_error"] <= 1e-5 and case["greedy_identical"]
+        assert (
+            case["logits_relative_error"] <= 1e-5
+            and case["cache_path_relative_error"] <= 1e-5
+            and case["greedy_identical"]
+        )
 
 
 def test_graph_matches_transformers_logits(tiny_package, reference_model):
@@ -95,9 +122,13 @@ def test_logits_to_keep_computes_only_kept_positions(tiny_package):
 def test_tied_embedding_stored_once(tiny_package, tiny_package_int8, tiny_package_int4):
     for package in (tiny_package, tiny_package_int8, tiny_package_int4):
         graph = onnx.load(str(package / "model.onnx")).graph
-        vocab_sized = [i for i in graph.initializer if 320 in list(i.dims)[:2] or i.name.startswith("transformer.wte.weight_int8.")]
+        vocab_sized = [
+            i for i in graph.initializer if 320 in list(i.dims)[:2] or i.name.startswith("transformer.wte.weight_int8.")
+        ]
         tables = [i for i in vocab_sized if "scale" not in i.name and "zero_point" not in i.name]
-        assert sum(t.dims[0] for t in tables) in (32, 320), [t.name for t in vocab_sized]  # one [C, V] table, or [V, ...] rows in parts
+        assert sum(t.dims[0] for t in tables) in (32, 320), [
+            t.name for t in vocab_sized
+        ]  # one [C, V] table, or [V, ...] rows in parts
         users = {n.op_type for t in tables for n in graph.node if t.name in n.input}
         assert users in ({"Gather", "MatMul"}, {"QGemm"}, {"GatherBlockQuantized", "MatMulNBits"}), users
         # int8 and int4 keep [V, C] rows (contiguous per token); float32 keeps the head's [C, V].
@@ -113,7 +144,10 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     section = manifest["graph"]["token_embeddings"]
     assert list(manifest["graph"]["inputs"])[0] == "inputs_embeds" and "input_ids" not in manifest["graph"]["inputs"]
     graph = onnx.load(str(tiny_package_int8 / "model.onnx")).graph
-    parts = sorted((i for i in graph.initializer if i.name.startswith("transformer.wte.weight_int8.")), key=lambda i: int(i.name.rsplit(".", 1)[1]))
+    parts = sorted(
+        (i for i in graph.initializer if i.name.startswith("transformer.wte.weight_int8.")),
+        key=lambda i: int(i.name.rsplit(".", 1)[1]),
+    )
     rows = np.concatenate([numpy_helper.to_array(i) for i in parts])
     data = (tiny_package_int8 / section["file"]).read_bytes()
     stored = np.frombuffer(data, np.int8, count=rows.size, offset=section["rows"]["offset"]).reshape(rows.shape)
@@ -205,7 +239,9 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     shipped = {}
     for align in (graph_module.ALIGN, 256):  # 256: a part boundary every 8 rows of 32 int8 values
         monkeypatch.setattr(graph_module, "ALIGN", align)
-        shipped[align] = split_weights(graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8").SerializeToString())
+        shipped[align] = split_weights(
+            graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8").SerializeToString()
+        )
     one, four = shipped.values()
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(four.graph).graph.node) == 4
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(one.graph).graph.node) == 1

@@ -27,7 +27,14 @@ def _export(*args, **kwargs):
 def _cli(*args, env=None, cwd=None):
     """Run the real `edgelm` command in a subprocess (the hub reads its settings at import time)."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "edgelm.runtime.cli", *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "edgelm.runtime.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def _no_package_left(parent: Path):
@@ -202,6 +209,7 @@ def test_killed_export_leaves_no_package_and_is_swept(tiny_checkpoint, tmp_path)
 
 # --- the hub -----------------------------------------------------------------------------------------
 
+
 def _hub_cache(home: Path, repo: str, checkpoint: Path, commit: str = "0" * 39 + "1") -> Path:
     """Lay a checkpoint out exactly as huggingface_hub caches a download."""
     root = home / "hub" / f"models--{repo.replace('/', '--')}"
@@ -222,7 +230,12 @@ def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint
     result = _cli("export", "distilgpt2", env={"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}, cwd=work)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((work / "models" / "distilgpt2" / "manifest.json").read_text())
-    assert manifest["source"] == {"hub_id": "distilgpt2", "revision": "main", "commit": "0" * 39 + "1", "weights_file": "model.safetensors"}
+    assert manifest["source"] == {
+        "hub_id": "distilgpt2",
+        "revision": "main",
+        "commit": "0" * 39 + "1",
+        "weights_file": "model.safetensors",
+    }
     for stage in ("load", "export", "optimize", "validate", "save"):
         assert stage in result.stderr
     generated = _cli("generate", "Hello", "--max-new-tokens", "5", cwd=work)
@@ -230,7 +243,13 @@ def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint
 
 
 def test_hub_unreachable_says_so(tmp_path):
-    result = _cli("export", "distilgpt2", "-o", str(tmp_path / "out"), env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    result = _cli(
+        "export",
+        "distilgpt2",
+        "-o",
+        str(tmp_path / "out"),
+        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "unreachable" in result.stderr and "local checkpoint folder" in result.stderr
     assert not (tmp_path / "out").exists()
@@ -257,7 +276,11 @@ def test_unknown_model_id(tmp_path):
     server = HTTPServer(("127.0.0.1", 0), _NotFoundHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "HF_HUB_OFFLINE": "0"}
+        env = {
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+            "HF_HUB_OFFLINE": "0",
+        }
         result = _cli("export", "someone/no-such-model", "-o", str(tmp_path / "out"), env=env)
     finally:
         server.shutdown()
@@ -293,4 +316,4 @@ def test_optimum_loads_the_package(tiny_package):
         encoded = tokenizer("Once upon a time", return_tensors="pt")
         out = model.generate(**encoded, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     ours = edgelm.load(tiny_package).generate("Once upon a time", max_new_tokens=12, min_new_tokens=12)
-    assert out[0, encoded.input_ids.shape[1]:].tolist() == ours.token_ids
+    assert out[0, encoded.input_ids.shape[1] :].tolist() == ours.token_ids

@@ -15,9 +15,17 @@ GLIBC = ("glibc", (2, 36))
 
 
 def test_restarts_only_where_the_tunable_would_take_effect():
-    assert environment_with_huge_pages({"PATH": "/bin"}, "linux", "madvise", GLIBC) == {"PATH": "/bin", "GLIBC_TUNABLES": TUNABLE}
+    assert environment_with_huge_pages({"PATH": "/bin"}, "linux", "madvise", GLIBC) == {
+        "PATH": "/bin",
+        "GLIBC_TUNABLES": TUNABLE,
+    }
     # other tunables are kept
-    assert environment_with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "linux", "madvise", GLIBC)["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{TUNABLE}"
+    assert (
+        environment_with_huge_pages({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "linux", "madvise", GLIBC)[
+            "GLIBC_TUNABLES"
+        ]
+        == f"glibc.malloc.arena_max=2:{TUNABLE}"
+    )
     for environ, platform, thp, libc in [
         ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "linux", "madvise", GLIBC),  # the user chose: never override
         ({OPT_OUT: "0"}, "linux", "madvise", GLIBC),
@@ -56,18 +64,26 @@ def test_only_int8_packages_gain(tiny_package, tiny_package_int8, tiny_package_i
     assert not hugepages.gains(tmp_path)
 
 
-@pytest.mark.parametrize("fixture, opt_out", [("tiny_package_int8", False), ("tiny_package_int8", True), ("tiny_package", False)])
+@pytest.mark.parametrize(
+    "fixture, opt_out", [("tiny_package_int8", False), ("tiny_package_int8", True), ("tiny_package", False)]
+)
 def test_the_command_restarts_itself_once_with_the_tunable(fixture, opt_out, request):
     package = request.getfixturevalue(fixture)
-    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)} | ({OPT_OUT: "0"} if opt_out else {})
+    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)} | (
+        {OPT_OUT: "0"} if opt_out else {}
+    )
     machine = environment_with_huge_pages(environ, sys.platform, hugepages.thp_mode(), hugepages.libc_version())
-    done = subprocess.run([sys.executable, "-c", RESTART, str(package)], env=environ, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", RESTART, str(package)], env=environ, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     printed = done.stdout.splitlines()
     figures = json.loads("\n".join(line for line in printed if not line.startswith("GLIBC_TUNABLES=")))
     assert figures["package"] == str(package)  # the command ran once, to its end
     tunables = [line for line in printed if line.startswith("GLIBC_TUNABLES=")]
-    if machine is not None and fixture == "tiny_package_int8":  # the same process ran the command line again, with the tunable
+    if (
+        machine is not None and fixture == "tiny_package_int8"
+    ):  # the same process ran the command line again, with the tunable
         assert tunables == ["GLIBC_TUNABLES=", f"GLIBC_TUNABLES={TUNABLE}"]
         assert figures["huge_pages_mb"] > 0  # and glibc did put memory on huge pages
     else:  # the opt-out, a float32 package, or a machine where it would change nothing: no restart
@@ -85,7 +101,14 @@ def test_the_command_line_names_the_package_it_will_load(tiny_package_int8, tmp_
     assert package_to_load(["serve", str(tmp_path), package]) == package  # a folder without a manifest is not one
     assert package_to_load(["bench"]) == DEFAULT_PACKAGE
     # one-shot generation would pay the restart's start-up on every call; the others load no model
-    for args in (["generate", "Hello", "-m", package], ["info", package], ["verify", package], ["export", "distilgpt2"], ["--help"], []):
+    for args in (
+        ["generate", "Hello", "-m", package],
+        ["info", package],
+        ["verify", package],
+        ["export", "distilgpt2"],
+        ["--help"],
+        [],
+    ):
         assert package_to_load(args) is None
 
 
@@ -96,7 +119,9 @@ def test_click_alone_never_restarts_its_host(tiny_package_int8):
     from edgelm.runtime.cli import main
 
     result = CliRunner().invoke(main, ["generate", "-m", str(tiny_package_int8), "--show-config"])
-    assert result.exit_code == 0 and json.loads(result.output)["package"] == str(tiny_package_int8)  # still this process
+    assert result.exit_code == 0 and json.loads(result.output)["package"] == str(
+        tiny_package_int8
+    )  # still this process
 
 
 def test_the_command_imports_nothing_heavy_before_it_may_restart():

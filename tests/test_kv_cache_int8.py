@@ -83,7 +83,7 @@ def test_the_runtime_decodes_into_int8_buffers_and_both_cache_paths_agree(tiny_p
         a = growing.run(ids[:, start:end], mask[:, :end], positions[:, start:end])
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     for grown, buffer in zip(growing.past, in_place.buffers):
-        np.testing.assert_array_equal(grown.numpy(), buffer[:, :, :ids.shape[1]])
+        np.testing.assert_array_equal(grown.numpy(), buffer[:, :, : ids.shape[1]])
     completion = model.generate("Once upon a time", max_new_tokens=12, ignore_eos=True)
     assert len(completion.token_ids) == 12
     monkeypatch.setattr(model.engine, "cache", lambda batch, capacity: GrowingCache(model.engine, batch))
@@ -105,11 +105,15 @@ def test_the_export_command_takes_the_kv_cache_option(tiny_checkpoint, tmp_path)
 
     from edgelm.runtime.cli import main
 
-    refused = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "a"), "--kv-cache", "int8"])
+    refused = CliRunner().invoke(
+        main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "a"), "--kv-cache", "int8"]
+    )
     assert refused.exit_code == 1 and "--quantize int8 or int4" in refused.output and "Traceback" not in refused.output
     unknown = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "b"), "--kv-cache", "fp8"])
     assert unknown.exit_code == 2 and "'fp8' is not one of" in unknown.output
-    made = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "c"), "--quantize", "int4", "--kv-cache", "int8"])
+    made = CliRunner().invoke(
+        main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "c"), "--quantize", "int4", "--kv-cache", "int8"]
+    )
     assert made.exit_code == 0, made.output
     info = CliRunner().invoke(main, ["info", str(tmp_path / "c")])
     assert "KV cache      int8" in info.output and "through the cache" in info.output

@@ -34,11 +34,15 @@ def copy_package(tiny_package, tmp_path):
 
 # --- streaming ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("options", [
-    {"max_new_tokens": 30},
-    {"max_new_tokens": 30, "do_sample": True, "seed": 3},
-    {"max_new_tokens": 25, "ignore_eos": True, "no_repeat_ngram_size": 2},
-])
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_new_tokens": 30},
+        {"max_new_tokens": 30, "do_sample": True, "seed": 3},
+        {"max_new_tokens": 25, "ignore_eos": True, "no_repeat_ngram_size": 2},
+    ],
+)
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_stream_pieces_join_to_the_completion_text(model, prompt, options):
     stream = model.stream(prompt, **options)
@@ -51,7 +55,9 @@ def test_stream_pieces_join_to_the_completion_text(model, prompt, options):
         assert not any(REPLACEMENT_CHAR in p for p in pieces)
 
 
-@pytest.mark.parametrize("prompt", ["I ❤️ emoji 😀😃 and", "日本語のテキスト、中文文本，한국어", "Crème brûlée 🚀", "👩🏽‍💻"])
+@pytest.mark.parametrize(
+    "prompt", ["I ❤️ emoji 😀😃 and", "日本語のテキスト、中文文本，한국어", "Crème brûlée 🚀", "👩🏽‍💻"]
+)
 def test_stream_with_the_real_gpt2_vocabulary(gpt2_vocab_model, prompt):
     for options in ({"max_new_tokens": 40}, {"max_new_tokens": 40, "do_sample": True, "seed": 11, "top_k": 0}):
         stream = gpt2_vocab_model.stream(prompt, **options)
@@ -69,7 +75,9 @@ def test_stream_never_shows_half_a_character(gpt2_vocab_model, target):
     every streamed piece is whole text, and together they are exactly `target`."""
     ids = gpt2_vocab_model.encode(target)
     assert len(set(ids)) == len(ids)  # the trick below needs distinct ids
-    assert any(REPLACEMENT_CHAR in gpt2_vocab_model.tokenizer.decode([i]) for i in ids)  # some token is half a character
+    assert any(
+        REPLACEMENT_CHAR in gpt2_vocab_model.tokenizer.decode([i]) for i in ids
+    )  # some token is half a character
     # no_repeat_ngram_size=1 bans each token once used, so the next-largest bias wins at the next step.
     bias = {token: 2000.0 - 50 * i for i, token in enumerate(ids)}
     stream = gpt2_vocab_model.stream("A", max_new_tokens=len(ids), logit_bias=bias, no_repeat_ngram_size=1)
@@ -85,7 +93,9 @@ def test_continuing_token_ids_that_end_mid_character(gpt2_vocab_model):
     the text is still the decode of the generated ids, as Completion.token_ids documents."""
     ids = gpt2_vocab_model.encode(" 😀 ok")  # [' \xf0\x9f\x98', '\x80', ' ok']
     assert REPLACEMENT_CHAR in gpt2_vocab_model.tokenizer.decode(ids[:1])
-    completion, = gpt2_vocab_model.generate([ids[:1]], max_new_tokens=3, logit_bias={ids[1]: 1000.0}, no_repeat_ngram_size=1)
+    (completion,) = gpt2_vocab_model.generate(
+        [ids[:1]], max_new_tokens=3, logit_bias={ids[1]: 1000.0}, no_repeat_ngram_size=1
+    )
     assert completion.token_ids[0] == ids[1]
     assert completion.text == gpt2_vocab_model.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
 
@@ -131,13 +141,14 @@ def test_stream_refuses_several_sequences(model):
 
 # --- stop strings ------------------------------------------------------------------------------------
 
+
 def stop_string_across_tokens(model, completion):
     """A printable stop string from the middle of the completion's text that starts in one token and ends in another."""
     ids, text = completion.token_ids, completion.text
-    ends = [len(model.tokenizer.decode(ids[:k + 1], skip_special_tokens=False)) for k in range(len(ids))]
+    ends = [len(model.tokenizer.decode(ids[: k + 1], skip_special_tokens=False)) for k in range(len(ids))]
     for k in range(2, len(ids) - 2):
         boundary = ends[k]
-        if model.tokenizer.decode(ids[:k + 1], skip_special_tokens=False) != text[:boundary]:
+        if model.tokenizer.decode(ids[: k + 1], skip_special_tokens=False) != text[:boundary]:
             continue  # a character split across tokens: no clean boundary here
         for start, stop in ((boundary - 2, boundary + 2), (boundary - 1, boundary + 2), (boundary - 2, boundary + 1)):
             candidate = text[start:stop]
@@ -156,14 +167,14 @@ def test_stop_string_cuts_the_text_before_it(model, prompt):
     assert completion.text == full.text[:start]
     assert completion.finish_reason == "stop"
     assert completion.stop_string == stop
-    assert completion.token_ids == full.token_ids[:completion.completion_tokens]
+    assert completion.token_ids == full.token_ids[: completion.completion_tokens]
     assert completion.completion_tokens < full.completion_tokens
     # the stream shows the same cut, and never the start of the stop string
     stream = model.stream(prompt, max_new_tokens=25, ignore_eos=True, stop=[stop, "never there"])
     assert "".join(stream) == full.text[:start]
     assert stream.completion.stop_string == stop
     # the earliest of several stop strings wins
-    later = full.text[start + len(stop):][:3]
+    later = full.text[start + len(stop) :][:3]
     if later and full.text.find(later) > start:
         assert model.generate(prompt, max_new_tokens=25, ignore_eos=True, stop=[later, stop]).stop_string == stop
 
@@ -171,10 +182,16 @@ def test_stop_string_cuts_the_text_before_it(model, prompt):
 def test_stop_string_that_never_appears_changes_nothing(model):
     full = model.generate(PROMPTS[0], max_new_tokens=20)
     same = model.generate(PROMPTS[0], max_new_tokens=20, stop=["\u2603\u2603"])
-    assert (same.text, same.token_ids, same.finish_reason, same.stop_string) == (full.text, full.token_ids, full.finish_reason, None)
+    assert (same.text, same.token_ids, same.finish_reason, same.stop_string) == (
+        full.text,
+        full.token_ids,
+        full.finish_reason,
+        None,
+    )
 
 
 # --- finish reasons, counts, prompts -----------------------------------------------------------------
+
 
 def test_finish_reason_length(model):
     completion = model.generate(PROMPTS[0], max_new_tokens=7, ignore_eos=True)
@@ -231,8 +248,13 @@ def test_settings_apply_options_over_package_defaults(model):
 
 # --- threads and pipeline ----------------------------------------------------------------------------
 
+
 def test_threads_share_one_model(model):
-    jobs = [(p, dict(max_new_tokens=15, do_sample=sampled, seed=i)) for i, p in enumerate(PROMPTS * 2) for sampled in (False, True)]
+    jobs = [
+        (p, dict(max_new_tokens=15, do_sample=sampled, seed=i))
+        for i, p in enumerate(PROMPTS * 2)
+        for sampled in (False, True)
+    ]
     serial = [model.generate(p, **o) for p, o in jobs]
     barrier = threading.Barrier(4)
 
@@ -251,7 +273,9 @@ def test_pipeline_returns_generated_text(tiny_package, model):
     generator = rt.pipeline("text-generation", model=str(tiny_package))
     completion = model.generate("The quick brown", max_new_tokens=5)
     assert generator("The quick brown", max_new_tokens=5) == [{"generated_text": "The quick brown" + completion.text}]
-    assert generator("The quick brown", max_new_tokens=5, return_full_text=False) == [{"generated_text": completion.text}]
+    assert generator("The quick brown", max_new_tokens=5, return_full_text=False) == [
+        {"generated_text": completion.text}
+    ]
     both = generator(["The quick brown", "Hi"], max_new_tokens=5)
     assert len(both) == 2 and both[0] == [{"generated_text": "The quick brown" + completion.text}]
     assert rt.pipeline(model=model)("Hi", max_new_tokens=5) == both[1]
@@ -261,20 +285,24 @@ def test_pipeline_returns_generated_text(tiny_package, model):
 
 # --- bad input -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("options, error, fragment", [
-    ({"temperature": -1.0, "do_sample": True}, GenerationOptionError, "temperature must be a number >= 0"),
-    ({"top_p": 0.0}, GenerationOptionError, "top_p must be in (0, 1]"),
-    ({"top_p": 1.5}, GenerationOptionError, "top_p must be in (0, 1]"),
-    ({"top_k": -1}, GenerationOptionError, "top_k must be an integer >= 0"),
-    ({"min_p": 2}, GenerationOptionError, "min_p must be in [0, 1]"),
-    ({"max_new_tokens": 0}, GenerationOptionError, "max_new_tokens must be an integer >= 1"),
-    ({"temprature": 0.5}, GenerationOptionError, "unknown generation option(s): temprature"),
-    ({"logit_bias": {100000: 5.0}}, GenerationOptionError, "outside this model's vocabulary"),
-    ({"num_return_sequences": 0}, GenerationOptionError, "num_return_sequences"),
-    ({"do_sample": True, "temperature": 0}, GenerationOptionError, "do_sample=False"),
-    ({"stop": [""]}, GenerationOptionError, "stop must be"),
-    ({"max_new_tokens": 64}, PromptError, "leaves no room for a prompt"),
-])
+
+@pytest.mark.parametrize(
+    "options, error, fragment",
+    [
+        ({"temperature": -1.0, "do_sample": True}, GenerationOptionError, "temperature must be a number >= 0"),
+        ({"top_p": 0.0}, GenerationOptionError, "top_p must be in (0, 1]"),
+        ({"top_p": 1.5}, GenerationOptionError, "top_p must be in (0, 1]"),
+        ({"top_k": -1}, GenerationOptionError, "top_k must be an integer >= 0"),
+        ({"min_p": 2}, GenerationOptionError, "min_p must be in [0, 1]"),
+        ({"max_new_tokens": 0}, GenerationOptionError, "max_new_tokens must be an integer >= 1"),
+        ({"temprature": 0.5}, GenerationOptionError, "unknown generation option(s): temprature"),
+        ({"logit_bias": {100000: 5.0}}, GenerationOptionError, "outside this model's vocabulary"),
+        ({"num_return_sequences": 0}, GenerationOptionError, "num_return_sequences"),
+        ({"do_sample": True, "temperature": 0}, GenerationOptionError, "do_sample=False"),
+        ({"stop": [""]}, GenerationOptionError, "stop must be"),
+        ({"max_new_tokens": 64}, PromptError, "leaves no room for a prompt"),
+    ],
+)
 def test_bad_options_raise_a_clear_error(model, options, error, fragment):
     with pytest.raises(error) as raised:
         model.generate("Hello", **options)
@@ -292,12 +320,15 @@ def test_bad_options_fail_before_any_work(model, monkeypatch):
     assert len(calls) == 3  # the counter sees work: the prompt, then two decode steps
 
 
-@pytest.mark.parametrize("prompt, fragment", [
-    ([[5, 100000]], "token id 100000 is outside the vocabulary"),
-    ([[5, -1]], "token id -1 is outside the vocabulary"),
-    ([["5"]], "outside the vocabulary"),
-    ([], "no prompts"),
-])
+@pytest.mark.parametrize(
+    "prompt, fragment",
+    [
+        ([[5, 100000]], "token id 100000 is outside the vocabulary"),
+        ([[5, -1]], "token id -1 is outside the vocabulary"),
+        ([["5"]], "outside the vocabulary"),
+        ([], "no prompts"),
+    ],
+)
 def test_bad_token_ids_raise_prompt_error(model, prompt, fragment):
     with pytest.raises(PromptError) as raised:
         model.generate(prompt, max_new_tokens=3)
@@ -342,6 +373,7 @@ def test_bad_thread_count(tiny_package):
 
 
 # --- package verification ----------------------------------------------------------------------------
+
 
 def edit_manifest(folder, **changes):
     path = folder / "manifest.json"
@@ -420,7 +452,10 @@ def test_verify_false_loads_an_altered_but_loadable_package(tiny_package, tmp_pa
     with pytest.raises(PackageError, match="tokenizer.json"):
         rt.load(folder)
     altered = rt.load(folder, verify=False)
-    assert altered.generate(PROMPTS[0], max_new_tokens=10).token_ids == model.generate(PROMPTS[0], max_new_tokens=10).token_ids
+    assert (
+        altered.generate(PROMPTS[0], max_new_tokens=10).token_ids
+        == model.generate(PROMPTS[0], max_new_tokens=10).token_ids
+    )
 
 
 def test_an_unloadable_graph_is_a_package_error(tiny_package, tmp_path):
@@ -439,8 +474,12 @@ def test_an_optimum_style_folder_loads(tiny_package, tmp_path, model):
     assert plain.package.kind == "optimum"
     assert plain.arch == model.arch
     for prompt in PROMPTS:
-        assert plain.generate(prompt, max_new_tokens=15).token_ids == model.generate(prompt, max_new_tokens=15).token_ids
-    assert plain.score("The quick brown fox").logprobs == pytest.approx(model.score("The quick brown fox").logprobs, abs=1e-5)
+        assert (
+            plain.generate(prompt, max_new_tokens=15).token_ids == model.generate(prompt, max_new_tokens=15).token_ids
+        )
+    assert plain.score("The quick brown fox").logprobs == pytest.approx(
+        model.score("The quick brown fox").logprobs, abs=1e-5
+    )
     # without its tokenizer it says what is missing
     (folder / "tokenizer.json").unlink()
     with pytest.raises(PackageError, match="tokenizer.json"):
@@ -456,7 +495,9 @@ def test_an_int8_package_with_a_damaged_token_table_description_is_refused(tiny_
     edit_manifest(folder, graph=graph)
     with pytest.raises(PackageError, match="does not describe its token_embeddings"):
         rt.load(folder)
-    edit_manifest(folder, graph=graph | {"token_embeddings": section | {"rows": section["rows"] | {"shape": [320, 16]}}})
+    edit_manifest(
+        folder, graph=graph | {"token_embeddings": section | {"rows": section["rows"] | {"shape": [320, 16]}}}
+    )
     with pytest.raises(PackageError, match=r"int8 rows \[320, 32\]"):
         rt.load(folder)
     edit_manifest(folder, graph=graph | {"token_embeddings": {"file": "model.onnx.data"}})

@@ -19,11 +19,14 @@ PROMPTS = [
     "import numpy as np\n",
     "Émile a visité Tokyo",
 ]
-LONG_TEXT = " ".join([
-    "The quick brown fox jumps over the lazy dog.",
-    "Once upon a time, in a land far away, there lived a keeper of lighthouses.",
-    "Numbers: 0 1 2 3 4 5 6 7 8 9, and symbols !? ;:",
-] * 3)
+LONG_TEXT = " ".join(
+    [
+        "The quick brown fox jumps over the lazy dog.",
+        "Once upon a time, in a land far away, there lived a keeper of lighthouses.",
+        "Numbers: 0 1 2 3 4 5 6 7 8 9, and symbols !? ;:",
+    ]
+    * 3
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +47,21 @@ def hf_generate(reference, prompt_ids, n, **options):
     if key not in _HF_CACHE:
         input_ids = torch.tensor([prompt_ids])
         with torch.no_grad():
-            out = reference.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                     max_new_tokens=n, min_new_tokens=n, pad_token_id=EOS, **options)
-        _HF_CACHE[key] = out[0, len(prompt_ids):].tolist()
+            out = reference.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=EOS,
+                **options,
+            )
+        _HF_CACHE[key] = out[0, len(prompt_ids) :].tolist()
     return _HF_CACHE[key]
 
 
 def edgelm_generate(model, prompt_ids, n, **options):
-    completion, = model.generate([prompt_ids], max_new_tokens=n, min_new_tokens=n, **options)
+    (completion,) = model.generate([prompt_ids], max_new_tokens=n, min_new_tokens=n, **options)
     return completion.token_ids
 
 
@@ -63,6 +73,7 @@ def hf_logprobs(reference, ids):
 
 
 # --- greedy parity -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", [1, 5, 20])
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -95,12 +106,17 @@ def test_greedy_until_end_of_text_equals_transformers(model, reference_model):
     for prompt in PROMPTS[:2]:
         prompt_ids = ids_of(model, prompt)
         with torch.no_grad():
-            out = reference_model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                                           do_sample=False, max_new_tokens=30, pad_token_id=EOS)
-        expected = out[0, len(prompt_ids):].tolist()
+            out = reference_model.generate(
+                torch.tensor([prompt_ids]),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=30,
+                pad_token_id=EOS,
+            )
+        expected = out[0, len(prompt_ids) :].tolist()
         completion = model.generate(prompt, max_new_tokens=30)
         if EOS in expected:
-            assert completion.token_ids == expected[:expected.index(EOS)]
+            assert completion.token_ids == expected[: expected.index(EOS)]
             assert completion.finish_reason == "stop"
         else:
             assert completion.token_ids == expected
@@ -133,6 +149,7 @@ def test_greedy_parity_for_another_shape(other_shape):
 
 # --- batches -----------------------------------------------------------------------------------------
 
+
 def test_padded_batch_equals_each_prompt_alone(model):
     prompts = ["Hi", *PROMPTS, ""]
     batch = model.generate(prompts, max_new_tokens=15, min_new_tokens=15)
@@ -152,8 +169,10 @@ def test_padded_batch_equals_transformers_left_padded_batch(model, reference_mod
     encoded = tokenizer(prompts, return_tensors="pt", padding=True)
     assert encoded["attention_mask"].sum(dim=1).tolist() == [len(ids_of(model, p)) for p in prompts]
     with torch.no_grad():
-        out = reference_model.generate(**encoded, do_sample=False, max_new_tokens=15, min_new_tokens=15, pad_token_id=tokenizer.pad_token_id)
-    expected = out[:, encoded["input_ids"].shape[1]:].tolist()
+        out = reference_model.generate(
+            **encoded, do_sample=False, max_new_tokens=15, min_new_tokens=15, pad_token_id=tokenizer.pad_token_id
+        )
+    expected = out[:, encoded["input_ids"].shape[1] :].tolist()
     assert [c.token_ids for c in model.generate(prompts, max_new_tokens=15, min_new_tokens=15)] == expected
 
 
@@ -186,11 +205,15 @@ def test_a_prompts_sampled_result_does_not_depend_on_its_batch(model):
 
 # --- logits processors against transformers -----------------------------------------------------------
 
-@pytest.mark.parametrize("options", [
-    {"repetition_penalty": 1.5},
-    {"no_repeat_ngram_size": 2},
-    {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3},
-])
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"repetition_penalty": 1.5},
+        {"no_repeat_ngram_size": 2},
+        {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3},
+    ],
+)
 def test_repetition_options_equal_transformers(model, reference_model, options):
     changed = False
     for prompt in ["The quick brown fox", ""]:
@@ -202,6 +225,7 @@ def test_repetition_options_equal_transformers(model, reference_model, options):
 
 
 # --- int8 --------------------------------------------------------------------------------------------
+
 
 def test_int8_package_generates_and_agrees_with_fp32(model, tiny_package_int8):
     manifest = json.loads((tiny_package_int8 / "manifest.json").read_text())
@@ -220,6 +244,7 @@ def test_int8_package_generates_and_agrees_with_fp32(model, tiny_package_int8):
 
 
 # --- log-probabilities -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("text", ["The quick brown fox jumps over the lazy dog.", "É", "print(np.arange(10))"])
 def test_score_equals_transformers_log_softmax(model, reference_model, text):
@@ -251,14 +276,18 @@ def test_generate_logprobs_equal_transformers(model, reference_model):
         values = [t["logprob"] for t in top]
         assert values == sorted(values, reverse=True)
         np.testing.assert_allclose(values, np.sort(row)[::-1][:3], atol=1e-4)
-        assert top[0]["token_id"] == token and top[0]["logprob"] == pytest.approx(entry["logprob"])  # greedy picks the top-1
+        assert top[0]["token_id"] == token and top[0]["logprob"] == pytest.approx(
+            entry["logprob"]
+        )  # greedy picks the top-1
         assert entry["token"] == model.tokenizer.decode([token])
 
 
 def test_logprobs_are_the_models_own_even_when_a_filter_changed_the_pick(model, reference_model):
     """With repetition_penalty the chosen token need not be the top-1, but its log-prob is still the model's."""
     prompt_ids = ids_of(model, PROMPTS[0])
-    completion, = model.generate([prompt_ids], max_new_tokens=15, min_new_tokens=15, repetition_penalty=2.0, logprobs=1)
+    (completion,) = model.generate(
+        [prompt_ids], max_new_tokens=15, min_new_tokens=15, repetition_penalty=2.0, logprobs=1
+    )
     logprobs = hf_logprobs(reference_model, prompt_ids + completion.token_ids)
     got = [e["logprob"] for e in completion.logprobs]
     expected = [logprobs[len(prompt_ids) - 1 + i, t] for i, t in enumerate(completion.token_ids)]
@@ -288,7 +317,9 @@ def test_in_place_cache_equals_the_growing_cache(tiny_package, monkeypatch):
     for row, prompt in enumerate(prompts):  # one row alone: its prompt goes in three tokens at a time
         alone = InPlaceCache(model.engine, 1, capacity=len(prompt) + 1)
         single = np.array([prompt])
-        np.testing.assert_allclose(alone.run(single, np.ones_like(single), np.arange(len(prompt))[None]), a[row:row + 1], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(
+            alone.run(single, np.ones_like(single), np.arange(len(prompt))[None]), a[row : row + 1], rtol=0, atol=1e-5
+        )
     token = a[:, -1].argmax(-1)[:, None]
     for _ in range(12):
         mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)

@@ -25,7 +25,11 @@ def random_ids(seed, n_vocab, length=12, high=None):
 
 def reference(processor, logits, input_ids=None):
     """transformers' processor on the same logits; input_ids [B, L] (a dummy when the processor ignores it)."""
-    ids = torch.zeros((logits.shape[0], 1), dtype=torch.long) if input_ids is None else torch.as_tensor(input_ids, dtype=torch.long)
+    ids = (
+        torch.zeros((logits.shape[0], 1), dtype=torch.long)
+        if input_ids is None
+        else torch.as_tensor(input_ids, dtype=torch.long)
+    )
     return processor(ids, torch.from_numpy(logits.copy())).numpy()
 
 
@@ -36,6 +40,7 @@ def assert_same(ours, theirs):
 
 
 # ---- each filter against transformers -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("n_vocab", VOCABS)
@@ -161,7 +166,7 @@ def test_top_p_after_top_k_and_min_tokens_to_keep_match_transformers(seed, p):
 def test_top_p_full_gpt2_vocab_matches_transformers(scale, p):
     # scale 4: the 1,024 most likely tokens hold more than p, so only they are sorted; scale 0.5: a flat row, full sort
     logits = random_logits(9, 50_257, scale=scale)
-    top_mass = np.sort(sampling._softmax(logits), axis=-1)[:, -sampling._NUCLEUS_CANDIDATES:].sum(axis=-1)
+    top_mass = np.sort(sampling._softmax(logits), axis=-1)[:, -sampling._NUCLEUS_CANDIDATES :].sum(axis=-1)
     assert (top_mass > p + 1e-4).all() == (scale == 4.0)
     assert_same(sampling.top_p(logits, p), reference(hf.TopPLogitsWarper(p), logits))
 
@@ -209,19 +214,37 @@ def test_logit_bias_adds():
 
 # ---- the whole chain -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_process_logits_matches_transformers_chain(seed):
     n_vocab = 500
     logits, ids = random_logits(seed, n_vocab), random_ids(seed, n_vocab, length=20, high=30)
-    config = GenerationConfig(do_sample=True, temperature=0.8, top_k=60, top_p=0.9, min_p=0.02, typical_p=0.95,
-                              repetition_penalty=1.2, no_repeat_ngram_size=2, bad_words_ids=((5,), (7, 8)),
-                              min_new_tokens=10, eos_token_id=3)
-    chain = hf.LogitsProcessorList([
-        hf.RepetitionPenaltyLogitsProcessor(1.2), hf.NoRepeatNGramLogitsProcessor(2),
-        hf.NoBadWordsLogitsProcessor([[5], [7, 8]]), hf.MinNewTokensLengthLogitsProcessor(15, 10, 3),
-        hf.TemperatureLogitsWarper(0.8), hf.TopKLogitsWarper(60), hf.TopPLogitsWarper(0.9),
-        hf.MinPLogitsWarper(0.02), hf.TypicalLogitsWarper(0.95),
-    ])
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=0.8,
+        top_k=60,
+        top_p=0.9,
+        min_p=0.02,
+        typical_p=0.95,
+        repetition_penalty=1.2,
+        no_repeat_ngram_size=2,
+        bad_words_ids=((5,), (7, 8)),
+        min_new_tokens=10,
+        eos_token_id=3,
+    )
+    chain = hf.LogitsProcessorList(
+        [
+            hf.RepetitionPenaltyLogitsProcessor(1.2),
+            hf.NoRepeatNGramLogitsProcessor(2),
+            hf.NoBadWordsLogitsProcessor([[5], [7, 8]]),
+            hf.MinNewTokensLengthLogitsProcessor(15, 10, 3),
+            hf.TemperatureLogitsWarper(0.8),
+            hf.TopKLogitsWarper(60),
+            hf.TopPLogitsWarper(0.9),
+            hf.MinPLogitsWarper(0.02),
+            hf.TypicalLogitsWarper(0.95),
+        ]
+    )
     ours = sampling.process_logits(logits, config, list(ids), [row[15:] for row in ids])
     assert_same(ours, reference(chain, logits, ids))
 
@@ -236,7 +259,9 @@ def test_repetition_penalty_applies_before_top_k():
 
 def test_warpers_skipped_when_greedy():
     logits = random_logits(0, 100)
-    config = GenerationConfig(do_sample=False, temperature=0.5, top_k=1, top_p=0.1, min_p=0.5, typical_p=0.2, bad_words_ids=((4,),))
+    config = GenerationConfig(
+        do_sample=False, temperature=0.5, top_k=1, top_p=0.1, min_p=0.5, typical_p=0.2, bad_words_ids=((4,),)
+    )
     out = sampling.process_logits(logits, config, [np.array([1])] * B, [np.array([], dtype=np.int64)] * B)
     expected = logits.copy()
     expected[:, 4] = -np.inf
@@ -253,15 +278,29 @@ def test_min_new_tokens_counts_each_row():
 def test_process_logits_never_modifies_its_input():
     logits = random_logits(1, 200)
     before = logits.copy()
-    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, min_p=0.05, typical_p=0.9,
-                              repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5, logit_bias={3: 5.0},
-                              no_repeat_ngram_size=2, bad_words_ids=((9,),), min_new_tokens=5, eos_token_id=0)
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        min_p=0.05,
+        typical_p=0.9,
+        repetition_penalty=1.3,
+        frequency_penalty=0.5,
+        presence_penalty=0.5,
+        logit_bias={3: 5.0},
+        no_repeat_ngram_size=2,
+        bad_words_ids=((9,),),
+        min_new_tokens=5,
+        eos_token_id=0,
+    )
     ids = list(random_ids(1, 200, high=10))
     sampling.process_logits(logits, config, ids, ids)
     np.testing.assert_array_equal(logits, before)
 
 
 # ---- no-op values ----------------------------------------------------------------------------------
+
 
 def test_no_op_values_are_no_ops():
     logits = random_logits(3, 300)
@@ -295,6 +334,7 @@ def test_default_config_is_a_no_op():
 
 # ---- picking ---------------------------------------------------------------------------------------
 
+
 def rngs(seed, n=B):
     return [np.random.default_rng([seed, r]) for r in range(n)]
 
@@ -316,7 +356,9 @@ def test_same_seed_same_picks_different_seed_different_picks():
 def test_a_row_does_not_depend_on_the_rest_of_the_batch():
     logits = random_logits(2, 500)
     alone = sampling.pick(logits[1:2], True, [np.random.default_rng(42)])
-    batched = sampling.pick(logits, True, [np.random.default_rng(1), np.random.default_rng(42), np.random.default_rng(3)])
+    batched = sampling.pick(
+        logits, True, [np.random.default_rng(1), np.random.default_rng(42), np.random.default_rng(3)]
+    )
     assert batched[1] == alone[0]
 
 
@@ -336,6 +378,7 @@ def test_sampling_follows_the_filtered_distribution():
 
 
 # ---- bad input -------------------------------------------------------------------------------------
+
 
 def test_logit_bias_out_of_range_raises():
     with pytest.raises(GenerationOptionError, match=r"logit_bias .*\[50, 99\].*\(ids 0 to 49\)"):
@@ -357,13 +400,16 @@ def test_every_token_banned_raises(do_sample):
 
 @pytest.mark.filterwarnings("error")
 def test_all_banned_through_process_logits_raises():
-    config = GenerationConfig(do_sample=True, bad_words_ids=((0,), (1,), (2,)), top_k=2, top_p=0.5, min_p=0.1, typical_p=0.5)
+    config = GenerationConfig(
+        do_sample=True, bad_words_ids=((0,), (1,), (2,)), top_k=2, top_p=0.5, min_p=0.1, typical_p=0.5
+    )
     out = sampling.process_logits(np.zeros((1, 3), dtype=np.float32), config, [[0]], [[]])
     with pytest.raises(GenerationOptionError, match="every token was banned"):
         sampling.pick(out, True, rngs(0, 1))
 
 
 # ---- log-probs -------------------------------------------------------------------------------------
+
 
 def test_log_softmax_matches_torch_and_is_stable():
     logits = random_logits(4, 1000, scale=50.0)

@@ -25,8 +25,16 @@ PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "import numpy as 
 HTTP = httpx.Client(timeout=60)  # pooled and thread-safe; a fresh client per request costs ~50 ms of TLS setup
 # A request that keeps a slot busy for seconds even on the tiny model: 64 prompts x 8 rows, 50 steps, the top-20
 # log-probs and two per-row filters at every step.
-HEAVY = {"prompt": ["The quick"] * 64, "n": 8, "max_tokens": 50, "logprobs": 20, "ignore_eos": True, "temperature": 0,
-         "repetition_penalty": 1.1, "no_repeat_ngram_size": 2}
+HEAVY = {
+    "prompt": ["The quick"] * 64,
+    "n": 8,
+    "max_tokens": 50,
+    "logprobs": 20,
+    "ignore_eos": True,
+    "temperature": 0,
+    "repetition_penalty": 1.1,
+    "no_repeat_ngram_size": 2,
+}
 
 
 class Server:
@@ -36,7 +44,16 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_file = open(tmp_path / f"server-{self.port}.log", "w+")
-        command = [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", str(package), "--port", str(self.port), *options]
+        command = [
+            sys.executable,
+            "-c",
+            "from edgelm.runtime.cli import main; main()",
+            "serve",
+            str(package),
+            "--port",
+            str(self.port),
+            *options,
+        ]
         self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -61,7 +78,9 @@ class Server:
         deadline = time.monotonic() + 10
         while True:
             health = self.health()
-            if (health["active"] == 0 and (changed is None or health[changed] != before)) or time.monotonic() > deadline:
+            if (
+                health["active"] == 0 and (changed is None or health[changed] != before)
+            ) or time.monotonic() > deadline:
                 return health
             time.sleep(0.05)
 
@@ -99,8 +118,26 @@ def server(tiny_package, tmp_path_factory):
 @pytest.fixture(scope="module")
 def strict(tiny_package, tmp_path_factory):
     """An API key, one slot and no queue, small limits, a 2-second request timeout."""
-    s = Server(tiny_package, tmp_path_factory.mktemp("strict"), "--api-key", KEY, "--max-concurrency", "1", "--max-queue", "0",
-               "--max-n", "8", "--max-prompts", "64", "--max-tokens-limit", "50", "--max-body-bytes", "3000", "--request-timeout", "2")
+    s = Server(
+        tiny_package,
+        tmp_path_factory.mktemp("strict"),
+        "--api-key",
+        KEY,
+        "--max-concurrency",
+        "1",
+        "--max-queue",
+        "0",
+        "--max-n",
+        "8",
+        "--max-prompts",
+        "64",
+        "--max-tokens-limit",
+        "50",
+        "--max-body-bytes",
+        "3000",
+        "--request-timeout",
+        "2",
+    )
     yield s
     assert s.stop() == 0, s.log()
 
@@ -114,12 +151,14 @@ def stream_events(server, body, key=None) -> list:
     """Every `data:` payload of a streaming request, parsed; the final "[DONE]" kept as a string."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     events = []
-    with HTTP.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, headers=headers) as response:
+    with HTTP.stream(
+        "POST", server.url + "/v1/completions", json={**body, "stream": True}, headers=headers
+    ) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
             if line.startswith("data: "):
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
                 events.append(data if data == "[DONE]" else json.loads(data))
             else:
                 assert line == "", line
@@ -150,21 +189,32 @@ def test_health_and_models(server, model):
 def test_greedy_equals_generate(server, model, prompt):
     expected = model.generate(prompt, max_new_tokens=20, do_sample=False)
     body = complete(server, {"model": model.package.name, "prompt": prompt, "max_tokens": 20, "temperature": 0}).json()
-    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == model.package.name
+    assert (
+        body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == model.package.name
+    )
     assert body["choices"][0]["text"] == expected.text
     assert body["choices"][0]["finish_reason"] == expected.finish_reason
-    assert body["usage"] == {"prompt_tokens": expected.prompt_tokens, "completion_tokens": expected.completion_tokens,
-                             "total_tokens": expected.prompt_tokens + expected.completion_tokens}
-    assert streamed_texts(stream_events(server, {"prompt": prompt, "max_tokens": 20, "temperature": 0}))[0] == [expected.text]
+    assert body["usage"] == {
+        "prompt_tokens": expected.prompt_tokens,
+        "completion_tokens": expected.completion_tokens,
+        "total_tokens": expected.prompt_tokens + expected.completion_tokens,
+    }
+    assert streamed_texts(stream_events(server, {"prompt": prompt, "max_tokens": 20, "temperature": 0}))[0] == [
+        expected.text
+    ]
 
 
 def test_seeded_sampling_with_several_prompts_and_n(server, model):
     options = dict(temperature=0.8, top_p=0.9, seed=7)
-    expected = model.generate(PROMPTS[:2], max_new_tokens=16, do_sample=True, top_k=0, num_return_sequences=3, **options)
+    expected = model.generate(
+        PROMPTS[:2], max_new_tokens=16, do_sample=True, top_k=0, num_return_sequences=3, **options
+    )
     body = complete(server, {"prompt": PROMPTS[:2], "max_tokens": 16, "n": 3, **options}).json()
     assert [c["index"] for c in body["choices"]] == list(range(6))
     assert [c["text"] for c in body["choices"]] == [c.text for c in expected]
-    texts, reasons = streamed_texts(stream_events(server, {"prompt": PROMPTS[:2], "max_tokens": 16, "n": 3, **options}), rows=6)
+    texts, reasons = streamed_texts(
+        stream_events(server, {"prompt": PROMPTS[:2], "max_tokens": 16, "n": 3, **options}), rows=6
+    )
     assert texts == [c.text for c in expected] and reasons == [c.finish_reason for c in expected]
 
 
@@ -173,32 +223,61 @@ def test_openai_client_streaming_and_not(server, model):
     expected = model.generate("Once upon a time", max_new_tokens=24, do_sample=True, top_k=0, temperature=1.0, seed=3)
     answer = client.completions.create(model=model.package.name, prompt="Once upon a time", max_tokens=24, seed=3)
     assert answer.choices[0].text == expected.text and answer.usage.completion_tokens == expected.completion_tokens
-    chunks = list(client.completions.create(model=model.package.name, prompt="Once upon a time", max_tokens=24, seed=3, stream=True))
+    chunks = list(
+        client.completions.create(
+            model=model.package.name, prompt="Once upon a time", max_tokens=24, seed=3, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
     assert chunks[-1].choices[0].finish_reason == expected.finish_reason
     extras = dict(top_k=5, repetition_penalty=1.3, no_repeat_ngram_size=2, min_tokens=4)
-    expected = model.generate("Hello", max_new_tokens=12, do_sample=True, temperature=0.7, seed=1, min_new_tokens=4,
-                              **{k: v for k, v in extras.items() if k != "min_tokens"})
-    answer = client.completions.create(model=model.package.name, prompt="Hello", max_tokens=12, temperature=0.7, seed=1, extra_body=extras)
+    expected = model.generate(
+        "Hello",
+        max_new_tokens=12,
+        do_sample=True,
+        temperature=0.7,
+        seed=1,
+        min_new_tokens=4,
+        **{k: v for k, v in extras.items() if k != "min_tokens"},
+    )
+    answer = client.completions.create(
+        model=model.package.name, prompt="Hello", max_tokens=12, temperature=0.7, seed=1, extra_body=extras
+    )
     assert answer.choices[0].text == expected.text
 
 
 def test_stop_logit_bias_and_penalties_map_to_the_runtime(server, model):
     greedy = model.generate("Hello", max_new_tokens=20)
     stop = greedy.text[3:6]
-    expected = model.generate("Hello", max_new_tokens=20, stop=[stop], frequency_penalty=0.5, presence_penalty=0.3, logit_bias={5: 3.0})
-    body = complete(server, {"prompt": "Hello", "max_tokens": 20, "temperature": 0, "stop": stop, "frequency_penalty": 0.5,
-                             "presence_penalty": 0.3, "logit_bias": {"5": 3}}).json()
+    expected = model.generate(
+        "Hello", max_new_tokens=20, stop=[stop], frequency_penalty=0.5, presence_penalty=0.3, logit_bias={5: 3.0}
+    )
+    body = complete(
+        server,
+        {
+            "prompt": "Hello",
+            "max_tokens": 20,
+            "temperature": 0,
+            "stop": stop,
+            "frequency_penalty": 0.5,
+            "presence_penalty": 0.3,
+            "logit_bias": {"5": 3},
+        },
+    ).json()
     assert body["choices"][0]["text"] == expected.text and body["choices"][0]["finish_reason"] == expected.finish_reason
 
 
 def test_logprobs_in_openai_legacy_shape(server, model):
     expected = model.generate("Hello", max_new_tokens=8, logprobs=3)
-    choice = complete(server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "logprobs": 3}).json()["choices"][0]
+    choice = complete(server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "logprobs": 3}).json()["choices"][
+        0
+    ]
     lp = choice["logprobs"]
     assert lp["tokens"] == [e["token"] for e in expected.logprobs]
     assert lp["token_logprobs"] == pytest.approx([e["logprob"] for e in expected.logprobs])
-    assert all(len(top) <= 3 and max(top.values()) >= v - 1e-6 for top, v in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    assert all(
+        len(top) <= 3 and max(top.values()) >= v - 1e-6 for top, v in zip(lp["top_logprobs"], lp["token_logprobs"])
+    )
     assert lp["text_offset"][0] == 0 and len(lp["text_offset"]) == len(lp["tokens"])
     # streamed: the finish chunk carries the same log-probs
     events = stream_events(server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "logprobs": 3})
@@ -207,11 +286,15 @@ def test_logprobs_in_openai_legacy_shape(server, model):
 
 def test_echo_with_max_tokens_0_scores_the_prompt(server, model):
     score = model.score("The quick brown fox")
-    choice = complete(server, {"prompt": "The quick brown fox", "max_tokens": 0, "echo": True, "logprobs": 0}).json()["choices"][0]
+    choice = complete(server, {"prompt": "The quick brown fox", "max_tokens": 0, "echo": True, "logprobs": 0}).json()[
+        "choices"
+    ][0]
     assert choice["text"] == "The quick brown fox"
     assert choice["logprobs"]["tokens"] == score.tokens
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(score.logprobs)
-    echoed = complete(server, {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "echo": True}).json()["choices"][0]["text"]
+    echoed = complete(server, {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "echo": True}).json()["choices"][
+        0
+    ]["text"]
     assert echoed == "Hello" + model.generate("Hello", max_new_tokens=5).text
 
 
@@ -248,22 +331,25 @@ def test_16_streaming_clients_200_requests_all_complete_and_equal_serial_results
 # -- limits and bad requests -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"prompt": "Hi", "max_token": 5}, "max_token", "unknown field"),
-    ({"prompt": "Hi", "max_tokens": "5"}, "max_tokens", "must be an integer"),
-    ({"prompt": 5}, "prompt", "must be a string or a list of strings"),
-    ({"prompt": "Hi", "stream": "yes"}, "stream", "true or false"),
-    ({"prompt": "Hi", "temperature": -1}, "temperature", "temperature must be a number >= 0"),
-    ({"prompt": "Hi", "top_p": 2}, "top_p", "top_p must be in (0, 1]"),
-    ({"prompt": "Hi", "n": 9}, "n", "--max-n"),
-    ({"prompt": "Hi", "max_tokens": 65}, "max_tokens", "--max-tokens-limit"),
-    ({"prompt": "Hi", "max_tokens": 0}, "max_tokens", "only with echo"),
-    ({"prompt": "Hi " * 60, "max_tokens": 16}, "prompt", "context"),
-    ({"prompt": "Hi", "logit_bias": {"x": 1}}, "logit_bias", "token ids"),
-    ({"prompt": "Hi", "logprobs": 21}, "logprobs", "logprobs must be an integer from 0 to 20"),
-    ({"prompt": "Hi", "min_tokens": 3, "min_new_tokens": 3}, "min_tokens", "not both"),
-    ({"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"prompt": "Hi", "max_token": 5}, "max_token", "unknown field"),
+        ({"prompt": "Hi", "max_tokens": "5"}, "max_tokens", "must be an integer"),
+        ({"prompt": 5}, "prompt", "must be a string or a list of strings"),
+        ({"prompt": "Hi", "stream": "yes"}, "stream", "true or false"),
+        ({"prompt": "Hi", "temperature": -1}, "temperature", "temperature must be a number >= 0"),
+        ({"prompt": "Hi", "top_p": 2}, "top_p", "top_p must be in (0, 1]"),
+        ({"prompt": "Hi", "n": 9}, "n", "--max-n"),
+        ({"prompt": "Hi", "max_tokens": 65}, "max_tokens", "--max-tokens-limit"),
+        ({"prompt": "Hi", "max_tokens": 0}, "max_tokens", "only with echo"),
+        ({"prompt": "Hi " * 60, "max_tokens": 16}, "prompt", "context"),
+        ({"prompt": "Hi", "logit_bias": {"x": 1}}, "logit_bias", "token ids"),
+        ({"prompt": "Hi", "logprobs": 21}, "logprobs", "logprobs must be an integer from 0 to 20"),
+        ({"prompt": "Hi", "min_tokens": 3, "min_new_tokens": 3}, "min_tokens", "not both"),
+        ({"prompt": "Hi", "stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
+    ],
+)
 def test_bad_requests_get_400_in_openai_error_format(server, body, param, words):
     response = complete(server, body)
     assert response.status_code == 400, response.text
@@ -304,7 +390,13 @@ def test_body_too_large_is_413(strict):
 
 def test_queue_full_is_429_and_a_client_that_leaves_frees_its_slot(strict):
     before = strict.health()["cancelled"]
-    with HTTP.stream("POST", strict.url + "/v1/completions", json={**HEAVY, "stream": True}, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as held:
+    with HTTP.stream(
+        "POST",
+        strict.url + "/v1/completions",
+        json={**HEAVY, "stream": True},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=30,
+    ) as held:
         lines = held.iter_lines()  # kept: dropping a half-read iterator closes the connection
         next(lines)  # the first piece: the heavy request holds the only slot
         response = complete(strict, {"prompt": "Hi", "max_tokens": 2}, key=KEY)
@@ -354,15 +446,20 @@ def test_sigterm_mid_stream_exits_0_and_never_sends_broken_json(tiny_package, tm
     assert s.process.wait(15) == 0, s.log()
     assert time.monotonic() - started < 10
     reader.join(10)
-    events = [line[len("data: "):] for line in lines if line]
+    events = [line[len("data: ") :] for line in lines if line]
     assert events and all(e == "[DONE]" or json.loads(e) for e in events)
     assert events[-1] == "[DONE]" or json.loads(events[-1])["error"]["code"] == "server_shutdown"
     s.stop()
 
 
 def test_serve_refuses_a_missing_package(tmp_path):
-    result = subprocess.run([sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", str(tmp_path / "nope")],
-                            capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert result.returncode == 1 and "no model package at" in result.stderr
 
 
@@ -378,6 +475,8 @@ def test_an_int8_package_serves_what_generate_gives(tiny_package_int8, tmp_path)
         body = complete(s, {"prompt": prompts, "max_tokens": 12, "temperature": 0}).json()
         assert [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])] == expected
         alone = model.generate(prompts[1], max_new_tokens=12, do_sample=False).text
-        assert streamed_texts(stream_events(s, {"prompt": prompts[1], "max_tokens": 12, "temperature": 0}))[0] == [alone]
+        assert streamed_texts(stream_events(s, {"prompt": prompts[1], "max_tokens": 12, "temperature": 0}))[0] == [
+            alone
+        ]
     finally:
         assert s.stop() == 0, s.log()

@@ -46,8 +46,12 @@ def tiny():
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(TRAINING_TEXT, trainer=trainer)
     return tok
 
@@ -115,7 +119,7 @@ def test_incomplete_character_at_the_end_is_flushed_as_decode_shows_it(gpt2):
     ids = gpt2.encode("ok 😀").ids[:-1]  # drop the token that completes the emoji
     pieces, last, _ = run(gpt2, ids)
     assert "".join(pieces) == "ok"
-    assert last == gpt2.decode(ids)[len("ok"):] and REPLACEMENT_CHAR in last
+    assert last == gpt2.decode(ids)[len("ok") :] and REPLACEMENT_CHAR in last
 
 
 def test_prefix_ids_give_context_but_are_never_emitted(tok):

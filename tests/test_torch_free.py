@@ -44,12 +44,19 @@ CHECK_LOADED = textwrap.dedent("""
 
 def run_blocked(code, *args):
     environment = {**os.environ, "HF_HUB_OFFLINE": "1"}  # never the network, whatever the code under test tries
-    return subprocess.run([sys.executable, "-c", BLOCKER + textwrap.dedent(code) + CHECK_LOADED, *map(str, args)],
-                          capture_output=True, text=True, encoding="utf-8", timeout=300, env=environment)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER + textwrap.dedent(code) + CHECK_LOADED, *map(str, args)],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=300,
+        env=environment,
+    )
 
 
 def test_library_runs_without_torch(tiny_package):
-    done = run_blocked("""
+    done = run_blocked(
+        """
         import json, sys
         import edgelm.runtime as rt
 
@@ -59,7 +66,9 @@ def test_library_runs_without_torch(tiny_package):
         score = model.score("The quick brown fox")
         batch = model.generate(["Hi", "import numpy"], max_new_tokens=4)
         print(json.dumps({"token_ids": completion.token_ids, "stream": "".join(pieces), "logprobs": score.logprobs, "batch": len(batch)}))
-    """, tiny_package)
+    """,
+        tiny_package,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
 
@@ -73,7 +82,8 @@ def test_library_runs_without_torch(tiny_package):
 
 
 def test_cli_runs_without_torch(tiny_package):
-    done = run_blocked("""
+    done = run_blocked(
+        """
         import sys
         from edgelm.runtime.cli import main
 
@@ -83,7 +93,9 @@ def test_cli_runs_without_torch(tiny_package):
                 main(args, prog_name="edgelm")
             except SystemExit as exit:
                 assert exit.code in (0, None), (args, exit.code)
-    """, tiny_package)
+    """,
+        tiny_package,
+    )
     assert done.returncode == 0, done.stderr
 
     import edgelm.runtime as rt
@@ -95,7 +107,8 @@ def test_cli_runs_without_torch(tiny_package):
 
 def test_export_without_torch_says_what_to_install(tmp_path):
     """The one command that needs the heavy stack fails with an install hint, not a traceback."""
-    done = run_blocked("""
+    done = run_blocked(
+        """
         import sys
         from edgelm.runtime.cli import main
 
@@ -103,7 +116,10 @@ def test_export_without_torch_says_what_to_install(tmp_path):
             main(["export", sys.argv[1], "-o", sys.argv[2]], prog_name="edgelm")
         except SystemExit as exit:
             assert exit.code == 1, exit.code
-    """, tmp_path / "no-checkpoint-here", tmp_path / "out")
+    """,
+        tmp_path / "no-checkpoint-here",
+        tmp_path / "out",
+    )
     assert done.returncode == 0, done.stderr
     assert "pip install 'edgelm[export]'" in done.stderr
     assert "Traceback" not in done.stderr
@@ -116,7 +132,10 @@ def imported_modules(tree):
             yield from (alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.module.split(".")[0]
-        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("__import__", "import_module"):
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+            "__import__",
+            "import_module",
+        ):
             if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 yield node.args[0].value.split(".")[0]
 
@@ -133,6 +152,10 @@ def test_runtime_source_never_imports_the_export_stack():
 
 
 def test_the_static_check_would_catch_a_hidden_import():
-    tree = ast.parse("def f():\n    try:\n        import torch.nn\n    except ImportError:\n        from onnx import helper\n    __import__('transformers')\n")
+    tree = ast.parse(
+        "def f():\n    try:\n        import torch.nn\n    except ImportError:\n        from onnx import helper\n    __import__('transformers')\n"
+    )
     assert set(imported_modules(tree)) == {"torch", "onnx", "transformers"}
-    assert set(imported_modules(ast.parse("import onnxruntime as ort\nfrom onnxruntime import OrtValue"))) == {"onnxruntime"}
+    assert set(imported_modules(ast.parse("import onnxruntime as ort\nfrom onnxruntime import OrtValue"))) == {
+        "onnxruntime"
+    }

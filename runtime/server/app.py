@@ -38,20 +38,29 @@ class ClientGone(Exception):
     """The client closed its connection before the answer was ready."""
 
 
-def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_queue: int = 64, api_key: str | None = None):
+def create_app(
+    model, limits: Limits = Limits(), max_concurrency: int = 2, max_queue: int = 64, api_key: str | None = None
+):
     """The ASGI application serving `model` (a runtime Model, loaded once). Its `jobs` are the slots and workers."""
     jobs = Jobs(max_concurrency, max_queue)
     model_id = model.package.name
 
     async def health(request):
-        return JSONResponse({"status": "ok", "model": model_id, "active": jobs.slots.active, "queued": jobs.slots.queued, **jobs.ended})
+        return JSONResponse(
+            {"status": "ok", "model": model_id, "active": jobs.slots.active, "queued": jobs.slots.queued, **jobs.ended}
+        )
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [_model_card(model)]})
 
     async def one_model(request):
         if request.path_params["name"] != model_id:
-            raise ApiError(404, f"the model {request.path_params['name']!r} does not exist here; this server runs {model_id!r}", "model", "model_not_found")
+            raise ApiError(
+                404,
+                f"the model {request.path_params['name']!r} does not exist here; this server runs {model_id!r}",
+                "model",
+                "model_not_found",
+            )
         return JSONResponse(_model_card(model))
 
     async def completions(request):
@@ -61,19 +70,33 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
         job = await _admit(request, jobs, lambda job: _complete(model, req, generation, job), deadline, limits)
         if req.stream:
             # background: a stream cut before its generator ever ran has no `finally` to stop the job
-            return StreamingResponse(_events(request, job, req, model_id, prompt_counts, limits), media_type="text/event-stream",
-                                     headers=SSE_HEADERS, background=BackgroundTask(job.stop))
+            return StreamingResponse(
+                _events(request, job, req, model_id, prompt_counts, limits),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+                background=BackgroundTask(job.stop),
+            )
         try:
             completions, scores = await _unless_gone(request, _result(job), job)
         except Exception as error:
             raise _api_error(error, limits) from None
         tokens = sum(c.completion_tokens for c in completions or [])
         request.state.tokens = tokens
-        return JSONResponse(schema.completion(req, model_id, schema.choices(req, completions, scores), schema.usage(sum(prompt_counts), tokens)))
+        return JSONResponse(
+            schema.completion(
+                req, model_id, schema.choices(req, completions, scores), schema.usage(sum(prompt_counts), tokens)
+            )
+        )
 
     async def score(request):
         text = schema.parse_score_request(await _read_json(request, limits.max_body_bytes), model_id)
-        job = await _admit(request, jobs, lambda job: job.emit("done", model.score(text)), time.monotonic() + limits.request_timeout, limits)
+        job = await _admit(
+            request,
+            jobs,
+            lambda job: job.emit("done", model.score(text)),
+            time.monotonic() + limits.request_timeout,
+            limits,
+        )
         try:
             result = await _unless_gone(request, _result(job), job)
         except PromptError as error:
@@ -89,10 +112,18 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
         await jobs.shutdown()
 
     routes = [
-        Route("/health", health), Route("/v1/models", models), Route("/v1/models/{name:path}", one_model),
-        Route("/v1/completions", completions, methods=["POST"]), Route("/v1/score", score, methods=["POST"]),
+        Route("/health", health),
+        Route("/v1/models", models),
+        Route("/v1/models/{name:path}", one_model),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/score", score, methods=["POST"]),
     ]
-    handlers = {ApiError: _error_response, HTTPException: _http_error, ClientGone: _client_gone, Exception: _server_error}
+    handlers = {
+        ApiError: _error_response,
+        HTTPException: _http_error,
+        ClientGone: _client_gone,
+        Exception: _server_error,
+    }
     app = AccessLog(ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key))
     app.jobs = jobs
     return app
@@ -100,8 +131,15 @@ def create_app(model, limits: Limits = Limits(), max_concurrency: int = 2, max_q
 
 def run(app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0) -> None:
     """Serve `app` with uvicorn until SIGINT/SIGTERM; a requested shutdown returns normally (exit code 0)."""
-    config = uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None, log_level=log_level,
-                            timeout_graceful_shutdown=shutdown_timeout + 5)  # a backstop: GracefulServer stops jobs first
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        log_config=None,
+        log_level=log_level,
+        timeout_graceful_shutdown=shutdown_timeout + 5,
+    )  # a backstop: GracefulServer stops jobs first
     # uvicorn re-raises the signal after its clean shutdown, which would kill the process with it;
     # handlers that do nothing make that a normal return.
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -148,13 +186,18 @@ def _complete(model, req, generation, job) -> None:
 async def _events(request, job, req, model_id, prompt_counts, limits):
     """Server-sent events: text pieces as they become final, a finish chunk per choice, usage if asked, [DONE].
     A stream that fails after it began ends with an error event (OpenAI's error body) and no [DONE]."""
+
     def sse(body) -> str:
         return f"data: {json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(',', ':'))}\n\n"
 
     completions = scores = None
     try:
         if req.echo:
-            yield sse(schema.completion(req, model_id, [schema.choice(i, req.prompts[i // req.n]) for i in range(len(req.prompts) * req.n)]))
+            yield sse(
+                schema.completion(
+                    req, model_id, [schema.choice(i, req.prompts[i // req.n]) for i in range(len(req.prompts) * req.n)]
+                )
+            )
         async for kind, value in job:
             if kind == "piece":
                 yield sse(schema.completion(req, model_id, [schema.choice(value.index, value.text)]))
@@ -169,7 +212,9 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
         tokens = sum(c.completion_tokens for c in completions or [])
         request.state.tokens = tokens
         for c in schema.choices(req, completions, scores):
-            yield sse(schema.completion(req, model_id, [schema.choice(c["index"], "", c["logprobs"], c["finish_reason"])]))
+            yield sse(
+                schema.completion(req, model_id, [schema.choice(c["index"], "", c["logprobs"], c["finish_reason"])])
+            )
         if req.include_usage:
             yield sse(schema.completion(req, model_id, [], schema.usage(sum(prompt_counts), tokens)))
         yield "data: [DONE]\n\n"
@@ -182,8 +227,12 @@ async def _admit(request, jobs, work, deadline, limits):
     try:
         return await _unless_gone(request, jobs.start(work, deadline))
     except QueueFull:
-        raise ApiError(429, f"the server is busy: {jobs.slots.size} requests are running and {jobs.slots.max_queue} waiting (--max-queue); retry shortly",
-                       code="queue_full", type="rate_limit_error") from None
+        raise ApiError(
+            429,
+            f"the server is busy: {jobs.slots.size} requests are running and {jobs.slots.max_queue} waiting (--max-queue); retry shortly",
+            code="queue_full",
+            type="rate_limit_error",
+        ) from None
     except asyncio.TimeoutError:
         raise _api_error(Stopped("timeout"), limits) from None
     except Stopped as stopped:
@@ -248,10 +297,16 @@ def _api_error(error: Exception, limits: Limits | None) -> ApiError:
         return ApiError(400, str(error), schema.param_of(str(error), {}))
     if isinstance(error, Stopped) and error.reason == "timeout":
         limit = f"{limits.request_timeout:g} s " if limits else ""
-        return ApiError(408, f"the request ran longer than {limit}(--request-timeout), waiting included; ask for fewer tokens or retry later",
-                        code="request_timeout", type="timeout_error")
+        return ApiError(
+            408,
+            f"the request ran longer than {limit}(--request-timeout), waiting included; ask for fewer tokens or retry later",
+            code="request_timeout",
+            type="timeout_error",
+        )
     if isinstance(error, Stopped):
-        return ApiError(503, "the server is shutting down; retry in a moment", code="server_shutdown", type="server_error")
+        return ApiError(
+            503, "the server is shutting down; retry in a moment", code="server_shutdown", type="server_error"
+        )
     log.error("generation failed", exc_info=error)
     return ApiError(500, f"the server failed on this request: {type(error).__name__}: {error}", type="server_error")
 
@@ -279,7 +334,13 @@ def _no_constants(name: str):
 
 def _model_card(model) -> dict:
     created = int(model.package.model_file.stat().st_mtime)
-    return {"id": model.package.name, "object": "model", "created": created, "owned_by": "edgelm", "root": str(model.package.folder)}
+    return {
+        "id": model.package.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "edgelm",
+        "root": str(model.package.folder),
+    }
 
 
 async def _error_response(request, error: ApiError):
@@ -288,8 +349,18 @@ async def _error_response(request, error: ApiError):
 
 
 async def _http_error(request, error: HTTPException):
-    messages = {404: f"no such endpoint: {request.method} {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-    return await _error_response(request, ApiError(error.status_code, messages.get(error.status_code, str(error.detail)), code="not_found" if error.status_code == 404 else None))
+    messages = {
+        404: f"no such endpoint: {request.method} {request.url.path}",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }
+    return await _error_response(
+        request,
+        ApiError(
+            error.status_code,
+            messages.get(error.status_code, str(error.detail)),
+            code="not_found" if error.status_code == 404 else None,
+        ),
+    )
 
 
 async def _client_gone(request, error: ClientGone):

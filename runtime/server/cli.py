@@ -10,25 +10,90 @@ from ..errors import EdgelmError
 
 @click.command()
 @click.argument("package", required=False)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on; 0.0.0.0 exposes the server to the network.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; 0.0.0.0 exposes the server to the network.",
+)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), help="onnxruntime threads per generation (default: cores / --max-concurrency).")
-@click.option("--api-key", envvar="EDGELM_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/ (also $EDGELM_API_KEY).")
-@click.option("--max-concurrency", default=2, show_default=True, type=click.IntRange(min=1), help="Generations running at once; the rest wait in a FIFO queue.")
-@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0), help="Requests waiting for a slot; more get 429.")
-@click.option("--max-tokens-limit", type=click.IntRange(min=1), help="Largest max_tokens a request may ask for (default: the model's context).")
-@click.option("--max-n", default=8, show_default=True, type=click.IntRange(min=1), help="Largest n (completions per prompt).")
-@click.option("--max-prompts", default=16, show_default=True, type=click.IntRange(min=1), help="Most prompts in one request.")
-@click.option("--max-body-bytes", default=1_000_000, show_default=True, type=click.IntRange(min=1), help="Largest request body; more gets 413.")
-@click.option("--request-timeout", default=300.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Seconds a request may take, queue included: then 408 (or an error event ending the stream).")
-@click.option("--shutdown-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0),
-              help="On SIGINT/SIGTERM, seconds running requests get to finish before they are stopped.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    help="onnxruntime threads per generation (default: cores / --max-concurrency).",
+)
+@click.option(
+    "--api-key", envvar="EDGELM_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/ (also $EDGELM_API_KEY)."
+)
+@click.option(
+    "--max-concurrency",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Generations running at once; the rest wait in a FIFO queue.",
+)
+@click.option(
+    "--max-queue",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests waiting for a slot; more get 429.",
+)
+@click.option(
+    "--max-tokens-limit",
+    type=click.IntRange(min=1),
+    help="Largest max_tokens a request may ask for (default: the model's context).",
+)
+@click.option(
+    "--max-n", default=8, show_default=True, type=click.IntRange(min=1), help="Largest n (completions per prompt)."
+)
+@click.option(
+    "--max-prompts", default=16, show_default=True, type=click.IntRange(min=1), help="Most prompts in one request."
+)
+@click.option(
+    "--max-body-bytes",
+    default=1_000_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest request body; more gets 413.",
+)
+@click.option(
+    "--request-timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request may take, queue included: then 408 (or an error event ending the stream).",
+)
+@click.option(
+    "--shutdown-timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="On SIGINT/SIGTERM, seconds running requests get to finish before they are stopped.",
+)
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
 @click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
-def serve(package, host, port, device, threads, api_key, max_concurrency, max_queue, max_tokens_limit, max_n, max_prompts,
-          max_body_bytes, request_timeout, shutdown_timeout, log_level, no_verify):
+def serve(
+    package,
+    host,
+    port,
+    device,
+    threads,
+    api_key,
+    max_concurrency,
+    max_queue,
+    max_tokens_limit,
+    max_n,
+    max_prompts,
+    max_body_bytes,
+    request_timeout,
+    shutdown_timeout,
+    log_level,
+    no_verify,
+):
     """Serve PACKAGE (default models/distilgpt2) over an OpenAI-compatible HTTP API.
 
     \b
@@ -46,7 +111,9 @@ def serve(package, host, port, device, threads, api_key, max_concurrency, max_qu
         from .app import create_app, run
         from .schema import Limits
     except ImportError as error:
-        raise click.ClickException(f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'") from None
+        raise click.ClickException(
+            f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'"
+        ) from None
     from ..model import load
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -60,5 +127,11 @@ def serve(package, host, port, device, threads, api_key, max_concurrency, max_qu
     app = create_app(model, limits, max_concurrency, max_queue, api_key)
     logging.getLogger("edgelm.server").info(
         "serving %s on %s (%d generations at once, onnxruntime threads per generation: %s) at http://%s:%d/v1",
-        model.package.name, model.device, max_concurrency, threads or "all", host, port)
+        model.package.name,
+        model.device,
+        max_concurrency,
+        threads or "all",
+        host,
+        port,
+    )
     run(app, host, port, log_level, shutdown_timeout)

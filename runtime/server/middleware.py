@@ -21,7 +21,9 @@ class ApiKey:
         if self.key and scope["type"] == "http" and scope["path"].startswith("/v1/"):
             given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             if given[:7].lower() != "bearer ":
-                error = ApiError(401, "no API key: send it as the header 'Authorization: Bearer KEY'", code="invalid_api_key")
+                error = ApiError(
+                    401, "no API key: send it as the header 'Authorization: Bearer KEY'", code="invalid_api_key"
+                )
             elif not hmac.compare_digest(given[7:].strip().encode(), self.key.encode()):
                 error = ApiError(401, "incorrect API key", code="invalid_api_key")
             else:
@@ -51,4 +53,11 @@ class AccessLog:
             await self.app(scope, receive, send_and_note)
         finally:
             shown = status[0] if state.get("error") in (None, status[0]) else f"{status[0]}->{state['error']}"
-            log.info("%s %s %s tokens=%s %.3fs", scope["method"], scope["path"], shown, state.get("tokens", "-"), time.perf_counter() - started)
+            log.info(
+                "%s %s %s tokens=%s %.3fs",
+                scope["method"],
+                scope["path"],
+                shown,
+                state.get("tokens", "-"),
+                time.perf_counter() - started,
+            )

@@ -24,16 +24,50 @@ STRINGS = "a string or a list of strings"
 
 # field -> its JSON type. OpenAI's own fields first, then edgelm's extras under transformers' names.
 COMPLETION_FIELDS = {
-    "model": STRING, "prompt": STRINGS, "max_tokens": INT, "temperature": NUMBER, "top_p": NUMBER, "n": INT,
-    "stream": BOOL, "stream_options": OBJECT, "stop": STRINGS, "seed": INT, "logprobs": INT, "echo": BOOL,
-    "frequency_penalty": NUMBER, "presence_penalty": NUMBER, "logit_bias": OBJECT, "user": STRING,
-    "best_of": INT, "suffix": STRING,
-    "top_k": INT, "min_p": NUMBER, "typical_p": NUMBER, "repetition_penalty": NUMBER, "no_repeat_ngram_size": INT,
-    "min_tokens": INT, "min_new_tokens": INT, "ignore_eos": BOOL, "truncate": BOOL,
+    "model": STRING,
+    "prompt": STRINGS,
+    "max_tokens": INT,
+    "temperature": NUMBER,
+    "top_p": NUMBER,
+    "n": INT,
+    "stream": BOOL,
+    "stream_options": OBJECT,
+    "stop": STRINGS,
+    "seed": INT,
+    "logprobs": INT,
+    "echo": BOOL,
+    "frequency_penalty": NUMBER,
+    "presence_penalty": NUMBER,
+    "logit_bias": OBJECT,
+    "user": STRING,
+    "best_of": INT,
+    "suffix": STRING,
+    "top_k": INT,
+    "min_p": NUMBER,
+    "typical_p": NUMBER,
+    "repetition_penalty": NUMBER,
+    "no_repeat_ngram_size": INT,
+    "min_tokens": INT,
+    "min_new_tokens": INT,
+    "ignore_eos": BOOL,
+    "truncate": BOOL,
 }
 # Fields passed to the runtime under the same name, when given.
-PASSTHROUGH = ("top_p", "stop", "seed", "logprobs", "frequency_penalty", "presence_penalty", "top_k", "min_p",
-               "typical_p", "repetition_penalty", "no_repeat_ngram_size", "ignore_eos", "truncate")
+PASSTHROUGH = (
+    "top_p",
+    "stop",
+    "seed",
+    "logprobs",
+    "frequency_penalty",
+    "presence_penalty",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "ignore_eos",
+    "truncate",
+)
 # OpenAI's defaults, applied over the package's generation_config.json.
 OPENAI_DEFAULTS = {"top_p": 1.0, "top_k": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 DEFAULT_MAX_TOKENS = 16
@@ -43,8 +77,14 @@ RUNTIME_TO_FIELD = {"max_new_tokens": "max_tokens", "num_return_sequences": "n"}
 class ApiError(Exception):
     """A request the server refuses, with its HTTP status and OpenAI's error fields."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
 
@@ -89,18 +129,32 @@ def parse_completion_request(body, model, limits: Limits) -> CompletionRequest:
     if not prompts:
         raise ApiError(400, "prompt must not be an empty list", "prompt")
     if len(prompts) > limits.max_prompts:
-        raise ApiError(400, f"{len(prompts)} prompts in one request; this server takes at most {limits.max_prompts} (--max-prompts)", "prompt")
+        raise ApiError(
+            400,
+            f"{len(prompts)} prompts in one request; this server takes at most {limits.max_prompts} (--max-prompts)",
+            "prompt",
+        )
     echo = body.get("echo") or False
     max_tokens = body.get("max_tokens", min(DEFAULT_MAX_TOKENS, limits.max_tokens))
     if max_tokens < 0 or (max_tokens == 0 and not echo):
-        raise ApiError(400, f"max_tokens must be >= 1 (0 only with echo, to get the prompt's log-probs), got {max_tokens}", "max_tokens")
+        raise ApiError(
+            400,
+            f"max_tokens must be >= 1 (0 only with echo, to get the prompt's log-probs), got {max_tokens}",
+            "max_tokens",
+        )
     if max_tokens > limits.max_tokens:
-        raise ApiError(400, f"max_tokens is {max_tokens}; this server allows at most {limits.max_tokens} (--max-tokens-limit)", "max_tokens")
+        raise ApiError(
+            400,
+            f"max_tokens is {max_tokens}; this server allows at most {limits.max_tokens} (--max-tokens-limit)",
+            "max_tokens",
+        )
     n = body.get("n", 1)
     if not 1 <= n <= limits.max_n:
         raise ApiError(400, f"n must be from 1 to {limits.max_n} on this server (--max-n), got {n}", "n")
     if body.get("best_of") not in (None, n):
-        raise ApiError(400, "best_of is not supported (every completion is returned); leave it out or set it equal to n", "best_of")
+        raise ApiError(
+            400, "best_of is not supported (every completion is returned); leave it out or set it equal to n", "best_of"
+        )
     if body.get("suffix"):
         raise ApiError(400, "suffix is not supported: GPT-2 models cannot fill in the middle", "suffix")
     stream = body.get("stream") or False
@@ -124,8 +178,17 @@ def parse_completion_request(body, model, limits: Limits) -> CompletionRequest:
         model.settings(**options)
     except GenerationOptionError as error:
         raise ApiError(400, str(error), param_of(str(error), body)) from None
-    return CompletionRequest(prompts, options, max_tokens, n, stream, stream_options.get("include_usage", False),
-                             echo, body.get("logprobs"), body.get("user"))
+    return CompletionRequest(
+        prompts,
+        options,
+        max_tokens,
+        n,
+        stream,
+        stream_options.get("include_usage", False),
+        echo,
+        body.get("logprobs"),
+        body.get("user"),
+    )
 
 
 def parse_score_request(body, model_id: str) -> str:
@@ -143,11 +206,21 @@ def _fields(body, spec: dict, prefix: str = "") -> dict:
         raise ApiError(400, f"the {'request body' if not prefix else prefix[:-1]} must be a JSON object")
     unknown = sorted(set(body) - set(spec))
     if unknown:
-        raise ApiError(400, f"unknown field {prefix}{unknown[0]!r}; this endpoint takes: {', '.join(sorted(spec))}", prefix + unknown[0], "unknown_field")
+        raise ApiError(
+            400,
+            f"unknown field {prefix}{unknown[0]!r}; this endpoint takes: {', '.join(sorted(spec))}",
+            prefix + unknown[0],
+            "unknown_field",
+        )
     given = {k: v for k, v in body.items() if v is not None}
     for name, value in given.items():
         if not _is(value, spec[name]):
-            raise ApiError(400, f"{prefix}{name} must be {spec[name]}, got {_json_type(value)} {value!r:.60}", prefix + name, "invalid_type")
+            raise ApiError(
+                400,
+                f"{prefix}{name} must be {spec[name]}, got {_json_type(value)} {value!r:.60}",
+                prefix + name,
+                "invalid_type",
+            )
     return given
 
 
@@ -172,7 +245,12 @@ def _json_type(value) -> str:
 
 def _check_model(name: str | None, model_id: str) -> None:
     if name is not None and name != model_id:
-        raise ApiError(404, f"the model {name!r} does not exist here; this server runs {model_id!r} (GET /v1/models)", "model", "model_not_found")
+        raise ApiError(
+            404,
+            f"the model {name!r} does not exist here; this server runs {model_id!r} (GET /v1/models)",
+            "model",
+            "model_not_found",
+        )
 
 
 def _logit_bias(bias: dict, vocab_size: int) -> dict:
@@ -180,9 +258,15 @@ def _logit_bias(bias: dict, vocab_size: int) -> dict:
     out = {}
     for key, value in bias.items():
         if not (key.isascii() and key.isdigit() and int(key) < vocab_size):
-            raise ApiError(400, f"logit_bias keys must be token ids from 0 to {vocab_size - 1} written as strings, like \"42\"; got {key!r}", "logit_bias")
+            raise ApiError(
+                400,
+                f"logit_bias keys must be token ids from 0 to {vocab_size - 1} written as strings, like \"42\"; got {key!r}",
+                "logit_bias",
+            )
         if not _is(value, NUMBER) or not -100 <= value <= 100:
-            raise ApiError(400, f"logit_bias values must be numbers from -100 to 100; {key!r} has {value!r}", "logit_bias")
+            raise ApiError(
+                400, f"logit_bias values must be numbers from -100 to 100; {key!r} has {value!r}", "logit_bias"
+            )
         out[int(key)] = float(value)
     return out
 
@@ -213,7 +297,9 @@ def choices(request: CompletionRequest, completions: list | None, scores: list |
         completion = completions[index] if completions else None
         text = (request.prompts[prompt_index] if request.echo else "") + (completion.text if completion else "")
         finish_reason = completion.finish_reason if completion else "length"
-        out.append(choice(index, text, logprobs(request, completion, scores[prompt_index] if scores else None), finish_reason))
+        out.append(
+            choice(index, text, logprobs(request, completion, scores[prompt_index] if scores else None), finish_reason)
+        )
     return out
 
 
@@ -249,12 +335,22 @@ def logprobs(request: CompletionRequest, completion, score) -> dict | None:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def completion(request: CompletionRequest, model_id: str, choices: list, usage: dict | None = None) -> dict:
     """A whole response, or (stream) one chunk: same object, same id, a few choices at a time."""
-    body = {"id": request.id, "object": "text_completion", "created": request.created, "model": model_id, "choices": choices}
+    body = {
+        "id": request.id,
+        "object": "text_completion",
+        "created": request.created,
+        "model": model_id,
+        "choices": choices,
+    }
     if usage is not None:
         body["usage"] = usage
     return body
@@ -262,8 +358,12 @@ def completion(request: CompletionRequest, model_id: str, choices: list, usage: 
 
 def score(text_score, model_id: str) -> dict:
     return {
-        "object": "score", "model": model_id, "tokens": text_score.tokens, "token_ids": text_score.token_ids,
-        "token_logprobs": [_finite(v) for v in text_score.logprobs], "perplexity": _finite(text_score.perplexity),
+        "object": "score",
+        "model": model_id,
+        "tokens": text_score.tokens,
+        "token_ids": text_score.token_ids,
+        "token_logprobs": [_finite(v) for v in text_score.logprobs],
+        "perplexity": _finite(text_score.perplexity),
         "usage": {"prompt_tokens": len(text_score.token_ids), "total_tokens": len(text_score.token_ids)},
     }
 
