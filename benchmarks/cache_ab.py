@@ -11,8 +11,8 @@ import time
 import numpy as np
 
 import edgelm.runtime as edgelm
-from edgelm.runtime.config import GenerationConfig
-from edgelm.runtime.engine import GrowingCache, generate
+from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.engine import GrowingDecoder, decode_steps
 
 NEW_TOKENS = 128
 
@@ -21,7 +21,7 @@ def timed(engine, prompt, eos) -> tuple[float, float]:
     """Milliseconds to the first token (the prompt pass), then tokens per second after it."""
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True, eos_token_id=eos)
     started, first = time.perf_counter(), None
-    for _ in generate(engine, [prompt], config, [None], eos):
+    for _ in decode_steps(engine, [prompt], config, [None], eos):
         first = first or time.perf_counter()
     return 1000 * (first - started), (NEW_TOKENS - 1) / (time.perf_counter() - first)
 
@@ -33,17 +33,17 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     model = edgelm.load(args.package, device="cpu", threads=args.threads)
-    engine, in_place = model.engine, model.engine.cache
-    growing = lambda batch, capacity: GrowingCache(engine, batch)  # noqa: E731  (the prompt in one pass)
+    engine, in_place = model.engine, model.engine.decoder
+    growing = lambda batch, capacity: GrowingDecoder(engine, batch)  # noqa: E731  (the prompt in one pass)
     eos = model.arch.eos_token_id
     for length in (8, 512):
         prompt = [(i * 7919) % (model.arch.vocab_size - 1) for i in range(length)]
         rates = {"in-place": [], "growing": []}
         for _ in range(args.rounds):
             for name, make_cache in (("in-place", in_place), ("growing", growing)):
-                engine.cache = make_cache
+                engine.decoder = make_cache
                 rates[name].append(timed(engine, prompt, eos))
-        engine.cache = in_place
+        engine.decoder = in_place
         print(
             f"{args.threads} threads, {length}-token prompt: "
             + ", ".join(

@@ -67,7 +67,7 @@ def prepare(system: str, checkpoint: Path) -> Path:
     if target.exists():
         return target
     if kind == "edgelm":
-        from edgelm.export.pipeline import export_model
+        from edgelm.export.stages import export_model
 
         weights, _, cache = variant.partition("-")  # int8-kv8: int8 weights, int8 KV cache
         export_model(
@@ -223,14 +223,14 @@ def _timed(stream):
 
 def _edgelm(system, path, threads):
     import edgelm.runtime as edgelm
-    from edgelm.runtime.config import GenerationConfig
-    from edgelm.runtime.engine import generate
+    from edgelm.runtime.generation_config import GenerationConfig
+    from edgelm.runtime.engine import decode_steps
 
     model = edgelm.load(path, device="cpu", threads=threads)
 
     def run(prompt, n):
         config = GenerationConfig(max_new_tokens=n, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
-        return _timed(generate(model.engine, [prompt], config, [None], model.pad_id))
+        return _timed(decode_steps(model.engine, [prompt], config, [None], model.pad_id))
 
     return run
 

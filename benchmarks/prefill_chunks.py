@@ -59,7 +59,7 @@ def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
     engine.PREFILL_CHUNK = chunk
     ids = np.array([_prompt(model, PROMPT)])
     for _ in range(repeats):
-        profiled.cache(1, PROMPT + 1).run(ids, np.ones_like(ids), np.arange(PROMPT)[None])
+        profiled.decoder(1, PROMPT + 1).run(ids, np.ones_like(ids), np.arange(PROMPT)[None])
     events = json.loads(open(session.end_profiling()).read())
     return (
         sum(e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")) / 1000 / repeats
@@ -69,7 +69,7 @@ def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
 def last_logprobs(model, ids, chunk) -> np.ndarray:
     engine.PREFILL_CHUNK = chunk
     row = np.array([ids])
-    logits = model.engine.cache(1, len(ids) + 1).run(row, np.ones_like(row), np.arange(len(ids))[None])
+    logits = model.engine.decoder(1, len(ids) + 1).run(row, np.ones_like(row), np.arange(len(ids))[None])
     return log_softmax(logits[:, -1])[0]
 
 

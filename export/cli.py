@@ -39,7 +39,7 @@ def export(model, output, quantize, kv_cache, revision, force):
     try:
         from rich.console import Console
 
-        from .pipeline import export_model
+        from .stages import export_model
     except ImportError as error:
         raise click.ClickException(
             f"edgelm export needs the export extra ({error.name} is missing): pip install 'edgelm[export]'"

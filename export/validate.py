@@ -9,8 +9,8 @@ Relative error is max |ours - reference| / max |reference| over real (unpadded) 
 import numpy as np
 import onnxruntime as ort
 
-from edgelm.runtime.config import GenerationConfig
-from edgelm.runtime.engine import Engine, generate, left_pad, position_ids_from_mask
+from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.engine import Engine, decode_steps, left_pad, position_ids_from_mask
 from edgelm.runtime.errors import ParityError
 from edgelm.runtime.session import graph_io
 
@@ -94,7 +94,7 @@ def _engine(graph, arch) -> Engine:
 
 def _ours_greedy(engine, rows, new_tokens, arch):
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=arch.eos_token_id)
-    steps = [s.tokens for s in generate(engine, rows, config, [None] * len(rows), pad_id=0)]
+    steps = [s.tokens for s in decode_steps(engine, rows, config, [None] * len(rows), pad_id=0)]
     return np.stack(steps, axis=1)
 
 

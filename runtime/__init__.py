@@ -13,8 +13,8 @@ huge pages (launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 from .errors import DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
 
 _LAZY = {
-    "Completion": "generation",
-    "GenerationConfig": "config",
+    "Completion": "batch",
+    "GenerationConfig": "generation_config",
     "Model": "model",
     "Score": "model",
     "Stream": "model",

@@ -17,8 +17,8 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from .config import GenerationConfig
-from .engine import generate
+from .generation_config import GenerationConfig
+from .engine import decode_steps
 from .model import load
 
 
@@ -36,7 +36,7 @@ def _timed_tokens(model, prompts, new_tokens):
     config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
     started = time.perf_counter()
     first = None
-    for _ in generate(model.engine, prompts, config, [None] * len(prompts), model.pad_id):
+    for _ in decode_steps(model.engine, prompts, config, [None] * len(prompts), model.pad_id):
         if first is None:
             first = time.perf_counter()
     return first - started, time.perf_counter() - first
@@ -119,7 +119,7 @@ def _cold_start(path, threads) -> float:
     code = (
         "import edgelm.runtime as e\n"
         f"m = e.load({str(path)!r}, threads={threads})\n"
-        "next(iter(m.start(['Hello'], max_new_tokens=1, ignore_eos=True)))\n"
+        "next(iter(m.batch(['Hello'], max_new_tokens=1, ignore_eos=True)))\n"
     )
     time.sleep(SETTLE_S)  # this process's onnxruntime threads must not compete with the new one
     started = time.perf_counter()

@@ -8,8 +8,8 @@ One ONNX graph serves both steps. Shapes (B batch, T prompt length, S = tokens s
 
 The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
 CPU it is one preallocated [B, H, T + max_new_tokens, D] buffer per tensor that the graph writes in place, the
-prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceCache); otherwise each step's present
-[B, H, S + 1, D] becomes the next past (GrowingCache).
+prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceDecoder); otherwise each step's present
+[B, H, S + 1, D] becomes the next past (GrowingDecoder).
 """
 
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
-from .config import GenerationConfig
+from .generation_config import GenerationConfig
 from .sampling import log_softmax, pick, process_logits, top_logprobs
 from .session import GraphIO
 
@@ -54,7 +54,7 @@ class Engine:
     ):
         self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
         self.embeddings = embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/embeddings.py)
-        self.token_input = "inputs_embeds" if io.takes_embeddings else "input_ids"
+        self.token_input_name = "inputs_embeds" if io.takes_embeddings else "input_ids"
         # The decode loop talks to onnxruntime's C++ session and its OrtValues directly: the Python wrappers
         # cost ~0.5 ms per step (13+ objects built and unwrapped), 7% of an int8 distilgpt2 step.
         self._run = session._sess.run_with_ort_values
@@ -84,7 +84,7 @@ class Engine:
             # An overridable initializer: IO binding cannot address it, run_with_ort_values can.
             arrays["logits_to_keep"] = np.array(logits_to_keep)
         # C-level OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
-        arrays = {self.token_input: self.tokens(input_ids)} | {
+        arrays = {self.token_input_name: self.token_input(input_ids)} | {
             name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()
         }
         feeds = dict(zip(self._past_names, past))
@@ -95,21 +95,22 @@ class Engine:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
         return logits, [outputs[i] for i in range(1, len(self._output_names))]
 
-    def tokens(self, input_ids) -> np.ndarray:
+    def token_input(self, input_ids) -> np.ndarray:
         """What the graph's first input takes: the ids as int64, or their embeddings when it takes inputs_embeds."""
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
         return self.embeddings(ids) if self.io.takes_embeddings else ids
 
-    def cache(self, batch: int, capacity: int):
-        """An empty cache for `batch` rows of up to `capacity` positions: written in place when the graph and
-        the device allow it. Its run(input_ids, attention_mask, position_ids) takes the prompt, then each step,
-        and returns the last position's logits [B, 1, V]."""
+    def decoder(self, batch: int, capacity: int):
+        """A decoder for `batch` rows of up to `capacity` positions: it owns their key/value cache (written in
+        place when the graph and the device allow it) and runs the graph against it. Its
+        run(input_ids, attention_mask, position_ids) takes the prompt, then each step, and returns the last
+        position's logits [B, 1, V]."""
         if self.io.kv_cache_in_place and self.io.has_logits_to_keep and self.device == "cpu":
-            return InPlaceCache(self, batch, capacity)
-        return GrowingCache(self, batch)
+            return InPlaceDecoder(self, batch, capacity)
+        return GrowingDecoder(self, batch)
 
 
-class GrowingCache:
+class GrowingDecoder:
     """The plain contract: each pass's present (past + T rows) is the next pass's past."""
 
     def __init__(self, engine: Engine, batch: int):
@@ -120,7 +121,7 @@ class GrowingCache:
         return logits
 
 
-class InPlaceCache:
+class InPlaceDecoder:
     """One [B, H, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
     writes each pass's new rows in place, so neither the prompt nor any step copies the cache. The logits come
     back in one preallocated [B, 1, V] array, valid until the next run."""
@@ -137,7 +138,7 @@ class InPlaceCache:
         self.cache, self.fetch_devices = cache, [self.host] * len(engine._output_names)
         self.id_inputs = 3 if engine.io.has_position_ids else 2  # the tokens, attention_mask[, position_ids]
         self.names = [
-            *(engine.token_input, "attention_mask", "position_ids")[: self.id_inputs],
+            *(engine.token_input_name, "attention_mask", "position_ids")[: self.id_inputs],
             "logits_to_keep",
             *engine._past_names,
         ]
@@ -155,7 +156,7 @@ class InPlaceCache:
     def _pass(self, input_ids, attention_mask, position_ids):
         # The arrays must outlive the run: the OrtValues below only borrow them.
         arrays = [
-            self.engine.tokens(input_ids),
+            self.engine.token_input(input_ids),
             *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[: self.id_inputs - 1]),
         ]
         feeds = ort_c.OrtValueVector()
@@ -186,7 +187,7 @@ def position_ids_from_mask(attention_mask: np.ndarray) -> np.ndarray:
     return np.where(attention_mask == 0, 1, positions).astype(np.int64)
 
 
-def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list, pad_id: int) -> Iterator[Step]:
+def decode_steps(engine: Engine, prompts: list, config: GenerationConfig, rngs: list, pad_id: int) -> Iterator[Step]:
     """Yield one Step per new token position until every row has finished (end-of-text or max_new_tokens)."""
     batch = len(prompts)
     input_ids, attention_mask = left_pad(prompts, pad_id)
@@ -197,8 +198,8 @@ def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list
     eos = None if config.ignore_eos else config.eos_token_id
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
-    cache = engine.cache(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
-    logits = cache.run(input_ids, attention_mask, position_ids)
+    decoder = engine.decoder(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
+    logits = decoder.run(input_ids, attention_mask, position_ids)
     for step in range(config.max_new_tokens):
         raw = logits[:, -1, :]  # [B, V]
         filtered = process_logits(raw, config, seen, generated)
@@ -218,7 +219,7 @@ def generate(engine: Engine, prompts: list, config: GenerationConfig, rngs: list
         # Decode: one token per row against the cache; finished rows feed padding that nobody reads.
         attention_mask = np.concatenate([attention_mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
         position_ids = position_ids[:, -1:] + 1
-        logits = cache.run(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids)
+        logits = decoder.run(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids)
 
 
 def _logprobs(raw: np.ndarray, tokens: np.ndarray, top_n: int | None):

@@ -17,7 +17,12 @@ class DeviceError(EdgelmError):
 
 
 class GenerationOptionError(EdgelmError, ValueError):
-    """A generation option is out of range, of the wrong type, or unknown."""
+    """A generation option is out of range, of the wrong type, or unknown. `param` names the option (the
+    server reports it as the error's `param`)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class PromptError(EdgelmError, ValueError):

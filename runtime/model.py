@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
-from .config import GenerationConfig
+from .generation_config import GenerationConfig
 from .embeddings import TokenEmbeddings
 from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
-from .generation import Completion, Generation
+from .batch import Completion, Batch
 from .package import DEFAULT_PACKAGE, Package, open_package
 from .sampling import log_softmax
 from .session import create_session, graph_io, release_freed_memory
@@ -74,24 +74,24 @@ class Model:
             raise PromptError(f"a prompt must be a string or a list of token ids, got {type(text).__name__}{hint}")
         return self.tokenizer.encode(text).ids
 
-    def start(self, prompts, **options) -> Generation:
-        """A Generation over several prompts (strings or token-id lists); iterate it for pieces as they come."""
+    def batch(self, prompts, **options) -> Batch:
+        """A Batch over several prompts (strings or token-id lists); iterate it for pieces as they come."""
         config = self.settings(**options)
         ids, truncated = zip(*(self._prepare(p, config) for p in prompts)) if prompts else ((), ())
         if not ids:
             raise PromptError("no prompts were given")
-        return Generation(self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated))
+        return Batch(self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated))
 
     def generate(self, prompt, **options):
         """Complete one prompt (returns a Completion, or a list when num_return_sequences > 1) or a list of prompts (a list)."""
-        generation = self.start([prompt] if isinstance(prompt, str) else list(prompt), **options)
+        generation = self.batch([prompt] if isinstance(prompt, str) else list(prompt), **options)
         completions = generation.run()
         single = isinstance(prompt, str) and generation.config.num_return_sequences == 1
         return completions[0] if single else completions
 
     def stream(self, prompt: str, **options) -> "Stream":
         """Iterate the returned Stream for text pieces as they become final; its `completion` is set at the end."""
-        generation = self.start([prompt], **options)
+        generation = self.batch([prompt], **options)
         if generation.config.num_return_sequences != 1:
             raise GenerationOptionError("stream() yields one sequence; use start() to stream several rows at once")
         return Stream(generation)
@@ -156,7 +156,7 @@ class Model:
 class Stream:
     """Text pieces of one completion as they become final. Breaking out of the loop stops generation."""
 
-    def __init__(self, generation: Generation):
+    def __init__(self, generation: Batch):
         self.generation = generation
         self.completion: Completion | None = None
 

@@ -16,7 +16,7 @@ Pure NumPy: the random generators are passed in, one per row, never global.
 
 import numpy as np
 
-from .config import GenerationConfig
+from .generation_config import GenerationConfig
 from .errors import GenerationOptionError
 
 NEG_INF = np.float32(-np.inf)

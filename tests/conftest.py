@@ -20,21 +20,21 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_package(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint exported to an fp32 package."""
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-fp32").path
 
 
 @pytest.fixture(scope="session")
 def tiny_package_int8(tiny_checkpoint, tmp_path_factory):
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int8", quantize="int8").path
 
 
 @pytest.fixture(scope="session")
 def tiny_package_int4(tiny_checkpoint, tmp_path_factory):
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int4", quantize="int4").path
 
@@ -59,7 +59,7 @@ def gpt2_tokenizer_dir():
 def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
     """A tiny random model over the real 50,257-token GPT-2 vocabulary, exported fp32."""
     from checkpoints import build_checkpoint
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     folder = build_checkpoint(
         tmp_path_factory.mktemp("ckpt") / "gpt2-vocab", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir
@@ -70,7 +70,7 @@ def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_package_int8_kv8(tiny_checkpoint, tmp_path_factory):
     """int8 weights and an int8 KV cache."""
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     return export_model(
         str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int8-kv8", quantize="int8", kv_cache="int8"

@@ -104,7 +104,7 @@ def test_distilgpt2_shaped_packages_fit_their_size_budget(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     from distilgpt2_checkpoint import build
 
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     checkpoint = build(tmp_path_factory.mktemp("distilgpt2") / "ckpt", SHARED)
     budgets = {"none": 335e6, "int8": 90e6}

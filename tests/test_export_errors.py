@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 
 
 def _export(*args, **kwargs):
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     return export_model(*args, **kwargs)
 
@@ -196,7 +196,7 @@ def test_killed_export_leaves_no_package_and_is_swept(tiny_checkpoint, tmp_path)
         "from edgelm.export import writer\n"
         "def die(self, manifest): os.kill(os.getpid(), signal.SIGKILL)\n"
         "writer.PackageWriter.publish = die\n"
-        "from edgelm.export.pipeline import export_model\n"
+        "from edgelm.export.stages import export_model\n"
         f"export_model({str(tiny_checkpoint)!r}, {str(tmp_path / 'out')!r})\n"
     )
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)

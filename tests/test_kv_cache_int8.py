@@ -64,17 +64,17 @@ def test_the_quality_report_measures_the_cache_path(tiny_package_int8, tiny_pack
 
 def test_the_runtime_decodes_into_int8_buffers_and_both_cache_paths_agree(tiny_package_int8_kv8, monkeypatch):
     from edgelm.runtime import engine as engine_module
-    from edgelm.runtime.engine import GrowingCache, InPlaceCache, left_pad, position_ids_from_mask
+    from edgelm.runtime.engine import GrowingDecoder, InPlaceDecoder, left_pad, position_ids_from_mask
 
     model = rt.load(tiny_package_int8_kv8)
     assert model.engine.io.cache_dtype == "int8"
-    in_place = model.engine.cache(1, 40)
-    assert isinstance(in_place, InPlaceCache) and {b.dtype for b in in_place.buffers} == {np.dtype(np.int8)}
+    in_place = model.engine.decoder(1, 40)
+    assert isinstance(in_place, InPlaceDecoder) and {b.dtype for b in in_place.buffers} == {np.dtype(np.int8)}
     monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 4)
     prompt = model.encode("Once upon a time, in a land far away")
     ids, mask = left_pad([prompt], 0)
     positions = position_ids_from_mask(mask)
-    growing = GrowingCache(model.engine, 1)
+    growing = GrowingDecoder(model.engine, 1)
     # The prompt in chunks of 4 both ways (int8 activations are quantized per pass, so the passes must match):
     # the same int8 rows land in the preallocated buffer as in the growing cache, and the same logits come out.
     b = in_place.run(ids, mask, positions)
@@ -86,12 +86,12 @@ def test_the_runtime_decodes_into_int8_buffers_and_both_cache_paths_agree(tiny_p
         np.testing.assert_array_equal(grown.numpy(), buffer[:, :, : ids.shape[1]])
     completion = model.generate("Once upon a time", max_new_tokens=12, ignore_eos=True)
     assert len(completion.token_ids) == 12
-    monkeypatch.setattr(model.engine, "cache", lambda batch, capacity: GrowingCache(model.engine, batch))
+    monkeypatch.setattr(model.engine, "decoder", lambda batch, capacity: GrowingDecoder(model.engine, batch))
     assert model.generate("Once upon a time", max_new_tokens=12, ignore_eos=True).token_ids == completion.token_ids
 
 
 def test_an_int8_cache_needs_quantized_weights(tiny_checkpoint, tmp_path):
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     with pytest.raises(ExportError, match="token-exact"):
         export_model(str(tiny_checkpoint), tmp_path / "out", kv_cache="int8")

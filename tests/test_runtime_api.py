@@ -102,7 +102,7 @@ def test_continuing_token_ids_that_end_mid_character(gpt2_vocab_model):
 
 def count_passes(model, monkeypatch) -> list:
     """Every pass through the graph (a prompt chunk, a decode step, a scoring pass) appends to the list."""
-    calls, make_cache, forward = [], model.engine.cache, model.engine.forward
+    calls, make_decoder, forward = [], model.engine.decoder, model.engine.forward
 
     class Counted:
         def __init__(self, inner):
@@ -112,7 +112,7 @@ def count_passes(model, monkeypatch) -> list:
             calls.append(1)
             return self.inner.run(*args)
 
-    monkeypatch.setattr(model.engine, "cache", lambda *a, **k: Counted(make_cache(*a, **k)))
+    monkeypatch.setattr(model.engine, "decoder", lambda *a, **k: Counted(make_decoder(*a, **k)))
     monkeypatch.setattr(model.engine, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
     return calls
 

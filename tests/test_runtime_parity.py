@@ -129,7 +129,7 @@ def other_shape(tmp_path_factory):
     from checkpoints import build_checkpoint
     from transformers import GPT2LMHeadModel
 
-    from edgelm.export.pipeline import export_model
+    from edgelm.export.stages import export_model
 
     folder = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-3x2x48", n_layer=3, n_head=2, n_embd=48, seed=7)
     package = export_model(str(folder), tmp_path_factory.mktemp("pkg") / "tiny-3x2x48").path
@@ -301,21 +301,21 @@ def test_in_place_cache_equals_the_growing_cache(tiny_package, monkeypatch):
     import numpy as np
 
     from edgelm.runtime import engine as engine_module
-    from edgelm.runtime.engine import GrowingCache, InPlaceCache, left_pad, position_ids_from_mask
+    from edgelm.runtime.engine import GrowingDecoder, InPlaceDecoder, left_pad, position_ids_from_mask
 
     model = rt.load(tiny_package)
     assert model.engine.io.kv_cache_in_place
-    assert isinstance(model.engine.cache(2, 16), InPlaceCache)
+    assert isinstance(model.engine.decoder(2, 16), InPlaceDecoder)
     monkeypatch.setattr(engine_module, "PREFILL_CHUNK", 3)  # several chunks, the last one short
     prompts = [model.encode("The quick brown fox"), model.encode("Once upon a time, in a land far away")]
     ids, mask = left_pad(prompts, 0)
     assert all(len(p) > 3 for p in prompts) and any(len(p) % 3 for p in prompts)
     positions = position_ids_from_mask(mask)
-    growing, in_place = GrowingCache(model.engine, 2), InPlaceCache(model.engine, 2, capacity=ids.shape[1] + 12)
+    growing, in_place = GrowingDecoder(model.engine, 2), InPlaceDecoder(model.engine, 2, capacity=ids.shape[1] + 12)
     a, b = growing.run(ids, mask, positions), in_place.run(ids, mask, positions)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     for row, prompt in enumerate(prompts):  # one row alone: its prompt goes in three tokens at a time
-        alone = InPlaceCache(model.engine, 1, capacity=len(prompt) + 1)
+        alone = InPlaceDecoder(model.engine, 1, capacity=len(prompt) + 1)
         single = np.array([prompt])
         np.testing.assert_allclose(
             alone.run(single, np.ones_like(single), np.arange(len(prompt))[None]), a[row : row + 1], rtol=0, atol=1e-5

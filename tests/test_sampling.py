@@ -6,7 +6,7 @@ import torch
 from transformers.generation import logits_process as hf
 
 from edgelm.runtime import sampling
-from edgelm.runtime.config import GenerationConfig
+from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.errors import GenerationOptionError
 
 SEEDS = [0, 1, 2, 3]

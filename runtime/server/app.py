@@ -167,7 +167,7 @@ def _prepare(model, req) -> tuple:
     """Tokenize and check the prompts (worker thread: a long prompt must not block the event loop)."""
     if req.max_tokens == 0:  # echo only: nothing to generate
         return None, [max(len(model.encode(p)), 1) for p in req.prompts]
-    generation = model.start(req.prompts, **req.options)
+    generation = model.batch(req.prompts, **req.options)
     return generation, [len(ids) for ids in generation.prompts]
 
 

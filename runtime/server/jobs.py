@@ -1,11 +1,11 @@
 """Where requests wait and run: a fair FIFO of slots, and one worker thread per running request.
 
     request -> Slots.acquire() (FIFO; 429 when the queue is full; 408 at the deadline)
-            -> Job: its Generation runs in a worker thread, pieces cross to the event loop through an
+            -> Job: its Batch runs in a worker thread, pieces cross to the event loop through an
                asyncio.Queue (loop.call_soon_threadsafe) -> the response reads them
             -> the worker ends (done, error, cancelled) -> the slot passes to the oldest waiter
 
-No batching across requests: each request is its own Generation (its prompts x n rows batched together),
+No batching across requests: each request is its own Batch (its prompts x n rows batched together),
 so what a request gets never depends on what else runs; the Model is shared, read-only and thread-safe.
 A job is stopped from outside (client gone, timeout, shutdown) by a flag the worker checks before every
 forward pass, so a stopped request gives its slot back after at most one step.
@@ -129,28 +129,28 @@ class Job:
 
 
 class GuardedEngine:
-    """The model's engine, handing out caches that check for a stop before each pass (generation runs every
-    pass, the prompt's included, through its cache)."""
+    """The model's engine, handing out decoders that check for a stop before each pass (generation runs every
+    pass, the prompt's included, through its decoder)."""
 
     def __init__(self, engine, job: Job):
         self._engine, self._job = engine, job
 
-    def cache(self, batch, capacity):
-        return GuardedCache(self._engine.cache(batch, capacity), self._job)
+    def decoder(self, batch, capacity):
+        return GuardedDecoder(self._engine.decoder(batch, capacity), self._job)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
 
-class GuardedCache:
-    """A cache with the same stop check before each pass: the prompt, then every decode step."""
+class GuardedDecoder:
+    """A decoder with the same stop check before each pass: the prompt, then every decode step."""
 
-    def __init__(self, cache, job: Job):
-        self._cache, self._job = cache, job
+    def __init__(self, decoder, job: Job):
+        self._decoder, self._job = decoder, job
 
     def run(self, *args):
         self._job.check()
-        return self._cache.run(*args)
+        return self._decoder.run(*args)
 
 
 class Jobs:

@@ -288,7 +288,7 @@ def param_of(message: str, body: dict) -> str | None:
 def choices(request: CompletionRequest, completions: list | None, scores: list | None) -> list:
     """One choice per (prompt, sequence), index = prompt_index * n + sequence, as OpenAI numbers them.
 
-    completions: the Generation's, or None when max_tokens is 0; scores: each prompt's Score when
+    completions: the Batch's, or None when max_tokens is 0; scores: each prompt's Score when
     echo and logprobs are both asked for (the prompt's own log-probs come first), else None.
     """
     out = []

@@ -58,8 +58,12 @@ def export_model(
     revision: str | None = None,
     progress: Callable[[str, str, str], None] | None = None,
     kv_cache: str = "float32",
+    validate: bool = True,
 ) -> ExportResult:
-    """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package."""
+    """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package.
+
+    validate=False skips the comparison against PyTorch (the manifest then records no figures); it exists for
+    test fixtures that need a package quickly, and a package made that way says so in `edgelm info`."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
     if kv_cache not in KV_CACHES:
@@ -110,17 +114,10 @@ def export_model(
         stage("quantize", "done", f"{len(final_bytes) / 1e6:.1f} MB graph")
     shipped = split_weights(final_bytes)  # what is written: model.onnx and model.onnx.data
 
-    stage("validate", "start", "against transformers (PyTorch)")
-    from .validate import check_fp32, quality_report
-
-    fp32_graph = shipped if quantize == "none" else fp32_bytes
-    validation = {
-        "reference": "transformers GPT2LMHeadModel, float32, eager attention",
-        "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
-    }
-    if quantize != "none":
-        validation[quantize] = quality_report(shipped, reference, tokenizer, arch)
-    stage("validate", "done", f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}")
+    if validate:
+        validation = _validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize, stage)
+    else:
+        validation = {"skipped": "exported with validate=False: no comparison against PyTorch was made"}
 
     stage("save", "start", str(output))
     sweep_partials(output)
@@ -159,6 +156,22 @@ def export_model(
         raise
     stage("save", "done", f"{sum(f['size'] for f in manifest['files'].values()) / 1e6:.1f} MB")
     return ExportResult(output, manifest)
+
+
+def _validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize: str, stage) -> dict:
+    """The validate stage: fp32 parity against transformers, and the quantized package's quality figures."""
+    stage("validate", "start", "against transformers (PyTorch)")
+    from .validate import check_fp32, quality_report
+
+    fp32_graph = shipped if quantize == "none" else fp32_bytes
+    validation = {
+        "reference": "transformers GPT2LMHeadModel, float32, eager attention",
+        "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
+    }
+    if quantize != "none":
+        validation[quantize] = quality_report(shipped, reference, tokenizer, arch)
+    stage("validate", "done", f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}")
+    return validation
 
 
 def _optimize(model) -> bytes:

@@ -1,4 +1,4 @@
-"""One running request, one layer above the engine: prompts in, text pieces and finished completions out.
+"""A batch: the rows of one call, decoded together, one layer above the engine: prompts in, text pieces and finished completions out.
 
 Rows are prompts x num_return_sequences, prompt-major. Each row has its own text stream (UTF-8-safe,
 stop strings cut) and its own random generator seeded from (seed, sequence index), so a row's tokens do
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import GenerationConfig
-from .engine import generate
+from .generation_config import GenerationConfig
+from .engine import decode_steps
 from .text_stream import TextStream
 
 PREFIX_TOKENS = 4  # prompt ids a text stream sees as context for its first pieces
@@ -44,7 +44,7 @@ class Piece:
 
 
 @dataclass
-class Generation:
+class Batch:
     """Iterate to run it: yields Piece objects as text becomes final; `completions` is filled at the end.
     Breaking out of the iteration (or calling close()) stops the work at once."""
 
@@ -72,7 +72,7 @@ class Generation:
             )
             for r in range(len(self.rows))
         ]
-        self._steps = generate(self.engine, self.rows, self.config, rngs, self.pad_id)
+        self._steps = decode_steps(self.engine, self.rows, self.config, rngs, self.pad_id)
         try:
             for step in self._steps:
                 for row, token in enumerate(step.tokens.tolist()):
