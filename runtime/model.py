@@ -74,9 +74,13 @@ class Model:
             raise PromptError(f"a prompt must be a string or a list of token ids, got {type(text).__name__}{hint}")
         return self.tokenizer.encode(text).ids
 
-    def batch(self, prompts, **options) -> Batch:
-        """A Batch over several prompts (strings or token-id lists); iterate it for pieces as they come."""
-        config = self.settings(**options)
+    def batch(self, prompts, config: GenerationConfig | None = None, **options) -> Batch:
+        """A Batch over several prompts (strings or token-id lists); iterate it for pieces as they come.
+        `config` is settings already built by settings(); otherwise the options are applied to the defaults."""
+        if config is None:
+            config = self.settings(**options)
+        elif options:
+            raise GenerationOptionError("pass either a GenerationConfig or options, not both")
         ids, truncated = zip(*(self._prepare(p, config) for p in prompts)) if prompts else ((), ())
         if not ids:
             raise PromptError("no prompts were given")
@@ -93,7 +97,7 @@ class Model:
         """Iterate the returned Stream for text pieces as they become final; its `completion` is set at the end."""
         generation = self.batch([prompt], **options)
         if generation.config.num_return_sequences != 1:
-            raise GenerationOptionError("stream() yields one sequence; use start() to stream several rows at once")
+            raise GenerationOptionError("stream() yields one sequence; use batch() to stream several rows at once")
         return Stream(generation)
 
     def score(self, text: str) -> Score:
