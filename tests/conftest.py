@@ -1,12 +1,19 @@
-"""Shared fixtures: tiny random GPT-2 checkpoints and the packages exported from them (built once per run)."""
+"""Shared fixtures: tiny random GPT-2 checkpoints and the packages exported from them (built once per run).
 
-import sys
+The packages skip the export's comparison against PyTorch (`validate=False`), which is nearly all of an
+export's time; the `validated_*` packages keep it, for the tests about the figures that comparison records."""
+
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared beside the checkout
+
+
+def _export(checkpoint, folder, **options):
+    from edgelm.export.stages import export_model
+
+    return export_model(str(checkpoint), folder, **options).path
 
 
 @pytest.fixture(scope="session")
@@ -20,23 +27,54 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_package(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint exported to an fp32 package."""
-    from edgelm.export.stages import export_model
-
-    return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-fp32").path
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-fp32", validate=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_package_int8(tiny_checkpoint, tmp_path_factory):
-    from edgelm.export.stages import export_model
-
-    return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int8", quantize="int8").path
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-int8", quantize="int8", validate=False)
 
 
 @pytest.fixture(scope="session")
 def tiny_package_int4(tiny_checkpoint, tmp_path_factory):
-    from edgelm.export.stages import export_model
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-int4", quantize="int4", validate=False)
 
-    return export_model(str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int4", quantize="int4").path
+
+@pytest.fixture(scope="session")
+def tiny_package_int8_kv8(tiny_checkpoint, tmp_path_factory):
+    """int8 weights and an int8 KV cache."""
+    folder = tmp_path_factory.mktemp("pkg") / "tiny-int8-kv8"
+    return _export(tiny_checkpoint, folder, quantize="int8", kv_cache="int8", validate=False)
+
+
+@pytest.fixture(scope="session")
+def validated_package(tiny_checkpoint, tmp_path_factory):
+    """The fp32 package with the export's validation figures in its manifest."""
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("validated") / "tiny-fp32")
+
+
+@pytest.fixture(scope="session")
+def validated_package_int8(tiny_checkpoint, tmp_path_factory):
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("validated") / "tiny-int8", quantize="int8")
+
+
+@pytest.fixture(scope="session")
+def validated_package_int4(tiny_checkpoint, tmp_path_factory):
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("validated") / "tiny-int4", quantize="int4")
+
+
+@pytest.fixture(scope="session")
+def validated_package_int8_kv8(tiny_checkpoint, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("validated") / "tiny-int8-kv8"
+    return _export(tiny_checkpoint, folder, quantize="int8", kv_cache="int8")
+
+
+@pytest.fixture(scope="module")
+def model(tiny_package):
+    """The fp32 tiny package, loaded."""
+    import edgelm.runtime as rt
+
+    return rt.load(tiny_package)
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +86,14 @@ def reference_model(tiny_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def gpt2_tokenizer_dir():
-    folder = SHARED / "gpt2-tokenizer"
+def shared_folder():
+    """../shared beside the checkout (the real GPT-2 tokenizer, distilgpt2's config); tests skip without it."""
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def gpt2_tokenizer_dir(shared_folder):
+    folder = shared_folder / "gpt2-tokenizer"
     if not (folder / "tokenizer.json").exists():
         pytest.skip(f"the real GPT-2 tokenizer is not at {folder} (../shared is absent)")
     return folder
@@ -59,19 +103,8 @@ def gpt2_tokenizer_dir():
 def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
     """A tiny random model over the real 50,257-token GPT-2 vocabulary, exported fp32."""
     from checkpoints import build_checkpoint
-    from edgelm.export.stages import export_model
 
     folder = build_checkpoint(
         tmp_path_factory.mktemp("ckpt") / "gpt2-vocab", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir
     )
-    return export_model(str(folder), tmp_path_factory.mktemp("pkg") / "gpt2-vocab").path
-
-
-@pytest.fixture(scope="session")
-def tiny_package_int8_kv8(tiny_checkpoint, tmp_path_factory):
-    """int8 weights and an int8 KV cache."""
-    from edgelm.export.stages import export_model
-
-    return export_model(
-        str(tiny_checkpoint), tmp_path_factory.mktemp("pkg") / "tiny-int8-kv8", quantize="int8", kv_cache="int8"
-    ).path
+    return _export(folder, tmp_path_factory.mktemp("pkg") / "gpt2-vocab", validate=False)

@@ -21,11 +21,6 @@ EOS = 0
 EDGELM = Path(sys.executable).parent / "edgelm"
 
 
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
-
-
 def invoke(*args, input=None):
     return CliRunner().invoke(main, [str(a) for a in args], input=input)
 
@@ -195,18 +190,18 @@ def test_truncate_flag(tiny_package):
 # --- info and verify ---------------------------------------------------------------------------------
 
 
-def test_info(tiny_package, tiny_package_int8):
-    result = invoke("info", tiny_package)
+def test_info(validated_package, validated_package_int8):
+    result = invoke("info", validated_package)
     assert result.exit_code == 0, result.output
     assert "2 layers, 4 heads x 8, width 32, 64 positions" in result.output
     assert "fp32 parity" in result.output and "greedy identical True" in result.output
-    int8 = invoke("info", tiny_package_int8)
+    int8 = invoke("info", validated_package_int8)
     assert int8.exit_code == 0, int8.output
     assert "int8 quality  top-1" in int8.output
 
 
-def test_info_json(tiny_package):
-    result = invoke("info", tiny_package, "--json")
+def test_info_json(validated_package):
+    result = invoke("info", validated_package, "--json")
     assert result.exit_code == 0, result.output
     manifest = json.loads(result.stdout)
     assert manifest["architecture"]["n_layer"] == 2
@@ -223,9 +218,15 @@ def test_verify(tiny_package, tmp_path):
     (folder / "model.onnx").write_bytes(bytes(data))
     assert_clean_failure(invoke("verify", folder), "model.onnx")
     assert "sha256" in invoke("verify", folder).output
-    # generate refuses it too, and --no-verify skips the check (the graph may or may not still load)
+    # generate refuses it too, and --no-verify skips the check: a weight altered in its last bit then runs
     assert_clean_failure(generate(folder, "Hi"), "model.onnx")
-    assert "sha256" not in generate(folder, "Hi", "--no-verify", "--max-new-tokens", 2).output
+    shutil.copy(tiny_package / "model.onnx", folder / "model.onnx")
+    weights = bytearray((folder / "model.onnx.data").read_bytes())
+    weights[0] ^= 1  # the lowest mantissa bit of the first float32 weight
+    (folder / "model.onnx.data").write_bytes(bytes(weights))
+    assert_clean_failure(generate(folder, "Hi"), "model.onnx.data")
+    unchecked = generate(folder, "Hi", "--no-verify", "--max-new-tokens", 2)
+    assert unchecked.exit_code == 0 and unchecked.stdout.strip() and "sha256" not in unchecked.output, unchecked.output
 
 
 def test_info_and_verify_on_an_optimum_folder(tiny_package, tmp_path):
@@ -320,12 +321,12 @@ def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package):
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)
     rates = ["decode_tok_s", "batch_8_tok_s", "batch_16_tok_s", "ceiling_tok_s", "read_gb_s"]
-    assert all(figures[k] > 0 for k in rates + ["ttft_8_ms", "peak_rss_mb", "load_s", "cold_start_to_first_token_s"])
+    measured = rates + ["ttft_8_ms", "peak_rss_mb", "load_s", "cold_start_to_first_token_s", "batch_16_over_batch_1"]
+    assert all(figures[k] > 0 for k in measured)
     assert figures["decode_fraction_of_ceiling"] == pytest.approx(figures["decode_tok_s"] / figures["ceiling_tok_s"])
     assert figures["weight_bytes"] == sum(
         (Path(tiny_package) / name).stat().st_size for name in ("model.onnx", "model.onnx.data")
     )
-    assert figures["batch_16_over_batch_1"] > 1  # sixteen rows in one pass beat one row, even on the tiny model
     assert "ttft_128_ms" not in figures  # a 64-position model cannot take a 128-token prompt
     table = invoke("bench", tiny_package, "--runs", "1", "--threads", "1")
     assert table.exit_code == 0, table.output
@@ -352,4 +353,5 @@ def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():
         np.random.default_rng(1).standard_normal((768, 40), dtype=np.float32),
     )
     np.testing.assert_allclose(probe.run(None, {"a": a, "b": b})[0], a @ b, rtol=1e-4, atol=1e-4)
-    assert 0 < ReadProbe(8 << 20, threads=1).seconds(repeats=1) < 10
+    seconds = ReadProbe(8 << 20, threads=1).seconds(repeats=1)
+    assert isinstance(seconds, float) and np.isfinite(seconds) and seconds > 0

@@ -91,22 +91,17 @@ def test_a_real_optimum_cli_export_runs(tiny_checkpoint, reference_model, tmp_pa
     assert np.isfinite(model.score("The quick brown fox").perplexity)
 
 
-def test_distilgpt2_shaped_packages_fit_their_size_budget(tmp_path_factory):
+@pytest.mark.slow
+def test_distilgpt2_shaped_packages_fit_their_size_budget(shared_folder, tmp_path_factory):
     """A checkpoint of distilgpt2's exact shape (random weights): fp32 <= 335 MB (optimum writes 482 MB),
     int8 <= 90 MB (quantize_dynamic on optimum's export gives ~120 MB), both passing fp32 parity."""
-    import sys
-    from pathlib import Path
-
-    from conftest import SHARED
-
-    if not (SHARED / "distilgpt2-config.json").exists():
-        pytest.skip(f"needs {SHARED}/distilgpt2-config.json and gpt2-tokenizer (../shared is absent)")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    if not (shared_folder / "distilgpt2-config.json").exists():
+        pytest.skip(f"needs {shared_folder}/distilgpt2-config.json and gpt2-tokenizer (../shared is absent)")
     from distilgpt2_checkpoint import build
 
     from edgelm.export.stages import export_model
 
-    checkpoint = build(tmp_path_factory.mktemp("distilgpt2") / "ckpt", SHARED)
+    checkpoint = build(tmp_path_factory.mktemp("distilgpt2") / "ckpt", shared_folder)
     budgets = {"none": 335e6, "int8": 90e6}
     for recipe, budget in budgets.items():
         result = export_model(str(checkpoint), tmp_path_factory.mktemp("pkg") / recipe, quantize=recipe)
@@ -157,13 +152,9 @@ def test_loading_at_the_extended_optimization_level_loses_no_fusion(fixture, req
 def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, products, request):
     """benchmarks/products_bound.py: the graph of the products alone holds each product of the package's graph
     once, with the same weights, and only the LM head keeps one position when a prompt is timed."""
-    import sys
     from collections import Counter
-    from pathlib import Path
 
     import onnx
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     from products_bound import Products, products_graph
 
     package = request.getfixturevalue(fixture)
@@ -182,4 +173,5 @@ def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, p
     )
     timer = Products(rt.load(package, device="cpu", threads=1), threads=1)
     assert timer.count == sum(products.values())
-    assert 0 < timer.seconds(2, 3, repeats=1) < 10
+    seconds = timer.seconds(2, 3, repeats=1)  # a batch of 2 rows of 3 positions runs, and is timed
+    assert isinstance(seconds, float) and np.isfinite(seconds) and seconds > 0

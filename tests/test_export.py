@@ -33,9 +33,9 @@ def _weights_size(package):
     return sum((package / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))
 
 
-def test_package_files_and_manifest(tiny_package):
-    manifest = json.loads((tiny_package / "manifest.json").read_text())
-    names = {p.name for p in tiny_package.iterdir()}
+def test_package_files_and_manifest(validated_package):
+    manifest = json.loads((validated_package / "manifest.json").read_text())
+    names = {p.name for p in validated_package.iterdir()}
     assert {
         "model.onnx",
         "model.onnx.data",
@@ -70,12 +70,12 @@ def test_package_files_and_manifest(tiny_package):
     # Every file but the manifest is listed with its real size and sha256.
     assert set(manifest["files"]) == names - {"manifest.json"}
     for name, record in manifest["files"].items():
-        assert record == file_record(tiny_package / name)
+        assert record == file_record(validated_package / name)
     assert set(manifest["export_seconds"]) == {"load", "export", "optimize", "validate"}
 
 
-def test_fp32_validation_recorded(tiny_package):
-    validation = json.loads((tiny_package / "manifest.json").read_text())["validation"]["fp32"]
+def test_fp32_validation_recorded(validated_package):
+    validation = json.loads((validated_package / "manifest.json").read_text())["validation"]["fp32"]
     assert set(validation["cases"]) >= {"one_token", "near_limit", "padded_batch"}
     assert validation["cases"]["near_limit"]["prompt_tokens"] == [60]
     assert (
@@ -166,8 +166,8 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     assert "token rows read from model.onnx.data by the runtime" in info.output
 
 
-def test_int8_package_quality_and_recipe(tiny_package, tiny_package_int8):
-    manifest = json.loads((tiny_package_int8 / "manifest.json").read_text())
+def test_int8_package_quality_and_recipe(tiny_package, validated_package_int8):
+    manifest = json.loads((validated_package_int8 / "manifest.json").read_text())
     recipe = manifest["weights"]["quantization"]
     assert manifest["weights"]["dtype"] == "int8" and recipe["bits"] == 7 and recipe["reduce_range"] is True
     quality = manifest["validation"]["int8"]
@@ -177,10 +177,10 @@ def test_int8_package_quality_and_recipe(tiny_package, tiny_package_int8):
     assert abs(quality["perplexity_change"]) <= 0.05
     # the fp32 graph was validated as the parity gate for the int8 export too
     assert manifest["validation"]["fp32"]["greedy_identical"]
-    ops = {n.op_type for n in onnx.load(str(tiny_package_int8 / "model.onnx")).graph.node}
+    ops = {n.op_type for n in onnx.load(str(validated_package_int8 / "model.onnx")).graph.node}
     assert "DynamicQuantizeMatMul" in ops and "MatMul" not in ops  # every weight product is int8
     assert "GroupQueryAttention" in ops  # attention itself stays float (activations only)
-    assert _weights_size(tiny_package_int8) < 0.45 * _weights_size(tiny_package)
+    assert _weights_size(validated_package_int8) < 0.45 * _weights_size(tiny_package)
 
 
 def test_int8_weights_never_saturate():
@@ -198,17 +198,17 @@ def test_int8_weights_never_saturate():
     assert full.q.max() == 127
 
 
-def test_int4_package(tiny_package, tiny_package_int4):
-    manifest = json.loads((tiny_package_int4 / "manifest.json").read_text())
+def test_int4_package(tiny_package, validated_package_int4):
+    manifest = json.loads((validated_package_int4 / "manifest.json").read_text())
     assert manifest["weights"]["dtype"] == "int4" and manifest["weights"]["quantization"]["block_size"] == 32
     quality = manifest["validation"]["int4"]
     # 4 bits on a 32-wide toy model (one block per row) is coarse; the figures are recorded, and must stay sane.
     assert quality["top1_agreement"] >= 0.5 and quality["mean_kl_divergence"] <= 0.5
-    graph = onnx.load(str(tiny_package_int4 / "model.onnx")).graph
+    graph = onnx.load(str(validated_package_int4 / "model.onnx")).graph
     matmuls = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert len(matmuls) == 2 * 4 + 1  # four products per block and the LM head
     assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in matmuls)
-    assert _weights_size(tiny_package_int4) < 0.3 * _weights_size(tiny_package)
+    assert _weights_size(validated_package_int4) < 0.3 * _weights_size(tiny_package)
 
 
 def test_int4_quantization_round_trip():

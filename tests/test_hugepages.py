@@ -65,14 +65,18 @@ def test_only_int8_packages_gain(tiny_package, tiny_package_int8, tiny_package_i
 
 
 @pytest.mark.parametrize(
-    "fixture, opt_out", [("tiny_package_int8", False), ("tiny_package_int8", True), ("tiny_package", False)]
+    "fixture, opt_out",
+    [  # the cases without a restart are also checked in-process above, so their subprocess runs are slow-tier
+        ("tiny_package_int8", False),
+        pytest.param("tiny_package_int8", True, marks=pytest.mark.slow),
+        pytest.param("tiny_package", False, marks=pytest.mark.slow),
+    ],
 )
 def test_the_command_restarts_itself_once_with_the_tunable(fixture, opt_out, request):
     package = request.getfixturevalue(fixture)
-    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)} | (
-        {OPT_OUT: "0"} if opt_out else {}
-    )
+    environ = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", OPT_OUT)}
     machine = environment_with_huge_pages(environ, sys.platform, hugepages.thp_mode(), hugepages.libc_version())
+    environ |= {OPT_OUT: "0"} if opt_out else {}
     done = subprocess.run(
         [sys.executable, "-c", RESTART, str(package)], env=environ, capture_output=True, text=True, timeout=120
     )
@@ -81,14 +85,12 @@ def test_the_command_restarts_itself_once_with_the_tunable(fixture, opt_out, req
     figures = json.loads("\n".join(line for line in printed if not line.startswith("GLIBC_TUNABLES=")))
     assert figures["package"] == str(package)  # the command ran once, to its end
     tunables = [line for line in printed if line.startswith("GLIBC_TUNABLES=")]
-    if (
-        machine is not None and fixture == "tiny_package_int8"
-    ):  # the same process ran the command line again, with the tunable
+    if machine is not None and fixture == "tiny_package_int8" and not opt_out:
+        # the same process ran the command line again, with the tunable
         assert tunables == ["GLIBC_TUNABLES=", f"GLIBC_TUNABLES={TUNABLE}"]
         assert figures["huge_pages_mb"] > 0  # and glibc did put memory on huge pages
     else:  # the opt-out, a float32 package, or a machine where it would change nothing: no restart
         assert tunables == ["GLIBC_TUNABLES="]
-    assert machine is None or not opt_out
 
 
 def test_the_command_line_names_the_package_it_will_load(tiny_package_int8, tmp_path):
@@ -136,8 +138,13 @@ def test_the_command_imports_nothing_heavy_before_it_may_restart():
         rt.nope  # noqa: B018
 
 
-def test_huge_page_memory_is_read_from_the_kernel():
-    from edgelm.runtime.bench import huge_page_mb
+def test_huge_page_memory_is_read_from_the_kernel(tmp_path):
+    from edgelm.runtime.bench import _proc_mb, huge_page_mb
 
-    value = huge_page_mb()
-    assert value >= 0 if os.path.exists("/proc/self/smaps_rollup") else value is None  # Linux reports AnonHugePages
+    rollup = tmp_path / "smaps_rollup"
+    rollup.write_text("Rss:               10240 kB\nAnonHugePages:      4096 kB\n")
+    assert _proc_mb(str(rollup), "AnonHugePages") == 4.0  # kB to MB
+    assert _proc_mb(str(rollup), "ShmemHugePages") is None
+    assert _proc_mb(str(tmp_path / "absent"), "AnonHugePages") is None
+    value = huge_page_mb()  # Linux reports AnonHugePages in /proc/self/smaps_rollup
+    assert isinstance(value, float) if os.path.exists("/proc/self/smaps_rollup") else value is None

@@ -51,9 +51,9 @@ def test_the_graph_stores_the_cache_as_int8_with_fixed_scales(tiny_package_int8_
     assert {i.type.tensor_type.elem_type for i in graph.input if i.name.startswith("past_")} == {TensorProto.INT8}
 
 
-def test_the_quality_report_measures_the_cache_path(tiny_package_int8, tiny_package_int8_kv8):
-    plain = json.loads((tiny_package_int8 / "manifest.json").read_text())["validation"]["int8"]
-    kv8 = json.loads((tiny_package_int8_kv8 / "manifest.json").read_text())["validation"]["int8"]
+def test_the_quality_report_measures_the_cache_path(validated_package_int8, validated_package_int8_kv8):
+    plain = json.loads((validated_package_int8 / "manifest.json").read_text())["validation"]["int8"]
+    kv8 = json.loads((validated_package_int8_kv8 / "manifest.json").read_text())["validation"]["int8"]
     assert plain["kv_cache"] == "float32" and kv8["kv_cache"] == "int8"
     assert kv8["cache_path_positions"] == 32
     assert kv8["top1_agreement"] >= 0.85 and abs(kv8["perplexity_change"]) <= 0.05

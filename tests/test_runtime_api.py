@@ -19,11 +19,6 @@ PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away", "impor
 
 
 @pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
-
-
-@pytest.fixture(scope="module")
 def gpt2_vocab_model(gpt2_vocab_package):
     return rt.load(gpt2_vocab_package)
 

@@ -103,11 +103,6 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
-
-
-@pytest.fixture(scope="module")
 def server(tiny_package, tmp_path_factory):
     """Default limits; two generations at once."""
     s = Server(tiny_package, tmp_path_factory.mktemp("server"), "--max-concurrency", "2")

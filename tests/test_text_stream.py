@@ -1,7 +1,6 @@
 """TextStream: streamed pieces join to tokenizer.decode(ids), never show half a character, and cut at stop strings."""
 
 import random
-from pathlib import Path
 
 import pytest
 import tokenizers
@@ -10,7 +9,6 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.text_stream import TextStream
 
-GPT2_DIR = Path("/work/shared/gpt2-tokenizer")
 REPLACEMENT_CHAR = "\ufffd"
 
 UNICODE_TEXTS = [
@@ -34,10 +32,8 @@ TRAINING_TEXT = [
 
 
 @pytest.fixture(scope="module")
-def gpt2():
-    if not (GPT2_DIR / "tokenizer.json").is_file():
-        pytest.skip(f"GPT-2 tokenizer not found at {GPT2_DIR}/tokenizer.json")
-    return tokenizers.Tokenizer.from_file(str(GPT2_DIR / "tokenizer.json"))
+def gpt2(gpt2_tokenizer_dir):
+    return tokenizers.Tokenizer.from_file(str(gpt2_tokenizer_dir / "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
