@@ -1,0 +1,193 @@
+"""The import contract between edgelm's layers, read from the import statements themselves (ast), and checked
+again in a fresh process where reading cannot see everything (imports by computed names, lazy attributes):
+
+- the runtime never imports the export stage: only the command line names it, to load `edgelm export`;
+- the engine (runtime/engine.py and every runtime module it imports) never imports tokenizers: it works on ids;
+- the library (runtime/ apart from the command line) never imports click.
+"""
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+PACKAGE = "edgelm.runtime"
+ENGINE = "edgelm.runtime.engine"
+# The command line: the only modules that may import click, and name the export stage (lazily, for `edgelm export`).
+COMMAND_LINE = {"edgelm.runtime.cli", "edgelm.runtime.launch", "edgelm.runtime.server.cli"}
+EXPORT_NAME = re.compile(r"edgelm\.export(\.\w+)*(:\w+)?")
+
+
+def modules(root: Path) -> dict:
+    """Every module under root (the folder of edgelm.runtime) by its dotted name."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        found[".".join((PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+    return found
+
+
+def imports(name: str, path: Path) -> set:
+    """The absolute names a module imports at any depth (functions, try blocks, __import__ / import_module with a
+    literal name); `from a import b` gives both a and a.b, since b may be a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            base = ".".join(part for part in (base, node.module) if part)
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in (
+            "__import__",
+            "import_module",
+        ):
+            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value)
+    return found
+
+
+def top_level(names) -> set:
+    return {name.split(".")[0] for name in names}
+
+
+def closure(start: str, tree: dict) -> set:
+    """start and every runtime module it imports, directly or not, with the packages that hold them."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tree:
+            continue
+        seen.add(name)
+        parents = [name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1)]
+        todo += [n for n in imports(name, tree[name]) if n.startswith(PACKAGE)] + parents
+    return seen
+
+
+def runtime_imports_of_export(root: Path) -> dict:
+    """Modules that import edgelm.export, or name it outside the command line."""
+    offenders = {}
+    for name, path in modules(root).items():
+        imported = {n for n in imports(name, path) if EXPORT_NAME.fullmatch(n)}
+        named = {
+            node.value
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and EXPORT_NAME.fullmatch(node.value)
+        }
+        if imported or (named and name not in COMMAND_LINE):
+            offenders[name] = sorted(imported | named)
+    return offenders
+
+
+def engine_imports_of_tokenizers(root: Path) -> dict:
+    tree = modules(root)
+    return {
+        name: "tokenizers" for name in closure(ENGINE, tree) if "tokenizers" in top_level(imports(name, tree[name]))
+    }
+
+
+def library_imports_of_click(root: Path) -> dict:
+    return {
+        name: "click"
+        for name, path in modules(root).items()
+        if name not in COMMAND_LINE and "click" in top_level(imports(name, path))
+    }
+
+
+def test_the_runtime_never_imports_the_export_stage():
+    assert runtime_imports_of_export(RUNTIME) == {}
+
+
+def test_the_engine_never_imports_tokenizers():
+    tree = modules(RUNTIME)
+    engine = closure(ENGINE, tree)
+    assert {ENGINE, PACKAGE, "edgelm.runtime.sampling"} <= engine  # the walk follows relative imports
+    assert "edgelm.runtime.model" not in engine and "edgelm.runtime.text_stream" not in engine
+    assert engine_imports_of_tokenizers(RUNTIME) == {}
+
+
+def test_the_library_never_imports_click():
+    assert "click" in top_level(imports("edgelm.runtime.cli", RUNTIME / "cli.py"))  # what the check looks for
+    assert library_imports_of_click(RUNTIME) == {}
+
+
+def test_each_check_finds_a_forbidden_import_added_anywhere(tmp_path):
+    """A copy of runtime/ with one forbidden import hidden in a function of each kind of module fails each check."""
+    root = shutil.copytree(RUNTIME, tmp_path / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(root / "sampling.py", "a") as sampling:  # imported by the engine
+        sampling.write("\n\ndef _hidden():\n    from tokenizers import Tokenizer\n")
+    with open(root / "model.py", "a") as model:
+        model.write("\n\ndef _hidden():\n    import click.testing\n    from ..export import stages\n")
+    with open(root / "session.py", "a") as session:
+        session.write("\n\ndef _hidden():\n    __import__('edgelm.export.stages')\n")
+    assert engine_imports_of_tokenizers(root) == {"edgelm.runtime.sampling": "tokenizers"}
+    assert library_imports_of_click(root) == {"edgelm.runtime.model": "click"}
+    assert runtime_imports_of_export(root) == {
+        "edgelm.runtime.model": ["edgelm.export", "edgelm.export.stages"],
+        "edgelm.runtime.session": ["edgelm.export.stages"],
+    }
+
+
+# Run in a fresh process, after the code under test: the top-level packages it loaded, as JSON.
+LOADED = "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules} | set(sys.modules))))\n"
+
+
+def loaded_by(code: str, *args) -> set:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code) + LOADED, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_using_the_library_loads_neither_the_export_stage_nor_click(tiny_package):
+    """Every library module imported, a package loaded and run: what lazy attributes and computed imports pull in."""
+    library = sorted(n for n in modules(RUNTIME) if n not in COMMAND_LINE and not n.startswith(f"{PACKAGE}.server"))
+    loaded = loaded_by(
+        f"""
+        import importlib, sys
+        import edgelm.runtime as rt
+
+        for name in {library!r}:
+            importlib.import_module(name)
+        model = rt.load(sys.argv[1])
+        model.generate(["The quick", "Once"], max_new_tokens=4)
+        "".join(model.stream("Hello", max_new_tokens=4, do_sample=True, seed=1))
+        model.score("The quick brown fox")
+        """,
+        tiny_package,
+    )
+    assert {"edgelm.runtime.model", "onnxruntime", "tokenizers"} <= loaded  # it did run
+    assert "click" not in loaded and not any(name.startswith("edgelm.export") for name in loaded)
+
+
+def test_the_engine_loads_without_tokenizers():
+    loaded = loaded_by(f"import {ENGINE}")
+    assert ENGINE in loaded and "onnxruntime" in loaded and "tokenizers" not in loaded
+
+
+def test_the_runtime_commands_load_the_export_stage_only_for_edgelm_export(tiny_package):
+    loaded = loaded_by(
+        """
+        import sys
+        from edgelm.runtime.cli import main
+
+        for args in (["generate", "-m", sys.argv[1], "Hi", "--max-new-tokens", "3"], ["info", sys.argv[1]],
+                     ["verify", sys.argv[1]]):
+            try:
+                main(args, prog_name="edgelm")
+            except SystemExit as exit:
+                assert exit.code in (0, None), (args, exit.code)
+        """,
+        tiny_package,
+    )
+    assert "click" in loaded and not any(name.startswith("edgelm.export") for name in loaded)
