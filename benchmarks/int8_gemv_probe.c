@@ -1,4 +1,4 @@
-/* What a plain AVX2 int8 GEMV does on this machine: the evidence for (or against) a custom onnxruntime op.
+/* What a plain AVX2 int8 GEMV does on the machine that runs it: the evidence for (or against) a custom onnxruntime op.
 
      cc -O3 -mavx2 -mfma -pthread benchmarks/int8_gemv_probe.c -o /tmp/int8_gemv_probe && /tmp/int8_gemv_probe
 

@@ -1,32 +1,7 @@
 """Build the GPT-2 decoder as one ONNX graph that serves both the prompt step and every decode step.
 
-The ONNX contract (names as optimum and onnxruntime-genai use them; B batch, T new tokens, P past tokens,
-H heads, D head size, V vocabulary, K kept logits positions):
-
-    inputs   input_ids                      int64 [B, T]       (int8 weights: inputs_embeds float [B, T, C])
-             attention_mask                 int64 [B, P + T]   1 = real token, 0 = padding
-             position_ids                   int64 [B, T]
-             past_key_values.{i}.key/value  float [B, H, P, D]  P = 0 on the first step (int8 with an int8 cache)
-             logits_to_keep                 int64 scalar, default 0 (an overridable initializer):
-                                            K = the last logits_to_keep positions, 0 keeps all T
-    outputs  logits                         float [B, K, V]
-             present.{i}.key/value          float [B, H, P + T, D]  (int8 with an int8 cache)
-
-The tied embedding / LM-head matrix is stored once. float32 keeps it as [C, V], the LM head's layout, and
-the lookup gathers its columns: optimum can load that package as it is. int4 keeps [V, C] 4-bit rows that
-the lookup gathers and MatMulNBits reads as its [N, K]. int8 keeps [V, C] rows that the LM head (QGemm,
-transposed) reads and the runtime looks tokens up in itself (runtime/embeddings.py, from model.onnx.data),
-so onnxruntime never holds a second, unpacked copy. The LM head runs only on the kept positions, so a
-512-token prompt costs one row of V logits when the caller asks for one.
-
-In-place cache: attention is onnxruntime's GroupQueryAttention. Fed as above, present grows by T (what
-optimum expects). A caller may instead bind one preallocated [B, H, capacity, D] buffer per cache tensor as
-both past and present (a preallocated output): the op then writes the new T rows at P and copies nothing
-else, P + T being read from attention_mask (T > 1 with P > 0 at batch 1 only). edgelm's runtime writes the
-prompt, in chunks, and each decode step that way on CPU.
-
-int8 cache (optional): GroupQueryAttention stores K and V as int8 with one fixed scale per head and channel
-(kv_cache_bit_width 8, PER_CHANNEL), the scales calibrated at export; attention reads a quarter of the bytes.
+The graph contract (input and output names, dtypes and shapes, the tied matrix's layout for each recipe, the
+in-place cache and the int8 cache) is written once, in models/README.md; this module builds what it describes.
 """
 
 import math

@@ -1,4 +1,4 @@
-"""`edgelm bench`: how fast a package runs here, and how close decode comes to the memory-bandwidth ceiling.
+"""`edgelm bench`: how fast a package runs, and how close decode comes to the memory-bandwidth ceiling.
 
 Decoding one token at batch 1 must read every weight once, so tokens/s cannot beat
 bandwidth / weight bytes. The ceiling is measured in this process, in the same rounds as the decode it is

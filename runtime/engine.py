@@ -1,10 +1,8 @@
 """The decode engine: token ids in, token ids out. It knows nothing about text (nanochat's rule).
 
-One ONNX graph serves both steps. Shapes (B batch, T prompt length, S = tokens so far, V vocabulary):
-
-    prefill  input_ids [B, T]  attention_mask [B, T]      position_ids [B, T]  past: empty [B, H, 0, D]
-    decode   input_ids [B, 1]  attention_mask [B, S + 1]  position_ids [B, 1]  past: the cache so far
-    both     logits [B, 1, V] (only the last position is computed)
+One ONNX graph serves both steps: prefill (the prompt's T tokens over an empty cache) and decode (one token
+over the cache so far), asking for the last position's logits only. Its inputs and outputs are the graph
+contract, written once in models/README.md.
 
 The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
 CPU it is one preallocated [B, H, T + max_new_tokens, D] buffer per tensor that the graph writes in place, the
