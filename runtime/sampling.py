@@ -10,8 +10,9 @@ The chain (like llama.cpp's sampler chain; transformers' order where it has the 
 A SamplerChain is built once per request from its GenerationConfig and holds only the active filters:
 each filter declares, in its @logits_filter line, which option values turn it off, and that declaration is
 the one place the no-op values are written. Every filter maps float32 logits [B, V] to [B, V], has the
-parameter names and semantics of the matching transformers 4.57 logits processor, and keeps finite logits
-finite (a value past float32's range is clipped, never inf or NaN). A removed token gets -inf. Called
+parameter names and semantics of the matching transformers 4.57 logits processor, and never makes NaN or
++inf from finite logits (a value past float32's range upwards is clipped to its largest; downwards it is
+-inf, a probability of 0 either way). A removed token gets -inf. Called
 directly, a filter returns a new array unless called with inplace=True; the chain copies once and works in
 place. Pure NumPy: the random generators are passed in, one per row, never global.
 """
@@ -95,14 +96,15 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     # [B, V] -> [B, V]
     # float32 arithmetic as transformers does it (exact in float64, then rounded once), except for a penalty
     # below float32's range, which would become 0.
-    factor = np.float32(penalty)
+    with np.errstate(over="ignore"):
+        factor = np.float32(penalty)
     factor = np.float64(factor if factor > 0 else penalty)
     for r, ids in enumerate(seen):
         ids = np.unique(_ids(ids))
         score = out[r, ids].astype(np.float64)
         with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
             penalized = np.where(score < 0, score * factor, score / factor)
-        out[r, ids] = np.clip(penalized, -F32_MAX, F32_MAX)
+            out[r, ids] = np.minimum(penalized, F32_MAX)
     return out
 
 
@@ -124,9 +126,9 @@ def logit_bias(out, bias: dict[int, float]):
     """Add bias[token] to that token's logit in every row (OpenAI's logit_bias). An empty dict is a no-op."""
     # [B, V] -> [B, V]
     ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-    with np.errstate(over="ignore"):  # a bias past float32's range is clipped below
+    with np.errstate(over="ignore"):  # a bias past float32's range: +inf is clipped below, -inf bans the token
         values = np.fromiter(bias.values(), dtype=out.dtype, count=len(bias))
-        out[:, ids] = np.clip(out[:, ids] + values, -F32_MAX, F32_MAX)
+        out[:, ids] = np.minimum(out[:, ids] + values, F32_MAX)
     return out
 
 
