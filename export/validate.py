@@ -94,7 +94,7 @@ def _engine(graph, arch) -> Engine:
 
 def _ours_greedy(engine, rows, new_tokens, arch):
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=arch.eos_token_id)
-    steps = [s.tokens for s in decode_steps(engine, rows, config, [None] * len(rows), pad_id=0)]
+    steps = [tokens for tokens, _ in decode_steps(engine, rows, config, [None] * len(rows), pad_id=0)]
     return np.stack(steps, axis=1)
 
 

@@ -1,19 +1,27 @@
 """A batch: the rows of one call, decoded together, one layer above the engine: prompts in, text pieces and finished completions out.
 
-Rows are prompts x num_return_sequences, prompt-major. Each row has its own text stream (UTF-8-safe,
-stop strings cut) and its own random generator seeded from (seed, sequence index), so a row's tokens do
-not depend on what else shares its batch.
+Three types describe a request's output: a Batch (all its rows) yields Pieces (a row's new text) and ends
+with one Completion per row; a Stream is the single-row view that yields plain strings. Rows are
+prompts x num_return_sequences, prompt-major. Each row has its own TextStream (UTF-8-safe, stop strings
+cut) and its own random generator seeded from (seed, sequence index), so a row's tokens do not depend on
+what else shares its batch. A row whose text reaches a stop string is marked finished for the engine,
+which stops decoding it.
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .generation_config import GenerationConfig
 from .engine import decode_steps
+from .generation_config import GenerationConfig
+from .sampling import log_softmax, top_logprobs
 from .text_stream import TextStream
 
 PREFIX_TOKENS = 4  # prompt ids a text stream sees as context for its first pieces
+# Rows x positions (prompt + max_new_tokens) one call may decode: the key/value cache and the logits grow with
+# it (at distilgpt2's size about 37 KB of fp32 cache per position). Twice the largest request `edgelm serve`
+# accepts by default (16 prompts x n 8 x 1,024 tokens).
+MAX_BATCH_TOKENS = 1 << 18
 
 
 @dataclass
@@ -72,23 +80,23 @@ class Batch:
             )
             for r in range(len(self.rows))
         ]
-        self._steps = decode_steps(self.engine, self.rows, self.config, rngs, self.pad_id)
+        finished = {}  # row -> finish reason, shared with the engine: it adds end-of-text and length, we add stops
+        self._steps = decode_steps(self.engine, self.rows, self.config, rngs, self.pad_id, finished)
         try:
-            for step in self._steps:
-                for row, token in enumerate(step.tokens.tolist()):
-                    if token < 0 or self._results[row] is not None:
+            for tokens, logits in self._steps:
+                logprobs = log_softmax(logits) if self.config.logprobs is not None else None
+                for row, token in enumerate(tokens.tolist()):
+                    if token < 0:  # finished before this step
                         continue
-                    reason = step.finish_reasons[row]
-                    text = "" if reason == "stop" else self._accept(row, token, step)
+                    reason = finished.get(row)  # "stop" here: the id is end-of-text, which is not part of the text
+                    text = "" if reason == "stop" else self._accept(row, token, logprobs)
                     if self._streams[row].stopped:
-                        reason = "stop"
+                        reason = finished[row] = "stop"  # a stop string: the engine decodes this row no further
                     if reason is not None:
                         text += self._streams[row].finish()
                         self._finish(row, reason)
                     if text:
                         yield Piece(row, text)
-                if all(r is not None for r in self._results):
-                    break
         finally:
             self.close()
         self.completions = self._results
@@ -101,15 +109,15 @@ class Batch:
             context.pop()
         return context
 
-    def _accept(self, row: int, token: int, step) -> str:
+    def _accept(self, row: int, token: int, logprobs: np.ndarray | None) -> str:
         self._tokens[row].append(token)
-        if self._logprobs[row] is not None:
-            chosen, top = step.logprobs[row]
+        if logprobs is not None:  # the model's own log-probabilities, before any sampling filter
+            top = zip(*top_logprobs(logprobs[row], self.config.logprobs))
             self._logprobs[row].append(
                 {
                     "token_id": token,
                     "token": self.tokenizer.decode([token]),
-                    "logprob": chosen,
+                    "logprob": float(logprobs[row, token]),
                     "top_logprobs": [
                         {"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)}
                         for i, v in top
@@ -142,3 +150,24 @@ class Batch:
         for _ in self:
             pass
         return self.completions
+
+
+class Stream:
+    """One completion's text pieces (str) as they become final; `completion` is set once it is done.
+    Breaking out of the loop (or calling close()) stops generation."""
+
+    def __init__(self, batch: Batch):
+        self.batch = batch
+        self.completion: Completion | None = None
+
+    def __iter__(self):
+        try:
+            for piece in self.batch:
+                yield piece.text
+        finally:
+            self.batch.close()
+        if self.batch.completions:
+            self.completion = self.batch.completions[0]
+
+    def close(self) -> None:
+        self.batch.close()

@@ -52,8 +52,8 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
     default=None,
     help="Sample, or pick the most likely token. Sampling options below turn sampling on unless --greedy is given.",
 )
-@click.option("--temperature", type=float, help="Divide logits by this (sampling).")
-@click.option("--top-k", type=int, help="Keep the k most likely tokens; 0 turns it off.")
+@click.option("--temperature", type=float, help="Divide logits by this: below 1 sharpens, above 1 flattens (sampling).")
+@click.option("--top-k", type=int, help="Keep the k most likely tokens; 0 turns it off (transformers' default 50).")
 @click.option("--top-p", type=float, help="Nucleus sampling mass in (0, 1].")
 @click.option("--min-p", type=float, help="Drop tokens below min-p x p(most likely).")
 @click.option("--typical-p", type=float, help="Locally typical sampling mass in (0, 1].")
@@ -76,7 +76,13 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
     default=None,
     help="Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.",
 )
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
+)
 @click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
 @click.option("--show-config", is_flag=True, help="Print the settings in effect and exit.")
@@ -111,7 +117,7 @@ def generate(prompt, package, device, threads, as_json, show_config, no_verify, 
             )
             return
         if as_json or settings.num_return_sequences > 1:
-            completions = model.generate([prompt], **options)
+            completions = model.generate([prompt], settings)
             if as_json:
                 click.echo(
                     json.dumps(
@@ -123,7 +129,7 @@ def generate(prompt, package, device, threads, as_json, show_config, no_verify, 
             else:
                 click.echo("\n---\n".join(c.text for c in completions))
             return
-        _stream(model.stream(prompt, **options))
+        _stream(model.stream(prompt, settings))
     except EdgelmError as error:
         _fail(error)
 
@@ -198,7 +204,7 @@ def info(package, as_json):
     click.echo(
         f"  source        {m['source'].get('hub_id') or m['source'].get('local_path')} {m['source'].get('revision') or ''}".rstrip()
     )
-    click.echo(f"  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))
+    click.echo("  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))
     v = m.get("validation", {})
     fp32 = v.get("fp32", {})
     click.echo(
@@ -215,7 +221,7 @@ def info(package, as_json):
             click.echo(
                 f"  {recipe} quality  top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_divergence']:.4f}{cached}, greedy agreement {r['greedy_agreement']:.3f}, perplexity {r['perplexity_reference']:.2f} -> {r['perplexity']:.2f} ({r['perplexity_change']:+.2%})"
             )
-    click.echo(f"  made with     " + ", ".join(f"{k} {v}" for k, v in m["tools"].items() if v is not None))
+    click.echo("  made with     " + ", ".join(f"{k} {v}" for k, v in m["tools"].items() if v is not None))
 
 
 @main.command()

@@ -10,7 +10,6 @@ prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceDecoder); 
 [B, H, S + 1, D] becomes the next past (GrowingDecoder).
 """
 
-from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -18,7 +17,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
 from .generation_config import GenerationConfig
-from .sampling import log_softmax, pick, process_logits, top_logprobs
+from .sampling import SamplerChain
 from .session import GraphIO
 
 # Prompt tokens per pass when the cache is written in place. Activations (and onnxruntime's arena) scale with
@@ -26,15 +25,6 @@ from .session import GraphIO
 # first token 2-10% later (benchmarks/prefill_chunks.py). int8 graphs quantize activations per pass, so their
 # logits depend on the chunking: slightly closer to fp32 in chunks (KL 0.00035 against 0.00040).
 PREFILL_CHUNK = 128
-
-
-@dataclass
-class Step:
-    """What one decode step produced for every row."""
-
-    tokens: np.ndarray  # int64 [B]; -1 for rows that had already finished
-    finish_reasons: list  # per row: None (still running), "stop" (end-of-text) or "length"
-    logprobs: list | None = None  # per row: (chosen log-prob, [(id, log-prob), ...]) or None
 
 
 class Engine:
@@ -185,47 +175,48 @@ def position_ids_from_mask(attention_mask: np.ndarray) -> np.ndarray:
     return np.where(attention_mask == 0, 1, positions).astype(np.int64)
 
 
-def decode_steps(engine: Engine, prompts: list, config: GenerationConfig, rngs: list, pad_id: int) -> Iterator[Step]:
-    """Yield one Step per new token position until every row has finished (end-of-text or max_new_tokens)."""
-    batch = len(prompts)
+def decode_steps(
+    engine: Engine, prompts: list, config: GenerationConfig, rngs: list, pad_id: int, finished: dict | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (tokens [B] int64, logits [B, V]) per new position until every row has finished.
+
+    tokens: each row's next id, -1 for a row finished before this step. logits: the model's raw scores the
+    tokens were picked from, valid until the next step. `finished` maps row -> reason: the loop adds "stop"
+    when a row picks end-of-text (that id is still yielded) and "length" at max_new_tokens; the caller may add
+    rows between steps (a stop string), and a finished row is no longer sampled or fed to the model.
+    """
+    finished = {} if finished is None else finished
+    batch, sampler = len(prompts), SamplerChain(config, engine.vocab_size)
     input_ids, attention_mask = left_pad(prompts, pad_id)
     position_ids = position_ids_from_mask(attention_mask)
     seen = [list(p) for p in prompts]  # prompt + generated ids per row, for the repetition filters
     generated = [[] for _ in range(batch)]
-    done = np.zeros(batch, dtype=bool)
     eos = None if config.ignore_eos else config.eos_token_id
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
     decoder = engine.decoder(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
-    logits = decoder.run(input_ids, attention_mask, position_ids)
+    logits = decoder.run(input_ids, attention_mask, position_ids)[:, -1, :]  # [B, V]
     for step in range(config.max_new_tokens):
-        raw = logits[:, -1, :]  # [B, V]
-        filtered = process_logits(raw, config, seen, generated)
-        tokens = np.where(done, -1, pick(filtered, config.do_sample, rngs))
-        reasons = [None] * batch
-        for row in np.flatnonzero(~done):
-            token = int(tokens[row])
-            seen[row].append(token)
-            generated[row].append(token)
-            if token == eos:
-                reasons[row], done[row] = "stop", True
+        rows = [r for r in range(batch) if r not in finished]
+        tokens = np.full(batch, -1, dtype=np.int64)
+        tokens[rows] = sampler(
+            logits if len(rows) == batch else logits[rows],
+            [seen[r] for r in rows],
+            [generated[r] for r in rows],
+            [rngs[r] for r in rows],
+        )
+        for row in rows:
+            seen[row].append(int(tokens[row]))
+            generated[row].append(int(tokens[row]))
+            if tokens[row] == eos:
+                finished[row] = "stop"
             elif step == config.max_new_tokens - 1:
-                reasons[row], done[row] = "length", True
-        yield Step(tokens, reasons, _logprobs(raw, tokens, config.logprobs))
-        if done.all():
+                finished[row] = "length"
+        yield tokens, logits
+        if len(finished) == batch:
             return
         # Decode: one token per row against the cache; finished rows feed padding that nobody reads.
         attention_mask = np.concatenate([attention_mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
         position_ids = position_ids[:, -1:] + 1
-        logits = decoder.run(np.where(done, pad_id, tokens)[:, None], attention_mask, position_ids)
-
-
-def _logprobs(raw: np.ndarray, tokens: np.ndarray, top_n: int | None):
-    """The model's own log-probabilities (before any sampling filter) of the chosen and the top-N tokens."""
-    if top_n is None:
-        return None
-    logprobs = log_softmax(raw)
-    return [
-        None if t < 0 else (float(logprobs[r, t]), list(zip(*top_logprobs(logprobs[r], top_n))))
-        for r, t in enumerate(tokens)
-    ]
+        next_ids = [[pad_id if r in finished else tokens[r]] for r in range(batch)]
+        logits = decoder.run(np.array(next_ids, dtype=np.int64), attention_mask, position_ids)[:, -1, :]

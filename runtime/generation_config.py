@@ -1,28 +1,37 @@
-"""Generation settings: one dataclass, transformers' names and meanings, checked once up front.
+"""Generation settings: one dataclass, transformers' names and meanings, checked once where they are built.
 
 Precedence: GenerationConfig defaults < the package's generation_config.json < the caller's arguments.
+A GenerationConfig is valid by construction: building one normalizes the values (a stop string becomes a
+tuple, lists become tuples, logit_bias keys become ints) and raises GenerationOptionError, whose `param`
+names the option, for the first value out of range. With `vocab_size` set (a model's settings() sets it),
+every token id an option names is checked against the vocabulary too, so nothing downstream checks again.
+Which value turns each sampling filter off is written once, in runtime/sampling.py.
 """
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from numbers import Integral, Real
 
 from .errors import GenerationOptionError
+
+PACKAGE_FACTS = ("vocab_size",)  # set from the package, never a caller's option
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Every knob of one generation request. Each sampler's no-op value is its default here."""
+    """Every knob of one generation request. Filter options default to their no-op value, except top_k:
+    50 is transformers' default, and it is active (0 turns it off)."""
 
     max_new_tokens: int = 50  # stop after this many new tokens ("length")
     min_new_tokens: int = 0  # end-of-text is banned until this many tokens exist
     do_sample: bool = False  # False: greedy (argmax); True: sample from the filtered distribution
-    temperature: float = 1.0  # divides logits; 1.0 is a no-op; only used when sampling
-    top_k: int = 50  # keep the k most likely tokens; 0 is a no-op (transformers' default is 50)
-    top_p: float = 1.0  # nucleus: smallest set with cumulative probability >= top_p; 1.0 is a no-op
-    min_p: float = 0.0  # drop tokens below min_p * p(most likely); 0.0 is a no-op
-    typical_p: float = 1.0  # locally typical sampling mass; 1.0 is a no-op
-    repetition_penalty: float = 1.0  # CTRL-style penalty on every token seen (prompt too); 1.0 is a no-op
-    no_repeat_ngram_size: int = 0  # ban tokens that would repeat an n-gram already present; 0 is a no-op
+    temperature: float = 1.0  # divides logits (sampling only)
+    top_k: int = 50  # keep the k most likely tokens (sampling only); transformers' default, active; 0 is off
+    top_p: float = 1.0  # nucleus: smallest set with cumulative probability >= top_p (sampling only)
+    min_p: float = 0.0  # drop tokens below min_p * p(most likely) (sampling only)
+    typical_p: float = 1.0  # locally typical sampling mass (sampling only)
+    repetition_penalty: float = 1.0  # CTRL-style penalty on every token seen (prompt too)
+    no_repeat_ngram_size: int = 0  # ban tokens that would repeat an n-gram already present
     frequency_penalty: float = 0.0  # OpenAI: subtract penalty * count of the token among generated tokens
     presence_penalty: float = 0.0  # OpenAI: subtract penalty once if the token was generated at all
     logit_bias: dict = field(default_factory=dict)  # {token_id: bias added to its logit}
@@ -32,111 +41,35 @@ class GenerationConfig:
     num_return_sequences: int = 1  # completions per prompt
     seed: int | None = None  # same seed, prompt and options -> same tokens
     logprobs: int | None = None  # None: off; N >= 0: the chosen token's log-prob and the top-N alternatives
-    truncate: bool = (
-        False  # prompt + max_new_tokens over the context: False raises, True drops the oldest prompt tokens
-    )
+    truncate: bool = False  # prompt + max_new_tokens over the context: False raises, True drops the oldest tokens
     eos_token_id: int | None = None  # from the package; None means never stop on a token
     pad_token_id: int | None = None
+    vocab_size: int | None = None  # from the package: every token id above must be below it (None: not checked)
+
+    def __post_init__(self):
+        for name, value in _normalized(self).items():
+            object.__setattr__(self, name, value)  # frozen: normalizing is part of construction
+        _check(self)
 
     def with_options(self, **options) -> "GenerationConfig":
-        """A copy with the caller's options applied; unknown names and bad values raise."""
-        known = {f.name for f in fields(self)}
+        """A copy with the caller's options applied (None leaves an option as it is, except for the options
+        whose None means "off"); unknown names and bad values raise GenerationOptionError."""
+        known = {f.name for f in fields(self)} - set(PACKAGE_FACTS)
         unknown = sorted(set(options) - known)
         if unknown:
             raise GenerationOptionError(
-                f"unknown generation option(s): {', '.join(unknown)}. Known: {', '.join(sorted(known))}."
+                f"unknown generation option(s): {', '.join(unknown)}. Known: {', '.join(sorted(known))}.",
+                param=unknown[0],
             )
-        options = {
-            k: v
-            for k, v in options.items()
-            if v is not None or k in ("seed", "logprobs", "eos_token_id", "pad_token_id")
-        }
-        if isinstance(options.get("stop"), str):
-            options["stop"] = (options["stop"],)
-        for key in ("stop", "bad_words_ids"):
-            if key in options:
-                options[key] = tuple(tuple(x) if isinstance(x, list) else x for x in options[key])
-        if "logit_bias" in options:
-            options["logit_bias"] = {int(k): float(v) for k, v in dict(options["logit_bias"]).items()}
-        return replace(self, **options).validated()
-
-    def validated(self) -> "GenerationConfig":
-        """Raise GenerationOptionError naming the first option out of range."""
-
-        def need(ok: bool, message: str):
-            if not ok:
-                raise GenerationOptionError(message)
-
-        def is_int(v):
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        def is_num(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-        need(
-            is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
-            f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}",
-        )
-        need(
-            is_int(self.min_new_tokens) and 0 <= self.min_new_tokens <= self.max_new_tokens,
-            f"min_new_tokens must be an integer between 0 and max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens!r}",
-        )
-        need(isinstance(self.do_sample, bool), f"do_sample must be true or false, got {self.do_sample!r}")
-        need(
-            is_num(self.temperature) and self.temperature >= 0,
-            f"temperature must be a number >= 0, got {self.temperature!r}",
-        )
-        need(
-            is_int(self.top_k) and self.top_k >= 0,
-            f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k!r}",
-        )
-        need(is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        need(is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
-        need(is_num(self.typical_p) and 0 < self.typical_p <= 1, f"typical_p must be in (0, 1], got {self.typical_p!r}")
-        need(
-            is_num(self.repetition_penalty) and self.repetition_penalty > 0,
-            f"repetition_penalty must be a number > 0 (1.0 turns it off), got {self.repetition_penalty!r}",
-        )
-        need(
-            is_int(self.no_repeat_ngram_size) and self.no_repeat_ngram_size >= 0,
-            f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}",
-        )
-        for name in ("frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            need(is_num(value) and -2 <= value <= 2, f"{name} must be a number in [-2, 2], got {value!r}")
-        need(all(is_num(v) for v in self.logit_bias.values()), "logit_bias values must be finite numbers")
-        need(
-            all(len(w) > 0 and all(is_int(t) and t >= 0 for t in w) for w in self.bad_words_ids),
-            "bad_words_ids must be non-empty lists of token ids",
-        )
-        need(
-            all(isinstance(s, str) and s for s in self.stop),
-            f"stop must be a list of non-empty strings, got {self.stop!r}",
-        )
-        need(
-            is_int(self.num_return_sequences) and self.num_return_sequences >= 1,
-            f"num_return_sequences must be an integer >= 1, got {self.num_return_sequences!r}",
-        )
-        need(
-            self.seed is None or (is_int(self.seed) and self.seed >= 0),
-            f"seed must be an integer >= 0, got {self.seed!r}",
-        )
-        need(
-            self.logprobs is None or (is_int(self.logprobs) and 0 <= self.logprobs <= 20),
-            f"logprobs must be an integer from 0 to 20, got {self.logprobs!r}",
-        )
-        need(isinstance(self.truncate, bool), f"truncate must be true or false, got {self.truncate!r}")
-        need(isinstance(self.ignore_eos, bool), f"ignore_eos must be true or false, got {self.ignore_eos!r}")
-        need(
-            not (self.do_sample and self.temperature == 0),
-            "temperature 0 means greedy: set do_sample=False instead (or a temperature > 0)",
-        )
-        return self
+        nullable = ("seed", "logprobs", "eos_token_id", "pad_token_id")
+        return replace(self, **{k: v for k, v in options.items() if v is not None or k in nullable})
 
     @classmethod
-    def from_generation_config_json(cls, data: dict, eos_token_id=None, pad_token_id=None) -> "GenerationConfig":
+    def from_generation_config_json(
+        cls, data: dict, eos_token_id=None, pad_token_id=None, vocab_size=None
+    ) -> "GenerationConfig":
         """The package's generation_config.json (transformers' format); fields we do not know are ignored."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - set(PACKAGE_FACTS)
         values = {k: v for k, v in data.items() if k in known and v is not None}
         if "max_new_tokens" not in values and isinstance(data.get("max_length"), int):
             values["max_new_tokens"] = max(1, data["max_length"])  # GPT-2 configs give max_length only
@@ -146,4 +79,145 @@ class GenerationConfig:
         values["eos_token_id"] = eos
         values["pad_token_id"] = values.pop("pad_token_id", pad_token_id)
         values.pop("num_return_sequences", None)
-        return cls(**values).validated()
+        return cls(**values, vocab_size=vocab_size)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _need(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise GenerationOptionError(message, param=param)
+
+
+def stop_strings(stop) -> tuple:
+    """The stop strings as a tuple of non-empty strings; raises GenerationOptionError for anything else."""
+    if isinstance(stop, str):
+        raise GenerationOptionError(f"stop must be a tuple of strings, not one string; use stop=({stop!r},)", "stop")
+    _need(
+        isinstance(stop, tuple) and all(isinstance(s, str) and s for s in stop),
+        "stop",
+        f"stop must be a list of non-empty strings, got {stop!r:.80}",
+    )
+    return stop
+
+
+def check_token_ids(param: str, ids, vocab_size: int | None) -> None:
+    """Raise GenerationOptionError(param=param) naming the ids outside the vocabulary [0, vocab_size)."""
+    bad = sorted({t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)})
+    if bad:
+        where = f"this model's vocabulary (ids 0 to {vocab_size - 1})" if vocab_size is not None else "0 and up"
+        raise GenerationOptionError(f"{param} names token id(s) {bad[:10]} outside {where}", param=param)
+
+
+def _normalized(c: GenerationConfig) -> dict:
+    """The values that need a canonical form: tuples for sequences, ints and floats in logit_bias."""
+    out = {}
+    stop = c.stop
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list):
+        stop = tuple(stop)
+    out["stop"] = stop_strings(stop)
+
+    words = c.bad_words_ids
+    _need(
+        isinstance(words, (list, tuple))
+        and all(isinstance(w, (list, tuple)) and w and all(_is_int(t) for t in w) for w in words),
+        "bad_words_ids",
+        f"bad_words_ids must be a list of non-empty token-id lists, e.g. [[464], [50256]], got {words!r:.80}",
+    )
+    out["bad_words_ids"] = tuple(tuple(int(t) for t in w) for w in words)
+
+    bias = c.logit_bias
+    _need(
+        isinstance(bias, dict),
+        "logit_bias",
+        f"logit_bias must be a mapping of token id to bias, e.g. {{50256: -100}}, got {bias!r:.80}",
+    )
+    normalized = {}
+    for key, value in bias.items():
+        digits = isinstance(key, str) and key.isascii() and key.isdigit()  # JSON object keys are strings
+        token = int(key) if _is_int(key) or digits else None
+        _need(token is not None, "logit_bias", f"logit_bias keys must be token ids (integers), got {key!r:.40}")
+        _need(_is_number(value), "logit_bias", f"logit_bias values must be finite numbers; {key!r} has {value!r:.40}")
+        normalized[token] = float(value)
+    out["logit_bias"] = normalized
+    return out
+
+
+def _check(c: GenerationConfig) -> None:
+    """Raise GenerationOptionError naming the first option out of range."""
+    _need(
+        _is_int(c.max_new_tokens) and c.max_new_tokens >= 1,
+        "max_new_tokens",
+        f"max_new_tokens must be an integer >= 1, got {c.max_new_tokens!r}",
+    )
+    _need(
+        _is_int(c.min_new_tokens) and 0 <= c.min_new_tokens <= c.max_new_tokens,
+        "min_new_tokens",
+        f"min_new_tokens must be an integer between 0 and max_new_tokens ({c.max_new_tokens}), got {c.min_new_tokens!r}",
+    )
+    for name in ("do_sample", "truncate", "ignore_eos"):
+        _need(isinstance(getattr(c, name), bool), name, f"{name} must be true or false, got {getattr(c, name)!r}")
+    _need(
+        _is_number(c.temperature) and c.temperature >= 0,
+        "temperature",
+        f"temperature must be a number >= 0, got {c.temperature!r}",
+    )
+    _need(
+        not (c.do_sample and c.temperature == 0),
+        "temperature",
+        "temperature 0 means greedy: set do_sample=False instead (or a temperature > 0)",
+    )
+    _need(
+        _is_int(c.top_k) and c.top_k >= 0, "top_k", f"top_k must be an integer >= 0 (0 turns it off), got {c.top_k!r}"
+    )
+    _need(_is_number(c.top_p) and 0 < c.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {c.top_p!r}")
+    _need(_is_number(c.min_p) and 0 <= c.min_p <= 1, "min_p", f"min_p must be in [0, 1], got {c.min_p!r}")
+    _need(
+        _is_number(c.typical_p) and 0 < c.typical_p <= 1,
+        "typical_p",
+        f"typical_p must be in (0, 1], got {c.typical_p!r}",
+    )
+    _need(
+        _is_number(c.repetition_penalty) and c.repetition_penalty > 0,
+        "repetition_penalty",
+        f"repetition_penalty must be a number > 0 (1.0 turns it off), got {c.repetition_penalty!r}",
+    )
+    _need(
+        _is_int(c.no_repeat_ngram_size) and c.no_repeat_ngram_size >= 0,
+        "no_repeat_ngram_size",
+        f"no_repeat_ngram_size must be an integer >= 0, got {c.no_repeat_ngram_size!r}",
+    )
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(c, name)
+        _need(_is_number(value) and -2 <= value <= 2, name, f"{name} must be a number in [-2, 2], got {value!r}")
+    _need(
+        _is_int(c.num_return_sequences) and c.num_return_sequences >= 1,
+        "num_return_sequences",
+        f"num_return_sequences must be an integer >= 1, got {c.num_return_sequences!r}",
+    )
+    _need(c.seed is None or (_is_int(c.seed) and c.seed >= 0), "seed", f"seed must be an integer >= 0, got {c.seed!r}")
+    _need(
+        c.logprobs is None or (_is_int(c.logprobs) and 0 <= c.logprobs <= 20),
+        "logprobs",
+        f"logprobs must be an integer from 0 to 20, got {c.logprobs!r}",
+    )
+    _need(
+        c.vocab_size is None or (_is_int(c.vocab_size) and c.vocab_size >= 1),
+        "vocab_size",
+        f"vocab_size must be an integer >= 1, got {c.vocab_size!r}",
+    )
+    for name in ("eos_token_id", "pad_token_id"):
+        value = getattr(c, name)
+        _need(value is None or _is_int(value), name, f"{name} must be a token id (an integer), got {value!r}")
+        if value is not None:
+            check_token_ids(name, [value], c.vocab_size)
+    check_token_ids("logit_bias", c.logit_bias, c.vocab_size)
+    check_token_ids("bad_words_ids", {t for word in c.bad_words_ids for t in word}, c.vocab_size)

@@ -6,7 +6,8 @@
 A Model is immutable after load; any number of threads may call it at once (each call keeps its own state).
 """
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -15,7 +16,7 @@ from .generation_config import GenerationConfig
 from .embeddings import TokenEmbeddings
 from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
-from .batch import Completion, Batch
+from .batch import MAX_BATCH_TOKENS, Batch, Stream
 from .package import DEFAULT_PACKAGE, Package, open_package
 from .sampling import log_softmax
 from .session import create_session, graph_io, release_freed_memory
@@ -59,13 +60,16 @@ class Model:
             session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings
         )
         self.defaults = GenerationConfig.from_generation_config_json(
-            package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id
+            package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id, self.arch.vocab_size
         )
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         release_freed_memory()
 
+    max_batch_tokens = MAX_BATCH_TOKENS  # rows x positions one call may decode; raise it on an instance to allow more
+
     def settings(self, **options) -> GenerationConfig:
-        """The settings in effect: package defaults, then these options."""
+        """The settings in effect: the package's defaults, then these options, validated once (token ids against
+        this model's vocabulary included). Pass the result as config= to generate, stream or batch."""
         return self.defaults.with_options(**options)
 
     def encode(self, text: str) -> list:
@@ -77,28 +81,40 @@ class Model:
     def batch(self, prompts, config: GenerationConfig | None = None, **options) -> Batch:
         """A Batch over several prompts (strings or token-id lists); iterate it for pieces as they come.
         `config` is settings already built by settings(); otherwise the options are applied to the defaults."""
-        if config is None:
-            config = self.settings(**options)
-        elif options:
-            raise GenerationOptionError("pass either a GenerationConfig or options, not both")
-        ids, truncated = zip(*(self._prepare(p, config) for p in prompts)) if prompts else ((), ())
-        if not ids:
+        config = self._config(config, options)
+        if not isinstance(prompts, (list, tuple)):
+            raise PromptError(
+                f"batch() takes a list of prompts (strings or token-id lists), got {type(prompts).__name__}"
+            )
+        if not prompts:
             raise PromptError("no prompts were given")
+        ids, truncated = zip(*(self._prepare(p, config) for p in prompts))
+        self._check_batch_size(ids, config)
         return Batch(self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated))
 
-    def generate(self, prompt, **options):
+    def generate(self, prompt, config: GenerationConfig | None = None, **options):
         """Complete one prompt (returns a Completion, or a list when num_return_sequences > 1) or a list of prompts (a list)."""
-        generation = self.batch([prompt] if isinstance(prompt, str) else list(prompt), **options)
-        completions = generation.run()
-        single = isinstance(prompt, str) and generation.config.num_return_sequences == 1
+        if isinstance(prompt, str):
+            prompts = [prompt]
+        elif isinstance(prompt, (list, tuple)):
+            prompts = list(prompt)
+        else:
+            raise PromptError(
+                f"a prompt must be a string, or a list of strings or token-id lists, got {type(prompt).__name__}"
+            )
+        batch = self.batch(prompts, config, **options)
+        completions = batch.run()
+        single = isinstance(prompt, str) and batch.config.num_return_sequences == 1
         return completions[0] if single else completions
 
-    def stream(self, prompt: str, **options) -> "Stream":
+    def stream(self, prompt, config: GenerationConfig | None = None, **options) -> Stream:
         """Iterate the returned Stream for text pieces as they become final; its `completion` is set at the end."""
-        generation = self.batch([prompt], **options)
-        if generation.config.num_return_sequences != 1:
-            raise GenerationOptionError("stream() yields one sequence; use batch() to stream several rows at once")
-        return Stream(generation)
+        config = self._config(config, options)
+        if config.num_return_sequences != 1:
+            raise GenerationOptionError(
+                "stream() yields one sequence; use batch() to stream several rows at once", param="num_return_sequences"
+            )
+        return Stream(self.batch([prompt], config))
 
     def score(self, text: str) -> Score:
         """Log-probability of every token of `text` (conditioned on end-of-text first) and the perplexity."""
@@ -127,6 +143,41 @@ class Model:
             logprobs.tolist(),
             float(np.exp(-scored.mean())) if len(scored) else float("nan"),
         )
+
+    def _config(self, config: GenerationConfig | None, options: dict) -> GenerationConfig:
+        """The settings for one call: `config` as given (built by settings()), or the options over the defaults."""
+        if config is None:
+            return self.settings(**options)
+        if options:
+            raise GenerationOptionError(
+                f"pass either config= or options, not both (got config= and {', '.join(sorted(options))})",
+                param=sorted(options)[0],
+            )
+        if not isinstance(config, GenerationConfig):
+            raise GenerationOptionError(
+                f"config must be a GenerationConfig from model.settings(...), got {type(config).__name__}",
+                param="config",
+            )
+        if config.vocab_size != self.arch.vocab_size:  # built elsewhere: check its token ids against this vocabulary
+            config = replace(config, vocab_size=self.arch.vocab_size)
+        return config
+
+    def _check_batch_size(self, ids, config: GenerationConfig) -> None:
+        """Refuse, before anything is allocated, a call whose rows x positions exceed max_batch_tokens."""
+        rows = len(ids) * config.num_return_sequences
+        width = max(len(i) for i in ids) + config.max_new_tokens
+        if rows * width <= self.max_batch_tokens:
+            return
+        message = (
+            f"this call would decode {rows:,} rows (prompts x num_return_sequences) of {width:,} positions "
+            f"(prompt + max_new_tokens): {rows * width:,} in all, over the limit of {self.max_batch_tokens:,}."
+        )
+        if config.num_return_sequences > 1:
+            raise GenerationOptionError(
+                message + " Lower num_return_sequences or max_new_tokens, or split the prompts over several calls.",
+                param="num_return_sequences",
+            )
+        raise PromptError(message + " Split the prompts over several calls, or lower max_new_tokens.")
 
     def _prepare(self, prompt, config: GenerationConfig) -> tuple[list, int]:
         """Token ids for one prompt, checked against the vocabulary and the context length."""
@@ -157,28 +208,10 @@ class Model:
             raise PromptError(f"token id {bad[0]!r} is outside the vocabulary (0..{self.arch.vocab_size - 1})")
 
 
-class Stream:
-    """Text pieces of one completion as they become final. Breaking out of the loop stops generation."""
-
-    def __init__(self, generation: Batch):
-        self.generation = generation
-        self.completion: Completion | None = None
-
-    def __iter__(self):
-        try:
-            for piece in self.generation:
-                yield piece.text
-        finally:
-            self.generation.close()
-        if self.generation.completions:
-            self.completion = self.generation.completions[0]
-
-    def close(self) -> None:
-        self.generation.close()
-
-
 def load(path=None, device: str = "auto", threads: int | None = None, verify: bool = True) -> Model:
     """Open a package folder (default models/distilgpt2), check its files, and start a session on `device`."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise PackageError(f"load() takes the path of a package folder (a str or Path), got {type(path).__name__}")
     return Model(open_package(path if path is not None else DEFAULT_PACKAGE, verify=verify), device, threads)
 
 
@@ -189,10 +222,13 @@ def pipeline(task: str = "text-generation", model=None, device: str = "auto", **
     loaded = model if isinstance(model, Model) else load(model, device=device, **load_options)
 
     def run(prompt, return_full_text: bool = True, **options):
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt) if isinstance(prompt, (list, tuple)) else None
+        if prompts is None or not all(isinstance(p, str) for p in prompts):
+            raise PromptError(f"the pipeline takes a text prompt or a list of them, got {prompt!r:.60}")
+        config = loaded.settings(**options)
         results = []
         for text in prompts:
-            completions = loaded.generate([text], **options)
+            completions = loaded.generate([text], config)
             results.append([{"generated_text": (text if return_full_text else "") + c.text} for c in completions])
         return results[0] if isinstance(prompt, str) else results
 

@@ -3,28 +3,62 @@
 The chain (like llama.cpp's sampler chain; transformers' order where it has the same step):
 
     repetition_penalty -> frequency_presence_penalty -> logit_bias -> no_repeat_ngram
-    -> bad_words -> min_new_tokens                       (always)
+    -> bad_words -> min_new_tokens                           (always)
     -> temperature -> top_k -> top_p -> min_p -> typical_p   (only when do_sample)
-    -> pick                                              (argmax, or one categorical draw per row)
+    -> pick                                                  (argmax, or one categorical draw per row)
 
-Every filter maps float32 logits [B, V] to [B, V], has the parameter names and semantics of the
-matching transformers 4.57 logits processor, and is a no-op at its GenerationConfig default.
-A removed token gets -inf. Filters return a new array unless called with inplace=True
-(process_logits copies once, then filters work in place on that copy).
-Pure NumPy: the random generators are passed in, one per row, never global.
+A SamplerChain is built once per request from its GenerationConfig and holds only the active filters:
+each filter declares, in its @logits_filter line, which option values turn it off, and that declaration is
+the one place the no-op values are written. Every filter maps float32 logits [B, V] to [B, V], has the
+parameter names and semantics of the matching transformers 4.57 logits processor, and never makes NaN or
++inf from finite logits (a value past float32's range upwards is clipped to its largest; downwards it is
+-inf, a probability of 0 either way). A removed token gets -inf. Called
+directly, a filter returns a new array unless called with inplace=True; the chain copies once and works in
+place. Pure NumPy: the random generators are passed in, one per row, never global.
 """
+
+import functools
+from dataclasses import replace
 
 import numpy as np
 
-from .generation_config import GenerationConfig
 from .errors import GenerationOptionError
+from .generation_config import GenerationConfig, check_token_ids
 
 NEG_INF = np.float32(-np.inf)
+F32_MAX = np.finfo(np.float32).max
 _NUCLEUS_CANDIDATES = 1024  # top_p first tries the 1,024 most likely tokens, then sorts the whole row
 
+# The history a filter reads after the logits: each row's prompt and generated ids, its generated ids only,
+# or how many tokens it has generated.
+SEEN, GENERATED, COUNT = "seen", "generated", "count"
 
-def _target(logits: np.ndarray, inplace: bool) -> np.ndarray:
-    return logits if inplace else logits.copy()
+
+def logits_filter(no_op, reads=None, token_ids=None):
+    """Declare a filter `apply(out, [history,] *options)` that works in place and returns `out`.
+
+    no_op(*options) is true for the option values that turn the filter off: the chain leaves it out, and a
+    direct call returns the logits unchanged. reads: SEEN, GENERATED, COUNT or None (see above).
+    token_ids: (option name, options -> the ids they name), checked against the vocabulary on a direct
+    call (a GenerationConfig checks its own ids once, when it is built).
+    """
+
+    def declare(apply):
+        @functools.wraps(apply)
+        def call(logits, *args, inplace=False, **keywords):
+            # [B, V] -> [B, V]
+            out = logits if inplace else logits.copy()
+            options = args[1:] if reads is not None else args
+            if no_op(*options, **keywords):
+                return out
+            if token_ids is not None:
+                check_token_ids(token_ids[0], token_ids[1](*options), out.shape[-1])
+            return apply(out, *args, **keywords)
+
+        call.no_op, call.reads, call.apply = no_op, reads, apply
+        return call
+
+    return declare
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -53,65 +87,58 @@ def _candidates(logits: np.ndarray) -> np.ndarray | None:
     return cols
 
 
-def repetition_penalty(logits, seen: list[np.ndarray], penalty: float, *, inplace=False):
+@logits_filter(no_op=lambda penalty: penalty == 1.0, reads=SEEN)
+def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     """Penalize every token already seen in the row (prompt included): positive logits divided, negative multiplied.
 
     CTRL (Keskar et al., 2019); transformers' RepetitionPenaltyLogitsProcessor. penalty=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if penalty == 1.0:
-        return out
+    # float32 arithmetic as transformers does it (exact in float64, then rounded once), except for a penalty
+    # below float32's range, which would become 0.
+    with np.errstate(over="ignore"):
+        factor = np.float32(penalty)
+    factor = np.float64(factor if factor > 0 else penalty)
     for r, ids in enumerate(seen):
         ids = np.unique(_ids(ids))
-        score = out[r, ids]
-        out[r, ids] = np.where(score < 0, score * penalty, score / penalty)
+        score = out[r, ids].astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
+            penalized = np.where(score < 0, score * factor, score / factor)
+            out[r, ids] = np.minimum(penalized, F32_MAX)
     return out
 
 
-def frequency_presence_penalty(
-    logits, generated: list[np.ndarray], frequency_penalty: float, presence_penalty: float, *, inplace=False
-):
+@logits_filter(no_op=lambda frequency, presence: frequency == 0 and presence == 0, reads=GENERATED)
+def frequency_presence_penalty(out, generated: list[np.ndarray], frequency_penalty: float, presence_penalty: float):
     """Subtract frequency_penalty * count + presence_penalty * (count > 0) for each generated token (prompt excluded).
 
     OpenAI's API semantics. Both at 0.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if frequency_penalty == 0 and presence_penalty == 0:
-        return out
     for r, ids in enumerate(generated):
         ids, counts = np.unique(_ids(ids), return_counts=True)
         out[r, ids] -= (frequency_penalty * counts + presence_penalty).astype(out.dtype)
     return out
 
 
-def logit_bias(logits, bias: dict[int, float], *, inplace=False):
+@logits_filter(no_op=lambda bias: not bias, token_ids=("logit_bias", lambda bias: bias))
+def logit_bias(out, bias: dict[int, float]):
     """Add bias[token] to that token's logit in every row (OpenAI's logit_bias). An empty dict is a no-op."""
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if not bias:
-        return out
-    n_vocab = out.shape[-1]
-    bad = sorted(t for t in bias if not 0 <= t < n_vocab)
-    if bad:
-        raise GenerationOptionError(
-            f"logit_bias names token id(s) {bad} outside this model's vocabulary (ids 0 to {n_vocab - 1})"
-        )
     ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-    out[:, ids] += np.fromiter(bias.values(), dtype=out.dtype, count=len(bias))
+    with np.errstate(over="ignore"):  # a bias past float32's range: +inf is clipped below, -inf bans the token
+        values = np.fromiter(bias.values(), dtype=out.dtype, count=len(bias))
+        out[:, ids] = np.minimum(out[:, ids] + values, F32_MAX)
     return out
 
 
-def no_repeat_ngram(logits, seen: list[np.ndarray], n: int, *, inplace=False):
+@logits_filter(no_op=lambda n: n <= 0, reads=SEEN)
+def no_repeat_ngram(out, seen: list[np.ndarray], n: int):
     """Ban every token that would complete an n-gram already present in the row (prompt included).
 
     Fairseq's no_repeat_ngram_size; transformers' NoRepeatNGramLogitsProcessor. n=0 is a no-op.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if n <= 0:
-        return out
     for r, ids in enumerate(seen):
         ids = _ids(ids)
         if len(ids) < n:
@@ -122,21 +149,15 @@ def no_repeat_ngram(logits, seen: list[np.ndarray], n: int, *, inplace=False):
     return out
 
 
-def bad_words(logits, seen: list[np.ndarray], bad_words_ids: tuple[tuple[int, ...], ...], *, inplace=False):
+@logits_filter(
+    no_op=lambda words: not words, reads=SEEN, token_ids=("bad_words_ids", lambda words: {t for w in words for t in w})
+)
+def bad_words(out, seen: list[np.ndarray], bad_words_ids: tuple[tuple[int, ...], ...]):
     """Ban the last token of each bad sequence whose prefix ends the row; 1-long sequences are banned always.
 
     transformers' NoBadWordsLogitsProcessor. An empty tuple is a no-op.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if not bad_words_ids:
-        return out
-    n_vocab = out.shape[-1]
-    bad = sorted({t for word in bad_words_ids for t in word if not 0 <= t < n_vocab})
-    if bad:
-        raise GenerationOptionError(
-            f"bad_words_ids names token id(s) {bad} outside this model's vocabulary (ids 0 to {n_vocab - 1})"
-        )
     for word in bad_words_ids:
         prefix, last = word[:-1], word[-1]
         for r, ids in enumerate(seen):
@@ -145,52 +166,65 @@ def bad_words(logits, seen: list[np.ndarray], bad_words_ids: tuple[tuple[int, ..
     return out
 
 
-def min_new_tokens(logits, n_generated: int, min_new_tokens: int, eos_token_id: int | None, *, inplace=False):
+@logits_filter(no_op=lambda minimum, eos_token_id: minimum <= 0 or eos_token_id is None, reads=COUNT)
+def min_new_tokens(out, n_generated: int, min_new_tokens: int, eos_token_id: int | None):
     """Ban end-of-text while fewer than min_new_tokens tokens have been generated.
 
     transformers' MinNewTokensLengthLogitsProcessor. min_new_tokens=0 (or no eos id) is a no-op.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if eos_token_id is not None and n_generated < min_new_tokens:
+    if n_generated < min_new_tokens:
         out[:, eos_token_id] = NEG_INF
     return out
 
 
-def temperature(logits, t: float, *, inplace=False):
-    """Divide logits by t: below 1 sharpens, above 1 flattens. transformers' TemperatureLogitsWarper. t=1.0 is a no-op."""
+@logits_filter(no_op=lambda t: t == 1.0)
+def temperature(out, t: float):
+    """Divide logits by t: below 1 sharpens, above 1 flattens. transformers' TemperatureLogitsWarper. t=1.0 is a no-op.
+
+    A row that a tiny t would push past float32's range is shifted by its maximum first: softmax ignores a
+    shift, so every later filter and the pick see the same distribution (for t -> 0, the argmax).
+    """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if t != 1.0:
+    overflow = None
+    if t < 1.0:  # dividing by t >= 1 only shrinks the logits
+        peak = np.max(np.abs(out), axis=-1, where=np.isfinite(out), initial=0.0)  # [B]
+        overflow = np.flatnonzero(peak.astype(np.float64) / t > F32_MAX)
+    if overflow is not None and overflow.size:
+        rows = out[overflow].astype(np.float64)
+        shifted = (rows - rows.max(axis=-1, keepdims=True)) / t  # <= 0 everywhere, 0 at the maximum
+        with np.errstate(over="ignore"):
+            out[overflow] = shifted  # past float32's range: -inf, a probability of 0 either way
+        rest = np.setdiff1d(np.arange(out.shape[0]), overflow)
+        out[rest] /= np.float32(t)
+    else:
         np.divide(out, np.float32(t), out=out)
     return out
 
 
-def top_k(logits, k: int, *, inplace=False):
+@logits_filter(no_op=lambda k: k <= 0)
+def top_k(out, k: int):
     """Keep the k largest logits per row (ties with the k-th all kept). Fan et al., 2018; transformers' TopKLogitsWarper.
 
-    k=0 (or k >= V) is a no-op.
+    k=0 is a no-op (and so is any k >= V: nothing to remove).
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
     n_vocab = out.shape[-1]
-    if k <= 0 or k >= n_vocab:
+    if k >= n_vocab:
         return out
     kth = np.partition(out, n_vocab - k, axis=-1)[:, n_vocab - k, None]  # O(V), no full sort
     out[out < kth] = NEG_INF
     return out
 
 
-def top_p(logits, p: float, min_tokens_to_keep: int = 1, *, inplace=False):
+@logits_filter(no_op=lambda p, min_tokens_to_keep=1: p >= 1.0)
+def top_p(out, p: float, min_tokens_to_keep: int = 1):
     """Nucleus sampling: keep the most likely tokens whose probability sums to p. Holtzman et al., 2019.
 
     transformers' TopPLogitsWarper exactly (sort ascending, remove tokens whose cumulative probability
     is <= 1 - p, always keep the min_tokens_to_keep largest). p=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if p >= 1.0:
-        return out
     probs = _softmax(out)
     cols = _candidates(out)  # tokens at -inf have probability 0: leaving them out changes no sum
     rest = 0.0  # probability of the tokens left out; in ascending order they all come first
@@ -212,29 +246,25 @@ def top_p(logits, p: float, min_tokens_to_keep: int = 1, *, inplace=False):
     return out
 
 
-def min_p(logits, p: float, *, inplace=False):
+@logits_filter(no_op=lambda p: p <= 0)
+def min_p(out, p: float):
     """Drop tokens whose probability is below p times the top token's. Nguyen et al., 2024; transformers' MinPLogitsWarper.
 
     p=0.0 is a no-op. The most likely token is always kept.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if p <= 0:
-        return out
     probs = _softmax(out)
     out[probs < p * probs.max(axis=-1, keepdims=True)] = NEG_INF
     return out
 
 
-def typical_p(logits, mass: float, *, inplace=False):
+@logits_filter(no_op=lambda mass: mass >= 1.0)
+def typical_p(out, mass: float):
     """Locally typical sampling: keep tokens whose surprisal is closest to the entropy, up to total probability mass.
 
     Meister et al., 2022; transformers' TypicalLogitsWarper. mass=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    out = _target(logits, inplace)
-    if mass >= 1.0:
-        return out
     cols = _candidates(out)
     cols = np.broadcast_to(np.arange(out.shape[-1]), out.shape) if cols is None else cols
     cand = np.take_along_axis(out, cols, axis=-1)  # [B, m]
@@ -255,43 +285,76 @@ def typical_p(logits, mass: float, *, inplace=False):
     return out
 
 
+class SamplerChain:
+    """One request's next-token choice: its active filters in the order of the module docstring, then the pick.
+
+    Built once per request. Calling it takes the rows' raw logits [B, V], their seen ids (prompt and
+    generated) and generated ids, and one random generator per row; it returns one token id per row.
+    """
+
+    def __init__(self, config: GenerationConfig, vocab_size: int):
+        if config.vocab_size != vocab_size:
+            config = replace(config, vocab_size=vocab_size)  # its token ids are checked here, once
+        c = config
+        candidates = [
+            (repetition_penalty, c.repetition_penalty),
+            (frequency_presence_penalty, c.frequency_penalty, c.presence_penalty),
+            (logit_bias, c.logit_bias),
+            (no_repeat_ngram, c.no_repeat_ngram_size),
+            (bad_words, c.bad_words_ids),
+            (min_new_tokens, c.min_new_tokens, c.eos_token_id),
+        ]
+        if c.do_sample:  # the warpers shape the distribution a draw comes from; they never move the argmax
+            candidates += [(temperature, c.temperature), (top_k, c.top_k), (top_p, c.top_p), (min_p, c.min_p)]
+            candidates += [(typical_p, c.typical_p)]
+        self.filters = [(f, tuple(options)) for f, *options in candidates if not f.no_op(*options)]
+        self.do_sample = c.do_sample
+
+    def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
+        # [B, V] -> [B] int64
+        return pick(self.process(logits, seen, generated), self.do_sample, rngs)
+
+    def process(self, logits, seen: list, generated: list) -> np.ndarray:
+        """The filtered logits: a copy, or the input itself when no filter is active."""
+        # [B, V] -> [B, V]
+        if not self.filters:
+            return logits
+        out = logits.copy()
+        for f, options in self.filters:
+            if f.reads == COUNT:  # min_new_tokens: each row has its own count
+                for r, ids in enumerate(generated):
+                    f.apply(out[r : r + 1], len(ids), *options)
+            else:
+                history = {SEEN: (seen,), GENERATED: (generated,), None: ()}[f.reads]
+                f.apply(out, *history, *options)
+        return out
+
+
 def process_logits(logits, config: GenerationConfig, seen: list[np.ndarray], generated: list[np.ndarray]) -> np.ndarray:
-    """Apply the whole filter chain of the module docstring; never modifies logits.
+    """Apply the whole filter chain of the module docstring once; never modifies logits.
 
     seen[r]: row r's prompt and generated ids; generated[r]: its generated ids only.
     When no filter is active the input array itself is returned.
     """
     # [B, V] -> [B, V]
-    c = config
-    penalties = c.repetition_penalty != 1.0 or c.frequency_penalty != 0 or c.presence_penalty != 0 or c.logit_bias
-    bans = c.no_repeat_ngram_size > 0 or c.bad_words_ids or (c.eos_token_id is not None and c.min_new_tokens > 0)
-    warps = c.do_sample and (
-        c.temperature != 1.0 or 0 < c.top_k < logits.shape[-1] or c.top_p < 1 or c.min_p > 0 or c.typical_p < 1
-    )
-    if not (penalties or bans or warps):
-        return logits
-    out = logits.copy()
-    repetition_penalty(out, seen, c.repetition_penalty, inplace=True)
-    frequency_presence_penalty(out, generated, c.frequency_penalty, c.presence_penalty, inplace=True)
-    logit_bias(out, c.logit_bias, inplace=True)
-    no_repeat_ngram(out, seen, c.no_repeat_ngram_size, inplace=True)
-    bad_words(out, seen, c.bad_words_ids, inplace=True)
-    for r, ids in enumerate(generated):
-        min_new_tokens(out[r : r + 1], len(ids), c.min_new_tokens, c.eos_token_id, inplace=True)
-    if c.do_sample:
-        temperature(out, c.temperature, inplace=True)
-        top_k(out, c.top_k, inplace=True)
-        top_p(out, c.top_p, inplace=True)
-        min_p(out, c.min_p, inplace=True)
-        typical_p(out, c.typical_p, inplace=True)
-    return out
+    return SamplerChain(config, logits.shape[-1]).process(logits, seen, generated)
 
 
 def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray:
-    """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator."""
+    """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator.
+
+    Robust to non-finite logits (a model or filter gone past float32's range): NaN counts as banned, and a
+    row holding +inf picks among its +inf tokens only, each equally likely (the limit of its distribution).
+    """
     # [B, V] -> [B] int64
+    rows = np.arange(logits.shape[0])
     best = logits.argmax(axis=-1)
-    dead = np.flatnonzero(logits[np.arange(logits.shape[0]), best] == NEG_INF)
+    if not np.isfinite(logits[rows, best]).all():  # NaN propagates to the argmax: one check covers both
+        logits = np.where(np.isnan(logits), NEG_INF, logits)
+        infinite = np.isposinf(logits).any(axis=-1)
+        logits[infinite] = np.where(np.isposinf(logits[infinite]), 0, NEG_INF)
+        best = logits.argmax(axis=-1)
+    dead = np.flatnonzero(logits[rows, best] == NEG_INF)
     if dead.size:
         raise GenerationOptionError(
             f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"

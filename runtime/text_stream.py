@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tokenizers
 
-from .errors import GenerationOptionError
+from .generation_config import stop_strings
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder shows for bytes that are not (yet) a whole character
 
@@ -31,12 +31,8 @@ class TextStream:
     def __init__(
         self, tokenizer: tokenizers.Tokenizer, stop: tuple[str, ...] = (), prefix_ids: list[int] | None = None
     ):
-        if isinstance(stop, str):
-            raise GenerationOptionError(f"stop must be a tuple of strings, not one string; use stop=({stop!r},)")
-        if not all(isinstance(s, str) and s for s in stop):
-            raise GenerationOptionError(f"every stop string must be a non-empty str, got {stop!r}")
         self._tokenizer = tokenizer
-        self._stop = tuple(stop)
+        self._stop = stop_strings(tuple(stop) if isinstance(stop, list) else stop)  # the config's own check
         self._ids = list(prefix_ids or [])
         self._read = len(self._ids)  # ids[:_read] is context, already emitted; ids[_read:] pending
         self._context_len = len(self._decode(self._ids))  # characters that the context decodes to

@@ -118,11 +118,11 @@ def test_breaking_out_of_a_stream_stops_generation(model, monkeypatch):
     for piece in stream:
         break
     assert piece
-    steps = stream.generation._steps
+    steps = stream.batch._steps
     assert steps is not None and steps.gi_frame is None  # the engine's generator was closed
     assert 1 <= len(calls) < 10
     assert stream.completion is None
-    assert stream.generation.completions == []
+    assert stream.batch.completions == []
     # a stream that is never iterated never runs the model
     calls.clear()
     model.stream(PROMPTS[0], max_new_tokens=50)
