@@ -175,8 +175,8 @@ class InProcessServer(Health):
         self.thread.join(20)
 
 
-def complete(server, body, key=None, **kwargs) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+def complete(server, body, key=None, headers=None, **kwargs) -> httpx.Response:
+    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **(headers or {})}
     return HTTP.post(server.url + "/v1/completions", json=body, headers=headers, **kwargs)
 
 
