@@ -17,7 +17,8 @@ from edgelm.runtime.server.app import create_app
 from edgelm.runtime.server.requests import Limits
 from edgelm.runtime.server.uvicorn_server import server as uvicorn_server
 
-HTTP = httpx.Client(timeout=60)  # pooled and thread-safe
+# Pooled and thread-safe; an idle connection is dropped well before the server's 5-second keep-alive ends it.
+HTTP = httpx.Client(timeout=60, limits=httpx.Limits(keepalive_expiry=2))
 
 
 def free_port() -> int:

@@ -1,9 +1,10 @@
 """uvicorn, set up for edgelm: the h11 protocol with a deadline on each request's head, graceful shutdown.
 
 uvicorn times out idle keep-alive connections, but not a client that sends its request line and headers
-slowly (a byte every few seconds): such a connection stays open as long as the client likes, and enough of
-them exhaust the process's sockets. Here every connection must complete each request head within
-`header_timeout` seconds of opening (or of its previous response), or it is closed. The body has its own
+slowly (a byte every few seconds), nor one that connects and sends nothing: such a connection stays open as
+long as the client likes, and enough of them exhaust the process's sockets. Here a connection must complete
+its first request head within `header_timeout` seconds of opening, and each later one within `header_timeout`
+seconds of its first byte, or it is closed. The body has its own
 deadline in the route (app.read_json).
 """
 
@@ -59,7 +60,7 @@ class GracefulServer(uvicorn.Server):
 
 
 class HeaderTimeoutProtocol(H11Protocol):
-    """H11Protocol that closes a connection whose next request head is not complete within `header_timeout` s."""
+    """H11Protocol that closes a connection whose request head is not complete within `header_timeout` s."""
 
     def __init__(self, *args, header_timeout: float = 5.0, **kwargs):
         super().__init__(*args, **kwargs)
@@ -70,10 +71,15 @@ class HeaderTimeoutProtocol(H11Protocol):
         super().connection_made(transport)
         self._arm()
 
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and self._waiting_for_head():
+            self._arm()  # the first bytes of the next request on a kept-alive connection: its head gets the same time
+        super().data_received(data)
+
     def on_response_complete(self) -> None:
+        # Until the next request's first byte, the connection is idle: uvicorn's keep-alive timeout closes it.
+        self._disarm()
         super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm()  # the next request's head gets the same time
 
     def connection_lost(self, exc) -> None:
         self._disarm()
