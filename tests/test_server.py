@@ -87,6 +87,12 @@ def strict(tiny_package, tmp_path_factory):
         "3000",
         "--request-timeout",
         "2",
+        "--allow-host",
+        "my.box",
+        "--allow-origin",
+        "http://app.example",
+        "--max-batch-tokens",
+        "100",
     )
     yield s
     assert s.stop() == 0, s.log()
@@ -300,6 +306,18 @@ def test_api_key(strict):
     with pytest.raises(openai.AuthenticationError):
         client.completions.create(model="tiny-fp32", prompt="Hi")
     assert strict.health()["status"] == "ok"  # health needs no key
+
+
+def test_host_origin_and_token_flags_reach_the_server(strict):
+    assert HTTP.get(strict.url + "/health", headers={"Host": f"my.box:{strict.port}"}).status_code == 200
+    assert HTTP.get(strict.url + "/health", headers={"Host": "evil.example"}).status_code == 421
+    preflight = HTTP.options(
+        strict.url + "/v1/completions",
+        headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "http://app.example"
+    response = complete(strict, {"prompt": ["Hi"] * 2, "n": 2, "max_tokens": 30}, key=KEY)
+    assert response.status_code == 400 and "--max-batch-tokens" in response.json()["error"]["message"]
 
 
 def test_body_too_large_is_413(strict):
