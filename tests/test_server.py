@@ -7,7 +7,6 @@ output must not depend on HTTP, streaming, or what else the server is running.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,14 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from server_harness import HTTP, InProcessServer, Server, complete, gate, stream_events, streamed_texts
 
 from edgelm.runtime import load
+from edgelm.runtime.server.requests import Limits
 
 KEY = "sekret"
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "import numpy as np\n", ""]
-HTTP = httpx.Client(timeout=60)  # pooled and thread-safe; a fresh client per request costs ~50 ms of TLS setup
-# A request that keeps a slot busy for seconds even on the tiny model: 64 prompts x 8 rows, 50 steps, the top-20
-# log-probs and two per-row filters at every step.
+# A request that keeps a slot busy for a while on the tiny model: 64 prompts x 8 rows, 50 steps, the top-20
+# log-probs and two per-row filters at every step (the SIGTERM test; the others hold a gate instead).
 HEAVY = {
     "prompt": ["The quick"] * 64,
     "n": 8,
@@ -35,71 +35,8 @@ HEAVY = {
     "repetition_penalty": 1.1,
     "no_repeat_ngram_size": 2,
 }
-
-
-class Server:
-    """`edgelm serve PACKAGE --port FREE ...` in a subprocess; its log goes to a file, shown when a test fails."""
-
-    def __init__(self, package, tmp_path, *options):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_file = open(tmp_path / f"server-{self.port}.log", "w+")
-        command = [
-            sys.executable,
-            "-c",
-            "from edgelm.runtime.cli import main; main()",
-            "serve",
-            str(package),
-            "--port",
-            str(self.port),
-            *options,
-        ]
-        self.process = subprocess.Popen(command, stdout=self.log_file, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.process.poll() is None, f"the server exited with {self.process.returncode}:\n{self.log()}"
-            assert time.monotonic() < deadline, f"the server did not answer /health within 60 s:\n{self.log()}"
-            try:
-                if HTTP.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-
-    def log(self) -> str:
-        self.log_file.flush()
-        self.log_file.seek(0)
-        return self.log_file.read()
-
-    def health(self) -> dict:
-        return HTTP.get(self.url + "/health", timeout=5).json()
-
-    def idle(self, changed: str | None = None, before: int = 0) -> dict:
-        """/health once no job runs (and, with `changed`, once that counter has moved past `before`); 10 s at most."""
-        deadline = time.monotonic() + 10
-        while True:
-            health = self.health()
-            if (
-                health["active"] == 0 and (changed is None or health[changed] != before)
-            ) or time.monotonic() > deadline:
-                return health
-            time.sleep(0.05)
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log_file.close()
-        return self.process.returncode
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A request that stays busy while the gate is held: its echo chunk comes first, before any forward pass.
+HELD = {"prompt": "The quick", "max_tokens": 40, "ignore_eos": True, "temperature": 0, "echo": True}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +45,19 @@ def server(tiny_package, tmp_path_factory):
     s = Server(tiny_package, tmp_path_factory.mktemp("server"), "--max-concurrency", "2")
     yield s
     assert s.stop() == 0, s.log()
+
+
+@pytest.fixture(scope="module")
+def gated(tiny_package):
+    """In this process: one slot, one place in the queue, a 1-second request timeout, and a model whose
+    decoder waits at a gate the test holds and releases."""
+    model = load(tiny_package)
+    engine = gate(model)
+    s = InProcessServer(model, Limits(max_tokens=50, request_timeout=1.0), max_concurrency=1, max_queue=0)
+    s.engine = engine
+    yield s
+    engine.release()
+    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -132,42 +82,15 @@ def strict(tiny_package, tmp_path_factory):
         "3000",
         "--request-timeout",
         "2",
+        "--allow-host",
+        "my.box",
+        "--allow-origin",
+        "http://app.example",
+        "--max-batch-tokens",
+        "100",
     )
     yield s
     assert s.stop() == 0, s.log()
-
-
-def complete(server, body, key=None, **kwargs) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return HTTP.post(server.url + "/v1/completions", json=body, headers=headers, **kwargs)
-
-
-def stream_events(server, body, key=None) -> list:
-    """Every `data:` payload of a streaming request, parsed; the final "[DONE]" kept as a string."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    events = []
-    with HTTP.stream(
-        "POST", server.url + "/v1/completions", json={**body, "stream": True}, headers=headers
-    ) as response:
-        assert response.status_code == 200, response.read()
-        assert response.headers["content-type"].startswith("text/event-stream")
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                data = line[len("data: ") :]
-                events.append(data if data == "[DONE]" else json.loads(data))
-            else:
-                assert line == "", line
-    return events
-
-
-def streamed_texts(events, rows: int = 1) -> tuple[list, list]:
-    assert events[-1] == "[DONE]"
-    texts, reasons = [""] * rows, [None] * rows
-    for event in events[:-1]:
-        for choice in event["choices"]:
-            texts[choice["index"]] += choice["text"]
-            reasons[choice["index"]] = choice["finish_reason"] or reasons[choice["index"]]
-    return texts, reasons
 
 
 # -- answers equal Model.generate ------------------------------------------------------------------------
@@ -353,7 +276,9 @@ def test_bad_requests_get_400_in_openai_error_format(server, body, param, words)
 
 
 def test_bad_json_unknown_model_and_unknown_path(server):
-    response = HTTP.post(server.url + "/v1/completions", content=b"{not json", timeout=10)
+    response = HTTP.post(
+        server.url + "/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}, timeout=10
+    )
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
     response = complete(server, {"model": "gpt-4", "prompt": "Hi"})
     assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
@@ -378,46 +303,72 @@ def test_api_key(strict):
     assert strict.health()["status"] == "ok"  # health needs no key
 
 
+def test_host_origin_and_token_flags_reach_the_server(strict):
+    assert HTTP.get(strict.url + "/health", headers={"Host": f"my.box:{strict.port}"}).status_code == 200
+    assert HTTP.get(strict.url + "/health", headers={"Host": "evil.example"}).status_code == 421
+    preflight = HTTP.options(
+        strict.url + "/v1/completions",
+        headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "http://app.example"
+    response = complete(strict, {"prompt": ["Hi"] * 2, "n": 2, "max_tokens": 30}, key=KEY)
+    assert response.status_code == 400 and "--max-batch-tokens" in response.json()["error"]["message"]
+
+
 def test_body_too_large_is_413(strict):
     response = complete(strict, {"prompt": "x" * 4000}, key=KEY)
     assert response.status_code == 413 and "--max-body-bytes" in response.json()["error"]["message"]
 
 
-def test_queue_full_is_429_and_a_client_that_leaves_frees_its_slot(strict):
-    before = strict.health()["cancelled"]
-    with HTTP.stream(
-        "POST",
-        strict.url + "/v1/completions",
-        json={**HEAVY, "stream": True},
-        headers={"Authorization": f"Bearer {KEY}"},
-        timeout=30,
-    ) as held:
+def test_queue_full_is_429_and_a_client_that_leaves_frees_its_slot(gated):
+    before = gated.health()["cancelled"]
+    gated.engine.hold()
+    with HTTP.stream("POST", gated.url + "/v1/completions", json={**HELD, "stream": True}, timeout=30) as held:
         lines = held.iter_lines()  # kept: dropping a half-read iterator closes the connection
-        next(lines)  # the first piece: the heavy request holds the only slot
-        response = complete(strict, {"prompt": "Hi", "max_tokens": 2}, key=KEY)
+        next(lines)  # the echo chunk: the held request has the only slot
+        response = complete(gated, {"prompt": "Hi", "max_tokens": 2})
         assert response.status_code == 429, response.text
         assert response.json()["error"]["code"] == "queue_full"
+        assert response.headers["retry-after"] == "1"
     # the client closed its connection after one chunk: its generation stops and the slot comes back
-    health = strict.idle("cancelled", before)
-    assert health["active"] == 0 and health["cancelled"] == before + 1, strict.log()
-    assert complete(strict, {"prompt": "Hi", "max_tokens": 2}, key=KEY).status_code == 200
+    gated.wait_until_stopped("cancelled")
+    gated.engine.release()
+    health = gated.idle("cancelled", before)
+    assert health["active"] == 0 and health["cancelled"] == before + 1
+    assert complete(gated, {"prompt": "Hi", "max_tokens": 2}).status_code == 200
 
 
-def test_a_client_that_leaves_before_the_answer_stops_its_generation(strict):
-    before = strict.health()["cancelled"]
+def test_a_client_that_leaves_before_the_answer_stops_its_generation(gated):
+    before = gated.health()["cancelled"]
+    gated.engine.hold()
     with pytest.raises(httpx.ReadTimeout):
-        complete(strict, HEAVY, key=KEY, timeout=0.5)  # gives up and closes the connection
-    health = strict.idle("cancelled", before)
-    assert health["active"] == 0 and health["cancelled"] == before + 1, strict.log()
+        complete(gated, HELD, timeout=0.5)  # no answer while the gate is held: the client gives up and leaves
+    gated.wait_until_stopped("cancelled")
+    gated.engine.release()
+    health = gated.idle("cancelled", before)
+    assert health["active"] == 0 and health["cancelled"] == before + 1
 
 
-def test_request_timeout(strict):
-    strict.idle()
-    response = complete(strict, HEAVY, key=KEY)
+def _past_the_deadline(gated, send):
+    """Run `send()` in a thread; once its generation waits at the gate, let its 1-second deadline pass, then
+    open the gate: the next step finds the request timed out."""
+    result = {}
+    gated.engine.hold()
+    sender = threading.Thread(target=lambda: result.update(value=send()))
+    sender.start()
+    assert gated.engine.waiting.wait(30)
+    time.sleep(gated.app.limits.request_timeout)  # the request arrived before it waited: now past its deadline
+    gated.engine.release()
+    sender.join(30)
+    return result["value"]
+
+
+def test_request_timeout(gated):
+    gated.idle()
+    response = _past_the_deadline(gated, lambda: complete(gated, HELD))
     assert response.status_code == 408 and response.json()["error"]["code"] == "request_timeout"
-    # The timed-out job frees its slot at its next step boundary; one HEAVY step can take a while on a busy machine.
-    strict.idle()
-    events = stream_events(strict, HEAVY, key=KEY)
+    gated.idle()
+    events = _past_the_deadline(gated, lambda: stream_events(gated, HELD))
     assert events[-1] != "[DONE]" and events[-1]["error"]["code"] == "request_timeout"
 
 
@@ -436,10 +387,8 @@ def test_sigterm_mid_stream_exits_0_and_never_sends_broken_json(tiny_package, tm
     reader.start()
     while not lines and reader.is_alive():
         time.sleep(0.02)
-    started = time.monotonic()
     s.process.send_signal(signal.SIGTERM)
     assert s.process.wait(15) == 0, s.log()
-    assert time.monotonic() - started < 10
     reader.join(10)
     events = [line[len("data: ") :] for line in lines if line]
     assert events and all(e == "[DONE]" or json.loads(e) for e in events)

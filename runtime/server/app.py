@@ -1,4 +1,4 @@
-"""The HTTP layer: Starlette routes over one loaded Model, an API-key check and a one-line-per-request log.
+"""The HTTP layer: Starlette routes over one loaded Model, with the middleware of middleware.py around them.
 
     GET  /health              {"status", "model", "active", "queued", and jobs ended so far by outcome:
                               "finished", "cancelled", "timeout", "shutdown"}    (no API key needed)
@@ -6,32 +6,36 @@
     POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
 
-A completion request is parsed (schema.py), tokenized, then waits for a slot and runs as a Job (jobs.py).
-A non-streaming request that loses its client, or a stream whose client goes away, stops its job at once.
+A completion request is read (JSON only, within --read-timeout), parsed (requests.py), its settings built
+once (Model.settings), tokenized, then waits for a slot and runs as a Job (jobs.py). A non-streaming request
+that loses its client, or a stream whose client goes away, stops its job at once; the job then drops its
+Batch, whatever ended it. Every error a request causes is answered in OpenAI's error shape on a connection
+that stays usable; only a body that never arrives closes it.
 """
 
 import asyncio
+import functools
 import json
 import logging
-import signal
 import time
 from contextlib import asynccontextmanager
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import GenerationOptionError, PromptError
-from . import schema
+from ..errors import EdgelmError
+from . import requests, responses
+from .errors import ApiError, api_error, describe
 from .jobs import Job, Jobs, QueueFull, Stopped
-from .middleware import AccessLog, ApiKey
-from .schema import ApiError, Limits
+from .middleware import AccessLog, ApiKey, HostCheck, cors
+from .requests import Limits
 
 log = logging.getLogger("edgelm.server")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+RETRY_AFTER = "1"  # seconds a client refused with 429 should wait before trying again
 
 
 class ClientGone(Exception):
@@ -39,35 +43,52 @@ class ClientGone(Exception):
 
 
 def create_app(
-    model, limits: Limits = Limits(), max_concurrency: int = 2, max_queue: int = 64, api_key: str | None = None
+    model,
+    limits: Limits = Limits(),
+    max_concurrency: int = 2,
+    max_queue: int = 64,
+    api_key: str | None = None,
+    host: str = "127.0.0.1",
+    allow_hosts: tuple = (),
+    allow_origins: tuple = (),
 ):
-    """The ASGI application serving `model` (a runtime Model, loaded once). Its `jobs` are the slots and workers."""
+    """The ASGI application serving `model` (a runtime Model, loaded once) on `host` (for the Host check).
+    Its `jobs` are the slots and workers."""
     jobs = Jobs(max_concurrency, max_queue)
     model_id = model.package.name
 
     async def health(request):
-        return JSONResponse(
+        return _json(
             {"status": "ok", "model": model_id, "active": jobs.slots.active, "queued": jobs.slots.queued, **jobs.ended}
         )
 
     async def models(request):
-        return JSONResponse({"object": "list", "data": [_model_card(model)]})
+        return _json({"object": "list", "data": [_model_card(model)]})
 
     async def one_model(request):
         if request.path_params["name"] != model_id:
             raise ApiError(
                 404,
-                f"the model {request.path_params['name']!r} does not exist here; this server runs {model_id!r}",
+                f"the model {request.path_params['name'][:100]!r} does not exist here; this server runs {model_id!r}",
                 "model",
                 "model_not_found",
             )
-        return JSONResponse(_model_card(model))
+        return _json(_model_card(model))
 
     async def completions(request):
         deadline = time.monotonic() + limits.request_timeout
-        req = schema.parse_completion_request(await _read_json(request, limits.max_body_bytes), model, limits)
-        generation, prompt_counts = await _runtime_errors(asyncio.to_thread(_prepare, model, req))
-        job = await _admit(request, jobs, lambda job: _complete(model, req, generation, job), deadline, limits)
+        body = await read_json(request, limits, deadline)
+        req = requests.parse_completion_request(body, model_id, model.arch.vocab_size, limits)
+        try:
+            config = model.settings(**req.options)  # every option's range, checked once
+        except EdgelmError as error:
+            raise api_error(error, field_of=req.field_of) from None
+        generation, prompt_counts = await _runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
+        requests.check_tokens_held(req, prompt_counts, limits)
+        work = functools.partial(_complete, model, req, generation)
+        del generation  # from here the job holds it, and drops it when it ends
+        job = await _admit(request, jobs, work, deadline, limits)
+        del work
         if req.stream:
             # background: a stream cut before its generator ever ran has no `finally` to stop the job
             return StreamingResponse(
@@ -78,33 +99,33 @@ def create_app(
             )
         try:
             completions, scores = await _unless_gone(request, _result(job), job)
+        except (ClientGone, ApiError):
+            raise
         except Exception as error:
-            raise _api_error(error, limits) from None
+            raise api_error(error, limits.request_timeout, req.field_of) from None
         tokens = sum(c.completion_tokens for c in completions or [])
         request.state.tokens = tokens
-        return JSONResponse(
-            schema.completion(
-                req, model_id, schema.choices(req, completions, scores), schema.usage(sum(prompt_counts), tokens)
+        return _json(
+            responses.completion(
+                req, model_id, responses.choices(req, completions, scores), responses.usage(sum(prompt_counts), tokens)
             )
         )
 
     async def score(request):
-        text = schema.parse_score_request(await _read_json(request, limits.max_body_bytes), model_id)
-        job = await _admit(
-            request,
-            jobs,
-            lambda job: job.emit("done", model.score(text)),
-            time.monotonic() + limits.request_timeout,
-            limits,
-        )
+        deadline = time.monotonic() + limits.request_timeout
+        text = requests.parse_score_request(await read_json(request, limits, deadline), model_id)
+        job = await _admit(request, jobs, functools.partial(_score, model, text), deadline, limits)
         try:
             result = await _unless_gone(request, _result(job), job)
-        except PromptError as error:
-            raise ApiError(400, str(error), "text", "invalid_prompt") from None
+        except ClientGone:
+            raise
+        except EdgelmError as error:
+            error = api_error(error)
+            raise ApiError(error.status, error.message, "text", error.code) from None
         except Exception as error:
-            raise _api_error(error, limits) from None
+            raise api_error(error, limits.request_timeout) from None
         request.state.tokens = len(result.token_ids)
-        return JSONResponse(schema.score(result, model_id))
+        return _json(responses.score(result, model_id))
 
     @asynccontextmanager
     async def lifespan(app):
@@ -112,11 +133,11 @@ def create_app(
         await jobs.shutdown()
 
     routes = [
-        Route("/health", health),
-        Route("/v1/models", models),
-        Route("/v1/models/{name:path}", one_model),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/score", score, methods=["POST"]),
+        Route("/health", _endpoint(health)),
+        Route("/v1/models", _endpoint(models)),
+        Route("/v1/models/{name:path}", _endpoint(one_model)),
+        Route("/v1/completions", _endpoint(completions), methods=["POST"]),
+        Route("/v1/score", _endpoint(score), methods=["POST"]),
     ]
     handlers = {
         ApiError: _error_response,
@@ -124,50 +145,17 @@ def create_app(
         ClientGone: _client_gone,
         Exception: _server_error,
     }
-    app = AccessLog(ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key))
-    app.jobs = jobs
+    inner = ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key)
+    app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)))
+    app.jobs, app.limits = jobs, limits
     return app
 
 
-def run(app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0) -> None:
-    """Serve `app` with uvicorn until SIGINT/SIGTERM; a requested shutdown returns normally (exit code 0)."""
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        access_log=False,
-        log_config=None,
-        log_level=log_level,
-        timeout_graceful_shutdown=shutdown_timeout + 5,
-    )  # a backstop: GracefulServer stops jobs first
-    # uvicorn re-raises the signal after its clean shutdown, which would kill the process with it;
-    # handlers that do nothing make that a normal return.
-    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        GracefulServer(config, app.jobs, shutdown_timeout).run()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-class GracefulServer(uvicorn.Server):
-    """uvicorn's server, stopping the generations still running `grace` seconds into a shutdown, so that
-    their clients get a clean 503 or a final error event rather than a cut connection."""
-
-    def __init__(self, config, jobs: Jobs, grace: float):
-        super().__init__(config)
-        self.jobs, self.grace = jobs, grace
-
-    async def shutdown(self, sockets=None):
-        asyncio.get_running_loop().call_later(self.grace, self.jobs.stop_all, "shutdown")
-        await super().shutdown(sockets)
-
-
-def _prepare(model, req) -> tuple:
+def _prepare(model, req, config) -> tuple:
     """Tokenize and check the prompts (worker thread: a long prompt must not block the event loop)."""
     if req.max_tokens == 0:  # echo only: nothing to generate
         return None, [max(len(model.encode(p)), 1) for p in req.prompts]
-    generation = model.batch(req.prompts, **req.options)
+    generation = model.batch(req.prompts, config=config)
     return generation, [len(ids) for ids in generation.prompts]
 
 
@@ -183,40 +171,40 @@ def _complete(model, req, generation, job) -> None:
     job.emit("done", (completions, scores))
 
 
+def _score(model, text, job) -> None:
+    job.emit("done", model.score(text))
+
+
 async def _events(request, job, req, model_id, prompt_counts, limits):
     """Server-sent events: text pieces as they become final, a finish chunk per choice, usage if asked, [DONE].
     A stream that fails after it began ends with an error event (OpenAI's error body) and no [DONE]."""
 
-    def sse(body) -> str:
-        return f"data: {json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(',', ':'))}\n\n"
+    def sse(chunk) -> str:
+        return f"data: {chunk.model_dump_json()}\n\n"
 
     completions = scores = None
     try:
         if req.echo:
-            yield sse(
-                schema.completion(
-                    req, model_id, [schema.choice(i, req.prompts[i // req.n]) for i in range(len(req.prompts) * req.n)]
-                )
-            )
+            echoed = [responses.choice(i, req.prompts[i // req.n]) for i in range(len(req.prompts) * req.n)]
+            yield sse(responses.completion(req, model_id, echoed))
         async for kind, value in job:
             if kind == "piece":
-                yield sse(schema.completion(req, model_id, [schema.choice(value.index, value.text)]))
+                yield sse(responses.completion(req, model_id, [responses.choice(value.index, value.text)]))
             elif kind == "done":
                 completions, scores = value
             elif kind == "error":
                 if not (isinstance(value, Stopped) and value.reason == "cancelled"):
-                    error = _api_error(value, limits)
+                    error = api_error(value, limits.request_timeout, req.field_of)
                     request.state.error = error.status
-                    yield sse(error.body())
+                    yield f"data: {error.json().decode()}\n\n"
                 return
         tokens = sum(c.completion_tokens for c in completions or [])
         request.state.tokens = tokens
-        for c in schema.choices(req, completions, scores):
-            yield sse(
-                schema.completion(req, model_id, [schema.choice(c["index"], "", c["logprobs"], c["finish_reason"])])
-            )
+        for c in responses.choices(req, completions, scores):
+            finish = responses.choice(c.index, "", c.logprobs, c.finish_reason)
+            yield sse(responses.completion(req, model_id, [finish]))
         if req.include_usage:
-            yield sse(schema.completion(req, model_id, [], schema.usage(sum(prompt_counts), tokens)))
+            yield sse(responses.completion(req, model_id, [], responses.usage(sum(prompt_counts), tokens)))
         yield "data: [DONE]\n\n"
     finally:  # normal end, or the client went away (Starlette cancels this generator): stop the generation
         job.stop()
@@ -232,11 +220,12 @@ async def _admit(request, jobs, work, deadline, limits):
             f"the server is busy: {jobs.slots.size} requests are running and {jobs.slots.max_queue} waiting (--max-queue); retry shortly",
             code="queue_full",
             type="rate_limit_error",
+            headers={"Retry-After": RETRY_AFTER},
         ) from None
     except asyncio.TimeoutError:
-        raise _api_error(Stopped("timeout"), limits) from None
+        raise api_error(Stopped("timeout"), limits.request_timeout) from None
     except Stopped as stopped:
-        raise _api_error(stopped, limits) from None
+        raise api_error(stopped, limits.request_timeout) from None
 
 
 async def _result(job):
@@ -280,50 +269,55 @@ async def _disconnected(request) -> None:
         pass
 
 
-async def _runtime_errors(awaitable):
+async def _runtime_errors(awaitable, req):
     try:
         return await awaitable
-    except (PromptError, GenerationOptionError) as error:
-        raise _api_error(error, None) from None
+    except EdgelmError as error:
+        raise api_error(error, field_of=req.field_of) from None
 
 
-def _api_error(error: Exception, limits: Limits | None) -> ApiError:
-    """Map what a job or the runtime raised to the error the client gets."""
-    if isinstance(error, ApiError):
-        return error
-    if isinstance(error, PromptError):
-        return ApiError(400, str(error), "prompt", "invalid_prompt")
-    if isinstance(error, GenerationOptionError):
-        return ApiError(400, str(error), schema.param_of(str(error), {}))
-    if isinstance(error, Stopped) and error.reason == "timeout":
-        limit = f"{limits.request_timeout:g} s " if limits else ""
-        return ApiError(
+async def read_json(request, limits: Limits, deadline: float):
+    """The body as JSON. Refused: a content type other than application/json (415: a web page cannot send
+    that without the browser asking first), past --max-body-bytes (413), not complete within --read-timeout
+    or the request's deadline (408, and the connection is closed), not JSON (400)."""
+    media_type, _, parameters = request.headers.get("content-type", "").partition(";")
+    charset = parameters.strip().lower().replace(" ", "")
+    if media_type.strip().lower() != "application/json" or charset not in ("", "charset=utf-8", "charset=\"utf-8\""):
+        raise ApiError(
+            415,
+            "the request body must be JSON, sent with the header 'Content-Type: application/json'",
+            code="unsupported_media_type",
+        )
+    declared = request.headers.get("content-length", "")
+    too_large = ApiError(
+        413, f"the request body is over {limits.max_body_bytes} bytes (--max-body-bytes)", code="request_too_large"
+    )
+    if declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise too_large
+
+    async def read() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                raise too_large
+        return bytes(body)
+
+    wait = min(limits.read_timeout, deadline - time.monotonic())
+    try:
+        body = await asyncio.wait_for(read(), max(wait, 0))
+    except asyncio.TimeoutError:
+        raise ApiError(
             408,
-            f"the request ran longer than {limit}(--request-timeout), waiting included; ask for fewer tokens or retry later",
+            f"the request body did not arrive within {wait:g} s (--read-timeout)",
             code="request_timeout",
             type="timeout_error",
-        )
-    if isinstance(error, Stopped):
-        return ApiError(
-            503, "the server is shutting down; retry in a moment", code="server_shutdown", type="server_error"
-        )
-    log.error("generation failed", exc_info=error)
-    return ApiError(500, f"the server failed on this request: {type(error).__name__}: {error}", type="server_error")
-
-
-async def _read_json(request, limit: int):
-    """The body as JSON, refused with 413 past `limit` bytes (Content-Length first, then as it arrives)."""
-    declared = request.headers.get("content-length", "")
-    too_large = ApiError(413, f"the request body is over {limit} bytes (--max-body-bytes)", code="request_too_large")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+            headers={"Connection": "close"},
+        ) from None
     try:
         return json.loads(body, parse_constant=_no_constants)
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply to be a request", code="invalid_json") from None
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
         raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
 
@@ -343,9 +337,33 @@ def _model_card(model) -> dict:
     }
 
 
+def _json(body, status: int = 200, headers: dict | None = None) -> Response:
+    """A JSON response from a dict (ASCII JSON) or a pydantic model."""
+    content = body.model_dump_json() if hasattr(body, "model_dump_json") else json.dumps(body)
+    return Response(content, status, headers, media_type="application/json")
+
+
+def _endpoint(handler):
+    """`handler`, with any exception it did not expect answered as a 500 in OpenAI's shape (and logged) rather
+    than left to Starlette, which would close the connection after answering."""
+
+    @functools.wraps(handler)
+    async def endpoint(request):
+        try:
+            return await handler(request)
+        except (ApiError, HTTPException, ClientGone):
+            raise
+        except Exception as error:
+            if not isinstance(error, (EdgelmError, Stopped)):
+                log.error("request failed", exc_info=error)
+            raise api_error(error, None) from None
+
+    return endpoint
+
+
 async def _error_response(request, error: ApiError):
     request.state.error = error.status
-    return JSONResponse(error.body(), status_code=error.status)
+    return Response(error.json(), error.status, error.headers, media_type="application/json")
 
 
 async def _http_error(request, error: HTTPException):
@@ -368,4 +386,5 @@ async def _client_gone(request, error: ClientGone):
 
 
 async def _server_error(request, error: Exception):
-    return JSONResponse(_api_error(error, None).body(), status_code=500)
+    log.error("request failed: %s", describe(error))
+    return Response(api_error(error).json(), 500, media_type="application/json")

@@ -66,6 +66,34 @@ from ..errors import EdgelmError
     help="Seconds a request may take, queue included: then 408 (or an error event ending the stream).",
 )
 @click.option(
+    "--max-batch-tokens",
+    default=32_768,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Tokens one request may hold: prompts x n x (prompt + max_tokens); more gets 400.",
+)
+@click.option(
+    "--read-timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a client has to send a request's headers, and again its body; then the connection is closed.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="HOST",
+    help="Also accept this name in the Host header (repeatable; '*' accepts any). Default: 127.0.0.1, localhost, [::1] and --host.",
+)
+@click.option(
+    "--allow-origin",
+    "allow_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let web pages from this origin call the server, e.g. http://localhost:3000 (repeatable; '*' for any). Default: none (no CORS).",
+)
+@click.option(
     "--shutdown-timeout",
     default=5.0,
     show_default=True,
@@ -90,6 +118,10 @@ def serve(
     max_prompts,
     max_body_bytes,
     request_timeout,
+    max_batch_tokens,
+    read_timeout,
+    allow_hosts,
+    allow_origins,
     shutdown_timeout,
     log_level,
     no_verify,
@@ -105,11 +137,13 @@ def serve(
     transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
     ignore_eos, truncate) are extra fields. Each request runs on its own, so a seeded or greedy request
     gives what `edgelm generate` gives. Streamed log-probs come whole in each choice's last chunk.
-    Binds to 127.0.0.1 unless --host says otherwise.
+    Binds to 127.0.0.1 unless --host says otherwise. Takes only JSON bodies, only Host names it is known
+    by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
     """
     try:
-        from .app import create_app, run
-        from .schema import Limits
+        from .app import create_app
+        from .requests import Limits
+        from .uvicorn_server import run
     except ImportError as error:
         raise click.ClickException(
             f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'"
@@ -123,8 +157,16 @@ def serve(
         model = load(package, device=device, threads=threads, verify=not no_verify)
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
-    limits = Limits(max_tokens_limit or model.arch.n_positions, max_n, max_prompts, max_body_bytes, request_timeout)
-    app = create_app(model, limits, max_concurrency, max_queue, api_key)
+    limits = Limits(
+        max_tokens_limit or model.arch.n_positions,
+        max_n,
+        max_prompts,
+        max_body_bytes,
+        request_timeout,
+        max_batch_tokens,
+        read_timeout,
+    )
+    app = create_app(model, limits, max_concurrency, max_queue, api_key, host, allow_hosts, allow_origins)
     logging.getLogger("edgelm.server").info(
         "serving %s on %s (%d generations at once, onnxruntime threads per generation: %s) at http://%s:%d/v1",
         model.package.name,

@@ -12,9 +12,14 @@ forward pass, so a stopped request gives its slot back after at most one step.
 """
 
 import asyncio
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+
+from ..errors import EdgelmError
+
+log = logging.getLogger("edgelm.server")
 
 
 class QueueFull(Exception):
@@ -86,8 +91,14 @@ class Job:
         except BaseException as error:  # every failure reaches the response as a clean error, never a hung client
             if isinstance(error, Stopped):
                 self.outcome = error.reason
-            self.emit("error", error)
+            elif not isinstance(error, EdgelmError):
+                log.error("generation failed", exc_info=error)
+            self.emit("error", _without_frames(error))
+            del error
         finally:
+            # The work (its Batch, decoder and KV cache) goes now, however the job ended: nothing the response
+            # still holds (this job, the error) may keep it alive until a garbage collection.
+            self.work = None
             self.emit("end")
             self._call(self.on_end, self)
 
@@ -116,6 +127,11 @@ class Job:
         if self._stop is None:
             self._stop = reason
 
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the job was asked to stop ("cancelled", "timeout", "shutdown"), or None while it is wanted."""
+        return self._stop
+
     def __aiter__(self):
         return self
 
@@ -126,6 +142,17 @@ class Job:
                 return kind, value
             self._ended = True
         raise StopAsyncIteration
+
+
+def _without_frames(error: BaseException) -> BaseException:
+    """The error with its traceback (and those of its causes) dropped: a traceback holds every frame it passed
+    through, the decoder's included, and the error is still referenced after the job has ended."""
+    link, seen = error, set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
 
 
 class GuardedEngine:

@@ -1,0 +1,339 @@
+"""Request bodies in: pydantic models of the JSON shapes, the server's limits, and the runtime options they become.
+
+Nothing here touches the network or threads. The models check JSON types and shape only (strict: an integer
+field takes no "5" and no true, unknown fields are refused); value ranges belong to the runtime's
+GenerationConfig, which the handler builds once from `CompletionRequest.options`. What stays here: the
+server's own limits (max_tokens, n, prompts, body size, tokens held) and OpenAI's rules that have no runtime
+option (best_of, suffix, stream_options, logit_bias' string keys).
+
+OpenAI semantics on top of the runtime's transformers names:
+    temperature 0 -> greedy (do_sample=False); temperature > 0 -> sampling; default 1.0 (sampling)
+    top_k defaults to 0 (off): OpenAI has no top-k; the package's generation_config.json may say otherwise,
+    but an OpenAI client expects plain temperature/top_p sampling. Send "top_k" to turn it on.
+    max_tokens -> max_new_tokens (default 16, as OpenAI); n -> num_return_sequences; min_tokens -> min_new_tokens
+"""
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
+
+from .errors import ApiError
+
+DEFAULT_MAX_TOKENS = 16
+# OpenAI's defaults, applied over the package's generation_config.json.
+OPENAI_DEFAULTS = {"top_p": 1.0, "top_k": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+# Fields passed to the runtime under the same name, when given.
+PASSTHROUGH = (
+    "top_p",
+    "stop",
+    "seed",
+    "logprobs",
+    "frequency_penalty",
+    "presence_penalty",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "ignore_eos",
+    "truncate",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; each is a command-line option of `edgelm serve`."""
+
+    max_tokens: int = 1024  # max_tokens above this is refused (default: the model's context)
+    max_n: int = 8  # completions per prompt
+    max_prompts: int = 16  # prompts in one request
+    max_body_bytes: int = 1_000_000  # request body size (413 above)
+    request_timeout: float = 300.0  # seconds from arrival, queue time included (408 above)
+    max_batch_tokens: int = 32_768  # prompts x n x (prompt + max_tokens): the tokens one request may hold
+    read_timeout: float = 5.0  # seconds for a request's headers, and again for its body (408 / closed)
+
+
+def _text(value: str) -> str:
+    """JSON can carry a lone UTF-16 surrogate ("\\ud800") that is no Unicode text: refuse it by name."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = value[error.start]
+        raise PydanticCustomError(
+            "invalid_text",
+            "{where} must be Unicode text; it has a lone surrogate \\u{code} at character {at}",
+            {"code": f"{ord(bad):04x}", "at": error.start},
+        ) from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_text)]
+TEXTS = "a string or a list of strings"
+STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+    include_usage: bool | None = None
+
+
+class CompletionBody(BaseModel):
+    """POST /v1/completions. OpenAI's own fields first, then edgelm's extras under transformers' names."""
+
+    model_config = STRICT
+    model: Text | None = None
+    prompt: Text | list[Text] | None = Field(None, description=TEXTS)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: Text | list[Text] | None = Field(None, description=TEXTS)
+    seed: int | None = None
+    logprobs: int | None = None
+    echo: bool | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[Text, float] | None = None
+    user: Text | None = None
+    best_of: int | None = None
+    suffix: Text | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    min_tokens: int | None = None
+    min_new_tokens: int | None = None
+    ignore_eos: bool | None = None
+    truncate: bool | None = None
+
+
+class ScoreBody(BaseModel):
+    """POST /v1/score."""
+
+    model_config = STRICT
+    text: Text | None = None
+    model: Text | None = None
+
+
+@dataclass
+class CompletionRequest:
+    """One parsed /v1/completions body: the prompts, the runtime options, and how to shape the answer."""
+
+    prompts: list
+    options: dict  # runtime option names (GenerationConfig)
+    max_tokens: int  # 0: no generation (echo the prompt, with its log-probs if asked)
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: one last chunk with the usage
+    echo: bool = False
+    logprobs: int | None = None
+    user: str | None = None
+    given: frozenset = frozenset()  # the fields the body set
+    id: str = field(default_factory=lambda: "cmpl-" + secrets.token_hex(12))
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def field_of(self, option: str) -> str:
+        """The request field a runtime option came from, for the error's `param`."""
+        if option == "min_new_tokens":
+            return "min_tokens" if "min_tokens" in self.given else "min_new_tokens"
+        return {"max_new_tokens": "max_tokens", "num_return_sequences": "n", "do_sample": "temperature"}.get(
+            option, option
+        )
+
+    def tokens_held(self, prompt_tokens: list) -> int:
+        """Tokens this request's rows hold at their longest: prompts x n x (prompt + max_tokens)."""
+        return self.n * sum(count + self.max_tokens for count in prompt_tokens)
+
+
+def parse_completion_request(body, model_id: str, vocab_size: int, limits: Limits) -> CompletionRequest:
+    """Check a decoded JSON body's shape and the server's limits; raises ApiError naming the bad field.
+    The options' ranges are checked where they are used: model.settings(**request.options)."""
+    parsed = _validate(CompletionBody, body)
+    given = {name for name in parsed.model_fields_set if getattr(parsed, name) is not None}
+    _check_model(parsed.model, model_id)
+    prompts = "" if parsed.prompt is None else parsed.prompt
+    prompts = [prompts] if isinstance(prompts, str) else prompts
+    if not prompts:
+        raise ApiError(400, "prompt must not be an empty list", "prompt")
+    if len(prompts) > limits.max_prompts:
+        raise ApiError(
+            400,
+            f"{len(prompts)} prompts in one request; this server takes at most {limits.max_prompts} (--max-prompts)",
+            "prompt",
+        )
+    echo = bool(parsed.echo)
+    max_tokens = min(DEFAULT_MAX_TOKENS, limits.max_tokens) if parsed.max_tokens is None else parsed.max_tokens
+    if max_tokens < 0 or (max_tokens == 0 and not echo):
+        raise ApiError(
+            400,
+            f"max_tokens must be >= 1 (0 only with echo, to get the prompt's log-probs), got {max_tokens}",
+            "max_tokens",
+        )
+    if max_tokens > limits.max_tokens:
+        raise ApiError(
+            400,
+            f"max_tokens is {max_tokens}; this server allows at most {limits.max_tokens} (--max-tokens-limit)",
+            "max_tokens",
+        )
+    n = 1 if parsed.n is None else parsed.n
+    if not 1 <= n <= limits.max_n:
+        raise ApiError(400, f"n must be from 1 to {limits.max_n} on this server (--max-n), got {n}", "n")
+    if parsed.best_of not in (None, n):
+        raise ApiError(
+            400, "best_of is not supported (every completion is returned); leave it out or set it equal to n", "best_of"
+        )
+    if parsed.suffix:
+        raise ApiError(400, "suffix is not supported: GPT-2 models cannot fill in the middle", "suffix")
+    stream = bool(parsed.stream)
+    if parsed.stream_options is not None and not stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+    if "min_tokens" in given and "min_new_tokens" in given:
+        raise ApiError(400, "give min_tokens or min_new_tokens, not both (they are the same option)", "min_tokens")
+
+    temperature = 1.0 if parsed.temperature is None else parsed.temperature
+    options = {**OPENAI_DEFAULTS, **{k: getattr(parsed, k) for k in PASSTHROUGH if k in given}}
+    options.update(max_new_tokens=max(max_tokens, 1), num_return_sequences=n, do_sample=temperature != 0)
+    if temperature != 0:
+        options["temperature"] = temperature  # a negative one is refused by the runtime's check
+    if "logit_bias" in given:
+        options["logit_bias"] = _logit_bias(parsed.logit_bias, vocab_size)
+    for name in ("min_tokens", "min_new_tokens"):
+        if name in given:
+            options["min_new_tokens"] = getattr(parsed, name)
+    request = CompletionRequest(
+        prompts,
+        options,
+        max_tokens,
+        n,
+        stream,
+        bool(parsed.stream_options and parsed.stream_options.include_usage),
+        echo,
+        parsed.logprobs,
+        parsed.user,
+        frozenset(given),
+    )
+    check_tokens_held(request, [1] * len(prompts), limits)  # the bound before tokenizing; again after
+    return request
+
+
+def check_tokens_held(request: CompletionRequest, prompt_tokens: list, limits: Limits) -> None:
+    """Refuse a request whose rows would hold more tokens than --max-batch-tokens (the KV cache grows with them)."""
+    held = request.tokens_held(prompt_tokens)
+    if held > limits.max_batch_tokens:
+        raise ApiError(
+            400,
+            f"this request would hold {held} tokens ({len(prompt_tokens)} prompts x n={request.n} x (prompt + "
+            f"max_tokens={request.max_tokens})); this server allows {limits.max_batch_tokens} per request "
+            "(--max-batch-tokens): send fewer prompts, a smaller n or max_tokens",
+            "prompt" if len(prompt_tokens) > 1 else "max_tokens",
+            "request_too_large",
+        )
+
+
+def parse_score_request(body, model_id: str) -> str:
+    """The text of a /v1/score body {"text": ..., "model"?: ...}."""
+    parsed = _validate(ScoreBody, body)
+    _check_model(parsed.model, model_id)
+    if parsed.text is None:
+        raise ApiError(400, "text is required: the text to score", "text")
+    return parsed.text
+
+
+def _validate(model: type[BaseModel], body) -> BaseModel:
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {_json_type(body)}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise _first_problem(model, error.errors(include_url=False)) from None
+
+
+TYPE_WORDS = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "list_type": "a list",
+}
+
+
+def _first_problem(model: type[BaseModel], errors: list) -> ApiError:
+    """One ApiError for pydantic's list: unknown fields first, then text that is not Unicode, then wrong types."""
+    fields = sorted(model.model_fields)
+    for e in errors:
+        if e["type"] == "extra_forbidden":
+            name = ".".join(str(part) for part in e["loc"])
+            takes = fields if len(e["loc"]) == 1 else sorted(StreamOptions.model_fields)
+            return ApiError(
+                400, f"unknown field {name!r}; this endpoint takes: {', '.join(takes)}", name, "unknown_field"
+            )
+    for e in errors:
+        if e["type"] == "invalid_text":
+            name = e["loc"][0]
+            return ApiError(400, e["msg"].format(where=name), name, "invalid_text")
+    first = errors[0]
+    if not first["loc"]:  # a field name pydantic cannot read (a lone surrogate in it)
+        return ApiError(400, "every field name must be Unicode text", None, "unknown_field")
+    top = first["loc"][0]
+    if top == "logit_bias":
+        return ApiError(400, "logit_bias values must be numbers from -100 to 100", "logit_bias", "invalid_type")
+    info = model.model_fields.get(top)
+    if info is not None and info.description:  # a union: pydantic reports each member; the field says what fits
+        name, expected, value = top, info.description, first["input"]
+    else:
+        parts = [p for p in first["loc"] if isinstance(p, str)]
+        name = ".".join(parts[:2] if top == "stream_options" else parts[:1])
+        expected, value = TYPE_WORDS.get(first["type"], first["msg"].lower()), first["input"]
+    return ApiError(400, f"{name} must be {expected}, got {_json_type(value)} {_short(value)}", name, "invalid_type")
+
+
+def _json_type(value) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _short(value) -> str:
+    """A short view of a client's value: scalars as written (cut), containers by size only (they may be deep)."""
+    if isinstance(value, (list, dict)):
+        return f"of {len(value)} items"
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return repr(value)[:40]
+
+
+def _check_model(name: str | None, model_id: str) -> None:
+    if name is not None and name != model_id:
+        raise ApiError(
+            404,
+            f"the model {name[:100]!r} does not exist here; this server runs {model_id!r} (GET /v1/models)",
+            "model",
+            "model_not_found",
+        )
+
+
+def _logit_bias(bias: dict, vocab_size: int) -> dict:
+    """OpenAI's {"token id as a string": bias in [-100, 100]} -> {int: float}."""
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 12 and int(key) < vocab_size):
+            raise ApiError(
+                400,
+                f"logit_bias keys must be token ids from 0 to {vocab_size - 1} written as strings, like \"42\"; got {key[:20]!r}",
+                "logit_bias",
+            )
+        if not -100 <= value <= 100:
+            raise ApiError(
+                400, f"logit_bias values must be numbers from -100 to 100; {key!r} has {value!r}", "logit_bias"
+            )
+        out[int(key)] = float(value)
+    return out

@@ -1,0 +1,139 @@
+"""Response bodies out: pydantic models of OpenAI's completion shapes (and edgelm's score), built from Completions.
+
+A streamed answer is a series of `TextCompletion` chunks with the same id: each carries a few choices, and
+`usage` is null in all but the last one when stream_options.include_usage asks for it (OpenAI's shape).
+"""
+
+import math
+
+from pydantic import BaseModel
+
+from .requests import CompletionRequest
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Logprobs(BaseModel):
+    """OpenAI's legacy shape: per token its text, log-prob, top alternatives {token: logprob}, and offset."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float | None] | None]
+    text_offset: list[int]
+
+
+class Choice(BaseModel):
+    text: str
+    index: int
+    logprobs: Logprobs | None = None
+    finish_reason: str | None = None
+
+
+class TextCompletion(BaseModel):
+    """A whole response, or (stream) one chunk: same object, same id, a few choices at a time."""
+
+    id: str
+    object: str = "text_completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
+
+
+class ScoreUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class TextScore(BaseModel):
+    """POST /v1/score: each token of the text with its log-prob under the model, and the perplexity."""
+
+    object: str = "score"
+    model: str
+    tokens: list[str]
+    token_ids: list[int]
+    token_logprobs: list[float | None]
+    perplexity: float | None
+    usage: ScoreUsage
+
+
+def choices(request: CompletionRequest, completions: list | None, scores: list | None) -> list:
+    """One choice per (prompt, sequence), index = prompt_index * n + sequence, as OpenAI numbers them.
+
+    completions: the Batch's, or None when max_tokens is 0; scores: each prompt's Score when
+    echo and logprobs are both asked for (the prompt's own log-probs come first), else None.
+    """
+    out = []
+    for index in range(len(request.prompts) * request.n):
+        prompt_index = index // request.n
+        completion = completions[index] if completions else None
+        text = (request.prompts[prompt_index] if request.echo else "") + (completion.text if completion else "")
+        finish_reason = completion.finish_reason if completion else "length"
+        out.append(
+            Choice(
+                text=text,
+                index=index,
+                logprobs=logprobs(request, completion, scores[prompt_index] if scores else None),
+                finish_reason=finish_reason,
+            )
+        )
+    return out
+
+
+def choice(index: int, text: str, logprobs: Logprobs | None = None, finish_reason: str | None = None) -> Choice:
+    return Choice(text=text, index=index, logprobs=logprobs, finish_reason=finish_reason)
+
+
+def logprobs(request: CompletionRequest, completion, score) -> Logprobs | None:
+    """Prompt tokens (echo) come from Model.score: each is conditioned on what precedes it, the first on
+    end-of-text, and their top_logprobs are null (scoring computes the chosen token's only)."""
+    if request.logprobs is None:
+        return None
+    tokens, values, tops = [], [], []
+    if score is not None:
+        tokens += score.tokens
+        values += [_finite(v) for v in score.logprobs]
+        tops += [None] * len(score.tokens)
+    for entry in (completion.logprobs or []) if completion else []:
+        tokens.append(entry["token"])
+        values.append(_finite(entry["logprob"]))
+        top = {}
+        for alternative in entry["top_logprobs"]:  # most likely first; tokens that print alike keep the first
+            top.setdefault(alternative["token"], _finite(alternative["logprob"]))
+        tops.append(top)
+    offsets, at = [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(token)
+    return Logprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )
+
+
+def completion(request: CompletionRequest, model_id: str, choices: list, usage: Usage | None = None) -> TextCompletion:
+    return TextCompletion(id=request.id, created=request.created, model=model_id, choices=choices, usage=usage)
+
+
+def score(text_score, model_id: str) -> TextScore:
+    count = len(text_score.token_ids)
+    return TextScore(
+        model=model_id,
+        tokens=text_score.tokens,
+        token_ids=text_score.token_ids,
+        token_logprobs=[_finite(v) for v in text_score.logprobs],
+        perplexity=_finite(text_score.perplexity),
+        usage=ScoreUsage(prompt_tokens=count, total_tokens=count),
+    )
+
+
+def _finite(value):
+    """JSON has no NaN: a log-prob that does not exist (nothing to condition on) is null."""
+    return float(value) if value is not None and math.isfinite(value) else None
