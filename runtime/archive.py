@@ -90,11 +90,13 @@ def install(source: str, name: str | None = None, sha256: str | None = None, for
     is_url = source.startswith(("http://", "https://"))
     if not is_url:
         path = Path(source).expanduser()
+        if path.is_dir():
+            raise StoreError(f"{path} is a folder; install takes one file made by edgelm pack (pack the folder first).")
         if not path.is_file():
             raise StoreError(f"no archive at {path}; give a file made by edgelm pack, or an http(s) URL.")
         sidecar = path.with_name(path.name + ".sha256")
         if expected is None and sidecar.is_file():
-            expected = _check_hex(sidecar.read_text(encoding="utf-8", errors="replace").split()[0])
+            expected = _check_hex((sidecar.read_text(encoding="utf-8", errors="replace").split() or [""])[0])
     with staging() as work:
         if is_url:
             path = work / "download.zip"
@@ -106,14 +108,17 @@ def install(source: str, name: str | None = None, sha256: str | None = None, for
             )
         folder = work / "package"
         folder.mkdir()
-        manifest = extract(path, folder, source)
+        manifest = extract(
+            path, folder, source, before_writing=lambda m: refuse_taken(name or _manifest_name(m, source), force)
+        )
         name = name or _manifest_name(manifest, source)
         origin = source if is_url else str(path.resolve())
         return install_folder(folder, name, {"archive": origin, "sha256": digest}, force)
 
 
-def extract(archive_path: Path, folder: Path, source: str) -> dict:
-    """Check every member of the zip against its manifest, then write the members into folder. Returns the manifest."""
+def extract(archive_path: Path, folder: Path, source: str, before_writing=None) -> dict:
+    """Check every member of the zip against its manifest, then write the members into folder. Returns the manifest.
+    before_writing(manifest), if given, runs once the checks pass: its error stops the extraction."""
     try:
         archive = zipfile.ZipFile(archive_path)
     except (zipfile.BadZipFile, OSError) as error:
@@ -158,6 +163,8 @@ def extract(archive_path: Path, folder: Path, source: str) -> dict:
                 raise PackageError(
                     f"{source}: {member} is {members[member].file_size} bytes in the archive but {record['size']} in the manifest. Nothing was installed."
                 )
+        if before_writing is not None:
+            before_writing(manifest)
         check_free_space(sum(r["size"] for r in listed.values()) + members[MANIFEST].file_size)
         for member, info in members.items():
             limit = MANIFEST_LIMIT if member == MANIFEST else listed[member]["size"]

@@ -7,6 +7,7 @@ refused, since nothing unverified is installed. Files collect in STORE/.pull-<re
 pull leaves behind so the next one resumes; checks that fail remove it. HF_ENDPOINT is read when pull runs.
 """
 
+import importlib
 import os
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ from .store import (
     check_name,
     install_folder,
     pull_folder,
-    read_manifest,
+    read_manifest_file,
     refuse_taken,
     store_writes,
 )
@@ -46,7 +47,7 @@ def pull(repo_id: str, revision: str | None = None, name: str | None = None, for
     try:
         with store_writes(), _hub_errors(repo_id, revision):
             path = hf_hub_download(repo_id, MANIFEST, revision=info.sha, local_dir=folder, endpoint=endpoint)
-        manifest = read_manifest(Path(path).read_bytes(), f"{MANIFEST} of {repo_id}")
+        manifest = read_manifest_file(Path(path), f"{MANIFEST} of {repo_id}")
         listed = set(manifest["files"])
         if missing := sorted(listed - repo_files):
             raise PackageError(
@@ -68,6 +69,9 @@ def pull(repo_id: str, revision: str | None = None, name: str | None = None, for
         shutil.rmtree(folder, ignore_errors=True)
         raise
     with store_writes(discard=folder), _hub_errors(repo_id, revision, transfer=True):
+        for leftover in folder.iterdir():  # from an earlier pull of another commit: not this package's files
+            if leftover.name not in listed | {MANIFEST, ".cache"}:
+                shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         snapshot_download(
             repo_id,
             revision=info.sha,
@@ -97,7 +101,6 @@ class _hub_errors:
             return False
         import huggingface_hub.constants
         from huggingface_hub import errors
-        from requests import RequestException
 
         repo = self.repo_id
         if isinstance(error, errors.HFValidationError):
@@ -117,16 +120,29 @@ class _hub_errors:
         if isinstance(error, errors.HfHubHTTPError):
             status = error.response.status_code if error.response is not None else "?"
             raise StoreError(f"the hub refused the download of {repo} (HTTP {status}); run the command again later.")
-        if isinstance(error, (RequestException, ConnectionError, TimeoutError)) and not self.transfer:
+        network = _network_errors()
+        if isinstance(error, network) and not self.transfer:
             endpoint = os.environ.get("HF_ENDPOINT") or huggingface_hub.constants.ENDPOINT
             raise StoreError(f"cannot reach the hub at {endpoint} to pull {repo}; check the connection and run again.")
-        if isinstance(error, (RequestException, ConnectionError, TimeoutError)):
+        if isinstance(error, network):
             raise StoreError(
                 f"the download of {repo} broke off ({type(error).__name__}); run the same command again to resume it."
             )
         if isinstance(error, OSError) and "onsistency check failed" in str(error):
             raise StoreError(f"a file of {repo} arrived incomplete; run the same command again to resume it.")
         return False
+
+
+def _network_errors() -> tuple:
+    """A connection that failed or broke off, whichever HTTP client this huggingface_hub uses (requests before 1.0,
+    httpx from 1.0)."""
+    found = [ConnectionError, TimeoutError]
+    for module, name in (("requests", "RequestException"), ("httpx", "TransportError")):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
 
 
 def _literal(file_name: str) -> str:

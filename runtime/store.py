@@ -120,17 +120,19 @@ def remove(name: str) -> None:
     """Delete an installed package (and its record); the default is cleared if it named it."""
     folder = find(name)
     trash = store_dir() / f"{TRASH}{os.getpid()}-{name}"
-    os.rename(folder, trash)  # one step: the package is there or gone, never half-deleted
-    shutil.rmtree(trash, ignore_errors=True)
-    (store_dir() / META / f"{name}.json").unlink(missing_ok=True)
-    if get_default() == name:
-        _write_json(store_dir() / META / "config.json", {k: v for k, v in _config().items() if k != "default"})
+    with store_writes():
+        os.rename(folder, trash)  # one step: the package is there or gone, never half-deleted
+        shutil.rmtree(trash, ignore_errors=True)
+        (store_dir() / META / f"{name}.json").unlink(missing_ok=True)
+        if get_default() == name:
+            _write_json(store_dir() / META / "config.json", {k: v for k, v in _config().items() if k != "default"})
 
 
 def set_default(name: str) -> None:
     """Make an installed package the one commands open when given none."""
     find(name)
-    _write_json(store_dir() / META / "config.json", _config() | {"default": name})
+    with store_writes():
+        _write_json(store_dir() / META / "config.json", _config() | {"default": name})
 
 
 def get_default() -> str | None:
@@ -206,7 +208,7 @@ def check_package(folder: Path) -> Package:
     """Refuse a folder unless it is an edgelm package whose every file is listed, regular and matches its sha256."""
     if not (folder / MANIFEST).is_file():
         raise PackageError(f"{folder} has no {MANIFEST}: it is not an edgelm package.")
-    manifest = read_manifest(_read_bounded(folder / MANIFEST), str(folder / MANIFEST))
+    manifest = read_manifest_file(folder / MANIFEST)
     for entry in folder.iterdir():
         if entry.is_symlink() or not entry.is_file():
             raise PackageError(f"{entry} is not a regular file; a package holds only the files its manifest lists.")
@@ -300,12 +302,13 @@ def _folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
 
 
-def _read_bounded(path: Path) -> bytes:
+def read_manifest_file(path: Path, where: str | None = None) -> dict:
+    """read_manifest on a file, read only up to MANIFEST_LIMIT bytes."""
     with open(path, "rb") as f:
         data = f.read(MANIFEST_LIMIT + 1)
     if len(data) > MANIFEST_LIMIT:
-        raise PackageError(f"{path} is over {MANIFEST_LIMIT >> 20} MB: it is not a package manifest.")
-    return data
+        raise PackageError(f"{where or path} is over {MANIFEST_LIMIT >> 20} MB: it is not a package manifest.")
+    return read_manifest(data, where or str(path))
 
 
 def _what_is_installed() -> str:

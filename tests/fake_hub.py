@@ -3,6 +3,7 @@ for snapshot_download, and a plain file server for `edgelm install URL`.
 
 Hub calls answered:
     GET  /api/models/{repo}[/revision/{rev}]   -> {"id", "sha", "siblings": [{"rfilename"}]}
+    GET  /api/models/{repo}/tree/{rev}         -> [{"type", "path", "size", "oid"}] (huggingface_hub 1.x)
     HEAD /{repo}/resolve/{rev}/{file}          -> X-Repo-Commit, ETag, Content-Length (hf_hub_download's metadata)
     GET  /{repo}/resolve/{rev}/{file}          -> the bytes (a Range request from a resumed download gets 206)
 A missing repo, revision or file answers 404 with the X-Error-Code huggingface_hub turns into its typed errors.
@@ -68,6 +69,15 @@ class FakeHub:
                 return _error(handler, "RevisionNotFound")
             siblings = [{"rfilename": name} for name in repo.files]
             return _send(handler, json.dumps({"id": m[1], "sha": repo.sha, "siblings": siblings}).encode(), body)
+        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path):  # huggingface_hub 1.x lists files
+            repo = self.repos.get(m[1])
+            if repo is None or m[2] not in repo.revisions:
+                return _error(handler, "RepoNotFound" if repo is None else "RevisionNotFound")
+            tree = [
+                {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                for name, data in repo.files.items()
+            ]
+            return _send(handler, json.dumps(tree).encode(), body)
         if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
             repo = self.repos.get(m[1])
             if repo is None:

@@ -203,6 +203,7 @@ def test_checksum_mismatch_and_truncated_file(packed, store, tmp_path):
     assert_clean_failure(invoke("install", cut), "not the expected")
     assert_clean_failure(invoke("install", path, "--sha256", "xyz"), "not a sha256")
     assert_clean_failure(invoke("install", tmp_path / "nothing.zip"), "no archive at")
+    assert_clean_failure(invoke("install", tmp_path), "is a folder; install takes one file")
     assert listing(store) == before
 
 
