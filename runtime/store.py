@@ -74,6 +74,8 @@ class Installed:
 
     @property
     def recipe(self) -> str:
+        if not self.manifest:
+            return f"damaged (unreadable manifest): edgelm rm {self.name}"
         weights = self.manifest.get("weights", {}).get("dtype", "?")
         kv_cache = self.manifest.get("graph", {}).get("kv_cache", {}).get("dtype", "float32")
         return f"{weights} weights, {kv_cache} KV cache"

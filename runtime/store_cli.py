@@ -71,14 +71,18 @@ def rm(name):
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", required=False)
 def default(name):
-    """Make the installed package NAME the one commands use when given no package."""
-    from .store import set_default
+    """Make the installed package NAME the one commands use when given no package (no NAME: show it).
+
+    Without a default, commands use the one installed package, else models/distilgpt2."""
+    from .store import get_default, set_default
 
     with _one_line():
-        set_default(name)
-    click.echo(f"default package: {name}")
+        if name is not None:
+            set_default(name)
+        name = get_default()
+    click.echo(f"default package: {name or 'none set'}")
 
 
 @click.command()

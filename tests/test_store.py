@@ -60,13 +60,17 @@ def test_install_list_default_rm(tiny_package, tiny_package_int8, store):
     assert "int8 weights, float32 KV cache" in rows["int8"] and " MB" in rows["int8"]
 
     assert_clean_failure(invoke("default", "nope"), "no package named 'nope'")
+    assert "none set" in invoke("default").stdout
     assert invoke("default", "int8").exit_code == 0
+    assert invoke("default").stdout == "default package: int8\n"
     assert "int8 *" in invoke("list").stdout
     assert st.resolve_package() == store / "int8"
     assert invoke("rm", "int8").exit_code == 0
     assert st.get_default() is None  # removing the default clears it
     assert st.resolve_package() == store / "fp32"  # the one installed package
     assert not (store / ".meta" / "int8.json").exists()
+    (store / "fp32" / "manifest.json").write_text("{")
+    assert "damaged (unreadable manifest): edgelm rm fp32" in invoke("list").stdout
 
 
 def test_resolve_a_path_or_a_store_name(tiny_package, store, tmp_path, monkeypatch):
