@@ -73,9 +73,11 @@ def pack(package=None, output=None, force: bool = False) -> Packed:
         digest = sha256_file(partial)
         os.replace(partial, output)
         output.with_name(output.name + ".sha256").write_text(f"{digest}  {output.name}\n", encoding="utf-8")
-    except OSError as error:
+    except BaseException as error:  # a full disk, or Ctrl-C: no partial archive is left behind
         partial.unlink(missing_ok=True)
-        raise StoreError(f"cannot write {output}: {error.strerror or error}. Nothing was written.") from None
+        if isinstance(error, OSError):
+            raise StoreError(f"cannot write {output}: {error.strerror or error}. Nothing was written.") from None
+        raise
     return Packed(output, digest, output.stat().st_size)
 
 

@@ -263,3 +263,12 @@ def test_bad_names(packed, store):
     for name in ("../evil", ".hidden", "a/b", "con", ""):
         assert_clean_failure(invoke("install", packed[0], "--name", name), "not a valid package name")
     assert listing(store) == before
+
+
+def test_pack_onto_a_full_disk_leaves_no_file(tiny_package, tmp_path, monkeypatch):
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(archive, "sha256_file", full)
+    assert_clean_failure(invoke("pack", tiny_package, "-o", tmp_path / "out.zip"), "No space left on device")
+    assert list(tmp_path.iterdir()) == []
