@@ -31,7 +31,11 @@ from edgelm.runtime.errors import EdgelmError
 )
 @click.option("--revision", help="Hub branch, tag or commit (default: main).")
 @click.option("--force", is_flag=True, help="Replace an existing package at the output folder.")
-def export(model, output, quantize, kv_cache, revision, force):
+@click.option(
+    "--name",
+    help="The package's name: the model id edgelm serve answers to, the name install uses (default: the output folder's name).",
+)
+def export(model, output, quantize, kv_cache, revision, force, name):
     """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
 
     Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch, save.
@@ -56,7 +60,14 @@ def export(model, output, quantize, kv_cache, revision, force):
 
     try:
         result = export_model(
-            model, output, quantize=quantize, force=force, revision=revision, progress=progress, kv_cache=kv_cache
+            model,
+            output,
+            quantize=quantize,
+            force=force,
+            revision=revision,
+            progress=progress,
+            kv_cache=kv_cache,
+            name=name,
         )
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None

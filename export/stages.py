@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from edgelm.runtime.errors import ExportError
+from edgelm.runtime.store import check_name
 
 from .checkpoint import load_checkpoint
 from .graph import OPSET, build_decoder
@@ -59,6 +60,7 @@ def export_model(
     progress: Callable[[str, str, str], None] | None = None,
     kv_cache: str = "float32",
     validate: bool = True,
+    name: str | None = None,
 ) -> ExportResult:
     """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package.
 
@@ -73,6 +75,7 @@ def export_model(
             "an int8 KV cache goes with quantized weights (--quantize int8 or int4): the float32 package stays token-exact with transformers."
         )
     output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
+    package_name = output.name if name is None else check_name(name)  # the model id servers answer to, the store name
     report = progress or (lambda stage, event, detail: None)
     refuse_existing(output, force)
     timings, stage_started = {}, {}
@@ -136,7 +139,7 @@ def export_model(
         timings_so_far = dict(timings)
         manifest = writer.publish(
             {
-                "name": output.name,
+                "name": package_name,
                 "architecture": arch.to_dict(),
                 "graph": _graph_section(shipped) | {"kv_cache": _kv_cache_description(kv_cache)},
                 "tokenizer": "tokenizer.json",

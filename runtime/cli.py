@@ -6,10 +6,12 @@ import sys
 import click
 
 from .errors import EdgelmError
+from .store_cli import COMMANDS as STORE_COMMANDS
 
 LAZY_COMMANDS = {
     "export": "edgelm.export.cli:export",
     "serve": "edgelm.runtime.server.cli:serve",
+    **STORE_COMMANDS,  # pull, list, rm, default, pack, install
 }  # heavy stages import only when asked for
 
 

@@ -35,3 +35,8 @@ class ExportError(EdgelmError):
 
 class ParityError(ExportError):
     """The exported graph does not match the PyTorch reference closely enough; nothing was written."""
+
+
+class StoreError(EdgelmError):
+    """The model store cannot do what was asked: an unknown or invalid name, a name already taken, a download
+    that failed, or a full disk. The store is left as it was."""
