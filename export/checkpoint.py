@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from edgelm.runtime.architecture import Architecture
-from edgelm.runtime.errors import ExportError
+
+from .errors import ExportError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")

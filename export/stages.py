@@ -13,9 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from edgelm.runtime.errors import ExportError
-
 from .checkpoint import load_checkpoint
+from .errors import ExportError
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
 from .weights_file import WEIGHTS_FILE, split_weights

@@ -11,9 +11,9 @@ import onnxruntime as ort
 
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.engine import Engine, decode_steps, left_pad, position_ids_from_mask
-from edgelm.runtime.errors import ParityError
 from edgelm.runtime.session import graph_io
 
+from .errors import ParityError
 from .weights_file import ShippedGraph
 
 FP32_TOLERANCE = 1e-5

@@ -12,8 +12,9 @@ import shutil
 import time
 from pathlib import Path
 
-from edgelm.runtime.errors import ExportError
 from edgelm.runtime.package import FORMAT, FORMAT_VERSION, MANIFEST, file_record
+
+from .errors import ExportError
 
 PARTIAL = ".partial-"
 

@@ -27,11 +27,3 @@ class GenerationOptionError(EdgelmError, ValueError):
 
 class PromptError(EdgelmError, ValueError):
     """A prompt cannot be run: too long for the context, not valid UTF-8, or token ids out of range."""
-
-
-class ExportError(EdgelmError):
-    """The export stage could not turn a checkpoint into a package."""
-
-
-class ParityError(ExportError):
-    """The exported graph does not match the PyTorch reference closely enough; nothing was written."""
