@@ -138,9 +138,11 @@ def _refuse_remote_code(config: dict, folder: Path) -> None:
     custom = config.get("auto_map")
     architectures = config.get("architectures") or []
     if config.get("model_type") == "gpt2" and isinstance(architectures, list):
-        custom = custom or [a for a in architectures if a not in GPT2_CLASSES]
+        custom = custom or [a for a in architectures if not isinstance(a, str) or a not in GPT2_CLASSES]
     if custom:
-        named = ", ".join(map(str, custom.values() if isinstance(custom, dict) else custom))
+        if isinstance(custom, dict):
+            custom = list(custom.values())
+        named = ", ".join(map(str, custom if isinstance(custom, list) else [custom]))
         raise ExportError(
             f"{folder.name} needs Python code shipped with the checkpoint ({named}); edgelm never runs code shipped "
             f"with a checkpoint. Export a plain GPT-2-family checkpoint (architectures: GPT2LMHeadModel)."

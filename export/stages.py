@@ -267,9 +267,15 @@ def _reference_model(checkpoint):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config.from_dict(checkpoint.config)
-    config._attn_implementation = "eager"
-    model = GPT2LMHeadModel(config).eval()
+    try:
+        config = GPT2Config.from_dict(checkpoint.config)
+        config._attn_implementation = "eager"
+        model = GPT2LMHeadModel(config).eval()
+    except (TypeError, ValueError, AttributeError) as error:  # a setting transformers cannot take
+        raise ExportError(
+            f"transformers cannot build GPT2LMHeadModel from {checkpoint.folder / 'config.json'} "
+            f"({type(error).__name__}: {str(error)[:200]}); fix or remove that setting."
+        ) from None
     state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in checkpoint.weights.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]

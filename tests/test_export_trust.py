@@ -201,8 +201,9 @@ def test_config_that_needs_its_own_code_is_refused(tiny_checkpoint, tmp_path, ch
         (lambda c: c | {"n_layer": True}, "n_layer must be a positive whole number, not True"),
         (lambda c: c | {"eos_token_id": 10**6}, "eos_token_id must be a token id below vocab_size"),
         (lambda c: c | {"layer_norm_epsilon": "small"}, "layer_norm_epsilon must be a small positive number"),
+        (lambda c: c | {"attn_pdrop": "x"}, "transformers cannot build GPT2LMHeadModel from"),
     ],
-    ids=["array", "no-heads", "indivisible", "negative", "missing", "string", "bool", "eos", "epsilon"],
+    ids=["array", "no-heads", "indivisible", "negative", "missing", "string", "bool", "eos", "epsilon", "dropout"],
 )
 def test_malformed_config_is_one_clear_error(tiny_checkpoint, tmp_path, change, message):
     folder = _copy(tiny_checkpoint, tmp_path)
