@@ -11,10 +11,20 @@ from pathlib import Path
 import numpy as np
 
 from edgelm.runtime.architecture import Architecture
-from edgelm.runtime.errors import ExportError
+
+from .errors import ExportError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
+# transformers' own GPT-2 classes; any other name in `architectures` is code the checkpoint would have to ship
+GPT2_CLASSES = {
+    "GPT2LMHeadModel",
+    "GPT2Model",
+    "GPT2DoubleHeadsModel",
+    "GPT2ForSequenceClassification",
+    "GPT2ForTokenClassification",
+    "GPT2ForQuestionAnswering",
+}
 SUPPORTED = "GPT-2-family checkpoints (model_type 'gpt2': gpt2, distilgpt2, gpt2-medium/large/xl and their fine-tunes)"
 
 
@@ -89,18 +99,21 @@ def _hub_cache() -> str:
 
 
 def read_config(folder: Path) -> tuple[dict, Architecture]:
-    """config.json, checked to be a GPT-2 decoder this exporter reproduces exactly."""
+    """config.json, checked to be a GPT-2 decoder this exporter reproduces exactly, with sane sizes."""
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ExportError(f"{folder} has no config.json; a Hugging Face checkpoint folder needs one.")
     try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        config = json.loads(config_path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as error:
         raise ExportError(f"{config_path} is not valid JSON ({error}).") from None
+    if not isinstance(config, dict):
+        raise ExportError(f"{config_path} holds a JSON {type(config).__name__}, not an object of settings.")
+    _refuse_remote_code(config, folder)
     model_type = config.get("model_type")
     if model_type != "gpt2":
         raise ExportError(
-            f"{folder.name} is a '{model_type}' model ({', '.join(config.get('architectures') or [])}); edgelm exports {SUPPORTED}."
+            f"{folder.name} is a '{model_type}' model ({', '.join(map(str, config.get('architectures') or []))}); edgelm exports {SUPPORTED}."
         )
     unsupported = {
         "activation_function": ("gelu_new", config.get("activation_function", "gelu_new")),
@@ -111,7 +124,60 @@ def read_config(folder: Path) -> tuple[dict, Architecture]:
     for key, (wanted, got) in unsupported.items():
         if got != wanted:
             raise ExportError(f"{folder.name} sets {key}={got!r}; edgelm's GPT-2 graph supports only {key}={wanted!r}.")
+    _check_sizes(config, config_path)
     return config, Architecture.from_hf_config(config)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _refuse_remote_code(config: dict, folder: Path) -> None:
+    """A config that names Python classes of its own (auto_map, or an architecture transformers does not
+    ship) needs code from the checkpoint to load; edgelm never imports or runs it."""
+    custom = config.get("auto_map")
+    architectures = config.get("architectures") or []
+    if config.get("model_type") == "gpt2" and isinstance(architectures, list):
+        custom = custom or [a for a in architectures if not isinstance(a, str) or a not in GPT2_CLASSES]
+    if custom:
+        if isinstance(custom, dict):
+            custom = list(custom.values())
+        named = ", ".join(map(str, custom if isinstance(custom, list) else [custom]))
+        raise ExportError(
+            f"{folder.name} needs Python code shipped with the checkpoint ({named}); edgelm never runs code shipped "
+            f"with a checkpoint. Export a plain GPT-2-family checkpoint (architectures: GPT2LMHeadModel)."
+        )
+
+
+def _check_sizes(config: dict, config_path: Path) -> None:
+    """Sizes are positive whole numbers, the heads split the width evenly, token ids are in the vocabulary."""
+    if "n_positions" not in config and "n_ctx" in config:
+        config = config | {"n_positions": config["n_ctx"]}
+    for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
+        value = config.get(key)
+        if value is None:
+            raise ExportError(
+                f"{config_path} has no {key}; a GPT-2 config.json sets n_layer, n_head, n_embd, n_positions and vocab_size."
+            )
+        if type(value) is not int or value <= 0:
+            raise ExportError(f"{config_path}: {key} must be a positive whole number, not {value!r}.")
+    n_inner = config.get("n_inner")
+    if n_inner is not None and (type(n_inner) is not int or n_inner <= 0):
+        raise ExportError(f"{config_path}: n_inner must be a positive whole number or null, not {n_inner!r}.")
+    if config["n_embd"] % config["n_head"]:
+        raise ExportError(
+            f"{config_path}: n_embd {config['n_embd']} is not divisible by n_head {config['n_head']}; "
+            "each attention head takes an equal share of the width."
+        )
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = config.get(key)
+        if value is not None and (type(value) is not int or not 0 <= value < config["vocab_size"]):
+            raise ExportError(
+                f"{config_path}: {key} must be a token id below vocab_size {config['vocab_size']} or null, not {value!r}."
+            )
+    epsilon = config.get("layer_norm_epsilon", 1e-5)
+    if type(epsilon) not in (int, float) or not 0 < epsilon < 1:
+        raise ExportError(f"{config_path}: layer_norm_epsilon must be a small positive number, not {epsilon!r}.")
 
 
 def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray], str]:
@@ -141,8 +207,20 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
             continue  # causal-mask buffers of old checkpoints, not weights
         key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
         weights[key] = tensor.detach().to(torch.float32).numpy()
+        _check_finite(key, weights[key], path)
     _check_weights(weights, arch, path)
     return weights, name
+
+
+def _check_finite(name: str, weight: np.ndarray, path: Path) -> None:
+    """One NaN or Inf weight makes every output NaN, and NaN compares as 'no error' in parity checks."""
+    finite = np.isfinite(weight)
+    if not finite.all():
+        count = int(weight.size - np.count_nonzero(finite))
+        raise ExportError(
+            f"{path}: tensor {name} holds {count} non-finite value{'s' if count > 1 else ''} (NaN or Inf); the "
+            "checkpoint is damaged or was saved after training diverged. Export an earlier or re-downloaded checkpoint."
+        )
 
 
 def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:

@@ -5,6 +5,7 @@
 Each stage reports to an optional `progress(stage, event, detail)` callback; the library never prints.
 """
 
+import json
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -13,10 +14,10 @@ from typing import Callable
 
 import numpy as np
 
-from edgelm.runtime.errors import ExportError
 from edgelm.runtime.store import check_name
 
 from .checkpoint import load_checkpoint
+from .errors import ExportError
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
 from .weights_file import WEIGHTS_FILE, split_weights
@@ -77,6 +78,7 @@ def export_model(
     output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
     package_name = output.name if name is None else check_name(name)  # the model id servers answer to, the store name
     report = progress or (lambda stage, event, detail: None)
+    sweep_partials(output)  # first, so a package a stopped export had moved aside is back before the checks
     refuse_existing(output, force)
     timings, stage_started = {}, {}
 
@@ -90,6 +92,7 @@ def export_model(
     stage("load", "start", model)
     checkpoint = load_checkpoint(model, revision)
     tokenizer_json = _tokenizer_json(checkpoint.folder)
+    tokenizer_config = _tokenizer_config(checkpoint.folder)
     tokenizer = _tokenizer(tokenizer_json)
     reference = _reference_model(checkpoint)
     arch = checkpoint.arch
@@ -123,7 +126,6 @@ def export_model(
         validation = {"skipped": "exported with validate=False: no comparison against PyTorch was made"}
 
     stage("save", "start", str(output))
-    sweep_partials(output)
     writer = PackageWriter(output)
     try:
         writer.write_bytes("model.onnx", shipped.graph)
@@ -132,6 +134,8 @@ def export_model(
         for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (checkpoint.folder / name).exists():
                 writer.copy(name, checkpoint.folder / name)
+        if tokenizer_config is not None:  # the same settings without auto_map
+            writer.write_json("tokenizer_config.json", tokenizer_config)
         if not (checkpoint.folder / "generation_config.json").exists():
             writer.write_json(
                 "generation_config.json", {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id}
@@ -233,10 +237,33 @@ def _tokenizer_json(folder: Path) -> str:
     if (folder / "tokenizer.json").exists():
         return (folder / "tokenizer.json").read_text(encoding="utf-8")
     if (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
-        from transformers import AutoTokenizer
+        # GPT-2's own tokenizer class, never AutoTokenizer: an auto_map or a custom tokenizer_class in
+        # tokenizer_config.json would make transformers offer to import Python files from the checkpoint.
+        from transformers import GPT2TokenizerFast
 
-        return AutoTokenizer.from_pretrained(str(folder), use_fast=True).backend_tokenizer.to_str()
+        try:
+            tokenizer = GPT2TokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
+        except Exception as error:  # transformers raises many types for damaged vocab or merges files
+            raise ExportError(
+                f"the checkpoint's vocab.json / merges.txt cannot be read ({type(error).__name__}: {str(error)[:200]}); "
+                "save the tokenizer again with the model (tokenizer.save_pretrained)."
+            ) from None
+        return tokenizer.backend_tokenizer.to_str()
     raise ExportError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json with merges.txt.")
+
+
+def _tokenizer_config(folder: Path) -> dict | None:
+    """tokenizer_config.json without its `auto_map`, when it has one (the package ships no Python code for it to
+    name); None when the file can be copied as it is."""
+    path = folder / "tokenizer_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None  # absent, or not JSON: copied as it is, as before; the package's tokenizer is tokenizer.json
+    if not isinstance(config, dict) or "auto_map" not in config:
+        return None
+    del config["auto_map"]
+    return config
 
 
 def _reference_model(checkpoint):
@@ -244,9 +271,15 @@ def _reference_model(checkpoint):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config.from_dict(checkpoint.config)
-    config._attn_implementation = "eager"
-    model = GPT2LMHeadModel(config).eval()
+    try:
+        config = GPT2Config.from_dict(checkpoint.config)
+        config._attn_implementation = "eager"
+        model = GPT2LMHeadModel(config).eval()
+    except (TypeError, ValueError, AttributeError) as error:  # a setting transformers cannot take
+        raise ExportError(
+            f"transformers cannot build GPT2LMHeadModel from {checkpoint.folder / 'config.json'} "
+            f"({type(error).__name__}: {str(error)[:200]}); fix or remove that setting."
+        ) from None
     state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in checkpoint.weights.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]

@@ -11,9 +11,9 @@ import onnxruntime as ort
 
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.engine import Engine, decode_steps, left_pad, position_ids_from_mask
-from edgelm.runtime.errors import ParityError
 from edgelm.runtime.session import graph_io
 
+from .errors import ParityError
 from .weights_file import ShippedGraph
 
 FP32_TOLERANCE = 1e-5
@@ -129,10 +129,9 @@ def check_fp32(graph, model, tokenizer, arch) -> dict:
             "greedy_identical": bool(np.array_equal(ours_tokens, torch_tokens)),
         }
         report["cases"][name] = case
-        if (
-            max(case["logits_relative_error"], case["cache_path_relative_error"]) > FP32_TOLERANCE
-            or not case["greedy_identical"]
-        ):
+        errors = (case["logits_relative_error"], case["cache_path_relative_error"])
+        # `not error <= limit` rather than `error > limit`: NaN compares false either way and must fail
+        if not all(error <= FP32_TOLERANCE for error in errors) or not case["greedy_identical"]:
             raise ParityError(
                 f"fp32 parity failed on case '{name}': logits relative error {case['logits_relative_error']:.2e}, "
                 f"cache path {case['cache_path_relative_error']:.2e} (limit {FP32_TOLERANCE:.0e}), greedy identical: "
@@ -187,7 +186,7 @@ def quality_report(graph, model, tokenizer, arch) -> dict:
         for a, b in zip(ours_tokens, torch_tokens):
             differ = np.flatnonzero(a != b)
             agreement.append((differ[0] if len(differ) else new_tokens) / new_tokens)
-    return {
+    report = {
         "held_out_tokens": len(held_out),
         "top1_agreement": float((reference[0].argmax(-1) == ours[0].argmax(-1)).mean()),
         "mean_kl_divergence": float(kl(ref_lp, our_lp).mean()),
@@ -200,6 +199,19 @@ def quality_report(graph, model, tokenizer, arch) -> dict:
         "perplexity": ppl(our_lp[:-1]),
         "perplexity_change": ppl(our_lp[:-1]) / ppl(ref_lp[:-1]) - 1,
     }
+    return _finite(report)
+
+
+def _finite(report: dict) -> dict:
+    """A NaN or Inf figure means the graph or the reference computed garbage; it must not read as a result."""
+    bad = [k for k, v in report.items() if isinstance(v, float) and not np.isfinite(v)]
+    if bad:
+        raise ParityError(
+            f"the quality report has non-finite figures ({', '.join(f'{k}={report[k]}' for k in bad)}): the exported "
+            "graph or the PyTorch reference produced NaN or Inf. No package was written; please report this with "
+            "the checkpoint's config.json."
+        )
+    return report
 
 
 def _log_softmax(logits):

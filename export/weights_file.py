@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgelm.runtime.embeddings import ALIGN, TokenEmbeddings
-from edgelm.runtime.errors import ExportError
 
+from .errors import ExportError
 from .graph import TOKEN_ROWS, TOKEN_SCALE
 
 WEIGHTS_FILE = "model.onnx.data"

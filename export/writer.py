@@ -1,27 +1,45 @@
 """Stage 6, save: write the package folder atomically and describe it in manifest.json.
 
 Everything is written into a hidden sibling folder first (`.NAME.partial-PID`); only a complete folder,
-manifest last, is renamed into place. An export stopped at any point leaves no folder that looks like a
+manifest last, is moved into place. An export stopped at any point leaves no folder that looks like a
 package, and the next export to the same place sweeps up partial folders whose process is gone.
+
+Replacing a package (--force) swaps the two folders in one step where the system can (Linux's
+renameat2 RENAME_EXCHANGE): the path always holds one complete package. Elsewhere the old package is first
+renamed aside (`.NAME.replaced-PID`); if the export dies before the new one is in place, the next export
+moves the old one back. SIGINT and SIGTERM wait while the folders move, so an export either reports the
+new package or leaves the old one.
 """
 
+import ctypes
 import errno
 import json
 import os
 import shutil
+import signal
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from edgelm.runtime.errors import ExportError
 from edgelm.runtime.package import FORMAT, FORMAT_VERSION, MANIFEST, file_record
 
+from .errors import ExportError
+
 PARTIAL = ".partial-"
+REPLACED = ".replaced-"
 
 
 def refuse_existing(output: Path, force: bool) -> None:
     """A file in the way, or a non-empty folder without --force: cheap, so checked before the slow stages too."""
     if output.exists() and not output.is_dir():
         raise ExportError(f"{output} exists and is a file; choose another output folder.")
+    above = output.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ExportError(f"cannot create {output.parent}: {above} is a file. Choose another output folder with -o.")
     if output.is_dir() and any(output.iterdir()) and not force:
         raise ExportError(f"{output} already exists and is not empty; pass --force to replace it.")
 
@@ -46,11 +64,36 @@ def check_destination(output: Path, force: bool, needed_bytes: int) -> None:
 
 
 def sweep_partials(output: Path) -> None:
-    """Remove partial folders for this output left by exports that no longer run."""
-    for folder in output.parent.glob(f".{output.name}{PARTIAL}*"):
-        pid = folder.name.rsplit(PARTIAL, 1)[-1]
-        if not pid.isdigit() or not _alive(int(pid)):
+    """Tidy up after exports to this output that no longer run: a package one of them had moved aside goes
+    back to the path when nothing is there (it is the only complete one), else it is removed, and so are
+    their partial folders."""
+    if not output.parent.is_dir():
+        return
+    for folder in _leftovers(output, REPLACED):
+        if output.is_dir() and not output.is_symlink() and not any(output.iterdir()):
+            output.rmdir()  # an empty folder made since is no package; the one moved aside is
+        if not output.exists() and not output.is_symlink():
+            try:
+                os.rename(folder, output)
+            except OSError as error:
+                raise ExportError(
+                    f"{folder} holds the package an earlier export moved aside, and it cannot go back to {output} "
+                    f"({error.strerror}); move it there yourself."
+                ) from None
+        else:
             shutil.rmtree(folder, ignore_errors=True)
+    for folder in _leftovers(output, PARTIAL):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _leftovers(output: Path, kind: str) -> list[Path]:
+    """Hidden folders of one kind for this output whose process is gone."""
+    found = []
+    for folder in output.parent.glob(f".{output.name}{kind}*"):
+        pid = folder.name.rsplit(kind, 1)[-1]
+        if not pid.isdigit() or not _alive(int(pid)):
+            found.append(folder)
+    return found
 
 
 def _alive(pid: int) -> bool:
@@ -64,7 +107,7 @@ def _alive(pid: int) -> bool:
 
 
 class PackageWriter:
-    """Collects files in a partial folder, then publishes them with one rename."""
+    """Collects files in a partial folder, then moves the complete folder into place (see the module docstring)."""
 
     def __init__(self, output: Path):
         self.output = output
@@ -76,7 +119,14 @@ class PackageWriter:
         self._guard(name, lambda path: path.write_bytes(data))
 
     def write_json(self, name: str, data: dict) -> None:
-        self.write_bytes(name, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
+        try:
+            text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False)
+        except ValueError:  # NaN or Infinity: JSON has no such numbers, and a reader could not trust them
+            raise ExportError(
+                f"{name} would hold a NaN or infinite number, which is not valid JSON; nothing was written. "
+                "Please report this with the checkpoint's config.json."
+            ) from None
+        self.write_bytes(name, (text + "\n").encode())
 
     def copy(self, name: str, source: Path) -> None:
         self._guard(name, lambda path: shutil.copyfile(source, path))
@@ -102,14 +152,68 @@ class PackageWriter:
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         self.write_json(MANIFEST, manifest)
-        old = None
-        if self.output.exists():
-            old = self.output.parent / f".{self.output.name}.replaced-{os.getpid()}"
-            os.rename(self.output, old)
-        os.rename(self.partial, self.output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        with _signals_held():  # from here on the export either fails with the old package in place or succeeds
+            try:
+                old = self._move_into_place()
+            except OSError as error:
+                raise ExportError(f"cannot move the package into {self.output}: {error.strerror}.") from None
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
         return manifest
+
+    def _move_into_place(self) -> Path | None:
+        """Put the partial folder at the output path; returns where the replaced package now is, if any."""
+        if not self.output.exists():
+            os.rename(self.partial, self.output)
+            return None
+        if _exchange(self.partial, self.output):
+            return self.partial  # the old package, under the partial name the sweep knows
+        old = self.output.parent / f".{self.output.name}{REPLACED}{os.getpid()}"
+        os.rename(self.output, old)  # dying here leaves the old package aside: the next export moves it back
+        os.rename(self.partial, self.output)
+        return old
 
     def discard(self) -> None:
         shutil.rmtree(self.partial, ignore_errors=True)
+
+
+RENAME_EXCHANGE = 2  # linux/fs.h
+AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE); False where the system or the file
+    system cannot, and the caller falls back to two renames."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library older than glibc 2.28, or none to load
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+@contextmanager
+def _signals_held():
+    """Hold off SIGINT and SIGTERM while the folders move: one that arrives meanwhile is consumed, since by the
+    time it could act the new package is in place (or the move failed with an error of its own), and the
+    export reports that. Python runs signal handlers in the main thread only, so only there is this needed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = [signal.SIGINT, signal.SIGTERM]
+    previous = {number: signal.getsignal(number) for number in numbers}
+    held = [number for number in numbers if previous[number] is not None]  # None: set outside Python, left alone
+    for number in held:
+        signal.signal(number, lambda number, frame: None)
+    try:
+        yield
+    finally:
+        for number in held:
+            signal.signal(number, previous[number])

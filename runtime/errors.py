@@ -29,14 +29,6 @@ class PromptError(EdgelmError, ValueError):
     """A prompt cannot be run: too long for the context, not valid UTF-8, or token ids out of range."""
 
 
-class ExportError(EdgelmError):
-    """The export stage could not turn a checkpoint into a package."""
-
-
-class ParityError(ExportError):
-    """The exported graph does not match the PyTorch reference closely enough; nothing was written."""
-
-
 class StoreError(EdgelmError):
     """The model store cannot do what was asked: an unknown or invalid name, a name already taken, a download
     that failed, or a full disk. The store is left as it was."""

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgelm.runtime.cli import main
-from edgelm.runtime.errors import ExportError
+from edgelm.export.errors import ExportError
 
 HERE = Path(__file__).parent
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto
 
 import edgelm.runtime as rt
-from edgelm.runtime.errors import ExportError
+from edgelm.export.errors import ExportError
 
 
 def test_scales_give_headroom_over_the_largest_key_and_value_per_channel(tiny_checkpoint, reference_model):
