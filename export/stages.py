@@ -5,6 +5,7 @@
 Each stage reports to an optional `progress(stage, event, detail)` callback; the library never prints.
 """
 
+import json
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -59,11 +60,14 @@ def export_model(
     progress: Callable[[str, str, str], None] | None = None,
     kv_cache: str = "float32",
     validate: bool = True,
+    chat_template: str | None = None,
 ) -> ExportResult:
     """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package.
 
     validate=False skips the comparison against PyTorch (the manifest then records no figures); it exists for
-    test fixtures that need a package quickly, and a package made that way says so in `edgelm info`."""
+    test fixtures that need a package quickly, and a package made that way says so in `edgelm info`.
+    chat_template (Jinja source) is written into the package's tokenizer_config.json, where the runtime and
+    transformers' AutoTokenizer read it."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
     if kv_cache not in KV_CACHES:
@@ -72,6 +76,8 @@ def export_model(
         raise ExportError(
             "an int8 KV cache goes with quantized weights (--quantize int8 or int4): the float32 package stays token-exact with transformers."
         )
+    if chat_template is not None:
+        _check_chat_template(chat_template)
     output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
     report = progress or (lambda stage, event, detail: None)
     refuse_existing(output, force)
@@ -129,6 +135,9 @@ def export_model(
         for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (checkpoint.folder / name).exists():
                 writer.copy(name, checkpoint.folder / name)
+        tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
+        if tokenizer_config is not None:
+            writer.write_json("tokenizer_config.json", tokenizer_config)
         if not (checkpoint.folder / "generation_config.json").exists():
             writer.write_json(
                 "generation_config.json", {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id}
@@ -224,6 +233,41 @@ def _tokenizer(tokenizer_json: str):
         raise ExportError(
             f"the checkpoint's tokenizer cannot be read: {str(error)[:200]}. Save it again with the model (tokenizer.save_pretrained)."
         ) from None
+
+
+def _check_chat_template(source) -> None:
+    from edgelm.runtime.chat_template import compile_template
+    from edgelm.runtime.errors import ChatError
+
+    try:
+        compile_template(source, "the chat template given")
+    except ChatError as error:
+        raise ExportError(str(error)) from None
+
+
+def _tokenizer_config(folder: Path, chat_template: str | None) -> dict | None:
+    """The checkpoint's tokenizer_config.json with `chat_template` set: the one given, else the checkpoint's
+    chat_template.jinja (where transformers saves a template beside it); None when neither is there."""
+    jinja = folder / "chat_template.jinja"
+    if chat_template is None and jinja.is_file():
+        try:
+            chat_template = jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ExportError(f"cannot read {jinja}: {error}") from None
+        _check_chat_template(chat_template)
+    if chat_template is None:
+        return None
+    config = {}
+    if (folder / "tokenizer_config.json").exists():
+        try:
+            config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ExportError(
+                f"cannot read {folder / 'tokenizer_config.json'} to set its chat template: {error}"
+            ) from None
+        if not isinstance(config, dict):
+            raise ExportError(f"{folder / 'tokenizer_config.json'} does not hold a JSON object; fix or remove it.")
+    return config | {"chat_template": chat_template}
 
 
 def _tokenizer_json(folder: Path) -> str:

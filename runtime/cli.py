@@ -8,6 +8,7 @@ import click
 from .errors import EdgelmError
 
 LAZY_COMMANDS = {
+    "chat": "edgelm.runtime.chat_cli:chat",
     "export": "edgelm.export.cli:export",
     "serve": "edgelm.runtime.server.cli:serve",
 }  # heavy stages import only when asked for

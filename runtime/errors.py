@@ -29,6 +29,16 @@ class PromptError(EdgelmError, ValueError):
     """A prompt cannot be run: too long for the context, not valid UTF-8, or token ids out of range."""
 
 
+class ChatError(EdgelmError, ValueError):
+    """A conversation cannot be turned into a prompt: malformed messages, or a chat template that fails to
+    render them. `param` names the field at fault ("messages[2].content"), or is None when the package's
+    template itself is at fault."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
 class ExportError(EdgelmError):
     """The export stage could not turn a checkpoint into a package."""
 
