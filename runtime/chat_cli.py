@@ -50,10 +50,11 @@ def chat(system, package, device, threads, no_verify, **options):
     options = {k: v for k, v in options.items() if v is not None and v != ()}
     if "do_sample" not in options and any(k in options for k in SAMPLING):
         options["do_sample"] = True
+    history = [{"role": "system", "content": system}] if system else []
     try:
         model = load(package, device=device, threads=threads, verify=not no_verify)
         config = model.settings(**options)
-        model.chat_template.render([{"role": "user", "content": "Hi"}])  # a broken template fails now, not later
+        model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
     interactive = sys.stdin.isatty()
@@ -61,7 +62,6 @@ def chat(system, package, device, threads, no_verify, **options):
         click.echo(
             f"Chatting with {model.package.name}. Ctrl-C stops an answer; Ctrl-D or Ctrl-C here quits.", err=True
         )
-    history = [{"role": "system", "content": system}] if system else []
     said_dropped = False
     for line in _user_lines(interactive):
         if not line.strip():
