@@ -100,13 +100,28 @@ def test_export_refuses_a_bad_chat_template_before_the_slow_stages(tiny_checkpoi
     assert not (tmp_path / "out").exists()
 
 
+def _copy(checkpoint, folder):
+    folder.mkdir()
+    for f in checkpoint.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    return folder
+
+
+def test_a_checkpoints_chat_template_jinja_goes_into_the_package(tiny_checkpoint, tmp_path):
+    """transformers saves a template as chat_template.jinja beside tokenizer_config.json; the package keeps it."""
+    from edgelm.export.stages import export_model
+
+    folder = _copy(tiny_checkpoint, tmp_path / "ckpt")
+    (folder / "chat_template.jinja").write_text(TERSE)
+    package = export_model(str(folder), tmp_path / "pkg", validate=False).path
+    assert json.loads((package / "tokenizer_config.json").read_text())["chat_template"] == TERSE
+    assert rt.load(package).chat_template.render(MESSAGES[1:]) == "u: The quick brown fox ##\na:"
+
+
 def test_a_non_string_template_fails_at_chat_time_not_at_load(tiny_checkpoint, tmp_path):
     from edgelm.export.stages import export_model
 
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    for f in tiny_checkpoint.iterdir():
-        (folder / f.name).write_bytes(f.read_bytes())
+    folder = _copy(tiny_checkpoint, tmp_path / "ckpt")
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": {"oops": 1}}))
     package = export_model(str(folder), tmp_path / "pkg", validate=False).path

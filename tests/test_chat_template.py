@@ -227,3 +227,22 @@ def test_unreadable_tokenizer_config_fails_at_chat_time(tmp_path):
     template = ChatTemplate.from_package(SimpleNamespace(folder=tmp_path, manifest={}))
     with pytest.raises(ChatError, match="cannot read .*tokenizer_config.json.*--chat-template"):
         template.render([{"role": "user", "content": "Hi"}])
+
+
+def test_special_tokens_as_transformers_reads_them(tokenizer_folder, tmp_path):
+    """A current tokenizer_config.json (with added_tokens_decoder) rules; in a legacy one, special_tokens_map.json wins."""
+    from transformers import AutoTokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (tmp_path / name).write_bytes((tokenizer_folder / name).read_bytes())
+    folder = SimpleNamespace(folder=tmp_path, manifest={})
+    assert (
+        ChatTemplate.from_package(folder).special_tokens == AutoTokenizer.from_pretrained(tmp_path).special_tokens_map
+    )
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del config["added_tokens_decoder"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": "x"}))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<|im_start|>"}))
+    expected = AutoTokenizer.from_pretrained(tmp_path).special_tokens_map
+    assert expected["bos_token"] == "<|im_start|>"
+    assert ChatTemplate.from_package(folder).special_tokens == expected
