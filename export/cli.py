@@ -35,7 +35,12 @@ from edgelm.runtime.errors import EdgelmError
     "--name",
     help="The package's name: the model id edgelm serve answers to, the name install uses (default: the output folder's name).",
 )
-def export(model, output, quantize, kv_cache, revision, force, name):
+@click.option(
+    "--chat-template",
+    type=click.File("r", encoding="utf-8"),
+    help="A Jinja chat template (transformers' format) for the package's tokenizer_config.json; edgelm chat and the server use it.",
+)
+def export(model, output, quantize, kv_cache, revision, force, name, chat_template):
     """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
 
     Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch, save.
@@ -68,9 +73,21 @@ def export(model, output, quantize, kv_cache, revision, force, name):
             progress=progress,
             kv_cache=kv_cache,
             name=name,
+            chat_template=_read_template(chat_template),
         )
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
     size = sum(f["size"] for f in result.manifest["files"].values())
     click.echo(f"{result.path}  ({size / 1e6:.1f} MB)")
     console.print(f"Try it: edgelm generate -m {result.path} \"Hello, my name is\"")
+
+
+def _read_template(file) -> str | None:
+    if file is None:
+        return None
+    try:
+        return file.read()
+    except UnicodeDecodeError as error:
+        raise click.BadParameter(
+            f"{file.name} is not UTF-8 text ({error.reason})", param_hint="--chat-template"
+        ) from None

@@ -62,11 +62,14 @@ def export_model(
     kv_cache: str = "float32",
     validate: bool = True,
     name: str | None = None,
+    chat_template: str | None = None,
 ) -> ExportResult:
     """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package.
 
     validate=False skips the comparison against PyTorch (the manifest then records no figures); it exists for
-    test fixtures that need a package quickly, and a package made that way says so in `edgelm info`."""
+    test fixtures that need a package quickly, and a package made that way says so in `edgelm info`.
+    chat_template (Jinja source) is written into the package's tokenizer_config.json, where the runtime and
+    transformers' AutoTokenizer read it."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
     if kv_cache not in KV_CACHES:
@@ -75,6 +78,8 @@ def export_model(
         raise ExportError(
             "an int8 KV cache goes with quantized weights (--quantize int8 or int4): the float32 package stays token-exact with transformers."
         )
+    if chat_template is not None:
+        _check_chat_template(chat_template)
     output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
     package_name = output.name if name is None else check_name(name)  # the model id servers answer to, the store name
     report = progress or (lambda stage, event, detail: None)
@@ -92,7 +97,7 @@ def export_model(
     stage("load", "start", model)
     checkpoint = load_checkpoint(model, revision)
     tokenizer_json = _tokenizer_json(checkpoint.folder)
-    tokenizer_config = _tokenizer_config(checkpoint.folder)
+    tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
     tokenizer = _tokenizer(tokenizer_json)
     reference = _reference_model(checkpoint)
     arch = checkpoint.arch
@@ -134,7 +139,7 @@ def export_model(
         for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (checkpoint.folder / name).exists():
                 writer.copy(name, checkpoint.folder / name)
-        if tokenizer_config is not None:  # the same settings without auto_map
+        if tokenizer_config is not None:  # without auto_map, with the chat template
             writer.write_json("tokenizer_config.json", tokenizer_config)
         if not (checkpoint.folder / "generation_config.json").exists():
             writer.write_json(
@@ -233,6 +238,46 @@ def _tokenizer(tokenizer_json: str):
         ) from None
 
 
+def _check_chat_template(source) -> None:
+    from edgelm.runtime.chat_template import compile_template
+    from edgelm.runtime.errors import ChatError
+
+    try:
+        compile_template(source, "the chat template given")
+    except ChatError as error:
+        raise ExportError(str(error)) from None
+
+
+def _tokenizer_config(folder: Path, chat_template: str | None) -> dict | None:
+    """The checkpoint's tokenizer_config.json as the package ships it: without `auto_map` (the package ships no
+    Python code for it to name) and with `chat_template` set (the one given, else the checkpoint's
+    chat_template.jinja, where transformers saves a template beside it). None when it can be copied as it is."""
+    jinja = folder / "chat_template.jinja"
+    if chat_template is None and jinja.is_file():
+        try:
+            chat_template = jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ExportError(f"cannot read {jinja}: {error}") from None
+        _check_chat_template(chat_template)
+    path = folder / "tokenizer_config.json"
+    config = None
+    if path.exists():
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            if chat_template is None:
+                return None  # not JSON: copied as it is; the package's tokenizer is tokenizer.json
+            raise ExportError(f"cannot read {path} to set its chat template: {error}") from None
+        if not isinstance(config, dict):
+            if chat_template is None:
+                return None
+            raise ExportError(f"{path} does not hold a JSON object; fix or remove it.")
+    if chat_template is None and (config is None or "auto_map" not in config):
+        return None
+    config = {k: v for k, v in (config or {}).items() if k != "auto_map"}
+    return config | ({"chat_template": chat_template} if chat_template is not None else {})
+
+
 def _tokenizer_json(folder: Path) -> str:
     if (folder / "tokenizer.json").exists():
         return (folder / "tokenizer.json").read_text(encoding="utf-8")
@@ -250,20 +295,6 @@ def _tokenizer_json(folder: Path) -> str:
             ) from None
         return tokenizer.backend_tokenizer.to_str()
     raise ExportError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json with merges.txt.")
-
-
-def _tokenizer_config(folder: Path) -> dict | None:
-    """tokenizer_config.json without its `auto_map`, when it has one (the package ships no Python code for it to
-    name); None when the file can be copied as it is."""
-    path = folder / "tokenizer_config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None  # absent, or not JSON: copied as it is, as before; the package's tokenizer is tokenizer.json
-    if not isinstance(config, dict) or "auto_map" not in config:
-        return None
-    del config["auto_map"]
-    return config
 
 
 def _reference_model(checkpoint):

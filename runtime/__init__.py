@@ -10,9 +10,10 @@ The other names are imported on first use, so that the `edgelm` command can deci
 huge pages (launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 """
 
-from .errors import DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
+from .errors import ChatError, DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
 
 _LAZY = {
+    "ChatTemplate": "chat_template",
     "Completion": "batch",
     "GenerationConfig": "generation_config",
     "Model": "model",
@@ -29,12 +30,14 @@ __all__ = [
     "Stream",
     "Score",
     "Completion",
+    "ChatTemplate",
     "GenerationConfig",
     "EdgelmError",
     "PackageError",
     "DeviceError",
     "GenerationOptionError",
     "PromptError",
+    "ChatError",
 ]
 
 

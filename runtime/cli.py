@@ -9,6 +9,7 @@ from .errors import EdgelmError
 from .store_cli import COMMANDS as STORE_COMMANDS
 
 LAZY_COMMANDS = {
+    "chat": "edgelm.runtime.chat_cli:chat",
     "export": "edgelm.export.cli:export",
     "serve": "edgelm.runtime.server.cli:serve",
     **STORE_COMMANDS,  # pull, list, rm, default, pack, install

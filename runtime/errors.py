@@ -32,3 +32,13 @@ class PromptError(EdgelmError, ValueError):
 class StoreError(EdgelmError):
     """The model store cannot do what was asked: an unknown or invalid name, a name already taken, a download
     that failed, or a full disk. The store is left as it was."""
+
+
+class ChatError(EdgelmError, ValueError):
+    """A conversation cannot be turned into a prompt: malformed messages, or a chat template that fails to
+    render them. `param` names the field at fault ("messages[2].content"), or is None when the package's
+    template itself is at fault."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

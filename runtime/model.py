@@ -17,6 +17,7 @@ from .embeddings import TokenEmbeddings
 from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
 from .batch import MAX_BATCH_TOKENS, Batch, Stream
+from .chat_template import ChatTemplate
 from .package import DEFAULT_PACKAGE, Package, open_package
 from .sampling import log_softmax
 from .session import create_session, graph_io, release_freed_memory
@@ -63,6 +64,7 @@ class Model:
             package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id, self.arch.vocab_size
         )
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
+        self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
         release_freed_memory()
 
     max_batch_tokens = MAX_BATCH_TOKENS  # rows x positions one call may decode; raise it on an instance to allow more
@@ -206,6 +208,31 @@ class Model:
         bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < self.arch.vocab_size]
         if bad:
             raise PromptError(f"token id {bad[0]!r} is outside the vocabulary (0..{self.arch.vocab_size - 1})")
+
+    def chat_batch(self, messages, config: GenerationConfig | None = None, **options) -> Batch:
+        """A Batch for the assistant's next message: `messages` rendered by the package's chat template (with
+        the assistant's turn opened), the template's stop strings added to the caller's."""
+        if config is None:
+            config = self.settings(**options)
+        elif options:
+            raise GenerationOptionError("pass either a GenerationConfig or options, not both")
+        prompt = self.chat_template.render(messages, add_generation_prompt=True)
+        extra = tuple(s for s in self.chat_template.stop if s not in config.stop)
+        return self.batch([prompt], config.with_options(stop=config.stop + extra) if extra else config)
+
+    def chat(self, messages, config: GenerationConfig | None = None, **options):
+        """The assistant's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]) as a Completion, or a
+        list of them when num_return_sequences > 1."""
+        batch = self.chat_batch(messages, config, **options)
+        completions = batch.run()
+        return completions[0] if batch.config.num_return_sequences == 1 else completions
+
+    def chat_stream(self, messages, config: GenerationConfig | None = None, **options) -> "Stream":
+        """The assistant's reply as a Stream of text pieces, as stream() gives them; `completion` is set at the end."""
+        batch = self.chat_batch(messages, config, **options)
+        if batch.config.num_return_sequences != 1:
+            raise GenerationOptionError("chat_stream() yields one reply; use chat_batch() to stream several rows")
+        return Stream(batch)
 
 
 def load(path=None, device: str = "auto", threads: int | None = None, verify: bool = True) -> Model:

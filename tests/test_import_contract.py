@@ -19,7 +19,13 @@ RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 PACKAGE = "edgelm.runtime"
 ENGINE = "edgelm.runtime.engine"
 # The command line: the only modules that may import click, and name the export stage (lazily, for `edgelm export`).
-COMMAND_LINE = {"edgelm.runtime.cli", "edgelm.runtime.launch", "edgelm.runtime.server.cli"}
+COMMAND_LINE = {
+    "edgelm.runtime.cli",
+    "edgelm.runtime.launch",
+    "edgelm.runtime.chat_cli",
+    "edgelm.runtime.store_cli",
+    "edgelm.runtime.server.cli",
+}
 EXPORT_NAME = re.compile(r"edgelm\.export(\.\w+)*(:\w+)?")
 
 
