@@ -17,6 +17,7 @@ from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
 from .batch import Completion, Batch
 from .package import DEFAULT_PACKAGE, Package, open_package
+from .package_format import GENERATION_CONFIG, MANIFEST
 from .sampling import log_softmax
 from .session import create_session, graph_io, release_freed_memory
 
@@ -40,27 +41,26 @@ class Model:
     def __init__(self, package: Package, device: str = "auto", threads: int | None = None):
         self.package, self.arch = package, package.arch
         try:
-            self.tokenizer = Tokenizer.from_file(str(package.tokenizer_file))
+            self.tokenizer = Tokenizer.from_str(package.tokenizer_text())
+        except PackageError:
+            raise
         except Exception as error:  # tokenizers raises a bare Exception for a damaged file
-            raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {error}") from None
+            raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {str(error)[:200]}") from None
         session, self.device = create_session(package.model_file, device, threads)
-        graph = package.manifest.get("graph", {})
-        io = graph_io(session, self.arch.n_layer, bool(graph.get("kv_cache_in_place", False)))
+        _check_logits(session, package)
+        graph = package.manifest.graph if package.manifest else None
+        io = graph_io(session, self.arch.n_layer, bool(graph and graph.kv_cache_in_place))
         embeddings = None
         if io.takes_embeddings:
-            if "token_embeddings" not in graph:
+            if graph is None or graph.token_embeddings is None:
                 raise PackageError(
-                    f"{package.model_file} takes inputs_embeds, but {package.folder / 'manifest.json'} does not describe its token_embeddings; export the package again."
+                    f"{package.model_file} takes inputs_embeds, but {package.folder / MANIFEST} does not describe its token_embeddings; export the package again."
                 )
-            embeddings = TokenEmbeddings.open(
-                package.folder, graph["token_embeddings"], self.arch.vocab_size, self.arch.n_embd
-            )
+            embeddings = TokenEmbeddings.open(package.path(graph.token_embeddings.file), graph.token_embeddings)
         self.engine = Engine(
             session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings
         )
-        self.defaults = GenerationConfig.from_generation_config_json(
-            package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id
-        )
+        self.defaults = _generation_defaults(package)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         release_freed_memory()
 
@@ -155,6 +155,33 @@ class Model:
         bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < self.arch.vocab_size]
         if bad:
             raise PromptError(f"token id {bad[0]!r} is outside the vocabulary (0..{self.arch.vocab_size - 1})")
+
+
+def _check_logits(session, package: Package) -> None:
+    """The graph's logits must have one column per vocabulary entry, where the graph says how many."""
+    columns = next((o.shape[-1] for o in session.get_outputs() if o.name == "logits" and o.shape), None)
+    if isinstance(columns, int) and columns != package.arch.vocab_size:
+        raise PackageError(
+            f"{package.model_file} gives {columns} logits per token but the package says its vocabulary has {package.arch.vocab_size} entries; the package is damaged. Export it again."
+        )
+
+
+def _generation_defaults(package: Package) -> GenerationConfig:
+    """The package's generation_config.json as settings: untrusted like the rest, so one clear error if it is off."""
+    arch, data = package.arch, package.generation_defaults
+    try:
+        defaults = GenerationConfig.from_generation_config_json(data, arch.eos_token_id, arch.pad_token_id)
+        for name in ("eos_token_id", "pad_token_id"):
+            value = getattr(defaults, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < arch.vocab_size
+            ):
+                raise GenerationOptionError(f"{name} must be a token id from 0 to {arch.vocab_size - 1}, got {value!r}")
+    except (GenerationOptionError, TypeError, ValueError, AttributeError) as error:
+        raise PackageError(
+            f"{package.folder / GENERATION_CONFIG} holds a setting edgelm cannot use ({str(error)[:200]}); fix or remove it, or export the package again."
+        ) from None
+    return defaults
 
 
 class Stream:
