@@ -47,7 +47,7 @@ class Model:
         except Exception as error:  # tokenizers raises a bare Exception for a damaged file
             raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {str(error)[:200]}") from None
         session, self.device = create_session(package.model_file, device, threads)
-        _check_logits(session, package)
+        _check_graph_shapes(session, package)
         graph = package.manifest.graph if package.manifest else None
         io = graph_io(session, self.arch.n_layer, bool(graph and graph.kv_cache_in_place))
         embeddings = None
@@ -157,13 +157,32 @@ class Model:
             raise PromptError(f"token id {bad[0]!r} is outside the vocabulary (0..{self.arch.vocab_size - 1})")
 
 
-def _check_logits(session, package: Package) -> None:
-    """The graph's logits must have one column per vocabulary entry, where the graph says how many."""
+def _check_graph_shapes(session, package: Package) -> None:
+    """The graph must be the one the package describes: one logit per vocabulary entry, a cache input pair per
+    layer, each [batch, n_head, past, head_size], wherever the graph gives those sizes as numbers."""
+    arch, inputs = package.arch, session.get_inputs()
     columns = next((o.shape[-1] for o in session.get_outputs() if o.name == "logits" and o.shape), None)
-    if isinstance(columns, int) and columns != package.arch.vocab_size:
-        raise PackageError(
-            f"{package.model_file} gives {columns} logits per token but the package says its vocabulary has {package.arch.vocab_size} entries; the package is damaged. Export it again."
-        )
+    past = [i for i in inputs if i.name.startswith("past_key_values.")]
+    expected = (arch.n_head, arch.head_size)
+    wrong = next(
+        (
+            i
+            for i in past
+            if len(i.shape) != 4 or any(isinstance(d, int) and d != e for d, e in zip(i.shape[1::2], expected))
+        ),
+        None,
+    )
+    problem = (
+        f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
+        if isinstance(columns, int) and columns != arch.vocab_size
+        else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
+        if len(past) != 2 * arch.n_layer
+        else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.n_head}, past, {arch.head_size}] as the package says"
+        if wrong is not None
+        else None
+    )
+    if problem:
+        raise PackageError(f"{package.model_file} {problem}; the package is damaged. Export it again.")
 
 
 def _generation_defaults(package: Package) -> GenerationConfig:

@@ -59,6 +59,12 @@ def _object(where, value) -> dict:
     return value
 
 
+def _list(where, value) -> list:
+    if not isinstance(value, list):
+        raise FormatError(f"{where} must be a list, got {_kind(value)}")
+    return value
+
+
 def _get(where, data, key, read, default=MISSING):
     """data[key] checked by read(field name, value); a missing key is the default, or an error without one."""
     path = f"{where}.{key}" if where else key
@@ -148,7 +154,7 @@ class TensorInfo:
     @classmethod
     def from_dict(cls, data, where) -> "TensorInfo":
         data = _object(where, data)
-        shape = _get(where, data, "shape", lambda w, v: v if isinstance(v, list) else _object(w, v))
+        shape = _get(where, data, "shape", _list)
         for k, dim in enumerate(shape):
             if not isinstance(dim, str):
                 _int(f"{where}.shape[{k}]", dim, 0, 1 << 40)
