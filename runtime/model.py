@@ -190,12 +190,14 @@ def _generation_defaults(package: Package) -> GenerationConfig:
     arch, data = package.arch, package.generation_defaults
     try:
         defaults = GenerationConfig.from_generation_config_json(data, arch.eos_token_id, arch.pad_token_id)
-        for name in ("eos_token_id", "pad_token_id"):
-            value = getattr(defaults, name)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < arch.vocab_size
-            ):
-                raise GenerationOptionError(f"{name} must be a token id from 0 to {arch.vocab_size - 1}, got {value!r}")
+        ids = [("eos_token_id", defaults.eos_token_id), ("pad_token_id", defaults.pad_token_id)]
+        ids += [("logit_bias", token) for token in defaults.logit_bias]
+        ids += [("bad_words_ids", token) for word in defaults.bad_words_ids for token in word]
+        for name, value in ids:
+            if value is not None and not (type(value) is int and 0 <= value < arch.vocab_size):
+                raise GenerationOptionError(
+                    f"{name} must hold token ids from 0 to {arch.vocab_size - 1}, got {value!r}"
+                )
     except (GenerationOptionError, TypeError, ValueError, AttributeError) as error:
         raise PackageError(
             f"{package.folder / GENERATION_CONFIG} holds a setting edgelm cannot use ({str(error)[:200]}); fix or remove it, or export the package again."

@@ -246,6 +246,8 @@ def test_a_negative_token_table_offset_is_refused(tiny_package_int8, tmp_path):
         ({"eos_token_id": "x"}, "eos_token_id"),
         ({"eos_token_id": 10**6}, "eos_token_id"),
         ({"max_new_tokens": [1]}, "max_new_tokens"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"bad_words_ids": [[10**6]]}, "bad_words_ids"),
     ],
 )
 def test_a_package_generation_config_is_untrusted_too(settings, fragment, tiny_package, tmp_path):
