@@ -10,6 +10,7 @@ A package is untrusted input: every file is opened through package_files.py (ins
 bounded), and every file the runtime reads must be listed in the manifest, the graph's external data included.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,9 +103,13 @@ def open_package(path, verify: bool = True) -> Package:
             f"{folder} is not a model package: it has no {MANIFEST} (and is not an optimum ONNX export). Make one with: edgelm export MODEL -o {folder}"
         )
     manifest = read_manifest(folder)
-    paths = {name: inside(folder, name) for name in manifest.files}  # every path checked before any is read
     if verify:
-        verify_files(folder, manifest)
+        verify_files(folder, manifest)  # every listed path is checked (inside, regular) before any is read
+    else:  # no checksums, but no listed path may lead out of the folder or to a FIFO or device either
+        for name in manifest.files:
+            if os.path.lexists(folder / name):
+                inside(folder, name)
+    paths = {name: inside(folder, name) for name in manifest.required_files().values()}
     arch = manifest.architecture
     model_file = paths[manifest.graph.file]
     _check_graph(model_file, arch, lambda name: name in manifest.files, f"{folder / MANIFEST} does not list it")
