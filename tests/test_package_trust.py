@@ -290,15 +290,51 @@ def run_with_timeout(*args):
     )
 
 
-@pytest.mark.parametrize("fifo", ["model.onnx.data", "manifest.json"])
-def test_a_fifo_in_the_package_never_hangs_a_command(fifo, tiny_package_int8, tmp_path):
+EMPTY = {"size": 0, "sha256": hashlib.sha256(b"").hexdigest()}  # what a FIFO or /dev/zero seems to hold
+
+
+def fifo_tokenizer(folder):
+    (folder / "tokenizer.json").unlink()
+    os.mkfifo(folder / "tokenizer.json")
+    m = read_manifest(folder)
+    m["files"]["tokenizer.json"] = EMPTY
+    write_manifest(folder, m)
+
+
+def fifo_manifest(folder):
+    (folder / "manifest.json").unlink()
+    os.mkfifo(folder / "manifest.json")
+
+
+def dev_zero_listed(folder):
+    m = read_manifest(folder)
+    m["files"]["/dev/zero"] = EMPTY
+    write_manifest(folder, m)
+
+
+def dev_zero_linked(folder):
+    (folder / "zeros").symlink_to("/dev/zero")
+    m = read_manifest(folder)
+    m["files"]["zeros"] = EMPTY
+    write_manifest(folder, m)
+
+
+HANGS = {
+    fifo_tokenizer: "not a regular file",
+    fifo_manifest: "not a regular file",
+    dev_zero_listed: "plain file name",
+    dev_zero_linked: "outside the package folder",
+}
+
+
+@pytest.mark.parametrize("craft", HANGS, ids=lambda craft: craft.__name__)
+def test_a_fifo_or_a_device_never_hangs_a_command(craft, tiny_package_int8, tmp_path):
     """verify, generate and serve (which reads the manifest before it starts, for huge pages) all return."""
     folder = copy(tiny_package_int8, tmp_path)
-    (folder / fifo).unlink()
-    os.mkfifo(folder / fifo)
+    craft(folder)
     for args in (["verify", folder], ["generate", "-m", folder, "hi"], ["serve", folder, "--port", "0"]):
-        done = run_with_timeout(*args)  # before: blocked forever opening the FIFO
-        assert done.returncode != 0 and "not a regular file" in done.stderr, done.stderr
+        done = run_with_timeout(*args)  # before: blocked forever opening the FIFO, or read /dev/zero forever
+        assert done.returncode != 0 and HANGS[craft] in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
 
 
