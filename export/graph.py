@@ -8,15 +8,13 @@ import math
 
 import numpy as np
 
-from edgelm.runtime.architecture import Architecture
-from edgelm.runtime.embeddings import ALIGN
+from edgelm.runtime.package_format import ALIGN, TOKEN_ROWS, TOKEN_SCALE, Architecture
 
 from .onnx_builder import FLOAT, INT8, INT64, MS_DOMAIN, GraphBuilder
 from .quantize import INT4_BLOCK, quantize_int4, quantize_int8
 
 OPSET = 17
 EMBEDDINGS_OUTSIDE = ("int8",)  # recipes whose graph takes inputs_embeds: the runtime looks tokens up
-TOKEN_ROWS, TOKEN_SCALE = "transformer.wte.weight_int8", "transformer.wte.weight_scale"  # + ".{part}"
 LM_HEAD_PARTS = 4
 MASKED = float(np.finfo(np.float32).min) / 2  # added to a score: exp() underflows to exactly 0
 

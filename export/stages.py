@@ -14,13 +14,25 @@ from typing import Callable
 
 import numpy as np
 
+from edgelm.runtime.package_format import (
+    GENERATION_CONFIG,
+    GRAPH_FILE,
+    HF_CONFIG,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    Graph,
+    Manifest,
+    TensorInfo,
+    Validation,
+    Weights,
+)
 from edgelm.runtime.store import check_name
 
 from .checkpoint import load_checkpoint
 from .errors import ExportError
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
-from .weights_file import WEIGHTS_FILE, split_weights
+from .weights_file import split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
@@ -126,42 +138,37 @@ def export_model(
     shipped = split_weights(final_bytes)  # what is written: model.onnx and model.onnx.data
 
     if validate:
-        validation = _validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize, stage)
+        validation = Validation.from_dict(_validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize, stage))
     else:
-        validation = {"skipped": "exported with validate=False: no comparison against PyTorch was made"}
+        validation = Validation({}, skipped="exported with validate=False: no comparison against PyTorch was made")
 
     stage("save", "start", str(output))
     writer = PackageWriter(output)
     try:
-        writer.write_bytes("model.onnx", shipped.graph)
+        writer.write_bytes(GRAPH_FILE, shipped.graph)
         writer.write_bytes(WEIGHTS_FILE, shipped.data)
-        writer.write_bytes("tokenizer.json", tokenizer_json.encode())
-        for name in ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json"):
+        writer.write_bytes(TOKENIZER_FILE, tokenizer_json.encode())
+        for name in (HF_CONFIG, GENERATION_CONFIG, "tokenizer_config.json", "special_tokens_map.json"):
             if (checkpoint.folder / name).exists():
                 writer.copy(name, checkpoint.folder / name)
         if tokenizer_config is not None:  # without auto_map, with the chat template
             writer.write_json("tokenizer_config.json", tokenizer_config)
-        if not (checkpoint.folder / "generation_config.json").exists():
-            writer.write_json(
-                "generation_config.json", {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id}
-            )
-        timings_so_far = dict(timings)
+        if not (checkpoint.folder / GENERATION_CONFIG).exists():
+            writer.write_json(GENERATION_CONFIG, {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id})
         manifest = writer.publish(
-            {
-                "name": package_name,
-                "architecture": arch.to_dict(),
-                "graph": _graph_section(shipped) | {"kv_cache": _kv_cache_description(kv_cache)},
-                "tokenizer": "tokenizer.json",
-                "weights": {
-                    "dtype": "float32" if quantize == "none" else quantize,
-                    "tied_embedding_stored_once": True,
-                    "quantization": recipe_description(quantize),
-                },
-                "source": checkpoint.source | {"weights_file": checkpoint.weight_file},
-                "tools": _tool_versions() | {"onnx_opset": OPSET},
-                "validation": validation,
-                "export_seconds": timings_so_far,
-            }
+            Manifest(
+                name=package_name,
+                architecture=arch,
+                graph=_graph_section(shipped, kv_cache),
+                tokenizer=TOKENIZER_FILE,
+                weights=Weights(
+                    dtype="float32" if quantize == "none" else quantize, quantization=recipe_description(quantize)
+                ),
+                source=checkpoint.source | {"weights_file": checkpoint.weight_file},
+                tools=_tool_versions() | {"onnx_opset": OPSET},
+                validation=validation,
+                export_seconds=dict(timings),
+            )
         )
     except BaseException:
         writer.discard()
@@ -195,24 +202,25 @@ def _optimize(model) -> bytes:
     return model.SerializeToString()
 
 
-def _graph_section(shipped) -> dict:
+def _graph_section(shipped, kv_cache: str) -> Graph:
     import onnx
 
     model = onnx.load_model_from_string(shipped.graph)
-    describe = lambda v: {
-        "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name,  # noqa: E731
-        "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
-    }
-    return {
-        "file": "model.onnx",
-        "opset": OPSET,
-        "inputs": {v.name: describe(v) for v in model.graph.input},
-        "outputs": {v.name: describe(v) for v in model.graph.output},
-        "logits_to_keep": "optional scalar input, default 0 = logits for every position; 1 = last position only",
-        "past_layout": "[batch, heads, past_sequence, head_size]",
-        "kv_cache_in_place": True,  # past and present may be bound to one [batch, heads, capacity, head_size] buffer
-        "weights_file": WEIGHTS_FILE,
-    } | ({"token_embeddings": shipped.token_embeddings} if shipped.token_embeddings else {})
+
+    def describe(value) -> TensorInfo:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+        return TensorInfo(dtype, tuple(d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim))
+
+    return Graph(
+        file=GRAPH_FILE,
+        opset=OPSET,
+        inputs={v.name: describe(v) for v in model.graph.input},
+        outputs={v.name: describe(v) for v in model.graph.output},
+        kv_cache_in_place=True,  # past and present may be bound to one [batch, heads, capacity, head_size] buffer
+        weights_file=WEIGHTS_FILE,
+        token_embeddings=shipped.token_embeddings,
+        kv_cache=_kv_cache_description(kv_cache),
+    )
 
 
 def _kv_cache_description(kv_cache: str) -> dict:

@@ -14,12 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edgelm.runtime.embeddings import ALIGN, TokenEmbeddings
-
+from edgelm.runtime.embeddings import TokenEmbeddings
+from edgelm.runtime.package_format import ALIGN, TOKEN_ROWS, TOKEN_SCALE, WEIGHTS_FILE, Region, TokenTable
 from .errors import ExportError
-from .graph import TOKEN_ROWS, TOKEN_SCALE
 
-WEIGHTS_FILE = "model.onnx.data"
 INLINE_BELOW = 1024  # bytes: smaller tensors (shapes, scalars) stay in model.onnx
 ALIGN_FROM = 1 << 20  # bytes: tensors this large start at an ALIGN boundary, so onnxruntime can map them
 
@@ -32,7 +30,7 @@ class ShippedGraph:
     graph: bytes
     data: bytes
     weights: dict
-    token_embeddings: dict | None  # the manifest's graph.token_embeddings, for graphs that take inputs_embeds
+    token_embeddings: TokenTable | None  # the manifest's graph.token_embeddings, for graphs that take inputs_embeds
 
     def embeddings(self) -> TokenEmbeddings | None:
         if self.token_embeddings is None:
@@ -69,7 +67,7 @@ def split_weights(model_bytes: bytes) -> ShippedGraph:
     return ShippedGraph(model.SerializeToString(), b"".join(chunks), weights, _token_section(weights, offsets))
 
 
-def _token_section(weights: dict, offsets: dict) -> dict | None:
+def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
     """Where the token rows and their scales are in model.onnx.data; None for a graph that takes input_ids."""
     parts = _token_parts(weights)
     if not parts:
@@ -83,12 +81,11 @@ def _token_section(weights: dict, offsets: dict) -> dict | None:
             raise ExportError(
                 f"the token table's parts are not contiguous in {WEIGHTS_FILE}; please report this with the checkpoint's config.json."
             )
-    return {
-        "file": WEIGHTS_FILE,
-        "rows": {"dtype": "int8", "shape": [rows, width], "offset": offsets[parts[0]]},
-        "scale": {"dtype": "float32", "shape": [rows], "offset": offsets[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]},
-        "embedding": "row * scale. The runtime reads the rows it needs; the LM head's QGemm parts name the same bytes.",
-    }
+    return TokenTable(
+        WEIGHTS_FILE,
+        Region("int8", (rows, width), offsets[parts[0]]),
+        Region("float32", (rows,), offsets[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]),
+    )
 
 
 def _token_parts(weights: dict) -> list:

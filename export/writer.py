@@ -23,7 +23,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from edgelm.runtime.package import FORMAT, FORMAT_VERSION, MANIFEST, file_record
+from dataclasses import replace
+
+from edgelm.runtime.package import file_record
+from edgelm.runtime.package_format import MANIFEST, FileRecord, FormatError, Manifest
 
 from .errors import ExportError
 
@@ -141,16 +144,18 @@ class PackageWriter:
                 ) from None
             raise ExportError(f"cannot write {name} to {self.output.parent}: {error.strerror}.") from None
 
-    def publish(self, manifest: dict) -> dict:
-        """Checksum every file, write the manifest last, then move the folder into place."""
-        files = {p.name: file_record(p) for p in sorted(self.partial.iterdir())}
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            **manifest,
-            "files": files,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
+    def publish(self, manifest: Manifest) -> dict:
+        """Checksum every file, write the manifest last, then move the folder into place. Returns the manifest
+        as written; it is read back first, as the runtime will read it, so no export writes one it refuses."""
+        files = {p.name: FileRecord(**file_record(p)) for p in sorted(self.partial.iterdir())}
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        manifest = replace(manifest, files=files, created=created).to_dict()
+        try:
+            Manifest.from_dict(manifest)
+        except FormatError as error:
+            raise ExportError(
+                f"the package's manifest does not fit its own format ({error}); please report this."
+            ) from None
         self.write_json(MANIFEST, manifest)
         with _signals_held():  # from here on the export either fails with the old package in place or succeeds
             try:

@@ -60,7 +60,7 @@ def pack(package=None, output=None, force: bool = False) -> Packed:
     if output.exists() and not force:
         raise StoreError(f"{output} already exists; pass --force to replace it, or choose another file with -o.")
     partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
-    members = [MANIFEST, *sorted(package.manifest["files"])]
+    members = [MANIFEST, *sorted(package.manifest.files)]
     try:
         with zipfile.ZipFile(partial, "w") as archive:
             for member in members:
@@ -149,7 +149,7 @@ def extract(archive_path: Path, folder: Path, source: str, before_writing=None) 
         if members[MANIFEST].file_size > MANIFEST_LIMIT:
             raise PackageError(f"{source}: {MANIFEST} is too large to be a package manifest.")
         manifest = read_manifest(_read(archive, members[MANIFEST], MANIFEST_LIMIT, source), f"{MANIFEST} in {source}")
-        listed = manifest["files"]
+        listed = manifest.files
         extra = sorted(set(members) - set(listed) - {MANIFEST})
         if extra:
             raise PackageError(
@@ -161,15 +161,15 @@ def extract(archive_path: Path, folder: Path, source: str, before_writing=None) 
                 f"{source} lacks {', '.join(missing)}, which its manifest lists: the archive is incomplete. Nothing was installed."
             )
         for member, record in listed.items():
-            if members[member].file_size != record["size"]:
+            if members[member].file_size != record.size:
                 raise PackageError(
-                    f"{source}: {member} is {members[member].file_size} bytes in the archive but {record['size']} in the manifest. Nothing was installed."
+                    f"{source}: {member} is {members[member].file_size} bytes in the archive but {record.size} in the manifest. Nothing was installed."
                 )
         if before_writing is not None:
             before_writing(manifest)
-        check_free_space(sum(r["size"] for r in listed.values()) + members[MANIFEST].file_size)
+        check_free_space(sum(r.size for r in listed.values()) + members[MANIFEST].file_size)
         for member, info in members.items():
-            limit = MANIFEST_LIMIT if member == MANIFEST else listed[member]["size"]
+            limit = MANIFEST_LIMIT if member == MANIFEST else listed[member].size
             _extract_member(archive, info, folder / member, limit, source)
     return manifest
 
@@ -277,10 +277,10 @@ def _check_hex(text: str) -> str:
     return text
 
 
-def _manifest_name(manifest: dict, source: str) -> str:
+def _manifest_name(manifest, source: str) -> str:
     try:
-        return check_name(manifest.get("name"))
+        return check_name(manifest.name)
     except StoreError:
         raise StoreError(
-            f"the package in {source} is named {manifest.get('name')!r}, which is not a valid store name; install it with --name NAME."
+            f"the package in {source} is named {manifest.name!r}, which is not a valid store name; install it with --name NAME."
         ) from None

@@ -183,48 +183,7 @@ def info(package, as_json):
         pkg = open_package(package or DEFAULT_PACKAGE, verify=False)
     except EdgelmError as error:
         _fail(error)
-    m = pkg.manifest
-    if as_json:
-        click.echo(json.dumps(m or {"kind": pkg.kind, "architecture": pkg.arch.to_dict()}, indent=2))
-        return
-    a = pkg.arch
-    click.echo(f"{pkg.name}  ({pkg.kind} package at {pkg.folder})")
-    click.echo(
-        f"  architecture  {a.model_type}: {a.n_layer} layers, {a.n_head} heads x {a.head_size}, width {a.n_embd}, {a.n_positions} positions, vocab {a.vocab_size}, eos {a.eos_token_id}"
-    )
-    if not m:
-        return
-    q = m["weights"]["quantization"]
-    lookup = (
-        f", token rows read from {m['graph']['token_embeddings']['file']} by the runtime"
-        if "token_embeddings" in m["graph"]
-        else ""
-    )
-    click.echo(f"  weights       {m['weights']['dtype']} ({q.get('weights')}), tied embedding stored once{lookup}")
-    click.echo(
-        f"  KV cache      {m['graph'].get('kv_cache', {}).get('dtype', 'float32')}, updated in place: {bool(m['graph'].get('kv_cache_in_place'))}"
-    )
-    click.echo(
-        f"  source        {m['source'].get('hub_id') or m['source'].get('local_path')} {m['source'].get('revision') or ''}".rstrip()
-    )
-    click.echo("  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))
-    v = m.get("validation", {})
-    fp32 = v.get("fp32", {})
-    click.echo(
-        f"  fp32 parity   max logits rel. error {fp32.get('max_logits_relative_error', float('nan')):.1e}, cache path {fp32.get('max_cache_path_relative_error', float('nan')):.1e}, greedy identical {fp32.get('greedy_identical')}"
-    )
-    for recipe in ("int8", "int4"):
-        if recipe in v:
-            r = v[recipe]
-            cached = (
-                f", through the cache {r['cache_path_mean_kl_divergence']:.4f}"
-                if "cache_path_mean_kl_divergence" in r
-                else ""
-            )
-            click.echo(
-                f"  {recipe} quality  top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_divergence']:.4f}{cached}, greedy agreement {r['greedy_agreement']:.3f}, perplexity {r['perplexity_reference']:.2f} -> {r['perplexity']:.2f} ({r['perplexity_change']:+.2%})"
-            )
-    click.echo("  made with     " + ", ".join(f"{k} {v}" for k, v in m["tools"].items() if v is not None))
+    click.echo(json.dumps(pkg.to_dict(), indent=2) if as_json else pkg.describe())
 
 
 @main.command()
@@ -238,7 +197,7 @@ def verify(package):
     except EdgelmError as error:
         _fail(error)
     click.echo(
-        f"OK: {len(pkg.manifest.get('files', {}))} files of {pkg.folder} match their sha256"
+        f"OK: {len(pkg.manifest.files)} files of {pkg.folder} match their sha256"
         if pkg.manifest
         else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify"
     )

@@ -6,7 +6,7 @@ that a plain Gather reads next to the copy it prepacks for the LM head, so an in
 twice (38.6 MB more for distilgpt2 int8). The LM head names the same bytes of model.onnx.data as ONNX external
 data: one copy on disk, one prepacked copy in memory, and a few rows read per step here.
 
-The manifest's graph.token_embeddings says where: int8 rows [V, C] at `rows.offset` and one float32 scale
+The manifest's graph.token_embeddings (package_format.TokenTable) says where: int8 rows [V, C] at `rows.offset` and one float32 scale
 per row [V] at `scale.offset`; an embedding is row * scale.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import PackageError
-
-ALIGN = 65536  # offsets of the table and its scales: onnxruntime maps aligned external data (64 KiB on Windows)
+from .package_files import open_regular
+from .package_format import TokenTable
 
 
 class TokenEmbeddings:
@@ -37,35 +37,25 @@ class TokenEmbeddings:
         return cls(read_row, np.asarray(scale, dtype=np.float32), rows.shape[1])
 
     @classmethod
-    def open(cls, folder: Path, description: dict, vocab_size: int, width: int) -> "TokenEmbeddings":
+    def open(cls, path: Path, table: TokenTable) -> "TokenEmbeddings":
+        """The rows and scales of `table` (checked against the format already) in the file at `path`."""
+        vocab_size, width = table.rows.shape
+        handle = open_regular(path)
         try:
-            path = folder / description["file"]
-            rows, scale = description["rows"], description["scale"]
-            row_offset, scale_offset = int(rows["offset"]), int(scale["offset"])
-            shapes_ok = (
-                rows["dtype"] == "int8"
-                and list(rows["shape"]) == [vocab_size, width]
-                and scale["dtype"] == "float32"
-                and list(scale["shape"]) == [vocab_size]
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise PackageError(
-                f"{folder / 'manifest.json'} describes graph.token_embeddings incompletely ({error!r}); export the package again."
-            ) from None
-        if not shapes_ok:
-            raise PackageError(
-                f"{folder / 'manifest.json'}: graph.token_embeddings must be int8 rows [{vocab_size}, {width}] and float32 scales [{vocab_size}], as edgelm export writes them."
-            )
-        try:
-            handle = open(path, "rb")
-            handle.seek(scale_offset)
-            scale_values = np.frombuffer(handle.read(4 * vocab_size), dtype=np.float32)
+            if os.fstat(handle.fileno()).st_size < max(r.offset + r.nbytes for r in (table.rows, table.scale)):
+                raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
+            handle.seek(table.scale.offset)
+            scale_values = np.frombuffer(handle.read(table.scale.nbytes), dtype=np.float32)
         except OSError as error:
+            handle.close()
             raise PackageError(f"cannot read {path}: {error.strerror}. Export the package again.") from None
+        except PackageError:
+            handle.close()
+            raise
         if scale_values.size != vocab_size:
             handle.close()
             raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
-        return cls(_row_reader(handle, path, row_offset, width), scale_values, width)
+        return cls(_row_reader(handle, path, table.rows.offset, width), scale_values, width)
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         flat = np.asarray(ids, dtype=np.int64).reshape(-1)

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from .errors import PackageError, StoreError
-from .package import MANIFEST
+from .package_format import MANIFEST
 from .store import (
     check_free_space,
     check_name,
@@ -48,7 +48,7 @@ def pull(repo_id: str, revision: str | None = None, name: str | None = None, for
         with store_writes(), _hub_errors(repo_id, revision):
             path = hf_hub_download(repo_id, MANIFEST, revision=info.sha, local_dir=folder, endpoint=endpoint)
         manifest = read_manifest_file(Path(path), f"{MANIFEST} of {repo_id}")
-        listed = set(manifest["files"])
+        listed = set(manifest.files)
         if missing := sorted(listed - repo_files):
             raise PackageError(
                 f"{repo_id} lacks {', '.join(missing)}, which its manifest lists; the repo is incomplete."
@@ -64,7 +64,7 @@ def pull(repo_id: str, revision: str | None = None, name: str | None = None, for
                 f"the package in {repo_id} is named {manifest.get('name')!r}, which is not a valid store name; pull it with --name NAME."
             ) from None
         refuse_taken(name, force)
-        check_free_space(sum(record["size"] for record in manifest["files"].values()))
+        check_free_space(sum(record.size for record in manifest.files.values()))
     except (PackageError, StoreError):
         shutil.rmtree(folder, ignore_errors=True)
         raise

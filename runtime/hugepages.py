@@ -18,11 +18,13 @@ restart themselves once with it, first thing (launch.py says why not `generate`;
 off). A program that embeds the runtime sets it in its own environment.
 """
 
-import json
 import os
 import re
 import sys
 from pathlib import Path
+
+from .errors import PackageError
+from .package import read_manifest
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "EDGELM_HUGE_PAGES"  # "0": never restart the command for huge pages
@@ -62,9 +64,8 @@ def environment_with_huge_pages(environ, platform: str, thp: str | None, libc: t
 def gains(package_folder) -> bool:
     """Whether the package's weights are of a recipe that huge pages speed up (read from its manifest only)."""
     try:
-        manifest = json.loads((Path(package_folder) / "manifest.json").read_text())
-        return manifest["weights"]["quantization"]["method"] in RECIPES
-    except (OSError, ValueError, KeyError, TypeError):  # no package there, or not edgelm's: the load will say so
+        return read_manifest(Path(package_folder)).weights.method in RECIPES
+    except PackageError:  # no package there, or not edgelm's: the load will say so
         return False
 
 

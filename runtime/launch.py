@@ -11,6 +11,7 @@ import sys
 
 from .hugepages import restart_with_huge_pages
 from .package import DEFAULT_PACKAGE
+from .package_format import MANIFEST
 
 RESTARTING_COMMANDS = ("serve", "bench")  # long-running: the restart's ~0.1 s is paid back many times
 
@@ -20,7 +21,7 @@ def package_to_load(args: list[str]):
     that is a package folder (has a manifest.json), else the default package; None for the other commands."""
     if not args or args[0] not in RESTARTING_COMMANDS:
         return None
-    return next((arg for arg in args[1:] if os.path.isfile(os.path.join(arg, "manifest.json"))), DEFAULT_PACKAGE)
+    return next((arg for arg in args[1:] if os.path.isfile(os.path.join(arg, MANIFEST))), DEFAULT_PACKAGE)
 
 
 def command():

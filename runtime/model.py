@@ -19,6 +19,7 @@ from .errors import GenerationOptionError, PackageError, PromptError
 from .batch import MAX_BATCH_TOKENS, Batch, Stream
 from .chat_template import ChatTemplate
 from .package import DEFAULT_PACKAGE, Package, open_package
+from .package_format import GENERATION_CONFIG, MANIFEST
 from .sampling import log_softmax
 from .session import create_session, graph_io, release_freed_memory
 
@@ -42,27 +43,26 @@ class Model:
     def __init__(self, package: Package, device: str = "auto", threads: int | None = None):
         self.package, self.arch = package, package.arch
         try:
-            self.tokenizer = Tokenizer.from_file(str(package.tokenizer_file))
+            self.tokenizer = Tokenizer.from_str(package.tokenizer_text())
+        except PackageError:
+            raise
         except Exception as error:  # tokenizers raises a bare Exception for a damaged file
-            raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {error}") from None
+            raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {str(error)[:200]}") from None
         session, self.device = create_session(package.model_file, device, threads)
-        graph = package.manifest.get("graph", {})
-        io = graph_io(session, self.arch.n_layer, bool(graph.get("kv_cache_in_place", False)))
+        _check_graph_shapes(session, package)
+        graph = package.manifest.graph if package.manifest else None
+        io = graph_io(session, self.arch.n_layer, bool(graph and graph.kv_cache_in_place))
         embeddings = None
         if io.takes_embeddings:
-            if "token_embeddings" not in graph:
+            if graph is None or graph.token_embeddings is None:
                 raise PackageError(
-                    f"{package.model_file} takes inputs_embeds, but {package.folder / 'manifest.json'} does not describe its token_embeddings; export the package again."
+                    f"{package.model_file} takes inputs_embeds, but {package.folder / MANIFEST} does not describe its token_embeddings; export the package again."
                 )
-            embeddings = TokenEmbeddings.open(
-                package.folder, graph["token_embeddings"], self.arch.vocab_size, self.arch.n_embd
-            )
+            embeddings = TokenEmbeddings.open(package.path(graph.token_embeddings.file), graph.token_embeddings)
         self.engine = Engine(
             session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings
         )
-        self.defaults = GenerationConfig.from_generation_config_json(
-            package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id, self.arch.vocab_size
-        )
+        self.defaults = _generation_defaults(package)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
         release_freed_memory()
@@ -233,6 +233,47 @@ class Model:
         if batch.config.num_return_sequences != 1:
             raise GenerationOptionError("chat_stream() yields one reply; use chat_batch() to stream several rows")
         return Stream(batch)
+
+
+def _check_graph_shapes(session, package: Package) -> None:
+    """The graph must be the one the package describes: one logit per vocabulary entry, a cache input pair per
+    layer, each [batch, n_head, past, head_size], wherever the graph gives those sizes as numbers."""
+    arch, inputs = package.arch, session.get_inputs()
+    columns = next((o.shape[-1] for o in session.get_outputs() if o.name == "logits" and o.shape), None)
+    past = [i for i in inputs if i.name.startswith("past_key_values.")]
+    expected = (arch.n_head, arch.head_size)
+    wrong = next(
+        (
+            i
+            for i in past
+            if len(i.shape) != 4 or any(isinstance(d, int) and d != e for d, e in zip(i.shape[1::2], expected))
+        ),
+        None,
+    )
+    problem = (
+        f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
+        if isinstance(columns, int) and columns != arch.vocab_size
+        else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
+        if len(past) != 2 * arch.n_layer
+        else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.n_head}, past, {arch.head_size}] as the package says"
+        if wrong is not None
+        else None
+    )
+    if problem:
+        raise PackageError(f"{package.model_file} {problem}; the package is damaged. Export it again.")
+
+
+def _generation_defaults(package: Package) -> GenerationConfig:
+    """The package's generation_config.json as settings: untrusted like the rest, so one clear error if it is off."""
+    arch = package.arch
+    try:
+        return GenerationConfig.from_generation_config_json(
+            package.generation_defaults, arch.eos_token_id, arch.pad_token_id, arch.vocab_size
+        )
+    except (GenerationOptionError, TypeError, ValueError, AttributeError) as error:
+        raise PackageError(
+            f"{package.folder / GENERATION_CONFIG} holds a setting edgelm cannot use ({str(error)[:200]}); fix or remove it, or export the package again."
+        ) from None
 
 
 def load(path=None, device: str = "auto", threads: int | None = None, verify: bool = True) -> Model:

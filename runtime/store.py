@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PackageError, StoreError
-from .package import DEFAULT_PACKAGE, FORMAT, MANIFEST, Package, open_package
+from .package import DEFAULT_PACKAGE, Package, open_package
+from .package_format import MANIFEST, MAX_MANIFEST_BYTES, FormatError, Manifest
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a store name, and a package file name inside a package
 WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
-MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is a few KB; anything near this is not one
+MANIFEST_LIMIT = MAX_MANIFEST_BYTES
 META, TEMP, PULL, TRASH = ".meta", ".tmp-", ".pull-", ".trash-"
 
 
@@ -68,7 +69,7 @@ class Installed:
 
     name: str
     folder: Path
-    manifest: dict
+    manifest: Manifest | None  # None: unreadable
     source: dict  # {"hub": repo, "revision": ..., "commit": ...} or {"archive": file or URL, "sha256": ...}
     size: int  # bytes on disk
 
@@ -76,9 +77,7 @@ class Installed:
     def recipe(self) -> str:
         if not self.manifest:
             return f"damaged (unreadable manifest): edgelm rm {self.name}"
-        weights = self.manifest.get("weights", {}).get("dtype", "?")
-        kv_cache = self.manifest.get("graph", {}).get("kv_cache", {}).get("dtype", "float32")
-        return f"{weights} weights, {kv_cache} KV cache"
+        return f"{self.manifest.weights.dtype} weights, {self.manifest.graph.kv_cache_dtype} KV cache"
 
     @property
     def source_text(self) -> str:
@@ -100,7 +99,7 @@ def installed() -> list[Installed]:
         try:
             manifest = open_package(folder, verify=False).manifest
         except PackageError:
-            manifest = {}
+            manifest = None
         size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
         found.append(Installed(folder.name, folder, manifest, _read_record(folder.name), size))
     return found
@@ -186,24 +185,19 @@ def how_to_get_one() -> str:
 # --- installing ----------------------------------------------------------------------------------------
 
 
-def read_manifest(data: bytes, where: str) -> dict:
-    """Parse a manifest that came from outside and check what install relies on: the edgelm format and a file list
-    of plain names with sizes and sha256s (so no listed file can point outside its folder)."""
+def read_manifest(data: bytes, where: str) -> Manifest:
+    """Parse a manifest that came from outside and check it against the package format, all of it (every listed
+    file a plain name in the package folder, with its size and sha256)."""
     try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        manifest = None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise PackageError(f"{where} is not an edgelm package manifest; only packages made by edgelm export install.")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        raise PackageError(f"{where} lists no files; the manifest is damaged.")
-    for name, record in files.items():
-        if not NAME.fullmatch(name) or name == MANIFEST:
-            raise PackageError(f"{where} lists {name!r}, which is not a plain file name in the package folder.")
-        if not isinstance(record, dict) or not isinstance(record.get("size"), int) or record["size"] < 0:
-            raise PackageError(f"{where} records no valid size for {name!r}; the manifest is damaged.")
-    return manifest
+        return Manifest.from_dict(json.loads(data.decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise PackageError(
+            f"{where} is not an edgelm package manifest; only packages made by edgelm export install."
+        ) from None
+    except FormatError as error:
+        raise PackageError(
+            f"{where} does not fit the edgelm package format: {error}. {error.advice or 'Nothing was installed.'}"
+        ) from None
 
 
 def check_package(folder: Path) -> Package:
@@ -214,7 +208,7 @@ def check_package(folder: Path) -> Package:
     for entry in folder.iterdir():
         if entry.is_symlink() or not entry.is_file():
             raise PackageError(f"{entry} is not a regular file; a package holds only the files its manifest lists.")
-        if entry.name != MANIFEST and entry.name not in manifest["files"]:
+        if entry.name != MANIFEST and entry.name not in manifest.files:
             raise PackageError(f"{entry} is not listed in the package's manifest; edgelm installs only verified files.")
     return open_package(folder, verify=True)
 

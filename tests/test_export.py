@@ -153,8 +153,11 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     stored = np.frombuffer(data, np.int8, count=rows.size, offset=section["rows"]["offset"]).reshape(rows.shape)
     np.testing.assert_array_equal(stored, rows)
     from edgelm.runtime.embeddings import TokenEmbeddings
+    from edgelm.runtime.package import read_manifest
 
-    lookup = TokenEmbeddings.open(tiny_package_int8, section, 320, 32)
+    lookup = TokenEmbeddings.open(
+        tiny_package_int8 / section["file"], read_manifest(tiny_package_int8).graph.token_embeddings
+    )
     scale = np.frombuffer(data, np.float32, count=320, offset=section["scale"]["offset"])
     ids = np.array([[0, 5, 319], [7, 7, 1]])
     np.testing.assert_array_equal(lookup(ids), (rows[ids] * scale[ids][..., None]).astype(np.float32))
@@ -246,7 +249,7 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(four.graph).graph.node) == 4
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(one.graph).graph.node) == 1
     section = four.token_embeddings
-    rows = np.frombuffer(four.data, np.int8, count=320 * 32, offset=section["rows"]["offset"]).reshape(320, 32)
+    rows = np.frombuffer(four.data, np.int8, count=320 * 32, offset=section.rows.offset).reshape(320, 32)
     np.testing.assert_array_equal(rows, one.weights["transformer.wte.weight_int8.0"])
     ids = np.array([[3, 100, 319, 5, 0]])
     mask = np.ones_like(ids)

@@ -496,17 +496,17 @@ def test_an_int8_package_with_a_damaged_token_table_description_is_refused(tiny_
     with pytest.raises(PackageError, match=r"int8 rows \[320, 32\]"):
         rt.load(folder)
     edit_manifest(folder, graph=graph | {"token_embeddings": {"file": "model.onnx.data"}})
-    with pytest.raises(PackageError, match="incompletely"):
+    with pytest.raises(PackageError, match="token_embeddings.rows is missing"):
         rt.load(folder)
 
 
 def test_an_int8_package_reads_token_rows_not_the_whole_table(tiny_package_int8):
     """The lookup reads one row per token from the weights file: the same embeddings as the stored table."""
     model = rt.load(tiny_package_int8)
-    section = model.package.manifest["graph"]["token_embeddings"]
-    data = (tiny_package_int8 / section["file"]).read_bytes()
-    rows = np.frombuffer(data, np.int8, count=320 * 32, offset=section["rows"]["offset"]).reshape(320, 32)
-    scale = np.frombuffer(data, np.float32, count=320, offset=section["scale"]["offset"])
+    section = model.package.manifest.graph.token_embeddings
+    data = (tiny_package_int8 / section.file).read_bytes()
+    rows = np.frombuffer(data, np.int8, count=320 * 32, offset=section.rows.offset).reshape(320, 32)
+    scale = np.frombuffer(data, np.float32, count=320, offset=section.scale.offset)
     reads = []
     original = model.engine.embeddings._read_row
     model.engine.embeddings._read_row = lambda token, out: (reads.append(token), original(token, out))
