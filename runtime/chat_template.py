@@ -61,7 +61,7 @@ class ChatTemplate:
     def from_package(cls, package) -> "ChatTemplate":
         """The package's template, or the default one. Never raises: a damaged file fails at chat time."""
         name = "tokenizer_config.json"
-        listed = name in package.manifest.get("files", {}) if package.manifest else True
+        listed = name in package.manifest.files if package.manifest else True
         path = package.folder / name
         if not listed or not path.is_file() or path.is_symlink():
             return cls.default()
@@ -226,7 +226,7 @@ def _token_text(value):
 def _special_tokens_map(folder: Path, manifest: dict) -> dict:
     name = "special_tokens_map.json"
     path = folder / name
-    if (manifest and name not in manifest.get("files", {})) or not path.is_file() or path.is_symlink():
+    if (manifest and name not in manifest.files) or not path.is_file() or path.is_symlink():
         return {}
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:

@@ -58,10 +58,10 @@ def pull(repo_id: str, revision: str | None = None, name: str | None = None, for
                 f"{repo_id} holds {', '.join(extra)}, which its manifest does not list; edgelm installs only verified files."
             )
         try:
-            name = name or check_name(manifest.get("name"))
+            name = name or check_name(manifest.name)
         except StoreError:
             raise StoreError(
-                f"the package in {repo_id} is named {manifest.get('name')!r}, which is not a valid store name; pull it with --name NAME."
+                f"the package in {repo_id} is named {manifest.name!r}, which is not a valid store name; pull it with --name NAME."
             ) from None
         refuse_taken(name, force)
         check_free_space(sum(record.size for record in manifest.files.values()))

@@ -195,9 +195,8 @@ def read_manifest(data: bytes, where: str) -> Manifest:
             f"{where} is not an edgelm package manifest; only packages made by edgelm export install."
         ) from None
     except FormatError as error:
-        raise PackageError(
-            f"{where} does not fit the edgelm package format: {error}. {error.advice or 'Nothing was installed.'}"
-        ) from None
+        advice = error.advice or "Nothing was installed."
+        raise PackageError(f"{where} is not an edgelm package this edgelm can install: {error}. {advice}") from None
 
 
 def check_package(folder: Path) -> Package:

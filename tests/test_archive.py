@@ -165,7 +165,7 @@ CASES = {
                 ).encode()
             }
         ),
-        "not a plain file name",
+        "a plain file name",
     ),
 }
 

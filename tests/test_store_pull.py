@@ -86,7 +86,7 @@ def test_a_repo_that_is_not_an_edgelm_package(hub, store):
 
 
 def test_a_manifest_of_another_format(hub, store):
-    pulled_fails(hub, store, {"manifest.json": b'{"format": "something-else"}'}, "not an edgelm package manifest")
+    pulled_fails(hub, store, {"manifest.json": b'{"format": "something-else"}'}, "not an edgelm package")
 
 
 def test_a_repo_with_files_the_manifest_does_not_list(tiny_package, hub, store):
@@ -108,7 +108,7 @@ def test_a_tampered_file_is_refused_and_not_kept(tiny_package, hub, store):
 def test_a_manifest_listing_a_path_outside_the_folder(tiny_package, hub, store):
     manifest = json.loads((tiny_package / "manifest.json").read_text())
     manifest["files"]["../evil"] = {"size": 1, "sha256": "0" * 64}
-    pulled_fails(hub, store, {"manifest.json": json.dumps(manifest).encode()}, "not a plain file name")
+    pulled_fails(hub, store, {"manifest.json": json.dumps(manifest).encode()}, "a plain file name")
 
 
 def test_unknown_repo_revision_and_bad_ids(tiny_package, hub, store):
