@@ -18,6 +18,7 @@ from .errors import GenerationOptionError, PackageError, PromptError
 from .batch import Completion, Batch
 from .package import DEFAULT_PACKAGE, Package, open_package
 from .sampling import log_softmax
+from .sampling import top_logprobs as most_likely
 from .session import create_session, graph_io, release_freed_memory
 
 
@@ -29,6 +30,7 @@ class Score:
     tokens: list  # each token's own text
     logprobs: list  # log p(token | everything before it); the first token is conditioned on end-of-text
     perplexity: float
+    top_logprobs: list | None = None  # per token, with top_logprobs=N: [{"token_id", "token", "logprob"}, ...]
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -100,12 +102,16 @@ class Model:
             raise GenerationOptionError("stream() yields one sequence; use batch() to stream several rows at once")
         return Stream(generation)
 
-    def score(self, text: str) -> Score:
-        """Log-probability of every token of `text` (conditioned on end-of-text first) and the perplexity."""
-        ids = self.encode(text)
+    def score(self, text, top_logprobs: int | None = None) -> Score:
+        """Log-probability of every token of `text` and the perplexity. A string is conditioned on end-of-text
+        first (when the model has a start token); a list of token ids is scored as given, so its first token has
+        nothing to be conditioned on (NaN). top_logprobs=N also gives each token the N most likely tokens at its
+        position, from the same distribution (None where its log-prob is NaN)."""
+        given_ids = isinstance(text, (list, tuple))
+        ids = list(text) if given_ids else self.encode(text)
         if not ids:
             raise PromptError("score() needs a non-empty text")
-        start = [self.arch.bos_token_id] if self.arch.bos_token_id is not None else []
+        start = [self.arch.bos_token_id] if self.arch.bos_token_id is not None and not given_ids else []
         full = start + ids
         if len(full) > self.arch.n_positions:
             raise PromptError(
@@ -117,15 +123,26 @@ class Model:
         logits, _ = self.engine.forward(
             row, mask, np.arange(row.shape[1])[None], self.engine.empty_past(1), logits_to_keep=0
         )
-        logprobs = log_softmax(logits[0, :-1])[np.arange(len(full) - 1), full[1:]].astype(float)
+        table = log_softmax(logits[0, :-1])  # [S - 1, V]: position i's distribution over token i + 1
+        logprobs = table[np.arange(len(full) - 1), full[1:]].astype(float)
         if not start:  # the first token has nothing to be conditioned on
             logprobs = np.concatenate([[np.nan], logprobs])
         scored = logprobs[~np.isnan(logprobs)]
+        tops = None
+        if top_logprobs is not None:
+            tops = [None] * (len(ids) - len(table)) + [
+                [
+                    {"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)}
+                    for i, v in zip(*most_likely(position, top_logprobs))
+                ]
+                for position in table
+            ]
         return Score(
             ids,
             [self.tokenizer.decode([i]) for i in ids],
             logprobs.tolist(),
             float(np.exp(-scored.mean())) if len(scored) else float("nan"),
+            tops,
         )
 
     def _prepare(self, prompt, config: GenerationConfig) -> tuple[list, int]:
