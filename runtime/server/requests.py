@@ -73,7 +73,7 @@ def _text(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_text)]
 TEXTS = "a string or a list of strings"
-PROMPTS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+PROMPTS = "a string or a list of strings, or token ids: a list of integers or a list of such lists"
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
