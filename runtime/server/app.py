@@ -231,7 +231,8 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
 
     completions = scores = None
     rows = len(req.prompts) * req.n
-    chars, entries_sent = [0] * rows, [0] * rows  # per choice: completion text and log-prob entries sent so far
+    # per choice: log-prob entries sent so far, and the text_offset of the next (as responses.logprobs counts it)
+    entries_sent, offsets = [0] * rows, [len(req.prompt_texts[i // req.n]) for i in range(rows)]
     try:
         if req.echo and req.logprobs is None:  # at once; with logprobs, once the prompts are scored
             yield echo_chunk(None)
@@ -240,10 +241,10 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
                 yield echo_chunk(value)
             elif kind == "piece":
                 piece, entries = value
-                at = len(req.prompt_texts[piece.index // req.n]) + chars[piece.index]
-                chars[piece.index] += len(piece.text)
-                entries_sent[piece.index] += len(entries or [])
-                lp = responses.logprobs(req, entries or [], at)
+                entries = entries or []
+                lp = responses.logprobs(req, entries, offsets[piece.index])
+                entries_sent[piece.index] += len(entries)
+                offsets[piece.index] += sum(len(e["token"]) for e in entries)
                 yield sse(responses.completion(req, model_id, [responses.choice(piece.index, piece.text, lp)]))
             elif kind == "done":
                 completions, scores = value
@@ -258,8 +259,7 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
         for c in responses.choices(req, completions, None):
             # the log-probs of tokens no piece covered (text held back, or cut by a stop string)
             left = (completions[c.index].logprobs or [])[entries_sent[c.index] :] if completions else []
-            at = len(req.prompt_texts[c.index // req.n]) + chars[c.index]
-            finish = responses.choice(c.index, "", responses.logprobs(req, left, at), c.finish_reason)
+            finish = responses.choice(c.index, "", responses.logprobs(req, left, offsets[c.index]), c.finish_reason)
             yield sse(responses.completion(req, model_id, [finish]))
         if req.include_usage:
             yield sse(responses.completion(req, model_id, [], responses.usage(sum(prompt_counts), tokens)))
