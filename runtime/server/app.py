@@ -211,7 +211,9 @@ def _score(model, text, job) -> None:
 
 
 async def _events(request, job, req, model_id, prompt_counts, limits):
-    """Server-sent events: text pieces as they become final, a finish chunk per choice, usage if asked, [DONE].
+    """Server-sent events: the echo (with logprobs: once the prompts are scored, with their log-probs), text
+    pieces as they become final (each with the log-probs of the tokens it covers), a finish chunk per choice
+    (with the log-probs of tokens no piece covered), usage if asked, [DONE].
     A stream that fails after it began ends with an error event (OpenAI's error body) and no [DONE]."""
 
     def sse(chunk) -> str:
