@@ -145,6 +145,11 @@ class Batch:
         if self._steps is not None:
             self._steps.close()
 
+    def logprobs_so_far(self, row: int) -> list | None:
+        """Row `row`'s log-prob entries, one per token accepted so far (None without logprobs): a server that
+        streams sends each text piece with the entries of the tokens it covers."""
+        return self._logprobs[row]
+
     def run(self) -> list:
         """Run to the end and return the completions."""
         for _ in self:

@@ -21,6 +21,7 @@ from .chat_template import ChatTemplate
 from .package import DEFAULT_PACKAGE, Package, open_package
 from .package_format import GENERATION_CONFIG, MANIFEST
 from .sampling import log_softmax
+from .sampling import top_logprobs as most_likely
 from .session import create_session, graph_io, release_freed_memory
 
 
@@ -32,6 +33,7 @@ class Score:
     tokens: list  # each token's own text
     logprobs: list  # log p(token | everything before it); the first token is conditioned on end-of-text
     perplexity: float
+    top_logprobs: list | None = None  # per token, with top_logprobs=N: [{"token_id", "token", "logprob"}, ...]
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -118,12 +120,16 @@ class Model:
             )
         return Stream(self.batch([prompt], config))
 
-    def score(self, text: str) -> Score:
-        """Log-probability of every token of `text` (conditioned on end-of-text first) and the perplexity."""
-        ids = self.encode(text)
+    def score(self, text, top_logprobs: int | None = None) -> Score:
+        """Log-probability of every token of `text` and the perplexity. A string is conditioned on end-of-text
+        first (when the model has a start token); a list of token ids is scored as given, so its first token has
+        nothing to be conditioned on (NaN). top_logprobs=N also gives each token the N most likely tokens at its
+        position, from the same distribution (None where its log-prob is NaN)."""
+        given_ids = isinstance(text, (list, tuple))
+        ids = list(text) if given_ids else self.encode(text)
         if not ids:
             raise PromptError("score() needs a non-empty text")
-        start = [self.arch.bos_token_id] if self.arch.bos_token_id is not None else []
+        start = [self.arch.bos_token_id] if self.arch.bos_token_id is not None and not given_ids else []
         full = start + ids
         if len(full) > self.arch.n_positions:
             raise PromptError(
@@ -135,15 +141,26 @@ class Model:
         logits, _ = self.engine.forward(
             row, mask, np.arange(row.shape[1])[None], self.engine.empty_past(1), logits_to_keep=0
         )
-        logprobs = log_softmax(logits[0, :-1])[np.arange(len(full) - 1), full[1:]].astype(float)
+        table = log_softmax(logits[0, :-1])  # [S - 1, V]: position i's distribution over token i + 1
+        logprobs = table[np.arange(len(full) - 1), full[1:]].astype(float)
         if not start:  # the first token has nothing to be conditioned on
             logprobs = np.concatenate([[np.nan], logprobs])
         scored = logprobs[~np.isnan(logprobs)]
+        tops = None
+        if top_logprobs is not None:
+            tops = [None] * (len(ids) - len(table)) + [
+                [
+                    {"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)}
+                    for i, v in zip(*most_likely(position, top_logprobs))
+                ]
+                for position in table
+            ]
         return Score(
             ids,
             [self.tokenizer.decode([i]) for i in ids],
             logprobs.tolist(),
             float(np.exp(-scored.mean())) if len(scored) else float("nan"),
+            tops,
         )
 
     def _config(self, config: GenerationConfig | None, options: dict) -> GenerationConfig:

@@ -196,10 +196,13 @@ def test_logprobs_in_openai_legacy_shape(server, model):
     assert all(
         len(top) <= 3 and max(top.values()) >= v - 1e-6 for top, v in zip(lp["top_logprobs"], lp["token_logprobs"])
     )
-    assert lp["text_offset"][0] == 0 and len(lp["text_offset"]) == len(lp["tokens"])
-    # streamed: the finish chunk carries the same log-probs
+    # offsets count from the start of the prompt, as OpenAI's: the completion begins at len("Hello")
+    assert lp["text_offset"][0] == len("Hello") and len(lp["text_offset"]) == len(lp["tokens"])
+    # streamed: each chunk carries the log-probs of its own tokens; together they are the same
     events = stream_events(server, {"prompt": "Hello", "max_tokens": 8, "temperature": 0, "logprobs": 3})
-    assert events[-2]["choices"][0]["logprobs"]["tokens"] == lp["tokens"]
+    streamed = [e["choices"][0]["logprobs"] for e in events[:-1] if e["choices"]]
+    assert [t for chunk in streamed for t in chunk["tokens"]] == lp["tokens"]
+    assert [o for chunk in streamed for o in chunk["text_offset"]] == lp["text_offset"]
 
 
 def test_echo_with_max_tokens_0_scores_the_prompt(server, model):

@@ -2,9 +2,12 @@
 
     GET  /health              {"status", "model", "active", "queued", and jobs ended so far by outcome:
                               "finished", "cancelled", "timeout", "shutdown"}    (no API key needed)
-    GET  /v1/models           the loaded package as the one model (id = package name)
-    POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not
+    GET  /v1/models           the loaded package as the one model (id: the first --model-name, else the package name)
+    POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not; prompts as
+                              text or token ids
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
+    POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
+    POST /detokenize          {"tokens": [ids]} -> {"content"}
 
 A completion request is read (JSON only, within --read-timeout), parsed (requests.py), its settings built
 once (Model.settings), tokenized, then waits for a slot and runs as a Job (jobs.py). A non-streaming request
@@ -15,7 +18,6 @@ that stays usable; only a body that never arrives closes it.
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -28,10 +30,11 @@ from starlette.routing import Route
 
 from ..errors import EdgelmError
 from . import requests, responses
+from .bodies import json_response, read_json
 from .errors import ApiError, api_error, describe
 from .jobs import Job, Jobs, QueueFull, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
-from .requests import Limits
+from .requests import Limits, ModelNames
 
 log = logging.getLogger("edgelm.server")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -51,34 +54,32 @@ def create_app(
     host: str = "127.0.0.1",
     allow_hosts: tuple = (),
     allow_origins: tuple = (),
+    model_names: tuple = (),
+    accept_any_model: bool = False,
 ):
     """The ASGI application serving `model` (a runtime Model, loaded once) on `host` (for the Host check).
-    Its `jobs` are the slots and workers."""
+    Requests may name it by the package's name or any of `model_names` (the first is the id it is listed as),
+    or by any name with `accept_any_model`. Its `jobs` are the slots and workers."""
     jobs = Jobs(max_concurrency, max_queue)
-    model_id = model.package.name
+    names = model_names_for(model, model_names, accept_any_model)
+    model_id = names.id
 
     async def health(request):
-        return _json(
+        return json_response(
             {"status": "ok", "model": model_id, "active": jobs.slots.active, "queued": jobs.slots.queued, **jobs.ended}
         )
 
     async def models(request):
-        return _json({"object": "list", "data": [_model_card(model)]})
+        return json_response({"object": "list", "data": [_model_card(model, model_id)]})
 
     async def one_model(request):
-        if request.path_params["name"] != model_id:
-            raise ApiError(
-                404,
-                f"the model {request.path_params['name'][:100]!r} does not exist here; this server runs {model_id!r}",
-                "model",
-                "model_not_found",
-            )
-        return _json(_model_card(model))
+        names.check(request.path_params["name"])
+        return json_response(_model_card(model, model_id))
 
     async def completions(request):
         deadline = time.monotonic() + limits.request_timeout
         body = await read_json(request, limits, deadline)
-        req = requests.parse_completion_request(body, model_id, model.arch.vocab_size, limits)
+        req = requests.parse_completion_request(body, names, model.arch.vocab_size, limits)
         try:
             config = model.settings(**req.options)  # every option's range, checked once
         except EdgelmError as error:
@@ -105,7 +106,7 @@ def create_app(
             raise api_error(error, limits.request_timeout, req.field_of) from None
         tokens = sum(c.completion_tokens for c in completions or [])
         request.state.tokens = tokens
-        return _json(
+        return json_response(
             responses.completion(
                 req, model_id, responses.choices(req, completions, scores), responses.usage(sum(prompt_counts), tokens)
             )
@@ -113,7 +114,7 @@ def create_app(
 
     async def score(request):
         deadline = time.monotonic() + limits.request_timeout
-        text = requests.parse_score_request(await read_json(request, limits, deadline), model_id)
+        text = requests.parse_score_request(await read_json(request, limits, deadline), names)
         job = await _admit(request, jobs, functools.partial(_score, model, text), deadline, limits)
         try:
             result = await _unless_gone(request, _result(job), job)
@@ -125,7 +126,23 @@ def create_app(
         except Exception as error:
             raise api_error(error, limits.request_timeout) from None
         request.state.tokens = len(result.token_ids)
-        return _json(responses.score(result, model_id))
+        return json_response(responses.score(result, model_id))
+
+    async def tokenize(request):
+        body = await read_json(request, limits, time.monotonic() + limits.request_timeout)
+        parsed = requests.parse_tokenize_request(body)
+        encoding = await asyncio.to_thread(
+            model.tokenizer.encode, parsed.content, add_special_tokens=parsed.add_special
+        )
+        return json_response({"tokens": encoding.ids})
+
+    async def detokenize(request):
+        body = await read_json(request, limits, time.monotonic() + limits.request_timeout)
+        ids = requests.parse_detokenize_request(body, model.arch.vocab_size)
+        # special tokens kept: the inverse of /tokenize, which reads "<|endoftext|>" in a text as that token
+        return json_response(
+            {"content": await asyncio.to_thread(model.tokenizer.decode, ids, skip_special_tokens=False)}
+        )
 
     @asynccontextmanager
     async def lifespan(app):
@@ -138,6 +155,8 @@ def create_app(
         Route("/v1/models/{name:path}", _endpoint(one_model)),
         Route("/v1/completions", _endpoint(completions), methods=["POST"]),
         Route("/v1/score", _endpoint(score), methods=["POST"]),
+        Route("/tokenize", _endpoint(tokenize), methods=["POST"]),
+        Route("/detokenize", _endpoint(detokenize), methods=["POST"]),
     ]
     handlers = {
         ApiError: _error_response,
@@ -147,26 +166,42 @@ def create_app(
     }
     inner = ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key)
     app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)))
-    app.jobs, app.limits = jobs, limits
+    app.jobs, app.limits, app.names = jobs, limits, names
     return app
 
 
+def model_names_for(model, names: tuple, accept_any: bool) -> ModelNames:
+    """The id is the first --model-name (else the package's name); the package's name is always accepted."""
+    names = tuple(dict.fromkeys(names))  # repeated names once, in order
+    return ModelNames(names[0] if names else model.package.name, (*names[1:], model.package.name), accept_any)
+
+
 def _prepare(model, req, config) -> tuple:
-    """Tokenize and check the prompts (worker thread: a long prompt must not block the event loop)."""
+    """Tokenize and check the prompts (worker thread: a long prompt must not block the event loop); note each
+    prompt's text (a token-id prompt decoded) for echo and text_offset."""
+    req.prompt_texts = [p if isinstance(p, str) else model.tokenizer.decode(p) for p in req.prompts]
     if req.max_tokens == 0:  # echo only: nothing to generate
-        return None, [max(len(model.encode(p)), 1) for p in req.prompts]
+        return None, [max(len(p if isinstance(p, list) else model.encode(p)), 1) for p in req.prompts]
     generation = model.batch(req.prompts, config=config)
     return generation, [len(ids) for ids in generation.prompts]
 
 
 def _complete(model, req, generation, job) -> None:
-    """The worker thread's part of one completion request: pieces as they come, then the completions."""
-    scores = [model.score(p) if p else None for p in req.prompts] if req.echo and req.logprobs is not None else None
+    """The worker thread's part of one completion request: the prompts' log-probs (echo with logprobs), pieces
+    as they come (in a stream, each with the log-prob entries of the tokens it covers), then the completions."""
+    scores = None
+    if req.echo and req.logprobs is not None:
+        scores = [model.score(p, top_logprobs=req.logprobs) if len(p) else None for p in req.prompts]
+        job.emit("echo", scores)
     completions = None
     if generation is not None:
         generation.engine = job.guard(generation.engine)  # every forward pass first checks for a stop
+        sent = [0] * len(generation.rows)  # log-prob entries handed out per row
         for piece in generation:
-            job.emit("piece", piece)
+            entries = generation.logprobs_so_far(piece.index) if req.stream else None
+            if entries is not None:
+                entries, sent[piece.index] = entries[sent[piece.index] :], len(entries)
+            job.emit("piece", (piece, entries))
         completions = generation.completions
     job.emit("done", (completions, scores))
 
@@ -176,20 +211,43 @@ def _score(model, text, job) -> None:
 
 
 async def _events(request, job, req, model_id, prompt_counts, limits):
-    """Server-sent events: text pieces as they become final, a finish chunk per choice, usage if asked, [DONE].
+    """Server-sent events: the echo (with logprobs: once the prompts are scored, with their log-probs), text
+    pieces as they become final (each with the log-probs of the tokens it covers), a finish chunk per choice
+    (with the log-probs of tokens no piece covered), usage if asked, [DONE].
     A stream that fails after it began ends with an error event (OpenAI's error body) and no [DONE]."""
 
     def sse(chunk) -> str:
         return f"data: {chunk.model_dump_json()}\n\n"
 
+    def echo_chunk(scores) -> str:
+        rows = range(len(req.prompts) * req.n)
+        echoed = [
+            responses.choice(
+                i,
+                req.prompt_texts[i // req.n],
+                responses.logprobs(req, responses.prompt_entries(scores[i // req.n] if scores else None), 0),
+            )
+            for i in rows
+        ]
+        return sse(responses.completion(req, model_id, echoed))
+
     completions = scores = None
+    rows = len(req.prompts) * req.n
+    # per choice: log-prob entries sent so far, and the text_offset of the next (as responses.logprobs counts it)
+    entries_sent, offsets = [0] * rows, [len(req.prompt_texts[i // req.n]) for i in range(rows)]
     try:
-        if req.echo:
-            echoed = [responses.choice(i, req.prompts[i // req.n]) for i in range(len(req.prompts) * req.n)]
-            yield sse(responses.completion(req, model_id, echoed))
+        if req.echo and req.logprobs is None:  # at once; with logprobs, once the prompts are scored
+            yield echo_chunk(None)
         async for kind, value in job:
-            if kind == "piece":
-                yield sse(responses.completion(req, model_id, [responses.choice(value.index, value.text)]))
+            if kind == "echo":
+                yield echo_chunk(value)
+            elif kind == "piece":
+                piece, entries = value
+                entries = entries or []
+                lp = responses.logprobs(req, entries, offsets[piece.index])
+                entries_sent[piece.index] += len(entries)
+                offsets[piece.index] += sum(len(e["token"]) for e in entries)
+                yield sse(responses.completion(req, model_id, [responses.choice(piece.index, piece.text, lp)]))
             elif kind == "done":
                 completions, scores = value
             elif kind == "error":
@@ -200,8 +258,10 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
                 return
         tokens = sum(c.completion_tokens for c in completions or [])
         request.state.tokens = tokens
-        for c in responses.choices(req, completions, scores):
-            finish = responses.choice(c.index, "", c.logprobs, c.finish_reason)
+        for c in responses.choices(req, completions, None):
+            # the log-probs of tokens no piece covered (text held back, or cut by a stop string)
+            left = (completions[c.index].logprobs or [])[entries_sent[c.index] :] if completions else []
+            finish = responses.choice(c.index, "", responses.logprobs(req, left, offsets[c.index]), c.finish_reason)
             yield sse(responses.completion(req, model_id, [finish]))
         if req.include_usage:
             yield sse(responses.completion(req, model_id, [], responses.usage(sum(prompt_counts), tokens)))
@@ -276,71 +336,15 @@ async def _runtime_errors(awaitable, req):
         raise api_error(error, field_of=req.field_of) from None
 
 
-async def read_json(request, limits: Limits, deadline: float):
-    """The body as JSON. Refused: a content type other than application/json (415: a web page cannot send
-    that without the browser asking first), past --max-body-bytes (413), not complete within --read-timeout
-    or the request's deadline (408, and the connection is closed), not JSON (400)."""
-    media_type, _, parameters = request.headers.get("content-type", "").partition(";")
-    charset = parameters.strip().lower().replace(" ", "")
-    if media_type.strip().lower() != "application/json" or charset not in ("", "charset=utf-8", "charset=\"utf-8\""):
-        raise ApiError(
-            415,
-            "the request body must be JSON, sent with the header 'Content-Type: application/json'",
-            code="unsupported_media_type",
-        )
-    declared = request.headers.get("content-length", "")
-    too_large = ApiError(
-        413, f"the request body is over {limits.max_body_bytes} bytes (--max-body-bytes)", code="request_too_large"
-    )
-    if declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise too_large
-
-    async def read() -> bytes:
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limits.max_body_bytes:
-                raise too_large
-        return bytes(body)
-
-    wait = min(limits.read_timeout, deadline - time.monotonic())
-    try:
-        body = await asyncio.wait_for(read(), max(wait, 0))
-    except asyncio.TimeoutError:
-        raise ApiError(
-            408,
-            f"the request body did not arrive within {wait:g} s (--read-timeout)",
-            code="request_timeout",
-            type="timeout_error",
-            headers={"Connection": "close"},
-        ) from None
-    try:
-        return json.loads(body, parse_constant=_no_constants)
-    except RecursionError:
-        raise ApiError(400, "the request body is nested too deeply to be a request", code="invalid_json") from None
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
-        raise ApiError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
-
-
-def _no_constants(name: str):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _model_card(model) -> dict:
+def _model_card(model, model_id: str) -> dict:
     created = int(model.package.model_file.stat().st_mtime)
     return {
-        "id": model.package.name,
+        "id": model_id,
         "object": "model",
         "created": created,
         "owned_by": "edgelm",
         "root": str(model.package.folder),
     }
-
-
-def _json(body, status: int = 200, headers: dict | None = None) -> Response:
-    """A JSON response from a dict (ASCII JSON) or a pydantic model."""
-    content = body.model_dump_json() if hasattr(body, "model_dump_json") else json.dumps(body)
-    return Response(content, status, headers, media_type="application/json")
 
 
 def _endpoint(handler):

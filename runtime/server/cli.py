@@ -49,7 +49,11 @@ from ..errors import EdgelmError
     "--max-n", default=8, show_default=True, type=click.IntRange(min=1), help="Largest n (completions per prompt)."
 )
 @click.option(
-    "--max-prompts", default=16, show_default=True, type=click.IntRange(min=1), help="Most prompts in one request."
+    "--max-prompts",
+    default=32,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Most prompts in one request (--max-batch-tokens bounds what they may hold).",
 )
 @click.option(
     "--max-body-bytes",
@@ -94,6 +98,18 @@ from ..errors import EdgelmError
     help="Let web pages from this origin call the server, e.g. http://localhost:3000 (repeatable; '*' for any). Default: none (no CORS).",
 )
 @click.option(
+    "--model-name",
+    "model_names",
+    multiple=True,
+    metavar="NAME",
+    help="A name requests may give as `model` (repeatable); the first is the id /v1/models lists. The package's name is always accepted.",
+)
+@click.option(
+    "--accept-any-model",
+    is_flag=True,
+    help="Answer requests whatever `model` they name (llama-server's behaviour); without it an unknown name gets 404.",
+)
+@click.option(
     "--shutdown-timeout",
     default=5.0,
     show_default=True,
@@ -122,6 +138,8 @@ def serve(
     read_timeout,
     allow_hosts,
     allow_origins,
+    model_names,
+    accept_any_model,
     shutdown_timeout,
     log_level,
     no_verify,
@@ -129,14 +147,16 @@ def serve(
     """Serve PACKAGE (default models/distilgpt2) over an OpenAI-compatible HTTP API.
 
     \b
-    POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...)
+    POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...); text or token-id prompts
     POST /v1/score        per-token log-probs and perplexity of {"text": ...}
+    POST /tokenize, /detokenize   {"content": ...} <-> {"tokens": [...]} (llama-server's shapes)
     GET  /v1/models, /health
 
     Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
     transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
     ignore_eos, truncate) are extra fields. Each request runs on its own, so a seeded or greedy request
-    gives what `edgelm generate` gives. Streamed log-probs come whole in each choice's last chunk.
+    gives what `edgelm generate` gives. Streamed log-probs come with the text chunk their tokens print in.
+    Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
     Binds to 127.0.0.1 unless --host says otherwise. Takes only JSON bodies, only Host names it is known
     by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
     """
@@ -149,6 +169,9 @@ def serve(
             f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'"
         ) from None
     from ..model import load
+
+    if any(not name.strip() for name in model_names):
+        raise click.BadParameter("a model name must not be empty", param_hint="--model-name")
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if threads is None and device != "cuda":
@@ -166,7 +189,26 @@ def serve(
         max_batch_tokens,
         read_timeout,
     )
-    app = create_app(model, limits, max_concurrency, max_queue, api_key, host, allow_hosts, allow_origins)
+    app = create_app(
+        model,
+        limits,
+        max_concurrency,
+        max_queue,
+        api_key,
+        host,
+        allow_hosts,
+        allow_origins,
+        model_names,
+        accept_any_model,
+    )
+    names = app.names
+    also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
+    click.echo(  # the name clients pass as `model`, whatever the log level
+        f"edgelm serve: model {names.id!r}"
+        + (f" (also answers to {also})" if also else "")
+        + f" at http://{host}:{port}/v1",
+        err=True,
+    )
     logging.getLogger("edgelm.server").info(
         "serving %s on %s (%d generations at once, onnxruntime threads per generation: %s) at http://%s:%d/v1",
         model.package.name,

@@ -62,14 +62,15 @@ class HostCheck:
 
 
 class ApiKey:
-    """ASGI middleware: with a key set, every /v1/ request needs `Authorization: Bearer KEY` (401 otherwise).
+    """ASGI middleware: with a key set, every request but GET /health (/v1/, /tokenize, /detokenize) needs
+    `Authorization: Bearer KEY` (401 otherwise).
     The key is compared as UTF-8 bytes in constant time, so a non-ASCII key works and timing tells nothing."""
 
     def __init__(self, app, key: str | None):
         self.app, self.key = app, key.encode("utf-8") if key else None
 
     async def __call__(self, scope, receive, send):
-        if self.key and scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if self.key and scope["type"] == "http" and scope["path"] != "/health":
             given = _header(scope, b"authorization") or b""
             if given[:7].lower() != b"bearer ":
                 error = ApiError(

@@ -50,7 +50,7 @@ class Limits:
 
     max_tokens: int = 1024  # max_tokens above this is refused (default: the model's context)
     max_n: int = 8  # completions per prompt
-    max_prompts: int = 16  # prompts in one request
+    max_prompts: int = 32  # prompts in one request (LangChain's OpenAI sends 20 at a time)
     max_body_bytes: int = 1_000_000  # request body size (413 above)
     request_timeout: float = 300.0  # seconds from arrival, queue time included (408 above)
     max_batch_tokens: int = 32_768  # prompts x n x (prompt + max_tokens): the tokens one request may hold
@@ -73,6 +73,7 @@ def _text(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_text)]
 TEXTS = "a string or a list of strings"
+PROMPTS = "a string or a list of strings, or token ids: a list of integers or a list of such lists"
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
@@ -86,7 +87,7 @@ class CompletionBody(BaseModel):
 
     model_config = STRICT
     model: Text | None = None
-    prompt: Text | list[Text] | None = Field(None, description=TEXTS)
+    prompt: Text | list[Text] | list[int] | list[list[int]] | None = Field(None, description=PROMPTS)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -114,6 +115,22 @@ class CompletionBody(BaseModel):
     truncate: bool | None = None
 
 
+class TokenizeBody(BaseModel):
+    """POST /tokenize (llama-server's shape)."""
+
+    model_config = STRICT
+    content: Text
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    """POST /detokenize (llama-server's shape)."""
+
+    model_config = STRICT
+    tokens: list[int] = Field(description="a list of token ids")
+
+
 class ScoreBody(BaseModel):
     """POST /v1/score."""
 
@@ -126,7 +143,7 @@ class ScoreBody(BaseModel):
 class CompletionRequest:
     """One parsed /v1/completions body: the prompts, the runtime options, and how to shape the answer."""
 
-    prompts: list
+    prompts: list  # each a string or a list of token ids
     options: dict  # runtime option names (GenerationConfig)
     max_tokens: int  # 0: no generation (echo the prompt, with its log-probs if asked)
     n: int = 1
@@ -136,6 +153,7 @@ class CompletionRequest:
     logprobs: int | None = None
     user: str | None = None
     given: frozenset = frozenset()  # the fields the body set
+    prompt_texts: list = field(default_factory=list)  # each prompt as text (token ids decoded), set once tokenized
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -152,16 +170,34 @@ class CompletionRequest:
         return self.n * sum(count + self.max_tokens for count in prompt_tokens)
 
 
-def parse_completion_request(body, model_id: str, vocab_size: int, limits: Limits) -> CompletionRequest:
+@dataclass(frozen=True)
+class ModelNames:
+    """The names a request's `model` may give: the id /v1/models lists, its aliases (--model-name), or any name
+    at all with --accept-any-model. A request without `model` is served too."""
+
+    id: str
+    aliases: tuple = ()
+    accept_any: bool = False
+
+    def check(self, name: str | None) -> None:
+        if name is None or self.accept_any or name == self.id or name in self.aliases:
+            return
+        raise ApiError(
+            404,
+            f"the model {name[:100]!r} does not exist here; this server runs {self.id!r} (GET /v1/models; "
+            "edgelm serve --model-name NAME adds a name, --accept-any-model takes any)",
+            "model",
+            "model_not_found",
+        )
+
+
+def parse_completion_request(body, names: ModelNames, vocab_size: int, limits: Limits) -> CompletionRequest:
     """Check a decoded JSON body's shape and the server's limits; raises ApiError naming the bad field.
     The options' ranges are checked where they are used: model.settings(**request.options)."""
     parsed = _validate(CompletionBody, body)
     given = {name for name in parsed.model_fields_set if getattr(parsed, name) is not None}
-    _check_model(parsed.model, model_id)
-    prompts = "" if parsed.prompt is None else parsed.prompt
-    prompts = [prompts] if isinstance(prompts, str) else prompts
-    if not prompts:
-        raise ApiError(400, "prompt must not be an empty list", "prompt")
+    names.check(parsed.model)
+    prompts = _prompts(parsed.prompt, vocab_size)
     if len(prompts) > limits.max_prompts:
         raise ApiError(
             400,
@@ -223,6 +259,44 @@ def parse_completion_request(body, model_id: str, vocab_size: int, limits: Limit
     return request
 
 
+def _prompts(prompt, vocab_size: int) -> list:
+    """The prompts of a request, each a string or a list of token ids (checked against the vocabulary).
+    OpenAI's forms: "text", ["text", ...], [id, ...] (one prompt) and [[id, ...], ...]."""
+    if prompt is None:
+        return [""]
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ApiError(400, "prompt must not be an empty list", "prompt")
+    prompts = [prompt] if isinstance(prompt[0], int) else prompt
+    for i, ids in enumerate(prompts):
+        if isinstance(ids, list):
+            check_token_ids(ids, vocab_size, f"prompt[{i}]" if len(prompts) > 1 else "prompt", "prompt")
+    return prompts
+
+
+def check_token_ids(ids: list, vocab_size: int, where: str, param: str) -> None:
+    """Refuse an id outside the vocabulary, naming where it is."""
+    for at, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise ApiError(
+                400,
+                f"{where}[{at}] is the token id {_short(token)}, outside the vocabulary (0..{vocab_size - 1})",
+                param,
+                "invalid_token_id",
+            )
+
+
+def parse_tokenize_request(body) -> TokenizeBody:
+    return _validate(TokenizeBody, body)
+
+
+def parse_detokenize_request(body, vocab_size: int) -> list:
+    ids = _validate(DetokenizeBody, body).tokens
+    check_token_ids(ids, vocab_size, "tokens", "tokens")
+    return ids
+
+
 def check_tokens_held(request: CompletionRequest, prompt_tokens: list, limits: Limits) -> None:
     """Refuse a request whose rows would hold more tokens than --max-batch-tokens (the KV cache grows with them)."""
     held = request.tokens_held(prompt_tokens)
@@ -237,10 +311,10 @@ def check_tokens_held(request: CompletionRequest, prompt_tokens: list, limits: L
         )
 
 
-def parse_score_request(body, model_id: str) -> str:
+def parse_score_request(body, names: ModelNames) -> str:
     """The text of a /v1/score body {"text": ..., "model"?: ...}."""
     parsed = _validate(ScoreBody, body)
-    _check_model(parsed.model, model_id)
+    names.check(parsed.model)
     if parsed.text is None:
         raise ApiError(400, "text is required: the text to score", "text")
     return parsed.text
@@ -285,6 +359,8 @@ def _first_problem(model: type[BaseModel], errors: list) -> ApiError:
     if not first["loc"]:  # a field name pydantic cannot read (a lone surrogate in it)
         return ApiError(400, "every field name must be Unicode text", None, "unknown_field")
     top = first["loc"][0]
+    if first["type"] == "missing":
+        return ApiError(400, f"{top} is required", top)
     if top == "logit_bias":
         return ApiError(400, "logit_bias values must be numbers from -100 to 100", "logit_bias", "invalid_type")
     info = model.model_fields.get(top)
@@ -309,16 +385,6 @@ def _short(value) -> str:
     if isinstance(value, str):
         return repr(value[:40]) + ("..." if len(value) > 40 else "")
     return repr(value)[:40]
-
-
-def _check_model(name: str | None, model_id: str) -> None:
-    if name is not None and name != model_id:
-        raise ApiError(
-            404,
-            f"the model {name[:100]!r} does not exist here; this server runs {model_id!r} (GET /v1/models)",
-            "model",
-            "model_not_found",
-        )
 
 
 def _logit_bias(bias: dict, vocab_size: int) -> dict:

@@ -25,6 +25,17 @@ class Logprobs(BaseModel):
     top_logprobs: list[dict[str, float | None] | None]
     text_offset: list[int]
 
+    def __add__(self, other: "Logprobs | None") -> "Logprobs":
+        """The prompt's entries (echo) followed by the completion's."""
+        if other is None:
+            return self
+        return Logprobs(
+            tokens=self.tokens + other.tokens,
+            token_logprobs=self.token_logprobs + other.token_logprobs,
+            top_logprobs=self.top_logprobs + other.top_logprobs,
+            text_offset=self.text_offset + other.text_offset,
+        )
+
 
 class Choice(BaseModel):
     text: str
@@ -70,14 +81,17 @@ def choices(request: CompletionRequest, completions: list | None, scores: list |
     out = []
     for index in range(len(request.prompts) * request.n):
         prompt_index = index // request.n
+        prompt = request.prompt_texts[prompt_index]
         completion = completions[index] if completions else None
-        text = (request.prompts[prompt_index] if request.echo else "") + (completion.text if completion else "")
+        text = (prompt if request.echo else "") + (completion.text if completion else "")
         finish_reason = completion.finish_reason if completion else "length"
+        echoed = prompt_entries(scores[prompt_index] if scores else None)
+        generated = (completion.logprobs or []) if completion else []
         out.append(
             Choice(
                 text=text,
                 index=index,
-                logprobs=logprobs(request, completion, scores[prompt_index] if scores else None),
+                logprobs=echo_and_completion(request, echoed, generated, len(prompt)),
                 finish_reason=finish_reason,
             )
         )
@@ -88,27 +102,46 @@ def choice(index: int, text: str, logprobs: Logprobs | None = None, finish_reaso
     return Choice(text=text, index=index, logprobs=logprobs, finish_reason=finish_reason)
 
 
-def logprobs(request: CompletionRequest, completion, score) -> Logprobs | None:
-    """Prompt tokens (echo) come from Model.score: each is conditioned on what precedes it, the first on
-    end-of-text, and their top_logprobs are null (scoring computes the chosen token's only)."""
+def echo_and_completion(request: CompletionRequest, echoed: list, generated: list, prompt_length: int):
+    """The log-probs of the prompt's tokens (echo; offsets from 0) then the completion's (from the prompt's end)."""
+    first = logprobs(request, echoed, 0)
+    return None if first is None else first + logprobs(request, generated, prompt_length)
+
+
+def prompt_entries(score) -> list:
+    """A prompt's Score (echo) as the runtime's per-token entries: each prompt token is conditioned on what
+    precedes it; where nothing does (a token-id prompt's first token) its log-prob and top_logprobs are null."""
+    if score is None:
+        return []
+    tops = score.top_logprobs or [[] for _ in score.tokens]
+    return [
+        {"token": token, "logprob": value, "top_logprobs": top}
+        for token, value, top in zip(score.tokens, score.logprobs, tops)
+    ]
+
+
+def logprobs(request: CompletionRequest, entries: list, at: int) -> Logprobs | None:
+    """OpenAI's legacy shape for runtime entries ({"token", "logprob", "top_logprobs": [...] or None}), None
+    when the request asked for no logprobs. text_offset counts characters from the start of the prompt, as
+    OpenAI does: `at` is where the first entry's text begins. top_logprobs holds the N most likely tokens and
+    the chosen one when it is not among them (up to logprobs + 1 entries, as OpenAI)."""
     if request.logprobs is None:
         return None
-    tokens, values, tops = [], [], []
-    if score is not None:
-        tokens += score.tokens
-        values += [_finite(v) for v in score.logprobs]
-        tops += [None] * len(score.tokens)
-    for entry in (completion.logprobs or []) if completion else []:
+    tokens, values, tops, offsets = [], [], [], []
+    for entry in entries:
+        value = _finite(entry["logprob"])
         tokens.append(entry["token"])
-        values.append(_finite(entry["logprob"]))
+        values.append(value)
+        offsets.append(at)
+        at += len(entry["token"])
+        if value is None or entry["top_logprobs"] is None:
+            tops.append(None)
+            continue
         top = {}
         for alternative in entry["top_logprobs"]:  # most likely first; tokens that print alike keep the first
             top.setdefault(alternative["token"], _finite(alternative["logprob"]))
+        top.setdefault(entry["token"], value)
         tops.append(top)
-    offsets, at = [], 0
-    for token in tokens:
-        offsets.append(at)
-        at += len(token)
     return Logprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
 
 
