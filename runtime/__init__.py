@@ -10,7 +10,7 @@ The other names are imported on first use, so that the `edgelm` command can deci
 huge pages (launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 """
 
-from .errors import DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
+from .errors import DeviceError, EdgelmError, GenerationOptionError, InferenceError, PackageError, PromptError
 
 _LAZY = {
     "Completion": "batch",
@@ -35,6 +35,7 @@ __all__ = [
     "DeviceError",
     "GenerationOptionError",
     "PromptError",
+    "InferenceError",
 ]
 
 

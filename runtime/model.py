@@ -56,7 +56,14 @@ class Model:
                 package.folder, graph["token_embeddings"], self.arch.vocab_size, self.arch.n_embd
             )
         self.engine = Engine(
-            session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings
+            session,
+            io,
+            self.arch.n_head,
+            self.arch.head_size,
+            self.arch.vocab_size,
+            self.device,
+            embeddings,
+            graph_file=package.model_file,
         )
         self.defaults = GenerationConfig.from_generation_config_json(
             package.generation_defaults, self.arch.eos_token_id, self.arch.pad_token_id
