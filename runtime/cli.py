@@ -198,7 +198,7 @@ def info(package, as_json):
     click.echo(
         f"  source        {m['source'].get('hub_id') or m['source'].get('local_path')} {m['source'].get('revision') or ''}".rstrip()
     )
-    click.echo(f"  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))
+    click.echo("  files         " + ", ".join(f"{n} {f['size'] / 1e6:.1f} MB" for n, f in m["files"].items()))
     v = m.get("validation", {})
     fp32 = v.get("fp32", {})
     click.echo(
@@ -215,7 +215,7 @@ def info(package, as_json):
             click.echo(
                 f"  {recipe} quality  top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_divergence']:.4f}{cached}, greedy agreement {r['greedy_agreement']:.3f}, perplexity {r['perplexity_reference']:.2f} -> {r['perplexity']:.2f} ({r['perplexity_change']:+.2%})"
             )
-    click.echo(f"  made with     " + ", ".join(f"{k} {v}" for k, v in m["tools"].items() if v is not None))
+    click.echo("  made with     " + ", ".join(f"{k} {v}" for k, v in m["tools"].items() if v is not None))
 
 
 @main.command()
@@ -255,5 +255,7 @@ def bench(package, runs, threads, device, as_json):
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m edgelm.runtime.cli: through the same launcher as the `edgelm` command
+    from .launch import command
+
+    command(main)
