@@ -10,7 +10,15 @@ The other names are imported on first use, so that the `edgelm` command can deci
 huge pages (launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 """
 
-from .errors import ChatError, DeviceError, EdgelmError, GenerationOptionError, PackageError, PromptError
+from .errors import (
+    ChatError,
+    DeviceError,
+    EdgelmError,
+    GenerationOptionError,
+    InferenceError,
+    PackageError,
+    PromptError,
+)
 
 _LAZY = {
     "ChatTemplate": "chat_template",
@@ -38,6 +46,7 @@ __all__ = [
     "GenerationOptionError",
     "PromptError",
     "ChatError",
+    "InferenceError",
 ]
 
 

@@ -223,5 +223,7 @@ def bench(package, runs, threads, device, as_json):
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m edgelm.runtime.cli: through the same launcher as the `edgelm` command
+    from .launch import command
+
+    command(main)

@@ -14,8 +14,8 @@ from typing import Iterator
 
 import numpy as np
 import onnxruntime as ort
-from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
+from . import ort_fast_path
 from .generation_config import GenerationConfig
 from .sampling import SamplerChain
 from .session import GraphIO
@@ -39,29 +39,21 @@ class Engine:
         vocab_size: int,
         device: str,
         embeddings=None,
+        graph_file=None,
     ):
         self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
         self.embeddings = embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/embeddings.py)
         self.token_input_name = "inputs_embeds" if io.takes_embeddings else "input_ids"
-        # The decode loop talks to onnxruntime's C++ session and its OrtValues directly: the Python wrappers
-        # cost ~0.5 ms per step (13+ objects built and unwrapped), 7% of an int8 distilgpt2 step.
-        self._run = session._sess.run_with_ort_values
-        self._host = ort_c.OrtDevice(ort_c.OrtDevice.cpu(), ort_c.OrtDevice.default_memory(), 0)
-        self._cache_device = (
-            self._host
-            if device == "cpu"
-            else ort_c.OrtDevice(ort_c.OrtDevice.cuda(), ort_c.OrtDevice.default_memory(), 0)
-        )
+        # OrtValues in, OrtValues out, through onnxruntime's private fast path where it has one (ort_fast_path.py)
+        self.runner = ort_fast_path.runner(session, str(graph_file) if graph_file is not None else "the graph")
         self.n_head, self.head_size = n_head, head_size
         self._present_names = [n for pair in zip(io.present_keys, io.present_values) for n in pair]
         self._past_names = [n for pair in zip(io.past_keys, io.past_values) for n in pair]
         self._output_names = ["logits", *self._present_names]
 
     def empty_past(self, batch: int) -> list:
-        empty = np.zeros(
-            (batch, self.n_head, 0, self.head_size), dtype=self.io.cache_dtype
-        )  # no elements: nothing to borrow
-        return [ort_c.OrtValue.ortvalue_from_numpy(empty, self._cache_device) for _ in self._past_names]
+        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=self.io.cache_dtype)  # nothing to borrow
+        return [self.runner.value(empty, self.device) for _ in self._past_names]
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
         """One pass. Returns logits [B, K, V] as NumPy (K = logits_to_keep, 0 = all) and the present cache."""
@@ -69,19 +61,19 @@ class Engine:
         if self.io.has_position_ids:
             arrays["position_ids"] = position_ids
         if self.io.has_logits_to_keep:
-            # An overridable initializer: IO binding cannot address it, run_with_ort_values can.
+            # An overridable initializer (default 0, every position), fed like an input.
             arrays["logits_to_keep"] = np.array(logits_to_keep)
-        # C-level OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
+        # The OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
         arrays = {self.token_input_name: self.token_input(input_ids)} | {
             name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()
         }
         feeds = dict(zip(self._past_names, past))
-        feeds.update({name: ort_c.OrtValue.ortvalue_from_numpy(a, self._host) for name, a in arrays.items()})
-        outputs = self._run(feeds, self._output_names, None)
+        feeds.update({name: self.runner.value(a) for name, a in arrays.items()})
+        outputs = self.runner.run(feeds, self._output_names)
         logits = outputs[0].numpy()
         if not self.io.has_logits_to_keep and logits_to_keep:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
-        return logits, [outputs[i] for i in range(1, len(self._output_names))]
+        return logits, outputs[1:]
 
     def token_input(self, input_ids) -> np.ndarray:
         """What the graph's first input takes: the ids as int64, or their embeddings when it takes inputs_embeds."""
@@ -115,22 +107,21 @@ class InPlaceDecoder:
     back in one preallocated [B, 1, V] array, valid until the next run."""
 
     def __init__(self, engine: Engine, batch: int, capacity: int):
-        self.engine, self.host = engine, engine._host
+        self.engine, runner = engine, engine.runner
         shape = (batch, engine.n_head, capacity, engine.head_size)
         self.buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
         self.logits = np.zeros((batch, 1, engine.vocab_size), dtype=np.float32)
-        cache = [ort_c.OrtValue.ortvalue_from_numpy(b, self.host) for b in self.buffers]  # they borrow the buffers
-        self.fetches = ort_c.OrtValueVector()
-        for value in [ort_c.OrtValue.ortvalue_from_numpy(self.logits, self.host), *cache]:
-            self.fetches.push_back(value)
-        self.cache, self.fetch_devices = cache, [self.host] * len(engine._output_names)
+        self.cache = [runner.value(b) for b in self.buffers]  # they borrow the buffers
         self.id_inputs = 3 if engine.io.has_position_ids else 2  # the tokens, attention_mask[, position_ids]
-        self.names = [
+        names = [
             *(engine.token_input_name, "attention_mask", "position_ids")[: self.id_inputs],
             "logits_to_keep",
             *engine._past_names,
         ]
-        self.keep_last, self.run_options = np.array(1, dtype=np.int64), ort_c.RunOptions()
+        # Each pass writes the logits and the new cache rows into these same arrays.
+        self._run = runner.bind(names, dict(zip(engine._output_names, [self.logits, *self.buffers])))
+        self.keep_last_array = np.array(1, dtype=np.int64)
+        self.keep_last = runner.value(self.keep_last_array)  # borrows it: the array lives as long as the decoder
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         width, new = attention_mask.shape[1], input_ids.shape[1]
@@ -147,14 +138,7 @@ class InPlaceDecoder:
             self.engine.token_input(input_ids),
             *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[: self.id_inputs - 1]),
         ]
-        feeds = ort_c.OrtValueVector()
-        for array in (*arrays, self.keep_last):
-            feeds.push_back(ort_c.OrtValue.ortvalue_from_numpy(array, self.host))
-        for value in self.cache:
-            feeds.push_back(value)
-        self.engine.session._sess.run_with_ortvaluevector(
-            self.run_options, self.names, feeds, self.engine._output_names, self.fetches, self.fetch_devices
-        )
+        self._run([*(self.engine.runner.value(a) for a in arrays), self.keep_last, *self.cache])
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

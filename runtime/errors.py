@@ -16,6 +16,10 @@ class DeviceError(EdgelmError):
     """The requested execution device (for example CUDA) is not available here."""
 
 
+class InferenceError(EdgelmError):
+    """onnxruntime failed while running a loaded graph (a damaged weight, an operator this onnxruntime lacks)."""
+
+
 class GenerationOptionError(EdgelmError, ValueError):
     """A generation option is out of range, of the wrong type, or unknown. `param` names the option (the
     server reports it as the error's `param`)."""

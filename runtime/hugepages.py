@@ -1,21 +1,19 @@
 """Transparent huge pages for the memory onnxruntime prepacks the weights into (Linux, glibc 2.35 or later).
 
 At load onnxruntime copies every int8 matrix into its own packed buffer (malloc'd), and each decode step
-streams all of them once: for distilgpt2 int8, about 20,000 pages of 4 KiB to translate for every token.
+streams all of them once: every token walks the page tables for tens of thousands of 4 KiB pages.
 glibc backs what malloc gets from the kernel with 2 MiB pages when the process starts with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 and the kernel's THP setting is `madvise` (the common default; with
-`always` every process has them already). `edgelm bench` reports how much memory is on them (huge_page_mb). Measured on the distilgpt2-shaped int8 package (benchmarks/NOTES.md):
-decode 1.10x, first token after 512 tokens 0.94-0.97x, batch 16 1.04x, process start to first token 0.90-0.94x
-for a process started with the tunable (a restart to get it costs more than that: launch.py).
+`always` every process has them already). `edgelm bench` reports how much memory is on them (huge_pages_mb).
 
-Measured per recipe, fresh processes alternating: int8 gains (above); float32 is even (decode 1.02x); int4
-loses (first token after 512 tokens 1.06-1.24x later in three runs, decode 0.96-0.98x: MatMulNBits is not
-held back by the page walks, and the fresh 2 MiB pages it takes for its prompt buffers cost). So only int8
-packages get it.
+Only int8 packages get them: they decode faster with them, float32 packages gain nothing, and int4 packages
+lose (MatMulNBits is not held back by the page walks, and the fresh 2 MiB pages it takes for its prompt buffers
+cost). The figures are in benchmarks/NOTES.md.
 
 glibc reads the tunable only when a process starts, so `edgelm serve` and `edgelm bench` on an int8 package
-restart themselves once with it, first thing (launch.py says why not `generate`; EDGELM_HUGE_PAGES=0 turns it
-off). A program that embeds the runtime sets it in its own environment.
+restart themselves once with it, first thing, and say so in one debug line on the "edgelm" logger (launch.py
+says why not `generate`; EDGELM_HUGE_PAGES=0 turns it off). A program that embeds the runtime sets it in its
+own environment.
 """
 
 import os
@@ -82,7 +80,15 @@ def restart_with_huge_pages(package_folder) -> None:
         return
     environment = environment_with_huge_pages(os.environ, sys.platform, thp_mode(), libc_version())
     if environment is not None:
+        import logging  # only here: the launcher imports nothing it does not need before the restart
+
+        logging.getLogger("edgelm").debug(
+            "restarting with GLIBC_TUNABLES=%s: huge pages for the int8 weights of %s",
+            environment["GLIBC_TUNABLES"],
+            package_folder,
+        )
         sys.stdout.flush()
+        sys.stderr.flush()
         try:
             os.execve(sys.executable, sys.orig_argv, environment)
         except OSError:  # the interpreter cannot be started again: carry on with small pages

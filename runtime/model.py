@@ -62,7 +62,14 @@ class Model:
                 )
             embeddings = TokenEmbeddings.open(package.path(graph.token_embeddings.file), graph.token_embeddings)
         self.engine = Engine(
-            session, io, self.arch.n_head, self.arch.head_size, self.arch.vocab_size, self.device, embeddings
+            session,
+            io,
+            self.arch.n_head,
+            self.arch.head_size,
+            self.arch.vocab_size,
+            self.device,
+            embeddings,
+            graph_file=package.model_file,
         )
         self.defaults = _generation_defaults(package)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import onnxruntime as ort
 
 from .errors import DeviceError, PackageError
+from .ort_fast_path import first_line
 
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"
@@ -52,7 +53,9 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
     # EXTENDED: every fusion this graph gets (ALL adds only layout passes, which find nothing in a decoder and
     # cost ~0.1 s of each process start: 0.29 -> 0.18 s for the distilgpt2-shaped int8 graph).
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.log_severity_level = 3  # the overridable logits_to_keep initializer is intended; keep ORT quiet
+    # Fatal only: the overridable logits_to_keep initializer is intended, and a failed load or run reaches the user
+    # as one of edgelm's errors (ort_fast_path.py), not as onnxruntime's log lines besides it.
+    options.log_severity_level = 4
     if threads is not None:
         if not isinstance(threads, int) or threads < 1:
             raise DeviceError(f"threads must be an integer >= 1, got {threads!r}")
@@ -60,8 +63,12 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
     options.inter_op_num_threads = 1
     try:
         session = ort.InferenceSession(os.fspath(model_file), sess_options=options, providers=providers)
-    except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph types for a bad file
-        raise PackageError(f"onnxruntime cannot load {model_file}: {str(error)[:300]}") from None
+    except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types for a bad file
+        raise PackageError(
+            f"onnxruntime cannot load the graph {model_file}: {first_line(error)}. The file is damaged (edgelm "
+            f"verify checks it; export the package again) or needs a newer onnxruntime than {ort.__version__} "
+            "(pip install -U onnxruntime)."
+        ) from None
     running = "cuda" if CUDA in session.get_providers() else "cpu"
     if device == "cuda" and running != "cuda":
         raise DeviceError(
