@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgelm.runtime.architecture import Architecture
+from edgelm.runtime.package_format import Architecture
 
 from .errors import ExportError
 

@@ -158,11 +158,13 @@ def test_default_template_and_stop():
 def test_package_without_template_gets_default(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     listed = ChatTemplate.from_package(
-        SimpleNamespace(folder=tmp_path, manifest={"files": {"tokenizer_config.json": {}}})
+        SimpleNamespace(folder=tmp_path, manifest=SimpleNamespace(files={"tokenizer_config.json": {}}))
     )
     assert listed.is_default and listed.special_tokens == {"eos_token": "<|endoftext|>"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'x' }}"}))
-    unlisted = ChatTemplate.from_package(SimpleNamespace(folder=tmp_path, manifest={"files": {"model.onnx": {}}}))
+    unlisted = ChatTemplate.from_package(
+        SimpleNamespace(folder=tmp_path, manifest=SimpleNamespace(files={"model.onnx": {}}))
+    )
     assert unlisted.is_default  # a file the manifest does not list is never read
 
 

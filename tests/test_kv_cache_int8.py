@@ -18,7 +18,7 @@ def test_scales_give_headroom_over_the_largest_key_and_value_per_channel(tiny_ch
     from tokenizers import Tokenizer
 
     from edgelm.export.calibrate import HEADROOM, calibration_rows, kv_cache_scales
-    from edgelm.runtime.architecture import Architecture
+    from edgelm.runtime.package_format import Architecture
 
     arch = Architecture.from_hf_config(json.loads((tiny_checkpoint / "config.json").read_text()))
     tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))

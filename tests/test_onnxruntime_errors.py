@@ -38,15 +38,18 @@ def unloadable(tiny_package, tmp_path):
 
 @pytest.fixture
 def fails_when_run(tiny_package, tmp_path):
-    """A graph that loads but fails in its first run: the position table keeps 2 of its rows, so the third
-    prompt token's position is out of range for the Gather that reads it."""
+    """A graph that loads but fails in its first run: the token lookup reads a copy of the embedding that keeps
+    only 2 of its columns, so any token id from 2 up is out of range for the Gather that reads it."""
     import onnx
     from onnx import numpy_helper
 
     folder = shutil.copytree(tiny_package, tmp_path / "fails-when-run")
     model = onnx.load(str(folder / "model.onnx"))
-    (wpe,) = [t for t in model.graph.initializer if t.name == "wpe"]
-    wpe.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(wpe)[:2], "wpe"))
+    (lookup,) = [n for n in model.graph.node if n.op_type == "Gather" and "input_ids" in n.input]
+    table = next(t for t in model.graph.initializer if t.name == lookup.input[0])
+    short = numpy_helper.from_array(numpy_helper.to_array(table)[:, :2].copy(), "token_table_short")
+    model.graph.initializer.append(short)
+    lookup.input[0] = "token_table_short"
     onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True, location="model.onnx.data")
     record_files(folder, "model.onnx", "model.onnx.data")
     return folder
