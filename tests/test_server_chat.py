@@ -5,9 +5,10 @@ named, and CORS on the chat path. Every answer is checked against Model.chat in 
 import asyncio
 import json
 
+import httpx
 import openai
 import pytest
-from server_harness import HTTP, InProcessServer
+from server_harness import HTTP, InProcessServer, gate
 
 from edgelm.runtime import load
 from edgelm.runtime.chat_template import ChatTemplate
@@ -176,6 +177,50 @@ def test_content_parts_and_developer_role(server, model):
     parts = [{"role": "developer", "content": "You are terse."}, {"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]  # fmt: skip
     answer = chat(server, {"messages": parts, "max_tokens": 12, "temperature": 0, "user": "someone"}).json()
     assert answer["choices"][0]["message"]["content"] == greedy(model).text.lstrip()
+
+
+# -- the completions' queue and cancellation -------------------------------------------------------------
+
+
+@pytest.fixture
+def gated(tiny_package):
+    """One slot, no queue, and a decoder that waits at a gate the test holds and releases."""
+    model = load(tiny_package)
+    engine = gate(model)
+    s = InProcessServer(model, Limits(max_tokens=50), max_concurrency=1, max_queue=0)
+    s.engine = engine
+    yield s
+    engine.release()
+    s.stop()
+
+
+HELD = {"messages": MESSAGES, "max_tokens": 20, "ignore_eos": True, "temperature": 0}
+
+
+def test_queue_full_is_429_and_a_chat_stream_that_leaves_frees_its_slot(gated):
+    before = gated.health()["cancelled"]
+    gated.engine.hold()
+    with HTTP.stream("POST", gated.url + "/v1/chat/completions", json={**HELD, "stream": True}) as held:
+        lines = held.iter_lines()  # kept: dropping a half-read iterator closes the connection
+        next(lines)  # the role chunk: the held request has the only slot
+        response = chat(gated, {"messages": MESSAGES, "max_tokens": 2})
+        assert response.status_code == 429 and response.headers["retry-after"] == "1", response.text
+        assert response.json()["error"]["code"] == "queue_full"
+    gated.wait_until_stopped("cancelled")
+    gated.engine.release()
+    assert gated.idle("cancelled", before)["cancelled"] == before + 1
+    assert chat(gated, {"messages": MESSAGES, "max_tokens": 2}).status_code == 200
+
+
+def test_a_chat_client_that_leaves_before_the_answer_stops_its_generation(gated):
+    before = gated.health()["cancelled"]
+    gated.engine.hold()
+    with pytest.raises(httpx.ReadTimeout):
+        HTTP.post(gated.url + "/v1/chat/completions", json=HELD, timeout=0.5)
+    gated.wait_until_stopped("cancelled")
+    gated.engine.release()
+    health = gated.idle("cancelled", before)
+    assert health["active"] == 0 and health["cancelled"] == before + 1
 
 
 # -- bad requests ----------------------------------------------------------------------------------------

@@ -103,7 +103,8 @@ async def _events(request, job, req, model_id, prompt_tokens, limits):
     completions = None
     entries_sent, started = [0] * req.n, [False] * req.n  # per choice: entries sent; content begun
     try:
-        yield sse([shapes.ChunkChoice(index=i, delta={"role": "assistant", "content": ""}) for i in range(req.n)])
+        for i in range(req.n):  # one choice per chunk, as OpenAI sends them
+            yield sse([shapes.ChunkChoice(index=i, delta={"role": "assistant", "content": ""})])
         async for kind, value in job:
             if kind == "piece":
                 piece, entries = value
