@@ -262,7 +262,7 @@ def test_bad_requests_name_the_field(server, body, param, words):
 def test_a_conversation_longer_than_the_context_is_refused(server):
     long = [{"role": "user", "content": "word " * 200}]
     error = chat(server, {"messages": long, "max_tokens": 4}).json()["error"]
-    assert error["param"] == "prompt" and "context" in error["message"]
+    assert error["param"] == "messages" and "context" in error["message"]
 
 
 def test_a_template_that_fails_to_render_is_a_400_naming_messages(tiny_package):

@@ -23,4 +23,7 @@ print("chat.completions.create:", repr(answer.choices[0].message.content), answe
 chunks = client.chat.completions.create(
     model=MODEL, messages=messages, max_tokens=16, stream=True, stream_options={"include_usage": True}
 )
-print("chat.completions.create(stream=True):", repr("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)))
+print(
+    "chat.completions.create(stream=True):",
+    repr("".join(c.choices[0].delta.content or "" for c in chunks if c.choices)),
+)

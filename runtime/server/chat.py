@@ -36,7 +36,12 @@ def chat_endpoint(model, jobs, names, limits, model_id: str):
             config = model.settings(**req.options)  # every option's range, checked once
         except EdgelmError as error:
             raise api_error(error, field_of=req.field_of) from None
-        batch = await runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
+        try:
+            batch = await runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
+        except ApiError as error:
+            if error.param == "prompt":  # the rendered conversation: what the client sent is its messages
+                error.param = "messages"
+            raise
         prompt_tokens = len(batch.prompts[0])
         check_tokens_held(req, [prompt_tokens], limits)
         work = functools.partial(_complete, batch)
