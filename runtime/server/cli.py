@@ -146,20 +146,20 @@ def serve(
 ):
     """Serve PACKAGE (default models/distilgpt2) over an OpenAI-compatible HTTP API.
 
-      \b
-      POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...); text or token-id prompts
-    POST /v1/chat/completions  OpenAI chat (stream, logprobs, n, stop, seed, ...); the package's chat template
-      POST /v1/score        per-token log-probs and perplexity of {"text": ...}
-      POST /tokenize, /detokenize   {"content": ...} <-> {"tokens": [...]} (llama-server's shapes)
-      GET  /v1/models, /health
+    \b
+    POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...); text or token-id prompts
+    POST /v1/chat/completions  OpenAI chat (stream, logprobs, n, stop, seed, ...), by the package's chat template
+    POST /v1/score        per-token log-probs and perplexity of {"text": ...}
+    POST /tokenize, /detokenize   {"content": ...} <-> {"tokens": [...]} (llama-server's shapes)
+    GET  /v1/models, /health
 
-      Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
-      transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
-      ignore_eos, truncate) are extra fields. Each request runs on its own, so a seeded or greedy request
-      gives what `edgelm generate` gives. Streamed log-probs come with the text chunk their tokens print in.
-      Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
-      Binds to 127.0.0.1 unless --host says otherwise. Takes only JSON bodies, only Host names it is known
-      by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
+    Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
+    transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
+    ignore_eos, truncate) are extra fields. Each request runs on its own, so a seeded or greedy request
+    gives what `edgelm generate` gives. Streamed log-probs come with the text chunk their tokens print in.
+    Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
+    Binds to 127.0.0.1 unless --host says otherwise. Takes only JSON bodies, only Host names it is known
+    by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
     """
     try:
         from .app import create_app
