@@ -5,6 +5,7 @@
     GET  /v1/models           the loaded package as the one model (id: the first --model-name, else the package name)
     POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not; prompts as
                               text or token ids
+    POST /v1/chat/completions OpenAI's chat completions, the prompt made by the package's chat template (chat.py)
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
     POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
     POST /detokenize          {"tokens": [ids]} -> {"content"}
@@ -31,18 +32,14 @@ from starlette.routing import Route
 from ..errors import EdgelmError
 from . import requests, responses
 from .bodies import json_response, read_json
+from .chat import chat_endpoint
 from .errors import ApiError, api_error, describe
-from .jobs import Job, Jobs, QueueFull, Stopped
+from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .requests import Limits, ModelNames
+from .waiting import SSE_HEADERS, ClientGone, admit, job_result, runtime_errors, unless_gone
 
 log = logging.getLogger("edgelm.server")
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-RETRY_AFTER = "1"  # seconds a client refused with 429 should wait before trying again
-
-
-class ClientGone(Exception):
-    """The client closed its connection before the answer was ready."""
 
 
 def create_app(
@@ -84,11 +81,11 @@ def create_app(
             config = model.settings(**req.options)  # every option's range, checked once
         except EdgelmError as error:
             raise api_error(error, field_of=req.field_of) from None
-        generation, prompt_counts = await _runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
+        generation, prompt_counts = await runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
         requests.check_tokens_held(req, prompt_counts, limits)
         work = functools.partial(_complete, model, req, generation)
         del generation  # from here the job holds it, and drops it when it ends
-        job = await _admit(request, jobs, work, deadline, limits)
+        job = await admit(request, jobs, work, deadline, limits)
         del work
         if req.stream:
             # background: a stream cut before its generator ever ran has no `finally` to stop the job
@@ -99,7 +96,7 @@ def create_app(
                 background=BackgroundTask(job.stop),
             )
         try:
-            completions, scores = await _unless_gone(request, _result(job), job)
+            completions, scores = await unless_gone(request, job_result(job), job)
         except (ClientGone, ApiError):
             raise
         except Exception as error:
@@ -115,9 +112,9 @@ def create_app(
     async def score(request):
         deadline = time.monotonic() + limits.request_timeout
         text = requests.parse_score_request(await read_json(request, limits, deadline), names)
-        job = await _admit(request, jobs, functools.partial(_score, model, text), deadline, limits)
+        job = await admit(request, jobs, functools.partial(_score, model, text), deadline, limits)
         try:
-            result = await _unless_gone(request, _result(job), job)
+            result = await unless_gone(request, job_result(job), job)
         except ClientGone:
             raise
         except EdgelmError as error:
@@ -154,6 +151,7 @@ def create_app(
         Route("/v1/models", _endpoint(models)),
         Route("/v1/models/{name:path}", _endpoint(one_model)),
         Route("/v1/completions", _endpoint(completions), methods=["POST"]),
+        Route("/v1/chat/completions", _endpoint(chat_endpoint(model, jobs, names, limits, model_id)), methods=["POST"]),
         Route("/v1/score", _endpoint(score), methods=["POST"]),
         Route("/tokenize", _endpoint(tokenize), methods=["POST"]),
         Route("/detokenize", _endpoint(detokenize), methods=["POST"]),
@@ -268,72 +266,6 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
         yield "data: [DONE]\n\n"
     finally:  # normal end, or the client went away (Starlette cancels this generator): stop the generation
         job.stop()
-
-
-async def _admit(request, jobs, work, deadline, limits):
-    """Wait in line for a slot and start `work` on it; refuse with 429 when the line is full, 408 at the deadline."""
-    try:
-        return await _unless_gone(request, jobs.start(work, deadline))
-    except QueueFull:
-        raise ApiError(
-            429,
-            f"the server is busy: {jobs.slots.size} requests are running and {jobs.slots.max_queue} waiting (--max-queue); retry shortly",
-            code="queue_full",
-            type="rate_limit_error",
-            headers={"Retry-After": RETRY_AFTER},
-        ) from None
-    except asyncio.TimeoutError:
-        raise api_error(Stopped("timeout"), limits.request_timeout) from None
-    except Stopped as stopped:
-        raise api_error(stopped, limits.request_timeout) from None
-
-
-async def _result(job):
-    """The value of a job's "done" event; its error re-raised."""
-    async for kind, value in job:
-        if kind == "done":
-            return value
-        if kind == "error":
-            raise value
-    raise Stopped("cancelled")
-
-
-async def _unless_gone(request, awaitable, job=None):
-    """Await `awaitable` unless the client disconnects first: then cancel it, stop the job, raise ClientGone."""
-    task = asyncio.ensure_future(awaitable)
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            task.add_done_callback(_stop_late_job)
-            if job is not None:
-                job.stop()
-    if task.done() and not task.cancelled():
-        return task.result()
-    request.state.error = 499  # nginx's "client closed request", for the log line only
-    raise ClientGone()
-
-
-def _stop_late_job(task) -> None:
-    """A job that started just as its client left has nobody to answer: stop it (and read the task's outcome)."""
-    if not task.cancelled() and task.exception() is None and isinstance(task.result(), Job):
-        task.result().stop()
-
-
-async def _disconnected(request) -> None:
-    """Returns when the client closes the connection (the body has been read, so only that can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _runtime_errors(awaitable, req):
-    try:
-        return await awaitable
-    except EdgelmError as error:
-        raise api_error(error, field_of=req.field_of) from None
 
 
 def _model_card(model, model_id: str) -> dict:
