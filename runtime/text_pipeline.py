@@ -70,7 +70,9 @@ def task_params(package: Package) -> dict:
     except PackageError:
         if package.manifest is None:
             raise
-        raise PackageError(f"{package.folder / HF_CONFIG} is missing; the package is damaged. Export it again.") from None
+        raise PackageError(
+            f"{package.folder / HF_CONFIG} is missing; the package is damaged. Export it again."
+        ) from None
     params = read_json(path, package.read_limit(path)).get("task_specific_params") or {}
     if not isinstance(params, dict) or not isinstance(params.get(TASK, {}), dict):
         raise PackageError(
