@@ -79,7 +79,24 @@ def export(model, output, quantize, kv_cache, revision, force, name, chat_templa
         raise click.ClickException(str(error)) from None
     size = sum(f["size"] for f in result.manifest["files"].values())
     click.echo(f"{result.path}  ({size / 1e6:.1f} MB)")
+    if quantize != "none":
+        for line in _quality_lines(result.path):
+            click.echo(line)
     console.print(f"Try it: edgelm generate -m {result.path} \"Hello, my name is\"")
+
+
+QUALITY_LINES = ("fp32 parity", "int8 quality", "int4 quality", "validation")  # edgelm info's lines about it
+
+
+def _quality_lines(package_folder) -> list:
+    """The quantized package's measured quality (top-1 agreement, KL, perplexity change), as edgelm info shows it."""
+    from edgelm.runtime.package import open_package
+
+    try:
+        described = open_package(package_folder, verify=False).describe()
+    except EdgelmError:
+        return []
+    return [line.strip() for line in described.splitlines() if line.strip().startswith(QUALITY_LINES)]
 
 
 def _read_template(file) -> str | None:

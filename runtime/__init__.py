@@ -28,7 +28,7 @@ _LAZY = {
     "Score": "model",
     "Stream": "model",
     "load": "model",
-    "pipeline": "model",
+    "pipeline": "text_pipeline",
 }
 
 __all__ = [

@@ -140,7 +140,7 @@ def run_bench(
     started = time.perf_counter()
     model = load(path, device=device, threads=threads)
     result = {
-        "package": str(path),
+        "package": str(model.package.folder),
         "device": model.device,
         "threads": threads,
         "runs": runs,

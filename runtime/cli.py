@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from .cli_package import package_option, package_option_or_argument
 from .errors import EdgelmError
 from .store_cli import COMMANDS as STORE_COMMANDS
 
@@ -33,8 +34,10 @@ def main():
     """Ship a GPT-2-family model as an ONNX package and run it without PyTorch.
 
     \b
-    edgelm export distilgpt2            # hub id or local folder -> models/distilgpt2
-    edgelm generate "Hello, my name is"  # stream a completion
+    edgelm export distilgpt2                  # hub id or local folder -> models/distilgpt2
+    edgelm generate "Hello, my name is"       # stream a completion from the default package
+    edgelm generate -m NAME_OR_PATH "Hello"   # -m names the package, the same in every command
+    echo "Once upon a time" | edgelm generate # piped text is the prompt
     """
 
 
@@ -46,8 +49,8 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 
 
 @main.command()
-@click.argument("prompt", required=False, default="")
-@click.option("-m", "--model", "package", default=None, help="Package folder (default: models/distilgpt2).")
+@click.argument("prompt", required=False)
+@package_option
 @click.option("--max-new-tokens", type=int, help="Stop after this many new tokens.")
 @click.option("--min-new-tokens", type=int, help="Do not end before this many new tokens.")
 @click.option(
@@ -70,7 +73,9 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 @click.option("--ban", multiple=True, metavar="TEXT", help="Never generate this word or token sequence (repeatable).")
 @click.option("--stop", multiple=True, help="End when this text appears; it is not printed (repeatable).")
 @click.option("--ignore-eos", is_flag=True, default=None, help="Keep going past end-of-text.")
-@click.option("-n", "--num-return-sequences", type=int, help="Completions for the prompt.")
+@click.option(
+    "-n", "--num-return-sequences", type=int, help="Completions for the prompt; above 1 needs sampling (--do-sample)."
+)
 @click.option("--seed", type=int, help="Same seed, prompt and options give the same text.")
 @click.option("--logprobs", type=int, help="Include the chosen and top-N tokens' log-probs (with --json).")
 @click.option(
@@ -91,11 +96,16 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 @click.option("--show-config", is_flag=True, help="Print the settings in effect and exit.")
 @click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
 def generate(prompt, package, device, threads, as_json, show_config, no_verify, logit_bias, ban, **options):
-    """Complete PROMPT (or '-' to read it from stdin; nothing for unconditional text) and stream it to stdout."""
+    """Complete PROMPT and stream it to stdout. With no PROMPT, piped stdin is the prompt ('-' reads stdin too);
+    '' asks for unconditional text. The package is given with -m (an installed name or a folder).
+
+    \b
+    edgelm generate -m distilgpt2 "Hello, my name is" --max-new-tokens 30
+    git log -1 --format=%B | edgelm generate --do-sample -n 3
+    """
     from .model import load
 
-    if prompt == "-":
-        prompt = _read_stdin()
+    prompt = _prompt(prompt, package)
     options = {k: v for k, v in options.items() if v is not None}
     if options.get("stop") == ():
         options.pop("stop")
@@ -150,6 +160,29 @@ def _stream(stream):
         sys.exit(130)
 
 
+def _prompt(prompt: str | None, package: str | None) -> str:
+    """The prompt to complete: the argument, else piped stdin. A terminal with no prompt, or a prompt that names a
+    package while -m is absent, is a usage error (never a wait on the keyboard, never the wrong model)."""
+    if prompt == "-":
+        return _read_stdin()
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise click.UsageError(
+                "no prompt: give one (edgelm generate \"Hello\"), pipe one in (echo Hello | edgelm generate), "
+                "or pass '' for unconditional text."
+            )
+        return _read_stdin()
+    if package is None:
+        from .store import names_a_package
+
+        if names_a_package(prompt):
+            raise click.UsageError(
+                f"{prompt!r} is a model package, not a prompt: name the package with -m, e.g. "
+                f"edgelm generate -m {prompt} \"Hello\" (with -m given, any text is taken as the prompt)."
+            )
+    return prompt
+
+
 def _read_stdin() -> str:
     data = sys.stdin.buffer.read()
     try:
@@ -173,27 +206,29 @@ def _parse_bias(items) -> dict:
 
 
 @main.command()
-@click.argument("package", required=False)
+@package_option_or_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest.")
 def info(package, as_json):
-    """Show a package's architecture, weights, sizes and validation figures."""
-    from .package import DEFAULT_PACKAGE, open_package
+    """Show a package's architecture, weights, sizes and validation figures (NAME_OR_PATH is the same as -m)."""
+    from .package import open_package
+    from .store import resolve_package
 
     try:
-        pkg = open_package(package or DEFAULT_PACKAGE, verify=False)
+        pkg = open_package(resolve_package(package), verify=False)
     except EdgelmError as error:
         _fail(error)
     click.echo(json.dumps(pkg.to_dict(), indent=2) if as_json else pkg.describe())
 
 
 @main.command()
-@click.argument("package", required=False)
+@package_option_or_argument
 def verify(package):
-    """Check every file of a package against the sizes and sha256 in its manifest."""
-    from .package import DEFAULT_PACKAGE, open_package
+    """Check every file of a package against the sizes and sha256 in its manifest (NAME_OR_PATH is the same as -m)."""
+    from .package import open_package
+    from .store import resolve_package
 
     try:
-        pkg = open_package(package or DEFAULT_PACKAGE, verify=True)
+        pkg = open_package(resolve_package(package), verify=True)
     except EdgelmError as error:
         _fail(error)
     click.echo(
@@ -204,20 +239,26 @@ def verify(package):
 
 
 @main.command()
-@click.argument("package", required=False)
+@package_option_or_argument
 @click.option("--runs", type=int, default=3, show_default=True, help="Repeats per figure (medians are reported).")
 @click.option("--threads", type=click.IntRange(min=1), help="onnxruntime intra-op threads (default: all cores).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def bench(package, runs, threads, device, as_json):
-    """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling."""
+    """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling
+    (NAME_OR_PATH is the same as -m)."""
     from .bench import format_table, run_bench
-    from .package import DEFAULT_PACKAGE
 
     if runs < 1:
         raise click.BadParameter("must be at least 1", param_hint="--runs")
     try:
-        result = run_bench(package or DEFAULT_PACKAGE, threads=threads, device=device, runs=runs)
+        result = run_bench(package, threads=threads, device=device, runs=runs)
     except EdgelmError as error:
         _fail(error)
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))

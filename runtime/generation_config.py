@@ -38,7 +38,9 @@ class GenerationConfig:
     bad_words_ids: tuple = ()  # token-id sequences that must never be generated (banned tokens are 1-long)
     ignore_eos: bool = False  # keep going past end-of-text
     stop: tuple = ()  # strings that end generation; not included in the output
-    num_return_sequences: int = 1  # completions per prompt
+    num_return_sequences: int = 1  # completions per prompt; above 1 needs do_sample, as in transformers
+    greedy_copies: bool = False  # True: num_return_sequences > 1 without sampling gives identical greedy rows
+    # (OpenAI's n at temperature 0, which the server keeps); False refuses them, as transformers does
     seed: int | None = None  # same seed, prompt and options -> same tokens
     logprobs: int | None = None  # None: off; N >= 0: the chosen token's log-prob and the top-N alternatives
     truncate: bool = False  # prompt + max_new_tokens over the context: False raises, True drops the oldest tokens
@@ -79,6 +81,7 @@ class GenerationConfig:
         values["eos_token_id"] = eos
         values["pad_token_id"] = values.pop("pad_token_id", pad_token_id)
         values.pop("num_return_sequences", None)
+        values.pop("greedy_copies", None)  # the caller's choice (the server's), never a package's
         return cls(**values, vocab_size=vocab_size)
 
 
@@ -163,7 +166,7 @@ def _check(c: GenerationConfig) -> None:
         "min_new_tokens",
         f"min_new_tokens must be an integer between 0 and max_new_tokens ({c.max_new_tokens}), got {c.min_new_tokens!r}",
     )
-    for name in ("do_sample", "truncate", "ignore_eos"):
+    for name in ("do_sample", "truncate", "ignore_eos", "greedy_copies"):
         _need(isinstance(getattr(c, name), bool), name, f"{name} must be true or false, got {getattr(c, name)!r}")
     _need(
         _is_number(c.temperature) and c.temperature >= 0,
@@ -202,6 +205,13 @@ def _check(c: GenerationConfig) -> None:
         _is_int(c.num_return_sequences) and c.num_return_sequences >= 1,
         "num_return_sequences",
         f"num_return_sequences must be an integer >= 1, got {c.num_return_sequences!r}",
+    )
+    _need(  # transformers' GenerationConfig.validate, word for word, then what to do
+        c.num_return_sequences == 1 or c.do_sample or c.greedy_copies,
+        "num_return_sequences",
+        "Greedy methods without beam search do not support `num_return_sequences` different than 1 "
+        f"(got {c.num_return_sequences}): greedy rows would all be the same. Sample (do_sample=True, --do-sample) "
+        "to get different sequences, or ask for one.",
     )
     _need(c.seed is None or (_is_int(c.seed) and c.seed >= 0), "seed", f"seed must be an integer >= 0, got {c.seed!r}")
     _need(

@@ -18,11 +18,12 @@ from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
 from .batch import MAX_BATCH_TOKENS, Batch, Stream
 from .chat_template import ChatTemplate
-from .package import DEFAULT_PACKAGE, Package, open_package
+from .package import Package, open_package
 from .package_format import GENERATION_CONFIG, MANIFEST
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
 from .session import create_session, graph_io, release_freed_memory
+from .store import resolve_package
 
 
 @dataclass
@@ -301,27 +302,10 @@ def _generation_defaults(package: Package) -> GenerationConfig:
 
 
 def load(path=None, device: str = "auto", threads: int | None = None, verify: bool = True) -> Model:
-    """Open a package folder (default models/distilgpt2), check its files, and start a session on `device`."""
+    """Open a package, check its files, and start a session on `device`. `path` is a package folder or the name of
+    an installed package (edgelm list); None opens the default (store.resolve_package says which)."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
-        raise PackageError(f"load() takes the path of a package folder (a str or Path), got {type(path).__name__}")
-    return Model(open_package(path if path is not None else DEFAULT_PACKAGE, verify=verify), device, threads)
-
-
-def pipeline(task: str = "text-generation", model=None, device: str = "auto", **load_options):
-    """The tutorial's call: pipeline("text-generation", model=path)(prompt, max_new_tokens=30) -> [{"generated_text": ...}]."""
-    if task != "text-generation":
-        raise GenerationOptionError(f"edgelm's pipeline does only 'text-generation', not {task!r}")
-    loaded = model if isinstance(model, Model) else load(model, device=device, **load_options)
-
-    def run(prompt, return_full_text: bool = True, **options):
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt) if isinstance(prompt, (list, tuple)) else None
-        if prompts is None or not all(isinstance(p, str) for p in prompts):
-            raise PromptError(f"the pipeline takes a text prompt or a list of them, got {prompt!r:.60}")
-        config = loaded.settings(**options)
-        results = []
-        for text in prompts:
-            completions = loaded.generate([text], config)
-            results.append([{"generated_text": (text if return_full_text else "") + c.text} for c in completions])
-        return results[0] if isinstance(prompt, str) else results
-
-    return run
+        raise PackageError(
+            f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"
+        )
+    return Model(open_package(resolve_package(path), verify=verify), device, threads)

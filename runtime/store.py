@@ -4,7 +4,9 @@ turns a store name or a path into a package folder (resolve_package).
 Where it lives: $EDGELM_HOME if set; else %LOCALAPPDATA%\\edgelm\\models on Windows; else
 $XDG_DATA_HOME/edgelm/models, or ~/.local/share/edgelm/models.
 
-    STORE/NAME/               a package, byte for byte as verified against its manifest
+    STORE/NAME/               a package, every listed file byte for byte as verified against its manifest; the
+                              manifest's name is NAME (the model id `edgelm serve` answers to), written into it
+                              when the package is installed under another name (`--name`)
     STORE/.meta/NAME.json     where it came from (hub repo and commit, or archive file or URL), beside the package
                               so the package's own checksums stay valid
     STORE/.meta/config.json   {"default": NAME}, written by `edgelm default NAME`
@@ -27,7 +29,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import PackageError, StoreError
@@ -140,9 +142,24 @@ def get_default() -> str | None:
     return _config().get("default")
 
 
+def names_a_package(text) -> bool:
+    """Whether `text` names a package beyond doubt: a folder holding a manifest.json (or an optimum export's
+    model.onnx), or an installed name. The command line uses it to tell a package from a prompt."""
+    if not isinstance(text, str) or not text or len(text) > 4096 or "\n" in text or "\0" in text:
+        return False
+    try:
+        folder = Path(text).expanduser()
+        if folder.is_dir() and ((folder / MANIFEST).is_file() or (folder / "model.onnx").is_file()):
+            return True
+        return bool(NAME.fullmatch(text)) and (store_dir() / text / MANIFEST).is_file()
+    except (OSError, ValueError):  # a name too long for the file system, say
+        return False
+
+
 def resolve_package(name_or_path=None) -> Path:
     """The package folder a command means: an existing path is that path; else an installed name; with nothing
-    given, the default (`edgelm default NAME`), else the one installed package, else models/distilgpt2."""
+    given, the default (`edgelm default NAME`), else the one installed package, else models/distilgpt2.
+    Every command and load() resolve through here."""
     if name_or_path is not None:
         path = Path(name_or_path).expanduser()
         if path.exists():
@@ -171,7 +188,9 @@ def resolve_package(name_or_path=None) -> Path:
         raise PackageError(
             f"{len(available)} packages are installed ({', '.join(available)}); name one, or set a default: edgelm default NAME"
         )
-    raise PackageError(f"no model package on this machine. {how_to_get_one()}")
+    raise PackageError(
+        f"no model package on this machine (no default set, none installed in {store_dir()}, no {DEFAULT_PACKAGE} here). {how_to_get_one()}"
+    )
 
 
 def how_to_get_one() -> str:
@@ -271,6 +290,7 @@ def install_folder(folder: Path, name: str, source: dict, force: bool = False) -
     """Verify a filled staging folder and rename it into the store as NAME, recording its source beside it."""
     refuse_taken(name, force)
     package = check_package(folder)
+    manifest = _name_package(folder, package.manifest, name)
     root, target = store_dir(), store_dir() / name
     record = root / META / f".{name}.json{TEMP}{os.getpid()}"
     replaced = root / f"{TRASH}{os.getpid()}-{name}"
@@ -290,7 +310,19 @@ def install_folder(folder: Path, name: str, source: dict, force: bool = False) -
     finally:
         record.unlink(missing_ok=True)
         shutil.rmtree(replaced, ignore_errors=True)
-    return Installed(name, target, package.manifest, _read_record(name), _folder_size(target))
+    return Installed(name, target, manifest, _read_record(name), _folder_size(target))
+
+
+def _name_package(folder: Path, manifest: Manifest, name: str) -> Manifest:
+    """Make the store name the package's name: a package installed under another name than its manifest's gets
+    NAME written into its (already verified) manifest. Only `name` changes; the listed files and their sha256
+    stay as verified, so the package answers to NAME everywhere (edgelm info, serve's model id, pack)."""
+    if manifest.name == name:
+        return manifest
+    with store_writes():
+        data = json.loads((folder / MANIFEST).read_bytes())
+        _write_json(folder / MANIFEST, data | {"name": name})
+    return replace(manifest, name=name)
 
 
 def _folder_size(folder: Path) -> int:

@@ -6,6 +6,7 @@ from contextlib import contextmanager
 
 import click
 
+from .cli_package import package_option_or_argument
 from .errors import EdgelmError
 
 
@@ -25,7 +26,10 @@ def _report(installed) -> None:
 @click.command()
 @click.argument("repo")
 @click.option("--revision", help="Hub branch, tag or commit (default: main).")
-@click.option("--name", help="Install under this name (default: the name in the package's manifest).")
+@click.option(
+    "--name",
+    help="Install under this name, which becomes the package's name (the model id edgelm serve answers to). Default: the name in its manifest.",
+)
 @click.option("--force", is_flag=True, help="Replace an installed package of the same name.")
 def pull(repo, revision, name, force):
     """Download the edgelm package in hub repo REPO (OWNER/NAME), check every file's sha256, install it.
@@ -73,7 +77,7 @@ def rm(name):
 @click.command()
 @click.argument("name", required=False)
 def default(name):
-    """Make the installed package NAME the one commands use when given no package (no NAME: show it).
+    """Make the installed package NAME the one commands use when given no -m (no NAME: show it).
 
     Without a default, commands use the one installed package, else models/distilgpt2."""
     from .store import get_default, set_default
@@ -86,11 +90,11 @@ def default(name):
 
 
 @click.command()
-@click.argument("package", required=False)
+@package_option_or_argument
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Archive file (default: ./NAME.zip).")
 @click.option("--force", is_flag=True, help="Replace an existing archive file.")
 def pack(package, output, force):
-    """Verify PACKAGE (a folder or an installed name) and write it as one zip file, with FILE.sha256 beside it."""
+    """Verify a package (-m NAME_OR_PATH, or NAME_OR_PATH alone) and write it as one zip file, with FILE.sha256 beside it."""
     from .archive import pack as pack_package
 
     with _one_line():
@@ -102,7 +106,10 @@ def pack(package, output, force):
 
 @click.command()
 @click.argument("source", metavar="FILE_OR_URL")
-@click.option("--name", help="Install under this name (default: the name in the package's manifest).")
+@click.option(
+    "--name",
+    help="Install under this name, which becomes the package's name (the model id edgelm serve answers to). Default: the name in its manifest.",
+)
 @click.option("--sha256", "sha256", metavar="HEX", help="Refuse the archive unless its sha256 is HEX.")
 @click.option("--force", is_flag=True, help="Replace an installed package of the same name.")
 def install(source, name, sha256, force):

@@ -16,6 +16,12 @@ def _export(checkpoint, folder, **options):
     return export_model(str(checkpoint), folder, **options).path
 
 
+@pytest.fixture(autouse=True)
+def isolated_store(tmp_path_factory, monkeypatch):
+    """Every test starts with an empty model store of its own (never the user's): commands resolve packages there."""
+    monkeypatch.setenv("EDGELM_HOME", str(tmp_path_factory.mktemp("store")))
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """2 layers, 4 heads, width 32, 64 positions, a 320-token byte-level BPE; safetensors weights."""

@@ -48,7 +48,7 @@ class Health:
 
 
 class Server(Health):
-    """`edgelm serve PACKAGE --port FREE ...` in a subprocess; its log goes to a file, shown when a test fails."""
+    """`edgelm serve -m PACKAGE --port FREE ...` in a subprocess; its log goes to a file, shown when a test fails."""
 
     def __init__(self, package, tmp_path, *options):
         self.port = free_port()
@@ -59,6 +59,7 @@ class Server(Health):
             "-c",
             "from edgelm.runtime.cli import main; main()",
             "serve",
+            "-m",
             str(package),
             "--port",
             str(self.port),

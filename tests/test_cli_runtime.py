@@ -105,10 +105,10 @@ def test_missing_package_says_how_to_export(tmp_path):
 
 
 def test_bare_generate_looks_for_models_distilgpt2(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    result = invoke("generate")
+    monkeypatch.chdir(tmp_path)  # the store (conftest) is empty too
+    result = invoke("generate", "Hi")
     assert_clean_failure(result, "models/distilgpt2")
-    assert "edgelm export" in result.output
+    assert "edgelm pull" in result.output and "edgelm export" in result.output
     assert_clean_failure(invoke("info"), "models/distilgpt2")
     assert_clean_failure(invoke("verify"), "models/distilgpt2")
 
@@ -150,10 +150,10 @@ def test_stop(tiny_package, model):
 
 
 def test_several_sequences(tiny_package, model):
-    result = generate(tiny_package, "Hi", "--max-new-tokens", 6, "-n", 2)
+    result = generate(tiny_package, "Hi", "--max-new-tokens", 6, "-n", 2, "--do-sample", "--seed", 3)
     assert result.exit_code == 0, result.output
-    text = model.generate("Hi", max_new_tokens=6).text
-    assert result.stdout == f"{text}\n---\n{text}\n"  # greedy rows are identical
+    texts = [c.text for c in model.generate("Hi", max_new_tokens=6, num_return_sequences=2, do_sample=True, seed=3)]
+    assert result.stdout == f"{texts[0]}\n---\n{texts[1]}\n"
     data = json.loads(
         generate(tiny_package, "Hi", "--max-new-tokens", 6, "-n", 3, "--json", "--do-sample", "--seed", 4).stdout
     )

@@ -3,8 +3,10 @@ that the restart is real (runtime/hugepages.py)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,20 +95,27 @@ def test_the_command_restarts_itself_once_with_the_tunable(fixture, opt_out, req
         assert tunables == ["GLIBC_TUNABLES="]
 
 
-def test_the_command_line_names_the_package_it_will_load(tiny_package_int8, tmp_path):
+def test_the_command_line_names_the_package_it_will_load(tiny_package_int8, tmp_path, monkeypatch):
     from edgelm.runtime.launch import package_to_load
-    from edgelm.runtime.package import DEFAULT_PACKAGE
 
-    package = str(tiny_package_int8)
-    assert package_to_load(["bench", package, "--runs", "1"]) == package
-    assert package_to_load(["serve", "--port", "8001", package]) == package
-    assert package_to_load(["serve", str(tmp_path), package]) == package  # a folder without a manifest is not one
-    assert package_to_load(["bench"]) == DEFAULT_PACKAGE
+    monkeypatch.chdir(tmp_path)
+    package = Path(tiny_package_int8)
+    assert package_to_load(["bench", str(package), "--runs", "1"]) == package
+    assert package_to_load(["serve", "--port", "8001", str(package)]) == package
+    assert package_to_load(["serve", str(tmp_path), str(package)]) == package  # a folder without a manifest is not one
+    for option in (["-m", str(package)], ["--model", str(package)], [f"--model={package}"], [f"-m{package}"]):
+        assert package_to_load(["serve", "--port", "8001", *option]) == package, option
+    assert package_to_load(["bench"]) is None  # nothing to load here: the command itself says so
+    # a store name, given or as the one installed package, is found the way the command finds it
+    store = Path(os.environ["EDGELM_HOME"])
+    shutil.copytree(package, store / "tiny8")
+    for args in (["serve", "-m", "tiny8"], ["bench", "tiny8", "--runs", "1"], ["bench"]):
+        assert package_to_load(args) == store / "tiny8", args
     # one-shot generation would pay the restart's start-up on every call; the others load no model
     for args in (
-        ["generate", "Hello", "-m", package],
-        ["info", package],
-        ["verify", package],
+        ["generate", "Hello", "-m", str(package)],
+        ["info", str(package)],
+        ["verify", str(package)],
         ["export", "distilgpt2"],
         ["--help"],
         [],

@@ -21,6 +21,7 @@ ENGINE = "edgelm.runtime.engine"
 # The command line: the only modules that may import click, and name the export stage (lazily, for `edgelm export`).
 COMMAND_LINE = {
     "edgelm.runtime.cli",
+    "edgelm.runtime.cli_package",
     "edgelm.runtime.launch",
     "edgelm.runtime.chat_cli",
     "edgelm.runtime.store_cli",

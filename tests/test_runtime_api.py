@@ -131,7 +131,7 @@ def test_breaking_out_of_a_stream_stops_generation(model, monkeypatch):
 
 def test_stream_refuses_several_sequences(model):
     with pytest.raises(GenerationOptionError, match="batch"):
-        model.stream("Hi", num_return_sequences=2)
+        model.stream("Hi", num_return_sequences=2, do_sample=True)
 
 
 # --- stop strings ------------------------------------------------------------------------------------

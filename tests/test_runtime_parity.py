@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import edgelm.runtime as rt
+from edgelm.runtime import GenerationOptionError
 
 EOS = 0  # the tiny tokenizer's <|endoftext|>, also GPT-2's start token
 PROMPTS = [
@@ -172,7 +173,10 @@ def test_padded_batch_equals_transformers_left_padded_batch(model, reference_mod
 
 
 def test_greedy_return_sequences_are_identical(model):
-    rows = model.generate(PROMPTS[0], max_new_tokens=12, num_return_sequences=3)
+    """Only on request (the server's n at temperature 0): transformers refuses them, and so does the default."""
+    with pytest.raises(GenerationOptionError, match="Greedy methods without beam search"):
+        model.generate(PROMPTS[0], max_new_tokens=12, num_return_sequences=3)
+    rows = model.generate(PROMPTS[0], max_new_tokens=12, num_return_sequences=3, greedy_copies=True)
     assert isinstance(rows, list) and len(rows) == 3
     assert rows[0].token_ids == rows[1].token_ids == rows[2].token_ids
     assert rows[0].token_ids == model.generate(PROMPTS[0], max_new_tokens=12).token_ids

@@ -401,7 +401,7 @@ def test_sigterm_mid_stream_exits_0_and_never_sends_broken_json(tiny_package, tm
 
 def test_serve_refuses_a_missing_package(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", str(tmp_path / "nope")],
+        [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", "-m", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         timeout=60,

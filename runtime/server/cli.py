@@ -5,19 +5,26 @@ import os
 
 import click
 
+from ..cli_package import package_option_or_argument
 from ..errors import EdgelmError
 
 
 @click.command()
-@click.argument("package", required=False)
+@package_option_or_argument
 @click.option(
     "--host",
     default="127.0.0.1",
     show_default=True,
     help="Address to listen on; 0.0.0.0 exposes the server to the network.",
 )
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
+)
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
@@ -117,7 +124,11 @@ from ..errors import EdgelmError
     help="On SIGINT/SIGTERM, seconds running requests get to finish before they are stopped.",
 )
 @click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="The server's logging level.",
 )
 @click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
 def serve(
@@ -144,7 +155,8 @@ def serve(
     log_level,
     no_verify,
 ):
-    """Serve PACKAGE (default models/distilgpt2) over an OpenAI-compatible HTTP API.
+    """Serve a package (-m NAME_OR_PATH, or NAME_OR_PATH alone; default: as for every command) over an
+    OpenAI-compatible HTTP API.
 
     \b
     POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...); text or token-id prompts

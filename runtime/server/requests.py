@@ -24,8 +24,8 @@ from pydantic_core import PydanticCustomError
 from .errors import ApiError
 
 DEFAULT_MAX_TOKENS = 16
-# OpenAI's defaults, applied over the package's generation_config.json.
-OPENAI_DEFAULTS = {"top_p": 1.0, "top_k": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+# OpenAI's defaults, applied over the package's generation_config.json; n > 1 at temperature 0 gives n greedy copies.
+OPENAI_DEFAULTS = {"top_p": 1.0, "top_k": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "greedy_copies": True}
 # Fields passed to the runtime under the same name, when given.
 PASSTHROUGH = (
     "top_p",
