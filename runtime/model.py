@@ -237,10 +237,7 @@ class Model:
     def chat_batch(self, messages, config: GenerationConfig | None = None, **options) -> Batch:
         """A Batch for the assistant's next message: `messages` rendered by the package's chat template (with
         the assistant's turn opened), the template's stop strings added to the caller's."""
-        if config is None:
-            config = self.settings(**options)
-        elif options:
-            raise GenerationOptionError("pass either a GenerationConfig or options, not both")
+        config = self._config(config, options)
         prompt = self.chat_template.render(messages, add_generation_prompt=True)
         extra = tuple(s for s in self.chat_template.stop if s not in config.stop)
         return self.batch([prompt], config.with_options(stop=config.stop + extra) if extra else config)

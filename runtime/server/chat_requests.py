@@ -15,18 +15,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from .errors import ApiError
 from .requests import (
     OPENAI_DEFAULTS,
     PASSTHROUGH,
-    STRICT,
-    TEXTS,
+    SamplingBody,
     Limits,
     ModelNames,
-    StreamOptions,
-    Text,
     _logit_bias,
     _validate,
     check_tokens_held,
@@ -35,36 +32,14 @@ from .requests import (
 MESSAGES = 'a list of messages like {"role": "user", "content": "Hi"}'
 
 
-class ChatBody(BaseModel):
-    """POST /v1/chat/completions. OpenAI's own fields first, then edgelm's extras under transformers' names."""
+class ChatBody(SamplingBody):
+    """POST /v1/chat/completions."""
 
-    model_config = STRICT
-    model: Text | None = None
     messages: Any = Field(None, description=MESSAGES)  # checked by the chat template, which names the bad field
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    stop: Text | list[Text] | None = Field(None, description=TEXTS)
-    seed: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[Text, float] | None = None
-    user: Text | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repetition_penalty: float | None = None
-    no_repeat_ngram_size: int | None = None
-    min_tokens: int | None = None
-    min_new_tokens: int | None = None
-    ignore_eos: bool | None = None
-    truncate: bool | None = None
 
 
 @dataclass

@@ -82,13 +82,12 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class CompletionBody(BaseModel):
-    """POST /v1/completions. OpenAI's own fields first, then edgelm's extras under transformers' names."""
+class SamplingBody(BaseModel):
+    """The fields the completions and chat endpoints share: OpenAI's sampling options, then edgelm's extras under
+    transformers' names. Each endpoint's body adds its own."""
 
     model_config = STRICT
     model: Text | None = None
-    prompt: Text | list[Text] | list[int] | list[list[int]] | None = Field(None, description=PROMPTS)
-    max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     n: int | None = None
@@ -96,14 +95,10 @@ class CompletionBody(BaseModel):
     stream_options: StreamOptions | None = None
     stop: Text | list[Text] | None = Field(None, description=TEXTS)
     seed: int | None = None
-    logprobs: int | None = None
-    echo: bool | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[Text, float] | None = None
     user: Text | None = None
-    best_of: int | None = None
-    suffix: Text | None = None
     top_k: int | None = None
     min_p: float | None = None
     typical_p: float | None = None
@@ -113,6 +108,17 @@ class CompletionBody(BaseModel):
     min_new_tokens: int | None = None
     ignore_eos: bool | None = None
     truncate: bool | None = None
+
+
+class CompletionBody(SamplingBody):
+    """POST /v1/completions."""
+
+    prompt: Text | list[Text] | list[int] | list[list[int]] | None = Field(None, description=PROMPTS)
+    max_tokens: int | None = None
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: Text | None = None
 
 
 class TokenizeBody(BaseModel):
