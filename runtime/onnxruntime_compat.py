@@ -21,17 +21,12 @@ import re
 
 from .errors import DeviceError, PackageError
 
-# (operator, attribute or None for the operator itself) -> (oldest onnxruntime, what needs it).
+# (operator, attribute or None for the operator itself) -> (oldest onnxruntime, what needs it). 1.21's
+# GroupQueryAttention takes 9 inputs at most; edgelm's passes its attention bias as the 11th.
 OPERATOR_MINIMUM = {
-    ("GroupQueryAttention", None): (
-        "1.22",
-        "GroupQueryAttention with an attention_bias input (older releases take at most 9 inputs)",
-    ),
+    ("GroupQueryAttention", None): ("1.22", "GroupQueryAttention with an attention_bias input"),
     ("GatherBlockQuantized", "bits"): ("1.23", "the int4 token lookup (GatherBlockQuantized's bits attribute)"),
-    ("GroupQueryAttention", "kv_cache_bit_width"): (
-        "1.28",
-        "the int8 KV cache (1.25-1.26 fail at the first step, 1.27 decodes batches of more than one row wrongly)",
-    ),
+    ("GroupQueryAttention", "kv_cache_bit_width"): ("1.28", "the int8 KV cache"),  # 1.25-1.27: see the table above
 }
 OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the float32 package's: pyproject's minimum
 CPU_WHEEL, GPU_WHEEL = "onnxruntime", "onnxruntime-gpu"
