@@ -49,6 +49,10 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
     """Returns the session and the device it really runs on ("cuda" or "cpu")."""
     warn_if_shadowed()
     providers = choose_providers(device)
+    if device == "auto" and CUDA in providers:
+        # onnxruntime-gpu without a usable GPU logs errors through its process-wide logger before "auto" falls
+        # back to the CPU, which is what auto means; --device cuda keeps that line, which names what is missing.
+        ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
     # EXTENDED: every fusion this graph gets (ALL adds only layout passes, which find nothing in a decoder and
     # cost ~0.1 s of each process start: 0.29 -> 0.18 s for the distilgpt2-shaped int8 graph).

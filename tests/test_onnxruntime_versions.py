@@ -191,3 +191,16 @@ def test_device_cuda_without_cuda_is_one_clear_line_on_the_command_line(tiny_pac
     assert result.exit_code == 1
     assert "this onnxruntime has no CUDA provider" in result.output and "Traceback" not in result.output
     assert "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'onnxruntime-gpu>=1.22'" in result.output
+
+
+def test_auto_quiets_onnxruntimes_own_cuda_errors_and_cuda_keeps_them(monkeypatch):
+    """onnxruntime-gpu without CUDA libraries logs its own error lines; "auto" falls back to the CPU silently,
+    while --device cuda keeps the line that names the missing library."""
+    severities = []
+    monkeypatch.setattr(session.ort, "set_default_logger_severity", severities.append)
+    monkeypatch.setattr(session.ort, "get_available_providers", lambda: [CUDA, CPU])
+    monkeypatch.setattr(session.ort, "InferenceSession", lambda *a, **k: _FakeSession())
+    assert session.create_session("model.onnx", "auto")[1] == "cpu" and severities == [4]
+    with pytest.raises(DeviceError, match="could not start CUDA here"):
+        session.create_session("model.onnx", "cuda")
+    assert severities == [4]
