@@ -26,6 +26,7 @@ from edgelm.runtime.package_format import (
     Validation,
     Weights,
 )
+from edgelm.runtime.onnxruntime_compat import graph_minimum
 from edgelm.runtime.store import check_name
 
 from .checkpoint import load_checkpoint
@@ -43,7 +44,6 @@ TOOLS = (
     "transformers",
     "onnx",
     "onnxruntime",
-    "optimum-onnx",
     "huggingface_hub",
     "tokenizers",
     "safetensors",
@@ -206,6 +206,9 @@ def _graph_section(shipped, kv_cache: str) -> Graph:
     import onnx
 
     model = onnx.load_model_from_string(shipped.graph)
+    uses = {(n.op_type, None) for n in model.graph.node} | {
+        (n.op_type, a.name) for n in model.graph.node for a in n.attribute
+    }
 
     def describe(value) -> TensorInfo:
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
@@ -220,6 +223,7 @@ def _graph_section(shipped, kv_cache: str) -> Graph:
         weights_file=WEIGHTS_FILE,
         token_embeddings=shipped.token_embeddings,
         kv_cache=_kv_cache_description(kv_cache),
+        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/onnxruntime_compat.py
     )
 
 

@@ -18,6 +18,7 @@ from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
 from .batch import MAX_BATCH_TOKENS, Batch, Stream
 from .chat_template import ChatTemplate
+from .onnxruntime_compat import check_installed
 from .package import Package, open_package
 from .package_format import GENERATION_CONFIG, MANIFEST
 from .sampling import log_softmax
@@ -51,6 +52,7 @@ class Model:
             raise
         except Exception as error:  # tokenizers raises a bare Exception for a damaged file
             raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {str(error)[:200]}") from None
+        check_installed(package.min_onnxruntime, f"the package {package.folder}")  # before onnxruntime sees it
         session, self.device = create_session(package.model_file, device, threads)
         _check_graph_shapes(session, package)
         graph = package.manifest.graph if package.manifest else None

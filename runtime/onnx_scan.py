@@ -1,13 +1,13 @@
 """What the loader checks inside model.onnx before onnxruntime opens it, read from the protobuf wire format
-(the runtime has no `onnx` package): the files the graph's external data names, and how many positions its
-position table has.
+(the runtime has no `onnx` package): the files the graph's external data names, how many positions its
+position table has, and the operators and attributes it uses (which onnxruntime it needs).
 
 onnxruntime opens external data itself. Version 1.32 already refuses a location that is absolute, has '..',
 or is a link leading out of the model's folder, and one that is not a regular file; the loader adds that
 every file it names is one the manifest lists (so it was checked against its sha256).
 
 Field numbers are onnx.proto3's: ModelProto.graph 7; GraphProto node 1, initializer 5, sparse_initializer 15;
-NodeProto input 1, op_type 4, attribute 5; AttributeProto t 5, g 6, tensors 10, graphs 11;
+NodeProto input 1, op_type 4, attribute 5; AttributeProto name 1, t 5, g 6, tensors 10, graphs 11;
 TensorProto dims 1, name 8, external_data 13 (StringStringEntryProto key 1, value 2);
 SparseTensorProto values 1, indices 2.
 """
@@ -29,6 +29,7 @@ class ScanError(ValueError):
 class GraphFacts:
     external_files: set = field(default_factory=set)  # every external data `location` in the model
     position_rows: int | None = None  # rows of the table Gather reads with position_ids; None when not found
+    uses: set = field(default_factory=set)  # (op_type, None) per operator, (op_type, attribute name) per attribute
 
 
 def scan_model(path: Path) -> GraphFacts:
@@ -66,7 +67,7 @@ def _graph(view, span, facts, tensors, gathers, depth):
 
 
 def _node(view, span, facts, tensors, gathers, depth):
-    inputs, op_type = [], ""
+    inputs, op_type, attributes = [], "", []
     for number, value in _fields(view, *span):
         if number == 1 and isinstance(value, tuple):
             inputs.append(_text(view, value))
@@ -74,10 +75,13 @@ def _node(view, span, facts, tensors, gathers, depth):
             op_type = _text(view, value)
         elif number == 5 and isinstance(value, tuple):
             for part, inner in _fields(view, *value):
-                if part in (5, 10) and isinstance(inner, tuple):
+                if part == 1 and isinstance(inner, tuple):
+                    attributes.append(_text(view, inner))
+                elif part in (5, 10) and isinstance(inner, tuple):
                     _tensor(view, inner, facts, {})
                 elif part in (6, 11) and isinstance(inner, tuple):
                     _graph(view, inner, facts, {}, [], depth + 1)
+    facts.uses |= {(op_type, None)} | {(op_type, name) for name in attributes}
     if op_type == "Gather" and len(inputs) >= 2:
         gathers.append((inputs[0], inputs[1]))
 

@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
 from .errors import InferenceError
+from .onnxruntime_compat import installed_wheel
 
 log = logging.getLogger("edgelm")
 
@@ -74,7 +75,7 @@ class _Runner:
     def failed(self, error: BaseException) -> InferenceError:
         return InferenceError(
             f"onnxruntime failed while running {self.graph}: {first_line(error)}. If `edgelm verify` passes on the "
-            f"package, it may need a newer onnxruntime than {ort.__version__} (pip install -U onnxruntime); "
+            f"package, it may need a newer onnxruntime than {ort.__version__} (pip install -U {installed_wheel()}); "
             "otherwise export it again."
         )
 

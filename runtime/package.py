@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .errors import PackageError
 from .onnx_scan import ScanError, scan_model
+from .onnxruntime_compat import graph_minimum
 from .package_files import file_record, inside, read_bytes, read_json, sha256_of
 from .package_format import (
     GENERATION_CONFIG,
@@ -52,6 +53,7 @@ class Package:
     kind: str = "edgelm"  # "edgelm" or "optimum"
     weights_file: Path | None = None  # the graph's external data, where it has one
     verified: bool = False  # every listed file had its recorded size and sha256 when the folder was opened
+    min_onnxruntime: str | None = None  # the oldest onnxruntime that runs the graph: the manifest's, else the graph's
 
     @property
     def name(self) -> str:
@@ -112,12 +114,14 @@ def open_package(path, verify: bool = True) -> Package:
     paths = {name: inside(folder, name) for name in manifest.required_files().values()}
     arch = manifest.architecture
     model_file = paths[manifest.graph.file]
-    _check_graph(model_file, arch, lambda name: name in manifest.files, f"{folder / MANIFEST} does not list it")
+    uses = _check_graph(model_file, arch, lambda name: name in manifest.files, f"{folder / MANIFEST} does not list it")
     generation = read_json(
         paths[GENERATION_CONFIG], manifest.files[GENERATION_CONFIG].size if verify else MAX_JSON_BYTES
     )
     weights = paths.get(manifest.graph.weights_file) if manifest.graph.weights_file else None
-    return Package(folder, arch, model_file, paths[manifest.tokenizer], generation, manifest, "edgelm", weights, verify)
+    minimum = manifest.graph.min_onnxruntime or graph_minimum(uses)  # a manifest from before the field: the graph's
+    tokenizer = paths[manifest.tokenizer]
+    return Package(folder, arch, model_file, tokenizer, generation, manifest, "edgelm", weights, verify, minimum)
 
 
 def read_manifest(folder: Path) -> Manifest:
@@ -146,12 +150,13 @@ def verify_files(folder: Path, manifest: Manifest) -> None:
             )
 
 
-def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str) -> None:
-    """The graph reads only listed files, and its position table covers the architecture's n_positions."""
+def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str) -> set:
+    """The graph reads only listed files, and its position table covers the architecture's n_positions.
+    Returns the operators and attributes it uses (onnx_scan.GraphFacts.uses)."""
     try:
         facts = scan_model(model_file)
     except ScanError:
-        return  # not a model this scan reads: onnxruntime refuses it at load with its own message
+        return set()  # not a model this scan reads: onnxruntime refuses it at load with its own message
     for location in sorted(facts.external_files):
         if not listed(location):
             raise PackageError(
@@ -161,6 +166,7 @@ def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str) ->
         raise PackageError(
             f"the package says n_positions is {arch.n_positions} but its graph has {facts.position_rows} positions; the manifest is damaged. Export the package again."
         )
+    return facts.uses
 
 
 def _open_optimum_folder(folder: Path) -> Package:
@@ -188,6 +194,7 @@ def _open_optimum_folder(folder: Path) -> Package:
     def absent_or_regular_here(name: str) -> bool:  # an absent one: onnxruntime says it is missing
         return regular_file_here(name) or not ((folder / name).exists() or (folder / name).is_symlink())
 
-    _check_graph(model_file, arch, absent_or_regular_here, "that is not a regular file of the folder")
+    uses = _check_graph(model_file, arch, absent_or_regular_here, "that is not a regular file of the folder")
     weights = inside(folder, WEIGHTS_FILE) if regular_file_here(WEIGHTS_FILE) else None
-    return Package(folder, arch, model_file, tokenizer_file, generation, None, "optimum", weights)
+    minimum = graph_minimum(uses)
+    return Package(folder, arch, model_file, tokenizer_file, generation, None, "optimum", weights, False, minimum)

@@ -177,6 +177,7 @@ def describe(name: str, kind: str, folder, arch: Architecture, manifest: Manifes
     lines += [
         f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), tied embedding stored once{lookup}",
         f"  KV cache      {g.kv_cache_dtype}, updated in place: {g.kv_cache_in_place}",
+        *([f"  onnxruntime   {g.min_onnxruntime} or newer"] if g.min_onnxruntime else []),
         f"  source        {source} {m.source.get('revision') or ''}".rstrip(),
         "  files         " + ", ".join(f"{n} {f.size / 1e6:.1f} MB" for n, f in m.files.items()),
     ]

@@ -53,6 +53,12 @@ def _bool(where, value):
     return value
 
 
+def _version(where, value) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"\d{1,4}(\.\d{1,6}){0,3}", value):
+        raise FormatError(f"{where} must be a version such as \"1.22\", got {_show(value)}")
+    return value
+
+
 def _object(where, value) -> dict:
     if not isinstance(value, dict):
         raise FormatError(f"{where} must be an object, got {_kind(value)}")
@@ -233,6 +239,7 @@ class Graph:
     weights_file: str | None = None  # the graph's external data
     token_embeddings: TokenTable | None = None
     kv_cache: dict | None = None  # {"dtype": "float32" | "int8", ...how it is scaled}
+    min_onnxruntime: str | None = None  # the oldest onnxruntime that runs the graph (runtime/onnxruntime_compat.py)
     logits_to_keep: str = "optional scalar input, default 0 = logits for every position; 1 = last position only"
     past_layout: str = "[batch, heads, past_sequence, head_size]"
 
@@ -256,6 +263,7 @@ class Graph:
             weights_file=_get(where, data, "weights_file", lambda w, v: None if v is None else file_name(w, v), None),
             token_embeddings=_get(where, data, "token_embeddings", lambda w, v: TokenTable.from_dict(v, w, arch), None),
             kv_cache=kv_cache,
+            min_onnxruntime=_get(where, data, "min_onnxruntime", _version, None),
             logits_to_keep=_get(where, data, "logits_to_keep", _str, cls.logits_to_keep),
             past_layout=_get(where, data, "past_layout", _str, cls.past_layout),
         )
@@ -287,6 +295,8 @@ class Graph:
             data["token_embeddings"] = self.token_embeddings.to_dict()
         if self.kv_cache is not None:
             data["kv_cache"] = self.kv_cache
+        if self.min_onnxruntime is not None:
+            data["min_onnxruntime"] = self.min_onnxruntime
         return data
 
 

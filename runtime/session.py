@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import onnxruntime as ort
 
 from .errors import DeviceError, PackageError
+from .onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
 from .ort_fast_path import first_line
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -38,9 +39,7 @@ def choose_providers(device: str) -> list[str]:
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}.")
     if device == "cuda" and not cuda_available():
-        raise DeviceError(
-            "device 'cuda' was asked for, but this onnxruntime has no CUDA provider. Install edgelm[cuda] (onnxruntime-gpu) on a machine with an NVIDIA GPU, or use --device cpu."
-        )
+        raise cuda_missing_error()
     if device in ("cuda", "auto") and cuda_available():
         return [CUDA, CPU]
     return [CPU]
@@ -48,7 +47,12 @@ def choose_providers(device: str) -> list[str]:
 
 def create_session(model_file, device: str = "auto", threads: int | None = None) -> tuple[ort.InferenceSession, str]:
     """Returns the session and the device it really runs on ("cuda" or "cpu")."""
+    warn_if_shadowed()
     providers = choose_providers(device)
+    if device == "auto" and CUDA in providers:
+        # onnxruntime-gpu without a usable GPU logs errors through its process-wide logger before "auto" falls
+        # back to the CPU, which is what auto means; --device cuda keeps that line, which names what is missing.
+        ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
     # EXTENDED: every fusion this graph gets (ALL adds only layout passes, which find nothing in a decoder and
     # cost ~0.1 s of each process start: 0.29 -> 0.18 s for the distilgpt2-shaped int8 graph).
@@ -67,7 +71,7 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
         raise PackageError(
             f"onnxruntime cannot load the graph {model_file}: {first_line(error)}. The file is damaged (edgelm "
             f"verify checks it; export the package again) or needs a newer onnxruntime than {ort.__version__} "
-            "(pip install -U onnxruntime)."
+            f"(pip install -U {installed_wheel()})."
         ) from None
     running = "cuda" if CUDA in session.get_providers() else "cpu"
     if device == "cuda" and running != "cuda":

@@ -3,11 +3,15 @@
 The packages skip the export's comparison against PyTorch (`validate=False`), which is nearly all of an
 export's time; the `validated_*` packages keep it, for the tests about the figures that comparison records."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared beside the checkout
+
+
+PREBUILT = os.environ.get("EDGELM_TEST_PACKAGES")  # tiny-*/ exported beforehand: benchmarks/onnxruntime_matrix.sh
 
 
 def _export(checkpoint, folder, **options):
@@ -22,6 +26,24 @@ def isolated_store(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EDGELM_HOME", str(tmp_path_factory.mktemp("store")))
 
 
+def _tiny(request, name, **options):
+    """The tiny checkpoint exported with `options` into a folder called `name`; under EDGELM_TEST_PACKAGES, the
+    folder of that name there (exported by a Python that has the export extra), so no export runs; a test
+    that needs a package the installed onnxruntime is too old for is skipped there (test_onnxruntime_versions.py
+    checks that such a package is refused)."""
+    if PREBUILT:
+        from edgelm.runtime.onnxruntime_compat import installed_version, version_tuple
+        from edgelm.runtime.package import open_package
+
+        folder = Path(PREBUILT) / name
+        needed = open_package(folder, verify=False).min_onnxruntime
+        if needed and version_tuple(installed_version()) < version_tuple(needed):
+            pytest.skip(f"{name} needs onnxruntime {needed}; this is {installed_version()}")
+        return folder
+    checkpoint = request.getfixturevalue("tiny_checkpoint")
+    return _export(checkpoint, request.getfixturevalue("tmp_path_factory").mktemp("pkg") / name, **options)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """2 layers, 4 heads, width 32, 64 positions, a 320-token byte-level BPE; safetensors weights."""
@@ -31,26 +53,25 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_package(tiny_checkpoint, tmp_path_factory):
+def tiny_package(request):
     """The tiny checkpoint exported to an fp32 package."""
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-fp32", validate=False)
+    return _tiny(request, "tiny-fp32", validate=False)
 
 
 @pytest.fixture(scope="session")
-def tiny_package_int8(tiny_checkpoint, tmp_path_factory):
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-int8", quantize="int8", validate=False)
+def tiny_package_int8(request):
+    return _tiny(request, "tiny-int8", quantize="int8", validate=False)
 
 
 @pytest.fixture(scope="session")
-def tiny_package_int4(tiny_checkpoint, tmp_path_factory):
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-int4", quantize="int4", validate=False)
+def tiny_package_int4(request):
+    return _tiny(request, "tiny-int4", quantize="int4", validate=False)
 
 
 @pytest.fixture(scope="session")
-def tiny_package_int8_kv8(tiny_checkpoint, tmp_path_factory):
+def tiny_package_int8_kv8(request):
     """int8 weights and an int8 KV cache."""
-    folder = tmp_path_factory.mktemp("pkg") / "tiny-int8-kv8"
-    return _export(tiny_checkpoint, folder, quantize="int8", kv_cache="int8", validate=False)
+    return _tiny(request, "tiny-int8-kv8", quantize="int8", kv_cache="int8", validate=False)
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +129,8 @@ def gpt2_tokenizer_dir(shared_folder):
 @pytest.fixture(scope="session")
 def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
     """A tiny random model over the real 50,257-token GPT-2 vocabulary, exported fp32."""
+    if PREBUILT:
+        return Path(PREBUILT) / "gpt2-vocab"
     from checkpoints import build_checkpoint
 
     folder = build_checkpoint(

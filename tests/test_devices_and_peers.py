@@ -54,7 +54,7 @@ def test_cuda_asked_for_but_cannot_start_is_an_error_not_a_silent_fallback(monke
 def test_cpu_only_onnxruntime(monkeypatch):
     asked = _pretend(monkeypatch, [CPU], [CPU])
     assert session.create_session("model.onnx", "auto")[1] == "cpu" and asked == [[CPU]]
-    with pytest.raises(DeviceError, match=r"Install edgelm\[cuda\]"):
+    with pytest.raises(DeviceError, match=r"has no CUDA provider.*pip install 'onnxruntime-gpu>=1\.22'"):
         session.create_session("model.onnx", "cuda")
 
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The runtime's tests under the oldest and the newest onnxruntime edgelm supports, each in a fresh venv that
+# holds the runtime's dependencies only (no torch, transformers or optimum), as on a machine that runs packages
+# but cannot export them. Outside the default test command: it downloads onnxruntime twice (~2 minutes).
+#
+#   benchmarks/onnxruntime_matrix.sh                  # pyproject's minimum (latest patch) and the newest release
+#   benchmarks/onnxruntime_matrix.sh 1.23.2 1.28.0    # the releases given
+#
+# The tiny packages are exported first by the checkout's .venv (the export extra; PYTHON=... to use another),
+# then the tests read them through EDGELM_TEST_PACKAGES (tests/conftest.py). Work folder: $ORT_MATRIX_DIR.
+# Tests whose package needs a newer onnxruntime than the one under test are skipped there, and
+# tests/test_onnxruntime_versions.py checks that such a package is refused with the version to install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+WORK=${ORT_MATRIX_DIR:-${TMPDIR:-/tmp}/edgelm-onnxruntime-matrix}
+TESTS=(
+    tests/test_onnxruntime_versions.py
+    tests/test_onnxruntime_errors.py
+    tests/test_runtime_api.py
+    tests/test_generation_options.py
+    tests/test_package_trust.py
+    tests/test_text_stream.py
+    tests/test_ort_fast_path.py
+)
+RUNTIME_DEPENDENCIES=(numpy tokenizers click jinja2 huggingface_hub uvicorn starlette pydantic)  # + the server extra
+TEST_DEPENDENCIES=(pytest onnx)  # onnx builds the tests' own small graphs; the runtime never imports it
+
+oldest=$(sed -n 's/^ *"onnxruntime>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+if [ $# -gt 0 ]; then versions=("$@"); else versions=("$oldest.*" newest); fi
+mkdir -p "$WORK"
+packages=$WORK/packages
+
+echo "== exporting the tiny packages into $packages (with $PYTHON)"
+"$PYTHON" - "$packages" <<'PY'
+import sys
+from pathlib import Path
+
+sys.path.insert(0, "tests")
+from checkpoints import build_checkpoint  # noqa: E402
+from edgelm.export.stages import export_model  # noqa: E402
+
+out = Path(sys.argv[1])
+checkpoint = build_checkpoint(out / "checkpoint")  # conftest.py's tiny_checkpoint
+recipes = {"tiny-fp32": {}, "tiny-int8": {"quantize": "int8"}, "tiny-int4": {"quantize": "int4"},
+           "tiny-int8-kv8": {"quantize": "int8", "kv_cache": "int8"}}
+for name, options in recipes.items():
+    export_model(str(checkpoint), out / name, validate=False, force=True, **options)
+tokenizer = Path("..") / "shared" / "gpt2-tokenizer"  # conftest.py's gpt2_vocab_package, where ../shared has it
+if (tokenizer / "tokenizer.json").exists():
+    vocab = build_checkpoint(out / "checkpoint-gpt2-vocab", n_positions=128, tokenizer_folder=tokenizer)
+    export_model(str(vocab), out / "gpt2-vocab", validate=False, force=True)
+PY
+
+summary=$WORK/summary.txt
+: >"$summary"
+status=0
+for version in "${versions[@]}"; do
+    spec=onnxruntime; [ "$version" = newest ] || spec="onnxruntime==$version"
+    venv=$WORK/venv-${version//\*/x}
+    echo "== $spec in $venv"
+    python3 -m venv --clear "$venv"
+    "$venv/bin/pip" install -q "$spec" "${RUNTIME_DEPENDENCIES[@]}" "${TEST_DEPENDENCIES[@]}"
+    "$venv/bin/pip" install -q --no-deps -e .
+    installed=$("$venv/bin/python" -c "import onnxruntime; print(onnxruntime.__version__)")
+    log=$WORK/onnxruntime-$installed.log
+    if EDGELM_TEST_PACKAGES=$packages "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "${TESTS[@]}" 2>&1 | tee "$log"; then
+        result=passed
+    else
+        result=FAILED; status=1
+    fi
+    echo "onnxruntime $installed: $result: $(grep -E '^[0-9]+ (passed|failed)|^=+ .* in [0-9.]+s' "$log" | tail -1)" | tee -a "$summary"
+done
+echo "== summary ($summary)"
+cat "$summary"
+exit $status
