@@ -22,10 +22,10 @@ length). Every refusal is a ChatError whose `param` names the field at fault ("m
 """
 
 import json
-import sys
 from datetime import datetime
 from pathlib import Path
 
+from .chat_bounds import MAX_PROMPT_CHARS, Budget, bound_filters, bounded_join, check_widths
 from .errors import ChatError
 
 ROLES = ("system", "user", "assistant")  # "developer" (OpenAI's newer name for system) is read as "system"
@@ -37,8 +37,6 @@ DEFAULT_TEMPLATE = (
 )
 DEFAULT_STOP = ("\nUser:", "\nSystem:")  # the default template's turns begin on a new line
 MAX_TEMPLATE_CHARS = 200_000  # real templates are 1-20 kB
-MAX_PROMPT_CHARS = 1 << 20  # a rendered conversation; far more than any context here holds
-MAX_RENDER_STEPS = 2_000_000  # lines of template code one render may run; a real one runs ~20 per message
 MAX_CONFIG_BYTES = 16 << 20  # tokenizer_config.json with a large added_tokens_decoder
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 PROBE = "\u2063edgelm-end-of-turn\u2063"  # an assistant answer no template changes, to find what follows one
@@ -97,7 +95,7 @@ class ChatTemplate:
         }
         out, size = [], 0
         try:
-            with _Budget():
+            with Budget():
                 for piece in template.generate(**variables):
                     size += len(piece)
                     if size > MAX_PROMPT_CHARS:
@@ -150,7 +148,7 @@ def compile_template(source, origin: str = "the chat template"):
     try:
         tree = environment.parse(source)
         template = environment.from_string(tree)
-        template.root_render_func.__globals__["str_join"] = _bounded_join  # `~`, which no sandbox hook sees
+        template.root_render_func.__globals__["str_join"] = bounded_join  # `~`, which no sandbox hook sees
         return template, _reads_parts(tree)
     except jinja2.TemplateError as error:
         raise ChatError(f"{origin} is not a valid Jinja template: {_one_line(error)}") from None
@@ -277,9 +275,15 @@ def _environment():
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
     class Environment(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**", "+"])
+        intercepted_binops = frozenset(["*", "**", "+", "%"])
+
+        def format_string(self, s, args, kwargs, format_func=None):
+            check_widths(s, SecurityError)
+            return super().format_string(s, args, kwargs, format_func)
 
         def call_binop(self, context, operator, left, right):
+            if operator == "%" and isinstance(left, str):
+                check_widths(left, SecurityError)
             if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
                 if len(left) + len(right) > MAX_PROMPT_CHARS:
                     raise SecurityError("a concatenation in the template makes a value too large")
@@ -304,80 +308,11 @@ def _environment():
         return datetime.now().strftime(format)
 
     environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    _bound_filters(environment.filters, SecurityError)
+    bound_filters(environment.filters, SecurityError)
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = strftime_now
     return environment
-
-
-def _bound_filters(filters: dict, SecurityError) -> None:
-    """Refuse, before it is built, a filter result over MAX_PROMPT_CHARS: center, indent, replace and join can
-    each make a short template ask for gigabytes."""
-
-    def check(size: int, name: str) -> None:
-        if size > MAX_PROMPT_CHARS:
-            raise SecurityError(f"the {name} filter in the template makes a value too large")
-
-    center, indent, replace, join = (filters[n] for n in ("center", "indent", "replace", "join"))
-
-    def do_center(value, width=80):
-        check(width if isinstance(width, int) else 0, "center")
-        return center(value, width)
-
-    def do_indent(s, width=4, *args, **kwargs):
-        s = str(s)
-        check(len(s) + (s.count("\n") + 1) * (width if isinstance(width, int) else len(str(width))), "indent")
-        return indent(s, width, *args, **kwargs)
-
-    def do_replace(eval_ctx, s, old, new, count=None):
-        s, old, new = str(s), str(old), str(new)
-        check(len(s) + (len(s) + 1 if not old else s.count(old)) * max(len(new) - len(old), 0), "replace")
-        return replace(eval_ctx, s, old, new, count)
-
-    def do_join(eval_ctx, value, d="", attribute=None):
-        value = list(value)
-        check(sum(len(str(v)) for v in value) + len(str(d)) * len(value), "join")
-        return join(eval_ctx, value, d, attribute)
-
-    do_replace.jinja_pass_arg = replace.jinja_pass_arg  # Jinja passes the evaluation context to these two
-    do_join.jinja_pass_arg = join.jinja_pass_arg
-    filters.update(center=do_center, indent=do_indent, replace=do_replace, join=do_join)
-
-
-def _bounded_join(seq) -> str:
-    """Jinja's `~` (str_join), refusing a result over MAX_PROMPT_CHARS before it is built."""
-    parts = [str(part) for part in seq]
-    if sum(map(len, parts)) > MAX_PROMPT_CHARS:
-        raise ChatError("a concatenation (~) in the chat template makes a value too large", "messages")
-    return "".join(parts)
-
-
-class _Budget:
-    """Counts the lines the template's own code runs (sys.settrace, in this thread, during one render) and stops
-    the render past MAX_RENDER_STEPS: loops nested in loops can run for hours without building anything."""
-
-    def __enter__(self):
-        self.steps, self.previous = 0, sys.gettrace()
-        sys.settrace(self._call)
-        return self
-
-    def __exit__(self, *exc):
-        sys.settrace(self.previous)
-
-    def _call(self, frame, event, arg):
-        return self._line if frame.f_code.co_filename == "<template>" else None
-
-    def _line(self, frame, event, arg):
-        if event == "line":
-            self.steps += 1
-            if self.steps > MAX_RENDER_STEPS:
-                raise ChatError(
-                    f"the chat template runs over {MAX_RENDER_STEPS:,} steps for these messages; it loops without end "
-                    "or the conversation is too long",
-                    "messages",
-                )
-        return self._line
 
 
 def _one_line(error: Exception) -> str:

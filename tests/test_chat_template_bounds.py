@@ -33,9 +33,11 @@ CHATML = (
         ("{{ ('x' * 100000)|replace('x', 'y' * 100000) }}", "replace filter"),
         ("{{ ('x' * 1000)|replace('', 'y' * 100000) }}", "replace filter"),
         ("{{ range(100000)|join(',' * 100000) }}", "join filter"),
+        ("{{ '%1000000000s'|format('x') }}", "format string"),
+        ("{{ '%.2000000000d' % 7 }}", "format string"),
     ],
     ids=["nested-loops", "tilde-doubling", "list-doubling", "plus-doubling", "center", "indent", "replace",
-         "replace-empty", "join"],
+         "replace-empty", "join", "format-filter", "percent"],
 )  # fmt: skip
 def test_a_runaway_template_is_one_chat_error(source, fragment):
     with pytest.raises(ChatError, match="too large|steps") as caught:
@@ -57,6 +59,7 @@ def test_long_conversations_and_ordinary_filters_still_render():
     text = ChatTemplate("{{ messages|map(attribute='content')|join(', ')|replace('hi', 'yo')|indent(2)|center(9) }}")
     assert text.render(HI) == "yo".center(9)
     assert ChatTemplate("{{ 'a' ~ 'b' ~ 1 }}{{ [1] + [2] }}{{ 'c' + 'd' }}").render(HI) == "ab1[1, 2]cd"
+    assert ChatTemplate("{{ '%5s|%s'|format('a', 'b') }}{{ '%3d' % 7 }}").render(HI) == "    a|b  7"
 
 
 def test_a_tokenizer_config_nested_too_deep_is_a_chat_error(tiny_package, tmp_path):

@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from edgelm.runtime.batch import Completion
@@ -195,6 +195,10 @@ python_values = st.one_of(
 
 
 @FUZZ
+@example(prompt="a\ud800b", options={})  # text that is not Unicode: a PromptError, not tokenizers' TypeError
+@example(prompt="hi", options={"do_sample": True, "temperature": 1e-42})  # non-finite logits reach the sampler
+@example(prompt="hi", options={"do_sample": True, "repetition_penalty": 1e-300})
+@example(prompt=[[1, 2], "x"], options={"num_return_sequences": 10**6})  # bounded before anything is allocated
 @given(
     prompt=st.one_of(st.sampled_from(["hi", "", "a\ud800b", 5, None, [], [1, 2], [[1], "x"], [VOCAB]]), st.text()),
     options=st.dictionaries(st.sampled_from(OPTIONS), python_values, max_size=4),
