@@ -5,6 +5,8 @@ so `edgelm export --help` stays fast.
 
 import json
 import os
+import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +107,8 @@ def read_config(folder: Path) -> tuple[dict, Architecture]:
         raise ExportError(f"{folder} has no config.json; a Hugging Face checkpoint folder needs one.")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise ExportError(f"{config_path} is nested too deeply to be a checkpoint config.") from None
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as error:
         raise ExportError(f"{config_path} is not valid JSON ({error}).") from None
     if not isinstance(config, dict):
@@ -196,7 +200,14 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
 
             tensors = load_file(str(path))
         else:
-            tensors = torch.load(str(path), map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a file
+                warnings.simplefilter("ignore")
+                tensors = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's message suggests weights_only=False: exactly what must not be done
+        raise ExportError(
+            f"cannot read weights {path}: it holds pickled objects other than tensors, which could run code when "
+            "loaded; edgelm loads only tensors. Get the checkpoint as model.safetensors from a source you trust."
+        ) from None
     except Exception as error:  # safetensors and torch raise many types for a damaged file
         raise ExportError(
             f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]})."

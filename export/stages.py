@@ -276,7 +276,7 @@ def _tokenizer_config(folder: Path, chat_template: str | None) -> dict | None:
     if path.exists():
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             if chat_template is None:
                 return None  # not JSON: copied as it is; the package's tokenizer is tokenizer.json
             raise ExportError(f"cannot read {path} to set its chat template: {error}") from None

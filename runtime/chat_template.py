@@ -25,6 +25,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from .chat_bounds import MAX_PROMPT_CHARS, Budget, bound_filters, bounded_join, check_widths
 from .errors import ChatError
 
 ROLES = ("system", "user", "assistant")  # "developer" (OpenAI's newer name for system) is read as "system"
@@ -36,7 +37,6 @@ DEFAULT_TEMPLATE = (
 )
 DEFAULT_STOP = ("\nUser:", "\nSystem:")  # the default template's turns begin on a new line
 MAX_TEMPLATE_CHARS = 200_000  # real templates are 1-20 kB
-MAX_PROMPT_CHARS = 1 << 20  # a rendered conversation; far more than any context here holds
 MAX_CONFIG_BYTES = 16 << 20  # tokenizer_config.json with a large added_tokens_decoder
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 PROBE = "\u2063edgelm-end-of-turn\u2063"  # an assistant answer no template changes, to find what follows one
@@ -72,7 +72,7 @@ class ChatTemplate:
             config = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(config, dict):
                 raise ValueError("it does not hold a JSON object")
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, RecursionError) as error:
             return cls(_Broken(f"cannot read {path}: {error}"), origin=origin)
         if config.get("chat_template") is None:
             return cls.default(special_tokens_of(config, _special_tokens_map(package.folder, package.manifest)))
@@ -95,14 +95,15 @@ class ChatTemplate:
         }
         out, size = [], 0
         try:
-            for piece in template.generate(**variables):
-                size += len(piece)
-                if size > MAX_PROMPT_CHARS:
-                    raise ChatError(
-                        f"the conversation renders to over {MAX_PROMPT_CHARS} characters; send fewer or shorter messages",
-                        "messages",
-                    )
-                out.append(piece)
+            with Budget():
+                for piece in template.generate(**variables):
+                    size += len(piece)
+                    if size > MAX_PROMPT_CHARS:
+                        raise ChatError(
+                            f"the conversation renders to over {MAX_PROMPT_CHARS} characters; send fewer or shorter messages",
+                            "messages",
+                        )
+                    out.append(piece)
         except ChatError:
             raise
         except Exception as error:  # Jinja errors, raise_exception(), sandbox refusals, Python errors inside
@@ -146,7 +147,9 @@ def compile_template(source, origin: str = "the chat template"):
     environment = _environment()
     try:
         tree = environment.parse(source)
-        return environment.from_string(tree), _reads_parts(tree)
+        template = environment.from_string(tree)
+        template.root_render_func.__globals__["str_join"] = bounded_join  # `~`, which no sandbox hook sees
+        return template, _reads_parts(tree)
     except jinja2.TemplateError as error:
         raise ChatError(f"{origin} is not a valid Jinja template: {_one_line(error)}") from None
 
@@ -232,7 +235,7 @@ def _special_tokens_map(folder: Path, manifest: dict) -> dict:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             return {}
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -272,9 +275,18 @@ def _environment():
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
     class Environment(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**"])
+        intercepted_binops = frozenset(["*", "**", "+", "%"])
+
+        def format_string(self, s, args, kwargs, format_func=None):
+            check_widths(s, SecurityError)
+            return super().format_string(s, args, kwargs, format_func)
 
         def call_binop(self, context, operator, left, right):
+            if operator == "%" and isinstance(left, str):
+                check_widths(left, SecurityError)
+            if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
+                if len(left) + len(right) > MAX_PROMPT_CHARS:
+                    raise SecurityError("a concatenation in the template makes a value too large")
             if operator == "**" and isinstance(left, int) and isinstance(right, int):
                 if abs(left).bit_length() * right > 1 << 16:
                     raise SecurityError(f"the power {left} ** {right} is too large")
@@ -296,6 +308,7 @@ def _environment():
         return datetime.now().strftime(format)
 
     environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    bound_filters(environment.filters, SecurityError)
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = strftime_now

@@ -90,6 +90,13 @@ class Model:
         if not isinstance(text, str):
             hint = "; for one prompt of token ids write [[1, 2, 3]]" if isinstance(text, (int, np.integer)) else ""
             raise PromptError(f"a prompt must be a string or a list of token ids, got {type(text).__name__}{hint}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate: Python's stand-in for bytes that were not UTF-8
+            raise PromptError(
+                f"the text is not valid Unicode: it has a lone surrogate \\u{ord(text[error.start]):04x} at character "
+                f"{error.start} (text read as UTF-8 that was not, or a broken escape); send UTF-8 text"
+            ) from None
         return self.tokenizer.encode(text).ids
 
     def batch(self, prompts, config: GenerationConfig | None = None, **options) -> Batch:
@@ -135,6 +142,12 @@ class Model:
         first (when the model has a start token); a list of token ids is scored as given, so its first token has
         nothing to be conditioned on (NaN). top_logprobs=N also gives each token the N most likely tokens at its
         position, from the same distribution (None where its log-prob is NaN)."""
+        if top_logprobs is not None and (
+            not isinstance(top_logprobs, (int, np.integer)) or isinstance(top_logprobs, bool) or top_logprobs < 0
+        ):
+            raise GenerationOptionError(
+                f"top_logprobs must be None or an integer >= 0, got {str(top_logprobs)[:40]}", param="top_logprobs"
+            )
         given_ids = isinstance(text, (list, tuple))
         ids = list(text) if given_ids else self.encode(text)
         if not ids:

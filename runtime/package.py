@@ -67,7 +67,13 @@ class Package:
     def read_limit(self, path: Path) -> int:
         """The most bytes the runtime reads from one of the package's files: its recorded size."""
         if self.manifest is not None and self.verified:
-            return self.manifest.files[path.name].size
+            record = self.manifest.files.get(path.name)
+            if record is None:  # a link inside the folder to a file the manifest does not list
+                raise PackageError(
+                    f"{path} is not one of the files the manifest lists (a link inside the package leads to it); "
+                    "a package reads only its listed files. Export it again."
+                )
+            return record.size
         return MAX_JSON_BYTES
 
     def path(self, name: str) -> Path:

@@ -45,6 +45,10 @@ def choose_providers(device: str) -> list[str]:
     return [CPU]
 
 
+# onnxruntime starts every intra-op thread up front: a count far past the cores only stalls the load.
+MAX_THREADS = 1024
+
+
 def create_session(model_file, device: str = "auto", threads: int | None = None) -> tuple[ort.InferenceSession, str]:
     """Returns the session and the device it really runs on ("cuda" or "cpu")."""
     warn_if_shadowed()
@@ -61,8 +65,11 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
     # as one of edgelm's errors (ort_fast_path.py), not as onnxruntime's log lines besides it.
     options.log_severity_level = 4
     if threads is not None:
-        if not isinstance(threads, int) or threads < 1:
-            raise DeviceError(f"threads must be an integer >= 1, got {threads!r}")
+        if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS:
+            raise DeviceError(
+                f"threads must be an integer from 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), "
+                f"got {str(threads)[:40]}"
+            )
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     try:

@@ -348,7 +348,7 @@ def _what_is_installed() -> str:
 def _read_record(name: str) -> dict:
     try:
         record = json.loads((store_dir() / META / f"{name}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 
@@ -356,7 +356,7 @@ def _read_record(name: str) -> dict:
 def _config() -> dict:
     try:
         config = json.loads((store_dir() / META / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return config if isinstance(config, dict) else {}
 

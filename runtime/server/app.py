@@ -237,6 +237,9 @@ async def _events(request, job, req, model_id, prompt_counts, limits):
         if req.echo and req.logprobs is None:  # at once; with logprobs, once the prompts are scored
             yield echo_chunk(None)
         async for kind, value in job:
+            # a turn of the event loop per event: once a write fails, the connection's loss is noticed (and the
+            # stream cancelled) before more chunks are written to it, each a "socket.send() raised" warning
+            await asyncio.sleep(0)
             if kind == "echo":
                 yield echo_chunk(value)
             elif kind == "piece":
