@@ -277,9 +277,21 @@ def _environment():
     class Environment(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**", "+", "%"])
 
-        def format_string(self, s, args, kwargs, format_func=None):
-            check_widths(s, SecurityError)
-            return super().format_string(s, args, kwargs, format_func)
+        def wrap_str_format(self, value):
+            """str.format / format_map as the sandbox wraps them, refusing a width past the prompt limit first,
+            written in the format string or passed as an argument ('{:>{w}}'.format(x, w=...))."""
+            wrapped = super().wrap_str_format(value)
+            if wrapped is None:
+                return None
+
+            def bounded(*args, **kwargs):
+                check_widths(value.__self__, SecurityError)
+                values = [*args, *kwargs.values(), *(args[0].values() if args and isinstance(args[0], dict) else ())]
+                if any(isinstance(v, int) and abs(v) > MAX_PROMPT_CHARS for v in values):
+                    raise SecurityError("a width passed to a format string of the template makes a value too large")
+                return wrapped(*args, **kwargs)
+
+            return bounded
 
         def call_binop(self, context, operator, left, right):
             if operator == "%" and isinstance(left, str):

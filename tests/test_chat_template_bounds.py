@@ -35,9 +35,12 @@ CHATML = (
         ("{{ range(100000)|join(',' * 100000) }}", "join filter"),
         ("{{ '%1000000000s'|format('x') }}", "format string"),
         ("{{ '%.2000000000d' % 7 }}", "format string"),
+        ("{{ '{:>1000000000}'.format('x') }}", "format string"),
+        ("{{ '{:>{w}}'.format('x', w=1000000000) }}", "format string"),
+        ("{{ '{a:>{w}}'.format_map({'a': 'x', 'w': 1000000000}) }}", "format string"),
     ],
     ids=["nested-loops", "tilde-doubling", "list-doubling", "plus-doubling", "center", "indent", "replace",
-         "replace-empty", "join", "format-filter", "percent"],
+         "replace-empty", "join", "format-filter", "percent", "str-format", "str-format-nested", "format-map"],
 )  # fmt: skip
 def test_a_runaway_template_is_one_chat_error(source, fragment):
     with pytest.raises(ChatError, match="too large|steps") as caught:
