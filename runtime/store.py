@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .errors import PackageError, StoreError
+from .onnxruntime_compat import check_installed
 from .package import DEFAULT_PACKAGE, Package, open_package
 from .package_format import MANIFEST, MAX_MANIFEST_BYTES, FormatError, Manifest
 
@@ -290,6 +291,7 @@ def install_folder(folder: Path, name: str, source: dict, force: bool = False) -
     """Verify a filled staging folder and rename it into the store as NAME, recording its source beside it."""
     refuse_taken(name, force)
     package = check_package(folder)
+    check_installed(package.min_onnxruntime, f"the package {package.name!r}")  # no install that cannot run here
     manifest = _name_package(folder, package.manifest, name)
     root, target = store_dir(), store_dir() / name
     record = root / META / f".{name}.json{TEMP}{os.getpid()}"

@@ -272,3 +272,13 @@ def test_pack_onto_a_full_disk_leaves_no_file(tiny_package, tmp_path, monkeypatc
     monkeypatch.setattr(archive, "sha256_file", full)
     assert_clean_failure(invoke("pack", tiny_package, "-o", tmp_path / "out.zip"), "No space left on device")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_package_that_needs_a_newer_onnxruntime_installs_nothing(packed, store, monkeypatch):
+    """Installed, it could not run here: refused with the version to install, and the store is left as it was."""
+    from edgelm.runtime import onnxruntime_compat
+
+    monkeypatch.setattr(onnxruntime_compat, "installed_version", lambda: "1.21.0")
+    before = listing(store)
+    assert_clean_failure(invoke("install", packed[0], "--name", "too-new"), "needs onnxruntime 1.22 or newer")
+    assert listing(store) == before
