@@ -24,9 +24,8 @@ import time
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import EdgelmError
@@ -37,7 +36,7 @@ from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .requests import Limits, ModelNames
-from .waiting import SSE_HEADERS, ClientGone, admit, job_result, runtime_errors, unless_gone
+from .waiting import ClientGone, admit, answer_of, event_stream, job_result, runtime_errors, unless_gone
 
 log = logging.getLogger("edgelm.server")
 
@@ -88,19 +87,8 @@ def create_app(
         job = await admit(request, jobs, work, deadline, limits)
         del work
         if req.stream:
-            # background: a stream cut before its generator ever ran has no `finally` to stop the job
-            return StreamingResponse(
-                _events(request, job, req, model_id, prompt_counts, limits),
-                media_type="text/event-stream",
-                headers=SSE_HEADERS,
-                background=BackgroundTask(job.stop),
-            )
-        try:
-            completions, scores = await unless_gone(request, job_result(job), job)
-        except (ClientGone, ApiError):
-            raise
-        except Exception as error:
-            raise api_error(error, limits.request_timeout, req.field_of) from None
+            return event_stream(job, _events(request, job, req, model_id, prompt_counts, limits))
+        completions, scores = await answer_of(request, job, limits, req.field_of)
         tokens = sum(c.completion_tokens for c in completions or [])
         request.state.tokens = tokens
         return json_response(

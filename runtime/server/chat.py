@@ -11,8 +11,6 @@ import asyncio
 import functools
 import time
 
-from starlette.background import BackgroundTask
-from starlette.responses import StreamingResponse
 
 from ..errors import ChatError, EdgelmError
 from . import chat_responses as shapes
@@ -22,7 +20,7 @@ from .errors import ApiError, api_error
 from .jobs import Stopped
 from .requests import check_tokens_held
 from .responses import usage
-from .waiting import SSE_HEADERS, ClientGone, admit, job_result, runtime_errors, unless_gone
+from .waiting import admit, answer_of, event_stream, runtime_errors
 
 
 def chat_endpoint(model, jobs, names, limits, model_id: str):
@@ -49,18 +47,8 @@ def chat_endpoint(model, jobs, names, limits, model_id: str):
         job = await admit(request, jobs, work, deadline, limits)
         del work
         if req.stream:
-            return StreamingResponse(
-                _events(request, job, req, model_id, prompt_tokens, limits),
-                media_type="text/event-stream",
-                headers=SSE_HEADERS,
-                background=BackgroundTask(job.stop),
-            )
-        try:
-            completions = await unless_gone(request, job_result(job), job)
-        except (ClientGone, ApiError):
-            raise
-        except Exception as error:
-            raise api_error(error, limits.request_timeout, req.field_of) from None
+            return event_stream(job, _events(request, job, req, model_id, prompt_tokens, limits))
+        completions = await answer_of(request, job, limits, req.field_of)
         tokens = sum(c.completion_tokens for c in completions)
         request.state.tokens = tokens
         return json_response(shapes.completion(req, model_id, completions, usage(prompt_tokens, tokens)))

@@ -4,6 +4,9 @@ chat endpoints."""
 
 import asyncio
 
+from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+
 from ..errors import EdgelmError
 from .errors import ApiError, api_error
 from .jobs import Job, QueueFull, Stopped
@@ -32,6 +35,24 @@ async def admit(request, jobs, work, deadline, limits):
         raise api_error(Stopped("timeout"), limits.request_timeout) from None
     except Stopped as stopped:
         raise api_error(stopped, limits.request_timeout) from None
+
+
+def event_stream(job, events) -> StreamingResponse:
+    """A job's answer as server-sent events. The background task stops the job: a stream cut before its generator
+    ever ran has no `finally` to do it."""
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers=SSE_HEADERS, background=BackgroundTask(job.stop)
+    )
+
+
+async def answer_of(request, job, limits, field_of=None):
+    """The job's result, or the error the client gets: ClientGone when it left, else OpenAI's error body."""
+    try:
+        return await unless_gone(request, job_result(job), job)
+    except (ClientGone, ApiError):
+        raise
+    except Exception as error:
+        raise api_error(error, limits.request_timeout, field_of) from None
 
 
 async def job_result(job):
