@@ -103,8 +103,7 @@ def installed() -> list[Installed]:
             manifest = open_package(folder, verify=False).manifest
         except PackageError:
             manifest = None
-        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-        found.append(Installed(folder.name, folder, manifest, _read_record(folder.name), size))
+        found.append(Installed(folder.name, folder, manifest, _read_record(folder.name), _folder_size(folder)))
     return found
 
 
