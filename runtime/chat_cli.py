@@ -12,6 +12,7 @@ import click
 
 from .cli import SAMPLING, generate
 from .errors import EdgelmError, PromptError
+from .prefix_cache import CLI_DEFAULT_MB
 
 # generate's options that mean the same in a conversation; they are declared once, on generate
 SHARED_OPTIONS = (
@@ -38,7 +39,15 @@ SHARED_OPTIONS = (
 
 @click.command()
 @click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
-def chat(system, package, device, threads, no_verify, **options):
+@click.option(
+    "--prefix-cache-mb",
+    default=CLI_DEFAULT_MB,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="MiB of the conversation's key/value rows kept between turns, so each turn computes only what is new "
+    "since the last one (in whole 128-token chunks); the answers are the same. 0 turns it off.",
+)
+def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
 
     \b
@@ -52,7 +61,7 @@ def chat(system, package, device, threads, no_verify, **options):
         options["do_sample"] = True
     history = [{"role": "system", "content": system}] if system else []
     try:
-        model = load(package, device=device, threads=threads, verify=not no_verify)
+        model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
         config = model.settings(**options)
         model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
     except EdgelmError as error:

@@ -7,6 +7,7 @@ import click
 
 from ..cli_package import package_option_or_argument
 from ..errors import EdgelmError
+from ..prefix_cache import CLI_DEFAULT_MB
 
 
 @click.command()
@@ -130,6 +131,14 @@ from ..errors import EdgelmError
     show_default=True,
     help="The server's logging level.",
 )
+@click.option(
+    "--prefix-cache-mb",
+    default=CLI_DEFAULT_MB,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="MiB of recent prompts' key/value rows kept, so a prompt that starts like a recent one (a chat's history, "
+    "a shared system prompt) skips recomputing that start; outputs are the same. 0 turns it off.",
+)
 @click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
 def serve(
     package,
@@ -153,6 +162,7 @@ def serve(
     accept_any_model,
     shutdown_timeout,
     log_level,
+    prefix_cache_mb,
     no_verify,
 ):
     """Serve a package (-m NAME_OR_PATH, or NAME_OR_PATH alone; default: as for every command) over an
@@ -190,7 +200,7 @@ def serve(
     if threads is None and device != "cuda":
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each running generation gets its share of cores
     try:
-        model = load(package, device=device, threads=threads, verify=not no_verify)
+        model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
     limits = Limits(
