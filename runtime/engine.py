@@ -132,10 +132,9 @@ class InPlaceDecoder:
         width, new = attention_mask.shape[1], input_ids.shape[1]
         # GroupQueryAttention takes several new tokens over an existing cache for one row only.
         chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
-        cached = self._cacheable(input_ids, attention_mask, position_ids)
-        if cached:
-            chunk = self.prefix_cache.chunk  # the chunks its blocks were made in: the same passes as without it
-        first = self.prefix_cache.restore(input_ids[0], self.buffers) if cached else 0
+        first, cached = 0, self._cacheable(input_ids, attention_mask, position_ids)
+        if cached:  # the rows it has, then the chunks its blocks were made in: the passes a cold prefill makes
+            chunk, first = self.prefix_cache.chunk, self.prefix_cache.restore(input_ids[0], self.buffers)
         for start in range(first, new, chunk):  # a decode step is one chunk of one token
             end = min(start + chunk, new)
             self._pass(input_ids[:, start:end], attention_mask[:, : width - new + end], position_ids[:, start:end])
