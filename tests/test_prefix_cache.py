@@ -1,6 +1,8 @@
 """The prefix cache: a prompt that starts like a recent one gets those rows restored, and the outputs are the
 same bits as without the cache (fp32, int8 weights, int8 KV cache); memory is bounded, least recently used out."""
 
+import threading
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -62,6 +64,32 @@ def test_batches_and_decode_steps_leave_the_cache_alone(tiny_package, monkeypatc
         == cold.generate([list(range(40))], **options)[0].token_ids
     )
     assert len(warm.engine.prefix_cache) == 2  # one row: its two whole chunks, not the decode steps' rows
+
+
+def test_threads_sharing_a_small_cache_get_the_answers_of_no_cache(tiny_package, monkeypatch):
+    """The server's worker threads share one model: restores, stores and evictions interleave."""
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", CHUNK)
+    block = 2 * 2 * 4 * CHUNK * 8 * 4  # 2 layers x key and value x 4 heads x 16 tokens x head size 8 x float32
+    cold = rt.load(tiny_package, verify=False)
+    warm = rt.load(tiny_package, verify=False, prefix_cache_mb=5 * block / (1 << 20))  # 5 blocks for 9 prompts
+    rng = np.random.default_rng(1)
+    system = rng.integers(0, cold.arch.vocab_size, 16).tolist()  # a shared start, then each prompt's own
+    prompts = [system + rng.integers(0, cold.arch.vocab_size, 17 + i).tolist() for i in range(9)]
+    expected = [greedy(cold, p, 3)[0] for p in prompts]
+    got = {}
+
+    def work(thread):
+        for round_ in range(2):
+            for i in range(thread, len(prompts), 3):
+                got[i, round_] = greedy(warm, prompts[i], 3)[0]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [got[i, r] for r in range(2) for i in range(9)] == expected * 2
+    assert warm.engine.prefix_cache.reused_tokens > 0 and warm.engine.prefix_cache.bytes <= 5 * block
 
 
 def fake_buffers(ids, capacity=32, tensors=4, heads=2, head_size=3) -> list:
