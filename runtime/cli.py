@@ -120,7 +120,6 @@ def generate(
     git log -1 --format=%B | edgelm generate --do-sample -n 3
     edgelm generate --input prompts.jsonl --output results.jsonl --max-new-tokens 30
 
-    \b
     --input: one JSON object per line, {"prompt": "..."} or {"messages": [...]}, with an optional "id" and any
     generation option by its Python name ({"prompt": "Hi", "max_new_tokens": 5, "stop": ["."]}) over the
     options given here. Each output line names its input "line" (and "id"); a line that cannot be run gets an
@@ -185,7 +184,7 @@ def _stream(stream):
         sys.exit(130)
 
 
-def _prompt(prompt: str | None, package: str | None) -> str:
+def _prompt(prompt: str | None, package: str | None, command: str = "generate") -> str:
     """The prompt to complete: the argument, else piped stdin. A terminal with no prompt, or a prompt that names a
     package while -m is absent, is a usage error (never a wait on the keyboard, never the wrong model)."""
     if prompt == "-":
@@ -193,8 +192,8 @@ def _prompt(prompt: str | None, package: str | None) -> str:
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise click.UsageError(
-                "no prompt: give one (edgelm generate \"Hello\"), pipe one in (echo Hello | edgelm generate), "
-                "or pass '' for unconditional text."
+                f"no prompt: give one (edgelm {command} \"Hello\"), pipe one in (echo Hello | edgelm {command}), "
+                "give a file of them with --input, or pass '' for unconditional text."
             )
         return _read_stdin()
     if package is None:
@@ -203,7 +202,7 @@ def _prompt(prompt: str | None, package: str | None) -> str:
         if names_a_package(prompt):
             raise click.UsageError(
                 f"{prompt!r} is a model package, not a prompt: name the package with -m, e.g. "
-                f"edgelm generate -m {prompt} \"Hello\" (with -m given, any text is taken as the prompt)."
+                f"edgelm {command} -m {prompt} \"Hello\" (with -m given, any text is taken as the prompt)."
             )
     return prompt
 
@@ -258,7 +257,7 @@ def score(
     from .prompt_file import score_records
 
     from_file = check_file_options(text, input_path, output_path)
-    text = None if from_file else _prompt(text, package)
+    text = None if from_file else _prompt(text, package, "score")
     try:
         model = load(package, device=device, threads=threads, verify=not no_verify)
         if from_file:

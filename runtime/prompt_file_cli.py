@@ -17,7 +17,7 @@ def file_options(command):
                 "--input",
                 "input_path",
                 type=click.Path(dir_okay=False),
-                help='A file of JSON lines to run instead of PROMPT, one {"prompt": ...} per line (see below).',
+                help="A file of JSON lines, one request per line (the format is above), run instead of the argument.",
             ),
             click.option(
                 "--output",
