@@ -285,3 +285,10 @@ def test_two_runs_never_write_one_output_at_once(model, tmp_path):
     list(first)
     list(second.run())  # now free: finds every line answered
     assert second.written == 0 and [o["line"] for o in read_output(out)] == [1, 2, 3, 4, 5]
+
+
+def test_score_takes_a_text_not_a_package_and_says_so_in_its_own_name(tiny_package):
+    result = run("score", tiny_package)
+    assert result.exit_code == 2 and f"edgelm score -m {tiny_package}" in result.output
+    empty = run("score", "-m", tiny_package, "")
+    assert empty.exit_code == 1 and "non-empty" in empty.output and "Traceback" not in empty.output
