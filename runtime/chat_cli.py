@@ -10,8 +10,9 @@ import sys
 
 import click
 
-from .cli import SAMPLING, generate
+from .cli import generate
 from .errors import EdgelmError, PromptError
+from .generation_config import sampling_implied
 from .prefix_cache import CLI_DEFAULT_MB
 
 # generate's options that mean the same in a conversation; they are declared once, on generate
@@ -56,9 +57,7 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options
     """
     from .model import load
 
-    options = {k: v for k, v in options.items() if v is not None and v != ()}
-    if "do_sample" not in options and any(k in options for k in SAMPLING):
-        options["do_sample"] = True
+    options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
     history = [{"role": "system", "content": system}] if system else []
     try:
         model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)

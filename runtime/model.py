@@ -257,10 +257,15 @@ class Model:
     def chat_batch(self, messages, config: GenerationConfig | None = None, **options) -> Batch:
         """A Batch for the assistant's next message: `messages` rendered by the package's chat template (with
         the assistant's turn opened), the template's stop strings added to the caller's."""
-        config = self._config(config, options)
+        prompt, config = self.chat_prompt(messages, self._config(config, options))
+        return self.batch([prompt], config)
+
+    def chat_prompt(self, messages, config: GenerationConfig) -> tuple[str, GenerationConfig]:
+        """(prompt, settings) for the assistant's next message: `messages` rendered by the package's chat
+        template (with the assistant's turn opened), the template's stop strings added to `config`'s."""
         prompt = self.chat_template.render(messages, add_generation_prompt=True)
         extra = tuple(s for s in self.chat_template.stop if s not in config.stop)
-        return self.batch([prompt], config.with_options(stop=config.stop + extra) if extra else config)
+        return prompt, config.with_options(stop=config.stop + extra) if extra else config
 
     def chat(self, messages, config: GenerationConfig | None = None, **options):
         """The assistant's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]) as a Completion, or a
