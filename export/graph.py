@@ -90,7 +90,12 @@ def build_decoder(
         out = matmul(g, attn, weights, p + "attn.c_proj")
         h, x = _skip_layer_norm(g, out, x, weights, p + "ln_2", p + "attn.c_proj.bias", arch)  # x += out + bias
         m = mlp_activation(
-            g, arch.activation_function, matmul(g, h, weights, p + "mlp.c_fc"), bias(p + "mlp.c_fc.bias"), weights, p + "mlp.act"
+            g,
+            arch.activation_function,
+            matmul(g, h, weights, p + "mlp.c_fc"),
+            bias(p + "mlp.c_fc.bias"),
+            weights,
+            p + "mlp.act",
         )
         m = matmul(g, m, weights, p + "mlp.c_proj")
         if i + 1 < arch.n_layer:

@@ -44,9 +44,7 @@ class GraphBuilder:
         if array.nbytes < INLINE_BELOW and not external:
             self.initializers.append(numpy_helper.from_array(array, name))
             return name
-        tensor = onnx.TensorProto(
-            name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype)
-        )
+        tensor = onnx.TensorProto(name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
         tensor.data_location = onnx.TensorProto.EXTERNAL
         entry = tensor.external_data.add()
         entry.key, entry.value = "location", self.external_file

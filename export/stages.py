@@ -12,7 +12,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from edgelm.runtime.package_format import (
     GENERATION_CONFIG,
@@ -369,7 +368,9 @@ def _reference_model(checkpoint):
         block.attn.masked_bias = torch.tensor(-1e4)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if left:
-        raise ExportError(f"the weights do not fit GPT2LMHeadModel: {left[0]} was not given; the checkpoint is incomplete.")
+        raise ExportError(
+            f"the weights do not fit GPT2LMHeadModel: {left[0]} was not given; the checkpoint is incomplete."
+        )
     return model
 
 

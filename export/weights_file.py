@@ -66,7 +66,9 @@ def split_weights(model_bytes: bytes, arrays: dict) -> ShippedGraph:
     external = {t.name: t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
     unplaced = set(external) - set(arrays)
     if unplaced:
-        raise ExportError(f"the graph names external weights it was not given ({sorted(unplaced)[0]}); please report this.")
+        raise ExportError(
+            f"the graph names external weights it was not given ({sorted(unplaced)[0]}); please report this."
+        )
     names = sorted(arrays, key=_file_order)  # stable: otherwise in the order the graph added them
     pieces, offset = [], 0
     for name in names:
