@@ -58,6 +58,11 @@ def test_package_files_and_manifest(validated_package):
         "pad_token_id": None,
         "layer_norm_epsilon": 1e-5,
         "model_type": "gpt2",
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": True,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
     }
     graph = manifest["graph"]
     assert list(graph["inputs"])[:3] == ["input_ids", "attention_mask", "position_ids"]
@@ -242,9 +247,8 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     shipped = {}
     for align in (graph_module.ALIGN, 256):  # 256: a part boundary every 8 rows of 32 int8 values
         monkeypatch.setattr(graph_module, "ALIGN", align)
-        shipped[align] = split_weights(
-            graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8").SerializeToString()
-        )
+        decoder = graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8")
+        shipped[align] = split_weights(decoder.model.SerializeToString(), decoder.arrays)
     one, four = shipped.values()
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(four.graph).graph.node) == 4
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(one.graph).graph.node) == 1
