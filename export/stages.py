@@ -339,6 +339,10 @@ def _reference_model(checkpoint):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # xielu's module logs a note about CUDA kernels; the library never prints
     try:
         config = GPT2Config.from_dict(checkpoint.config)
         config._attn_implementation = "eager"
@@ -349,6 +353,8 @@ def _reference_model(checkpoint):
             f"transformers cannot build GPT2LMHeadModel from {checkpoint.folder / 'config.json'} "
             f"({type(error).__name__}: {str(error)[:200]}); fix or remove that setting."
         ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
     expected = model.state_dict()
     state = {
         k: torch.from_numpy(v).to(expected[k].dtype if k in expected else torch.float32)
