@@ -260,3 +260,22 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     engines = [_engine(s, checkpoint.arch) for s in (one, four)]
     logits = [e.forward(ids, mask, position_ids_from_mask(mask), e.empty_past(1), logits_to_keep=0)[0] for e in engines]
     np.testing.assert_array_equal(*logits)
+
+
+def test_graph_protobuf_holds_no_weights(tiny_checkpoint):
+    """Weights stay out of the graph's protobuf (which cannot pass 2 GB: gpt2-large and gpt2-xl) until
+    model.onnx.data is written piece by piece; only shapes and scalars are inline."""
+    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.graph import build_decoder
+    from edgelm.export.weights_file import split_weights
+
+    checkpoint = load_checkpoint(str(tiny_checkpoint))
+    decoder = build_decoder(checkpoint.arch, checkpoint.weights, "none")
+    inline = [t for t in decoder.model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    assert max(len(t.raw_data) for t in inline) < 1024
+    assert decoder.arrays["wpe"] is checkpoint.weights["transformer.wpe.weight"]  # the checkpoint's array, not a copy
+    shipped = split_weights(decoder.model.SerializeToString(), decoder.arrays)
+    assert len(shipped.graph) < 64 * 1024 and len(shipped.data) == shipped.size
+    start = dict((name, offset) for name, offset, _ in shipped.pieces)["wpe"]
+    wpe = checkpoint.weights["transformer.wpe.weight"]
+    np.testing.assert_array_equal(np.frombuffer(shipped.data, np.float32, wpe.size, start).reshape(wpe.shape), wpe)
