@@ -271,3 +271,14 @@ def test_int4_refuses_widths_its_blocks_cannot_split(tiny_checkpoint):
     _check_int4_widths(arch)
     with pytest.raises(ExportError, match=r"n_inner\) is 40, not a multiple of 32; export with --quantize int8"):
         _check_int4_widths(replace(arch, n_inner=40))
+
+
+@pytest.mark.slow
+def test_untied_variant_int4_records_its_quality(variant_checkpoint, tmp_path):
+    """The same gate for int4 with a head of its own: fp32 parity, then the int4 figures in the manifest."""
+    from edgelm.export.stages import export_model
+
+    manifest = export_model(str(variant_checkpoint), tmp_path / "variant-int4", quantize="int4").manifest
+    assert manifest["validation"]["fp32"]["greedy_identical"] and manifest["weights"]["dtype"] == "int4"
+    int4 = manifest["validation"]["int4"]
+    assert int4["top1_agreement"] >= 0.5 and int4["mean_kl_divergence"] <= 0.5
