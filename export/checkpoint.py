@@ -14,6 +14,8 @@ import numpy as np
 
 from edgelm.runtime.package_format import Architecture
 
+from .activations import WEIGHTS as ACTIVATION_WEIGHTS
+from .activations import check_activation
 from .errors import ExportError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -119,17 +121,38 @@ def read_config(folder: Path) -> tuple[dict, Architecture]:
         raise ExportError(
             f"{folder.name} is a '{model_type}' model ({', '.join(map(str, config.get('architectures') or []))}); edgelm exports {SUPPORTED}."
         )
-    unsupported = {
-        "activation_function": ("gelu_new", config.get("activation_function", "gelu_new")),
-        "scale_attn_weights": (True, config.get("scale_attn_weights", True)),
-        "scale_attn_by_inverse_layer_idx": (False, config.get("scale_attn_by_inverse_layer_idx", False)),
-        "reorder_and_upcast_attn": (False, config.get("reorder_and_upcast_attn", False)),
-    }
-    for key, (wanted, got) in unsupported.items():
-        if got != wanted:
-            raise ExportError(f"{folder.name} sets {key}={got!r}; edgelm's GPT-2 graph supports only {key}={wanted!r}.")
+    _check_variant(config, config_path)
     _check_sizes(config, config_path)
     return config, Architecture.from_hf_config(config)
+
+
+# GPT2LMHeadModel settings edgelm's graph does not run, each with why; the others it reproduces.
+REFUSED = {
+    "add_cross_attention": (
+        lambda v: v is not False,
+        "adds cross-attention over an encoder's states (the decoder of an EncoderDecoderModel); edgelm exports "
+        "decoder-only GPT-2. Export a checkpoint trained without it",
+    ),
+    "pruned_heads": (
+        lambda v: bool(v),
+        "prunes attention heads, so layers differ in head count; edgelm's cache has one head count for every layer. "
+        "Export the checkpoint before pruning",
+    ),
+}
+FLAGS = ("tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn")
+
+
+def _check_variant(config: dict, config_path: Path) -> None:
+    """The GPT-2 variations: every flag a true/false, the activation one transformers knows, and a clear line
+    for each setting edgelm cannot run. reorder_and_upcast_attn only changes float16 arithmetic: float32 attention
+    is the same, and the export's parity gate checks it."""
+    for key in FLAGS:
+        if key in config and not isinstance(config[key], bool):
+            raise ExportError(f"{config_path}: {key} must be true or false, not {config[key]!r}.")
+    check_activation(config.get("activation_function", "gelu_new"), str(config_path))
+    for key, (refused, why) in REFUSED.items():
+        if key in config and refused(config[key]):
+            raise ExportError(f"{config_path} sets {key}={config[key]!r}: the model {why}.")
 
 
 def _no_constant(name: str):
@@ -213,7 +236,8 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
             f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]})."
         ) from None
     weights = {}
-    for key, tensor in tensors.items():
+    for key in list(tensors):
+        tensor = tensors.pop(key)  # converted one by one: a float16 checkpoint is never held twice
         if key.endswith((".attn.bias", ".attn.masked_bias")):
             continue  # causal-mask buffers of old checkpoints, not weights
         key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
@@ -235,31 +259,42 @@ def _check_finite(name: str, weight: np.ndarray, path: Path) -> None:
 
 
 def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:
-    C, V = arch.n_embd, arch.vocab_size
+    """Every tensor the graph reads, in the shape the config promises (GPT-2's Conv1D weights are [in, out])."""
+    C, V, inner = arch.n_embd, arch.vocab_size, arch.mlp_width
     expected = {
         "transformer.wte.weight": (V, C),
         "transformer.wpe.weight": (arch.n_positions, C),
         "transformer.ln_f.weight": (C,),
+        "transformer.ln_f.bias": (C,),
     }
+    if not arch.tie_word_embeddings:
+        expected["lm_head.weight"] = (V, C)
+    act = ACTIVATION_WEIGHTS.get(arch.activation_function, ())
     for i in range(arch.n_layer):
         p = f"transformer.h.{i}."
-        expected[p + "attn.c_attn.weight"] = (C, 3 * C)
-        expected[p + "attn.c_proj.weight"] = (C, C)
-        expected[p + "ln_1.weight"] = (C,)
-        expected[p + "mlp.c_fc.weight"] = None  # inner width may differ from 4C
-        expected[p + "mlp.c_proj.bias"] = (C,)
+        for norm in ("ln_1", "ln_2"):
+            expected |= {f"{p}{norm}.weight": (C,), f"{p}{norm}.bias": (C,)}
+        expected |= {p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,)}
+        expected |= {p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,)}
+        expected |= {p + "mlp.c_fc.weight": (C, inner), p + "mlp.c_fc.bias": (inner,)}
+        expected |= {p + "mlp.c_proj.weight": (inner, C), p + "mlp.c_proj.bias": (C,)}
+        expected |= {f"{p}mlp.act.{name}": None for name in act}  # prelu / xielu's own parameters
     missing = [k for k in expected if k not in weights]
     if missing:
+        untied = "lm_head.weight" in missing
         raise ExportError(
-            f"{path} is missing {len(missing)} weight tensors the config promises (first: {missing[0]}); the checkpoint is incomplete."
+            f"{path} is missing {len(missing)} weight tensors the config promises (first: "
+            f"{'lm_head.weight, which tie_word_embeddings false needs' if untied else missing[0]}); the checkpoint is incomplete."
         )
     wrong = [f"{k} {weights[k].shape} != {s}" for k, s in expected.items() if s and weights[k].shape != s]
     if wrong:
         raise ExportError(f"{path} does not match its config.json: {wrong[0]}.")
     head = weights.get("lm_head.weight")
-    if head is not None and not np.array_equal(head, weights["transformer.wte.weight"]):
+    if arch.tie_word_embeddings and head is not None and not np.array_equal(head, weights["transformer.wte.weight"]):
         raise ExportError(
-            f"{path} has an LM head that is not tied to the token embedding; edgelm supports tied GPT-2 heads only."
+            f"{path} holds an lm_head.weight that differs from the token embedding, but its config.json ties them "
+            "(tie_word_embeddings is true or unset), so transformers would ignore that head. Set "
+            '"tie_word_embeddings": false in config.json to export the separate head.'
         )
 
 

@@ -1,15 +1,18 @@
 """Build the GPT-2 decoder as one ONNX graph that serves both the prompt step and every decode step.
 
-The graph contract (input and output names, dtypes and shapes, the tied matrix's layout for each recipe, the
-in-place cache and the int8 cache) is written once, in models/README.md; this module builds what it describes.
+The graph contract (input and output names, dtypes and shapes, the embedding and LM head's layout for each
+recipe, tied or not, the in-place cache and the int8 cache) is written once, in models/README.md; this module
+builds what it describes.
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from edgelm.runtime.package_format import ALIGN, TOKEN_ROWS, TOKEN_SCALE, Architecture
+from edgelm.runtime.package_format import ALIGN, TOKEN_ROWS, TOKEN_SCALE, WEIGHTS_FILE, Architecture
 
+from .activations import mlp_activation
 from .onnx_builder import FLOAT, INT8, INT64, MS_DOMAIN, GraphBuilder
 from .quantize import INT4_BLOCK, quantize_int4, quantize_int8
 
@@ -19,12 +22,20 @@ LM_HEAD_PARTS = 4
 MASKED = float(np.finfo(np.float32).min) / 2  # added to a score: exp() underflows to exactly 0
 
 
+@dataclass
+class Decoder:
+    """The graph (its large initializers external, not yet placed) and the arrays for model.onnx.data."""
+
+    model: object  # onnx.ModelProto
+    arrays: dict  # name -> np.ndarray, in the order they were added
+
+
 def build_decoder(
     arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none", cache_scales: dict | None = None
-):
+) -> Decoder:
     """weights: a GPT-2 state dict as NumPy arrays (HF names). cache_scales, for an int8 cache: layer ->
-    (key scale, value scale), each float32 [H, D] (export/calibrate.py). Returns an onnx.ModelProto."""
-    g = GraphBuilder("edgelm_gpt2_decoder")
+    (key scale, value scale), each float32 [H, D] (export/calibrate.py)."""
+    g = GraphBuilder("edgelm_gpt2_decoder", WEIGHTS_FILE)
     H, D, C = arch.n_head, arch.head_size, arch.n_embd
     cache_type = INT8 if cache_scales else FLOAT
     if recipe in EMBEDDINGS_OUTSIDE:  # the runtime looks the tokens up (runtime/embeddings.py)
@@ -49,7 +60,7 @@ def build_decoder(
     bias = lambda name: g.weight(name, weights[name])  # noqa: E731
     attention_bias = _attention_bias(g, tokens, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
     seqlens_k, total_length = _cache_lengths(g, tokens, attention_mask)
-    embed, lm_head = _tied_embedding(g, weights, recipe)
+    embed, lm_head = _embedding(g, weights, recipe, arch.tie_word_embeddings)
     x = g.op("Add", [embed(tokens), g.op("Gather", [g.weight("wpe", weights["transformer.wpe.weight"]), position_ids])])
     h = _layer_norm(g, x, weights, "transformer.h.0.ln_1", arch)
 
@@ -73,11 +84,19 @@ def build_decoder(
             domain=MS_DOMAIN,
             num_heads=H,
             kv_num_heads=H,
+            scale=arch.attention_scale(i),  # GPT-2's scale rule (scale_attn_weights, ..._by_inverse_layer_idx)
             **quantized,
         )[0]
         out = matmul(g, attn, weights, p + "attn.c_proj")
         h, x = _skip_layer_norm(g, out, x, weights, p + "ln_2", p + "attn.c_proj.bias", arch)  # x += out + bias
-        m = g.op("FastGelu", [matmul(g, h, weights, p + "mlp.c_fc"), bias(p + "mlp.c_fc.bias")], domain=MS_DOMAIN)
+        m = mlp_activation(
+            g,
+            arch.activation_function,
+            matmul(g, h, weights, p + "mlp.c_fc"),
+            bias(p + "mlp.c_fc.bias"),
+            weights,
+            p + "mlp.act",
+        )
         m = matmul(g, m, weights, p + "mlp.c_proj")
         if i + 1 < arch.n_layer:
             h, x = _skip_layer_norm(g, m, x, weights, f"transformer.h.{i + 1}.ln_1", p + "mlp.c_proj.bias", arch)
@@ -93,9 +112,8 @@ def build_decoder(
     for i in range(arch.n_layer):
         for kind in ("key", "value"):
             g.output(f"present.{i}.{kind}", cache_type, ["batch", H, "total_sequence", D])
-    return g.model(
-        OPSET, doc=f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
-    )
+    doc = f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
+    return Decoder(g.model(OPSET, doc=doc), g.arrays)
 
 
 def _attention_bias(g: GraphBuilder, tokens: str, attention_mask: str) -> str:
@@ -176,34 +194,56 @@ def _int4_matmul(g, x, weights, prefix):
     return g.op("MatMulNBits", inputs, domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=INT4_BLOCK, accuracy_level=4)
 
 
-def _tied_embedding(g, weights, recipe):
-    """Returns (embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]) sharing one stored matrix; for
-    int8 the tokens arrive embedded (inputs_embeds) and embed passes them through."""
-    wte_t = np.ascontiguousarray(weights["transformer.wte.weight"].T)  # [C, V]
-    if recipe == "none":
-        table = g.weight("lm_head.weight_t", wte_t)
+def _embedding(g, weights, recipe, tied):
+    """Returns (embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]). Tied, the two share one stored
+    matrix; untied, the LM head has its own (`lm_head.weight`, [V, C] as nn.Linear keeps it). For int8 the
+    tokens arrive embedded (inputs_embeds) and embed passes them through."""
+    wte = weights["transformer.wte.weight"]  # [V, C]
+    head = wte if tied else weights["lm_head.weight"]  # [V, C]
+    if recipe == "int4":
+        return _embedding_int4(g, wte, head, tied)
+    if recipe == "int8":
+        return _embedding_int8(g, wte, head, tied)
+    head_t = g.weight("lm_head.weight_t", np.ascontiguousarray(head.T))  # [C, V]
+
+    def lm_head(x, out):
+        return g.op("MatMul", [x, head_t], outputs=[out])
+
+    if tied:  # the lookup gathers the head's columns: [C, B, T] -> [B, T, C]
 
         def embed(ids):
-            return g.op("Transpose", [g.op("Gather", [table, ids], axis=1)], perm=[1, 2, 0])  # [C,B,T] -> [B,T,C]
+            return g.op("Transpose", [g.op("Gather", [head_t, ids], axis=1)], perm=[1, 2, 0])
 
-        def lm_head(x, out):
-            return g.op("MatMul", [x, table], outputs=[out])
+    else:
+        table = g.weight("transformer.wte.weight", wte)
 
-        return embed, lm_head
+        def embed(ids):
+            return g.op("Gather", [table, ids], axis=0)
 
-    if recipe == "int4":
-        return _tied_embedding_int4(g, weights)
-    return _tied_embedding_int8(g, wte_t)
+    return embed, lm_head
 
 
-def _tied_embedding_int8(g, wte_t):
+def _embedding_int8(g, wte, head, tied):
     """One scale per vocabulary entry, the same for its embedding row and its logit column, stored as [V, C]
-    rows that the runtime reads itself (export/weights_file.py, runtime/embeddings.py). The LM head is QGemm
-    reading the rows transposed (as fast as DynamicQuantizeMatMul on [C, V]), in LM_HEAD_PARTS slices:
-    onnxruntime transposes B into a scratch buffer to prepack it, and a quarter of the table at a time keeps
-    that transient small."""
-    w = quantize_int8(wte_t)
+    rows that the runtime reads itself (export/weights_file.py, runtime/embeddings.py). Tied, the LM head's
+    QGemm parts name those same rows; untied, the token rows are written for the runtime alone (no node reads
+    them) and the LM head quantizes `lm_head.weight` the same way into parts of its own."""
+    w = quantize_int8(np.ascontiguousarray(wte.T))  # per column of [C, V]: one scale per vocabulary entry
     rows = np.ascontiguousarray(w.q.T)  # [V, C]
+    if tied:
+        return (lambda embeddings: embeddings), _int8_lm_head(g, rows, w.scale, (TOKEN_ROWS, TOKEN_SCALE))
+    g.table(f"{TOKEN_ROWS}.0", rows)
+    g.table(f"{TOKEN_SCALE}.0", w.scale)
+    h = quantize_int8(np.ascontiguousarray(head.T))
+    return (lambda embeddings: embeddings), _int8_lm_head(
+        g, np.ascontiguousarray(h.q.T), h.scale, ("lm_head.weight_int8", "lm_head.weight_scale")
+    )
+
+
+def _int8_lm_head(g, rows, scale, names):
+    """The LM head as QGemm reading int8 rows [V, C] transposed (as fast as DynamicQuantizeMatMul on [C, V]), in
+    LM_HEAD_PARTS slices: onnxruntime transposes B into a scratch buffer to prepack it, and a quarter of the
+    table at a time keeps that transient small. names: the rows' and scales' initializer names (+ ".{part}")."""
     vocab, width = rows.shape
     step = -(-vocab // LM_HEAD_PARTS)
     grain = ALIGN // math.gcd(width, ALIGN)  # rows per 64 KiB boundary: every slice starts where it can be mapped
@@ -211,17 +251,12 @@ def _tied_embedding_int8(g, wte_t):
     parts = []  # (vocabulary entries, (rows, scale, zero point)) per slice
     for k, start in enumerate(range(0, vocab, step)):
         piece = slice(start, start + step)
-        n = len(w.scale[piece])
-        names = (f"{TOKEN_ROWS}.{k}", f"{TOKEN_SCALE}.{k}", f"transformer.wte.weight_zero_point.{k}")
-        parts.append(
-            (
-                n,
-                [
-                    g.weight(name, a)
-                    for name, a in zip(names, (rows[piece], w.scale[piece], np.zeros(n, dtype=np.int8)))
-                ],
-            )
-        )
+        n = len(scale[piece])
+        zero_point = np.zeros(n, dtype=np.int8)
+        stored = zip((f"{names[0]}.{k}", f"{names[1]}.{k}"), (rows[piece], scale[piece]))
+        weights_k = [g.weight(name, a, external=True) for name, a in stored]  # in the file: the runtime may read them
+        weights_k.append(g.weight(f"{names[0].rsplit('_', 1)[0]}_zero_point.{k}", zero_point))
+        parts.append((n, weights_k))
 
     def lm_head(x, out):
         quantized = g.op("DynamicQuantizeLinear", [g.op("Reshape", [x, g.const([-1, width])])], outputs=3)  # [B * K, C]
@@ -236,16 +271,20 @@ def _tied_embedding_int8(g, wte_t):
         # The last op writes the logits: into the caller's preallocated output, without a copy after it.
         return g.op("Concat", logits, outputs=[out], axis=-1)
 
-    return (lambda embeddings: embeddings), lm_head
+    return lm_head
 
 
-def _tied_embedding_int4(g, weights):
-    """wte [V, C] is already MatMulNBits' [N, K] layout: one 4-bit copy serves the LM head and the lookup."""
-    wte = weights["transformer.wte.weight"]
+def _embedding_int4(g, wte, head, tied):
+    """wte [V, C] is already MatMulNBits' [N, K] layout: tied, one 4-bit copy serves the LM head and the lookup;
+    untied, the lookup and the head each quantize their own matrix the same way."""
     vocab, width = wte.shape
-    w = quantize_int4(wte)
-    table = g.weight("lm_head.weight_int4", w.packed)  # [V, C / 32, 16]
-    scale = g.weight("lm_head.weight_scale", w.scale)  # [V, C / 32]
+
+    def blocks(name, matrix):
+        w = quantize_int4(matrix)
+        return g.weight(f"{name}_int4", w.packed), g.weight(f"{name}_scale", w.scale)  # [V, C/32, 16], [V, C/32]
+
+    head_table, head_scale = blocks("lm_head.weight", head)
+    table, scale = (head_table, head_scale) if tied else blocks("transformer.wte.weight", wte)
     block_scale = g.op("Unsqueeze", [scale, g.const([2])])  # [V, C / 32, 1]: one block per row of the table
 
     def embed(ids):
@@ -263,7 +302,7 @@ def _tied_embedding_int4(g, weights):
     def lm_head(x, out):
         return g.op(
             "MatMulNBits",
-            [x, table, scale],
+            [x, head_table, head_scale],
             outputs=[out],
             domain=MS_DOMAIN,
             K=width,

@@ -10,17 +10,24 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 MS_DOMAIN = "com.microsoft"
+INLINE_BELOW = 1024  # bytes: smaller tensors (shapes, scalars) stay in the graph; larger ones are external data
 
 
 class GraphBuilder:
-    """Accumulates nodes, initializers, inputs and outputs of one ONNX graph."""
+    """Accumulates nodes, initializers, inputs and outputs of one ONNX graph.
 
-    def __init__(self, name: str):
+    Weights of INLINE_BELOW bytes or more stay NumPy arrays (`arrays`, by name) and enter the graph as external
+    data in `external_file`, placed by export/weights_file.py: the graph stays small (a protobuf cannot pass
+    2 GB, and gpt2-xl's weights are 6 GB) and no weight is copied into it."""
+
+    def __init__(self, name: str, external_file: str):
         self.name = name
+        self.external_file = external_file
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
+        self.arrays: dict[str, np.ndarray] = {}  # the external data, in the order it was added
         self._ids = itertools.count()
         self._constants: dict[tuple, str] = {}
 
@@ -31,9 +38,23 @@ class GraphBuilder:
     def output(self, name: str, elem_type: int, shape: list) -> None:
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
 
-    def weight(self, name: str, array: np.ndarray) -> str:
-        """Store an array once as an initializer and return its name."""
-        self.initializers.append(numpy_helper.from_array(np.array(array, order="C", copy=False), name))
+    def weight(self, name: str, array: np.ndarray, external: bool = False) -> str:
+        """Store an array once as an initializer and return its name (external data when large or asked for)."""
+        array = np.asarray(array, order="C")  # (ascontiguousarray would make a scalar 1-D)
+        if array.nbytes < INLINE_BELOW and not external:
+            self.initializers.append(numpy_helper.from_array(array, name))
+            return name
+        tensor = onnx.TensorProto(name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", self.external_file
+        self.initializers.append(tensor)
+        self.arrays[name] = array
+        return name
+
+    def table(self, name: str, array: np.ndarray) -> str:
+        """An array written to the external data file that no node reads (the runtime reads it itself)."""
+        self.arrays[name] = np.asarray(array, order="C")
         return name
 
     def const(self, values, dtype=np.int64) -> str:

@@ -54,8 +54,13 @@ def quantize_int4(weight_nk: np.ndarray) -> Int4Weight:
     return Int4Weight(packed=q[..., 0::2] | (q[..., 1::2] << 4), scale=scale)
 
 
-def recipe_description(recipe: str, reduce_range: bool = True) -> dict:
+def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True) -> dict:
     """What the manifest records about how the weights were stored."""
+    covers = (
+        "every block MatMul and the tied embedding / LM head matrix (stored once)"
+        if tied
+        else "every block MatMul, the token embedding and the LM head (each its own matrix)"
+    )
     if recipe == "none":
         return {"method": "none", "weights": "float32"}
     if recipe == "int4":
@@ -64,8 +69,8 @@ def recipe_description(recipe: str, reduce_range: bool = True) -> dict:
             "weights": f"4-bit, symmetric, one float32 scale per block of {INT4_BLOCK} inputs, zero point 8",
             "bits": 4,
             "block_size": INT4_BLOCK,
-            "ops": "MatMulNBits (accuracy_level 4: int8 activations) and GatherBlockQuantized for the tied embedding",
-            "covers": "every block MatMul and the tied embedding / LM head matrix (stored once)",
+            "ops": "MatMulNBits (accuracy_level 4: int8 activations) and GatherBlockQuantized for the token lookup",
+            "covers": covers,
             "kept_float32": "position table, biases, layer norms",
         }
     return {
@@ -74,7 +79,7 @@ def recipe_description(recipe: str, reduce_range: bool = True) -> dict:
         "bits": 7 if reduce_range else 8,
         "reduce_range": reduce_range,
         "activations": "uint8, dynamic per tensor (onnxruntime DynamicQuantizeMatMul)",
-        "covers": "every block MatMul and the tied embedding / LM head matrix (stored once)",
+        "covers": covers,
         "kept_float32": "position table, biases, layer norms",
         "why_reduce_range": "u8s8 VPMADDUBSW saturates int16 on x86 without VNNI; 7-bit weights cannot",
     }

@@ -12,7 +12,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 
 from edgelm.runtime.package_format import (
     GENERATION_CONFIG,
@@ -108,6 +107,8 @@ def export_model(
 
     stage("load", "start", model)
     checkpoint = load_checkpoint(model, revision)
+    if quantize == "int4":
+        _check_int4_widths(checkpoint.arch)
     tokenizer_json = _tokenizer_json(checkpoint.folder)
     tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
     tokenizer = _tokenizer(tokenizer_json)
@@ -118,14 +119,15 @@ def export_model(
     check_destination(output, force, int(weight_bytes * (0.3 if quantize != "none" else 1.05)) + (1 << 20))
 
     stage("export", "start")
-    fp32_model = build_decoder(arch, checkpoint.weights, "none")
-    stage("export", "done", f"{len(fp32_model.graph.node)} nodes, opset {OPSET}")
+    fp32_decoder = build_decoder(arch, checkpoint.weights, "none")
+    stage("export", "done", f"{len(fp32_decoder.model.graph.node)} nodes, opset {OPSET}")
 
     stage("optimize", "start")
-    fp32_bytes = _optimize(fp32_model)
+    fp32_graph = split_weights(_optimize(fp32_decoder.model), fp32_decoder.arrays)
+    del fp32_decoder
     stage("optimize", "done", "checked, shapes inferred")
 
-    final_bytes = fp32_bytes
+    shipped = fp32_graph  # what is written: model.onnx and model.onnx.data
     if quantize != "none":
         stage("quantize", "start", quantize + (" weights, int8 KV cache" if kv_cache == "int8" else ""))
         scales = None
@@ -133,12 +135,13 @@ def export_model(
             from .calibrate import kv_cache_scales
 
             scales = kv_cache_scales(reference, tokenizer, arch)
-        final_bytes = _optimize(build_decoder(arch, checkpoint.weights, quantize, scales))
-        stage("quantize", "done", f"{len(final_bytes) / 1e6:.1f} MB graph")
-    shipped = split_weights(final_bytes)  # what is written: model.onnx and model.onnx.data
+        decoder = build_decoder(arch, checkpoint.weights, quantize, scales)
+        shipped = split_weights(_optimize(decoder.model), decoder.arrays)
+        del decoder
+        stage("quantize", "done", f"{shipped.size / 1e6:.1f} MB of weights")
 
     if validate:
-        validation = Validation.from_dict(_validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize, stage))
+        validation = Validation.from_dict(_validate(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage))
     else:
         validation = Validation({}, skipped="exported with validate=False: no comparison against PyTorch was made")
 
@@ -146,7 +149,7 @@ def export_model(
     writer = PackageWriter(output)
     try:
         writer.write_bytes(GRAPH_FILE, shipped.graph)
-        writer.write_bytes(WEIGHTS_FILE, shipped.data)
+        writer.write_chunks(WEIGHTS_FILE, shipped.chunks())
         writer.write_bytes(TOKENIZER_FILE, tokenizer_json.encode())
         for name in (HF_CONFIG, GENERATION_CONFIG, "tokenizer_config.json", "special_tokens_map.json"):
             if (checkpoint.folder / name).exists():
@@ -162,7 +165,9 @@ def export_model(
                 graph=_graph_section(shipped, kv_cache),
                 tokenizer=TOKENIZER_FILE,
                 weights=Weights(
-                    dtype="float32" if quantize == "none" else quantize, quantization=recipe_description(quantize)
+                    dtype="float32" if quantize == "none" else quantize,
+                    quantization=recipe_description(quantize, tied=arch.tie_word_embeddings),
+                    tied_embedding_stored_once=arch.tie_word_embeddings,
                 ),
                 source=checkpoint.source | {"weights_file": checkpoint.weight_file},
                 tools=_tool_versions() | {"onnx_opset": OPSET},
@@ -177,12 +182,11 @@ def export_model(
     return ExportResult(output, manifest)
 
 
-def _validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize: str, stage) -> dict:
+def _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize: str, stage) -> dict:
     """The validate stage: fp32 parity against transformers, and the quantized package's quality figures."""
     stage("validate", "start", "against transformers (PyTorch)")
     from .validate import check_fp32, quality_report
 
-    fp32_graph = shipped if quantize == "none" else fp32_bytes
     validation = {
         "reference": "transformers GPT2LMHeadModel, float32, eager attention",
         "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
@@ -193,12 +197,31 @@ def _validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize: str, st
     return validation
 
 
+def _check_int4_widths(arch) -> None:
+    """int4 blocks hold 32 inputs: every product's input width (n_embd, the MLP width) must split into them."""
+    from .quantize import INT4_BLOCK
+
+    for name, width in (("n_embd", arch.n_embd), ("the MLP width (n_inner)", arch.mlp_width)):
+        if width % INT4_BLOCK:
+            raise ExportError(
+                f"--quantize int4 stores weights in blocks of {INT4_BLOCK} inputs, and {name} is {width}, not a "
+                f"multiple of {INT4_BLOCK}; export with --quantize int8 or none."
+            )
+
+
 def _optimize(model) -> bytes:
-    """Check the graph and infer shapes; fails loudly here rather than at the user's first run."""
+    """Check the graph and infer shapes; fails loudly here rather than at the user's first run. The weights are
+    not written yet: the checker sees the external ones as graph inputs of the same type and shape."""
     import onnx
 
     model = onnx.shape_inference.infer_shapes(model)
-    onnx.checker.check_model(model)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    external = [t for t in probe.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    for tensor in external:
+        probe.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+        probe.graph.initializer.remove(tensor)
+    onnx.checker.check_model(probe)
     return model.SerializeToString()
 
 
@@ -310,27 +333,50 @@ def _tokenizer_json(folder: Path) -> str:
 
 
 def _reference_model(checkpoint):
-    """The same weights in transformers' GPT2LMHeadModel: the fidelity reference."""
+    """The same weights in transformers' GPT2LMHeadModel: the fidelity reference. Built on the meta device and
+    given the checkpoint's arrays (no random initialization, no second copy of the weights: gpt2-xl's are 6 GB);
+    a parameter transformers keeps in another dtype (xielu's bfloat16) gets that dtype, as loading would give it."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # xielu's module logs a note about CUDA kernels; the library never prints
     try:
         config = GPT2Config.from_dict(checkpoint.config)
         config._attn_implementation = "eager"
-        model = GPT2LMHeadModel(config).eval()
-    except (TypeError, ValueError, AttributeError) as error:  # a setting transformers cannot take
+        with torch.device("meta"):
+            model = GPT2LMHeadModel(config).eval()
+    except (TypeError, ValueError, AttributeError, KeyError) as error:  # a setting transformers cannot take
         raise ExportError(
             f"transformers cannot build GPT2LMHeadModel from {checkpoint.folder / 'config.json'} "
             f"({type(error).__name__}: {str(error)[:200]}); fix or remove that setting."
         ) from None
-    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in checkpoint.weights.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    expected = model.state_dict()
+    state = {
+        k: torch.from_numpy(v).to(expected[k].dtype if k in expected else torch.float32)
+        for k, v in checkpoint.weights.items()
+    }
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
     if missing or unexpected:
         raise ExportError(
             f"the weights do not fit GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}."
         )
     model.tie_weights()
+    n = checkpoint.arch.n_positions
+    causal = torch.tril(torch.ones((n, n), dtype=torch.bool)).view(1, 1, n, n)
+    for block in model.transformer.h:  # the causal-mask buffers, which are not weights
+        block.attn.bias = causal
+        block.attn.masked_bias = torch.tensor(-1e4)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise ExportError(
+            f"the weights do not fit GPT2LMHeadModel: {left[0]} was not given; the checkpoint is incomplete."
+        )
     return model
 
 

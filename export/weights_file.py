@@ -6,8 +6,9 @@ weight once an op has prepacked it. For distilgpt2 int8 the load's own peak was 
 inside model.onnx and 202 MB with them mapped (benchmarks/NOTES.md).
 
 For graphs that take inputs_embeds (int8), the token rows come first in the file, in vocabulary order, and
-their scales right after: the runtime reads the rows it needs from there (runtime/embeddings.py), while the
-LM head's QGemm parts name the same bytes. The tied matrix is stored once.
+their scales right after: the runtime reads the rows it needs from there (runtime/embeddings.py). Tied, the
+LM head's QGemm parts name the same bytes and the matrix is stored once; untied, no node reads the rows and the
+LM head has parts of its own.
 """
 
 from dataclasses import dataclass
@@ -18,53 +19,78 @@ from edgelm.runtime.embeddings import TokenEmbeddings
 from edgelm.runtime.package_format import ALIGN, TOKEN_ROWS, TOKEN_SCALE, WEIGHTS_FILE, Region, TokenTable
 from .errors import ExportError
 
-INLINE_BELOW = 1024  # bytes: smaller tensors (shapes, scalars) stay in model.onnx
 ALIGN_FROM = 1 << 20  # bytes: tensors this large start at an ALIGN boundary, so onnxruntime can map them
 
 
 @dataclass
 class ShippedGraph:
-    """The graph as written: model.onnx bytes, model.onnx.data bytes, and the weights by name (which let
-    validation build a session before any file exists)."""
+    """The graph as written: model.onnx bytes, and model.onnx.data as (offset, array) pieces that are written
+    one after the other (never joined in memory: gpt2-xl's are 6 GB). `weights` are the graph's external
+    initializers by name, which let validation build a session before any file exists."""
 
     graph: bytes
-    data: bytes
-    weights: dict
+    pieces: list  # (name, offset, array) in file order
+    size: int  # bytes of model.onnx.data
+    weights: dict  # name -> array: what the graph reads from model.onnx.data
     token_embeddings: TokenTable | None  # the manifest's graph.token_embeddings, for graphs that take inputs_embeds
+
+    def chunks(self):
+        """model.onnx.data's bytes, in order: zero padding before aligned pieces, then each array's own memory."""
+        end = 0
+        for _, offset, array in self.pieces:
+            if offset > end:
+                yield bytes(offset - end)
+            yield memoryview(array).cast("B")
+            end = offset + array.nbytes
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.chunks())
 
     def embeddings(self) -> TokenEmbeddings | None:
         if self.token_embeddings is None:
             return None
-        parts = _token_parts(self.weights)
-        rows = np.concatenate([self.weights[name] for name in parts])
-        scale = np.concatenate([self.weights[name.replace(TOKEN_ROWS, TOKEN_SCALE)] for name in parts])
+        arrays = {name: array for name, _, array in self.pieces}
+        parts = _token_parts(arrays)
+        rows = np.concatenate([arrays[name] for name in parts])
+        scale = np.concatenate([arrays[name.replace(TOKEN_ROWS, TOKEN_SCALE)] for name in parts])
         return TokenEmbeddings.from_arrays(rows, scale)
 
 
-def split_weights(model_bytes: bytes) -> ShippedGraph:
+def split_weights(model_bytes: bytes, arrays: dict) -> ShippedGraph:
+    """Place `arrays` (export/onnx_builder.py's external data) in model.onnx.data and write each one's offset
+    and length into the graph's references to it."""
     import onnx
-    from onnx import numpy_helper
 
     model = onnx.load_model_from_string(model_bytes)
-    # The token rows and scales go to the file whatever their size: the runtime reads them there.
-    tensors = [t for t in model.graph.initializer if len(t.raw_data) >= INLINE_BELOW or _file_order(t)[0] < 2]
-    tensors.sort(key=_file_order)
-    chunks, offset, offsets, weights = [], 0, {}, {}
-    for tensor in tensors:
-        size = len(tensor.raw_data)
-        if size >= ALIGN_FROM and offset % ALIGN:
-            chunks.append(bytes(ALIGN - offset % ALIGN))
+    external = {t.name: t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    unplaced = set(external) - set(arrays)
+    if unplaced:
+        raise ExportError(
+            f"the graph names external weights it was not given ({sorted(unplaced)[0]}); please report this."
+        )
+    names = sorted(arrays, key=_file_order)  # stable: otherwise in the order the graph added them
+    pieces, offset = [], 0
+    for name in names:
+        array = arrays[name]
+        if array.nbytes >= ALIGN_FROM and offset % ALIGN:
             offset += ALIGN - offset % ALIGN
-        weights[tensor.name] = numpy_helper.to_array(tensor)
-        chunks.append(tensor.raw_data)
-        offsets[tensor.name] = offset
-        tensor.ClearField("raw_data")
-        tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(size))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-        offset += size
-    return ShippedGraph(model.SerializeToString(), b"".join(chunks), weights, _token_section(weights, offsets))
+        pieces.append((name, offset, array))
+        tensor = external.get(name)
+        if tensor is not None:  # else a table only the runtime reads (the untied int8 token rows)
+            del tensor.external_data[:]
+            for key, value in (("location", WEIGHTS_FILE), ("offset", str(offset)), ("length", str(array.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+        offset += array.nbytes
+    offsets = {name: at for name, at, _ in pieces}
+    return ShippedGraph(
+        model.SerializeToString(),
+        pieces,
+        offset,
+        {name: arrays[name] for name in external},
+        _token_section(arrays, offsets),
+    )
 
 
 def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
@@ -93,11 +119,11 @@ def _token_parts(weights: dict) -> list:
     return sorted((name for name in weights if name.startswith(TOKEN_ROWS + ".")), key=_part_index)
 
 
-def _file_order(tensor) -> tuple:
+def _file_order(name: str) -> tuple:
     """Token rows first and contiguous (part after part), then their scales, then everything else."""
     for rank, prefix in enumerate((TOKEN_ROWS + ".", TOKEN_SCALE + ".")):
-        if tensor.name.startswith(prefix):
-            return rank, _part_index(tensor.name)
+        if name.startswith(prefix):
+            return rank, _part_index(name)
     return 2, 0
 
 

@@ -121,6 +121,16 @@ class PackageWriter:
     def write_bytes(self, name: str, data: bytes) -> None:
         self._guard(name, lambda path: path.write_bytes(data))
 
+    def write_chunks(self, name: str, chunks) -> None:
+        """A file written piece by piece (model.onnx.data: never one bytes object in memory)."""
+
+        def write(path):
+            with open(path, "wb") as handle:
+                for chunk in chunks:
+                    handle.write(chunk)
+
+        self._guard(name, write)
+
     def write_json(self, name: str, data: dict) -> None:
         try:
             text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False)

@@ -4,7 +4,8 @@ package's weights file as tokens come, so the [V, C] table is never resident in 
 Why outside the graph: the tied matrix serves the LM head and the lookup. onnxruntime keeps an initializer
 that a plain Gather reads next to the copy it prepacks for the LM head, so an in-graph lookup holds the table
 twice (38.6 MB more for distilgpt2 int8). The LM head names the same bytes of model.onnx.data as ONNX external
-data: one copy on disk, one prepacked copy in memory, and a few rows read per step here.
+data: one copy on disk, one prepacked copy in memory, and a few rows read per step here. An untied model's
+LM head is a matrix of its own; its token rows are read the same way, and no node of the graph reads them.
 
 The manifest's graph.token_embeddings (package_format.TokenTable) says where: int8 rows [V, C] at `rows.offset` and one float32 scale
 per row [V] at `scale.offset`; an embedding is row * scale.

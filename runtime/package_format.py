@@ -169,13 +169,20 @@ def describe(name: str, kind: str, folder, arch: Architecture, manifest: Manifes
         f"  architecture  {a.model_type}: {a.n_layer} layers, {a.n_head} heads x {a.head_size}, width {a.n_embd}, "
         f"{a.n_positions} positions, vocab {a.vocab_size}, eos {a.eos_token_id}",
     ]
+    if a.model_type == "gpt2":
+        head = "tied to the token embedding" if a.tie_word_embeddings else "a matrix of its own (untied)"
+        lines.append(
+            f"  blocks        MLP {a.mlp_width} wide, {a.activation_function}; attention scale "
+            f"{a.attention_scale_rule()}; LM head {head}"
+        )
     if manifest is None:
         return "\n".join(lines)
     m, g = manifest, manifest.graph
     lookup = f", token rows read from {g.token_embeddings.file} by the runtime" if g.token_embeddings else ""
     source = m.source.get("hub_id") or m.source.get("local_path") or ""
     lines += [
-        f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), tied embedding stored once{lookup}",
+        f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), "
+        f"{'tied embedding stored once' if m.weights.tied_embedding_stored_once else 'token embedding and LM head stored apart'}{lookup}",
         f"  KV cache      {g.kv_cache_dtype}, updated in place: {g.kv_cache_in_place}",
         *([f"  onnxruntime   {g.min_onnxruntime} or newer"] if g.min_onnxruntime else []),
         f"  source        {source} {m.source.get('revision') or ''}".rstrip(),

@@ -104,6 +104,25 @@ class Architecture:
     pad_token_id: int | None  # None for GPT-2: padding is carried by the attention mask alone
     layer_norm_epsilon: float = 1e-5
     model_type: str = "gpt2"
+    # GPT-2's variations, under GPT2Config's names. The graph computes them; the manifest says which.
+    n_inner: int | None = None  # MLP width; None is 4 * n_embd
+    activation_function: str = "gelu_new"  # the MLP's activation, a name in transformers' ACT2FN
+    tie_word_embeddings: bool = True  # the LM head is the token embedding (stored once), else a matrix of its own
+    scale_attn_weights: bool = True  # attention scores divided by sqrt(head_size) ...
+    scale_attn_by_inverse_layer_idx: bool = False  # ... and by the layer's index + 1
+
+    @property
+    def mlp_width(self) -> int:
+        return self.n_inner or 4 * self.n_embd
+
+    def attention_scale(self, layer: int) -> float:
+        """The factor on layer `layer`'s (0-based) query-key products: GPT-2's scale rule."""
+        scale = 1 / math.sqrt(self.head_size) if self.scale_attn_weights else 1.0
+        return scale / (layer + 1) if self.scale_attn_by_inverse_layer_idx else scale
+
+    def attention_scale_rule(self) -> str:
+        rule = "1/sqrt(head_size)" if self.scale_attn_weights else "1"
+        return rule + (" / (layer + 1)" if self.scale_attn_by_inverse_layer_idx else "")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,7 +140,20 @@ class Architecture:
         token = lambda w, v: None if v is None else _int(w, v, 0, vocab - 1)  # noqa: E731
         ids = {k: _get(where, data, k, token) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         epsilon = _get(where, data, "layer_norm_epsilon", lambda w, v: _number(w, v, 1e-30, 1.0), 1e-5)
-        return cls(**size, **ids, layer_norm_epsilon=epsilon, model_type=_get(where, data, "model_type", _str, "gpt2"))
+        gpt2 = {
+            "n_inner": _get(where, data, "n_inner", lambda w, v: None if v is None else _int(w, v, 1, 1 << 24), None),
+            "activation_function": _get(where, data, "activation_function", _str, "gelu_new"),
+            **{
+                k: _get(where, data, k, _bool, default)
+                for k, default in (
+                    ("tie_word_embeddings", True),
+                    ("scale_attn_weights", True),
+                    ("scale_attn_by_inverse_layer_idx", False),
+                )
+            },
+        }
+        model_type = _get(where, data, "model_type", _str, "gpt2")
+        return cls(**size, **ids, layer_norm_epsilon=epsilon, model_type=model_type, **gpt2)
 
     @classmethod
     def from_hf_config(cls, config, where: str = "config.json") -> "Architecture":
@@ -145,6 +177,11 @@ class Architecture:
                 "pad_token_id": config.get("pad_token_id"),
                 "layer_norm_epsilon": config.get("layer_norm_epsilon", 1e-5),
                 "model_type": config.get("model_type", "gpt2"),
+                "n_inner": config.get("n_inner"),
+                "activation_function": config.get("activation_function", "gelu_new"),
+                "tie_word_embeddings": config.get("tie_word_embeddings", True),
+                "scale_attn_weights": config.get("scale_attn_weights", True),
+                "scale_attn_by_inverse_layer_idx": config.get("scale_attn_by_inverse_layer_idx", False),
             },
             where,
         )

@@ -44,9 +44,11 @@ def build_checkpoint(
     safetensors=True,
     init_scale=0.3,
     tokenizer_folder=None,
+    **variant,
 ):
     """Random GPT2LMHeadModel weights + tokenizer in a Hugging Face folder. init_scale > 0.02 makes the
-    next-token distributions peaked, like a trained model's, so top-1 comparisons mean something."""
+    next-token distributions peaked, like a trained model's, so top-1 comparisons mean something. `variant`:
+    more GPT2Config settings (tie_word_embeddings, n_inner, activation_function, scale_attn_weights, ...)."""
     import shutil
 
     import torch
@@ -56,7 +58,7 @@ def build_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     if tokenizer_folder is not None:
         for f in Path(tokenizer_folder).iterdir():
-            if f.is_file() and not f.name.startswith("LICENSE"):
+            if f.is_file() and not f.name.startswith(("LICENSE", "model.", "pytorch_model.")):
                 shutil.copy(f, folder / f.name)
         vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
         vocab_size, eos = len(vocab), vocab["<|endoftext|>"]
@@ -73,6 +75,7 @@ def build_checkpoint(
         bos_token_id=eos,
         eos_token_id=eos,
         initializer_range=init_scale,
+        **variant,
     )
     model = GPT2LMHeadModel(config).eval()
     model.save_pretrained(folder, safe_serialization=safetensors)

@@ -58,6 +58,11 @@ def test_package_files_and_manifest(validated_package):
         "pad_token_id": None,
         "layer_norm_epsilon": 1e-5,
         "model_type": "gpt2",
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": True,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
     }
     graph = manifest["graph"]
     assert list(graph["inputs"])[:3] == ["input_ids", "attention_mask", "position_ids"]
@@ -242,9 +247,8 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     shipped = {}
     for align in (graph_module.ALIGN, 256):  # 256: a part boundary every 8 rows of 32 int8 values
         monkeypatch.setattr(graph_module, "ALIGN", align)
-        shipped[align] = split_weights(
-            graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8").SerializeToString()
-        )
+        decoder = graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8")
+        shipped[align] = split_weights(decoder.model.SerializeToString(), decoder.arrays)
     one, four = shipped.values()
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(four.graph).graph.node) == 4
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(one.graph).graph.node) == 1
@@ -256,3 +260,22 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     engines = [_engine(s, checkpoint.arch) for s in (one, four)]
     logits = [e.forward(ids, mask, position_ids_from_mask(mask), e.empty_past(1), logits_to_keep=0)[0] for e in engines]
     np.testing.assert_array_equal(*logits)
+
+
+def test_graph_protobuf_holds_no_weights(tiny_checkpoint):
+    """Weights stay out of the graph's protobuf (which cannot pass 2 GB: gpt2-large and gpt2-xl) until
+    model.onnx.data is written piece by piece; only shapes and scalars are inline."""
+    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.graph import build_decoder
+    from edgelm.export.weights_file import split_weights
+
+    checkpoint = load_checkpoint(str(tiny_checkpoint))
+    decoder = build_decoder(checkpoint.arch, checkpoint.weights, "none")
+    inline = [t for t in decoder.model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    assert max(len(t.raw_data) for t in inline) < 1024
+    assert decoder.arrays["wpe"] is checkpoint.weights["transformer.wpe.weight"]  # the checkpoint's array, not a copy
+    shipped = split_weights(decoder.model.SerializeToString(), decoder.arrays)
+    assert len(shipped.graph) < 64 * 1024 and len(shipped.data) == shipped.size
+    start = dict((name, offset) for name, offset, _ in shipped.pieces)["wpe"]
+    wpe = checkpoint.weights["transformer.wpe.weight"]
+    np.testing.assert_array_equal(np.frombuffer(shipped.data, np.float32, wpe.size, start).reshape(wpe.shape), wpe)

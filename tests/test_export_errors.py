@@ -63,16 +63,6 @@ def test_non_gpt2_architecture(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_unsupported_gpt2_variant(tiny_checkpoint, tmp_path):
-    folder = tmp_path / "variant"
-    shutil.copytree(tiny_checkpoint, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config["scale_attn_by_inverse_layer_idx"] = True
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ExportError, match="scale_attn_by_inverse_layer_idx"):
-        _export(str(folder), tmp_path / "out")
-
-
 def test_missing_weights(tiny_checkpoint, tmp_path):
     folder = tmp_path / "noweights"
     shutil.copytree(tiny_checkpoint, folder)
