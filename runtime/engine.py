@@ -80,13 +80,19 @@ class Engine:
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
         return self.embeddings(ids) if self.io.takes_embeddings else ids
 
-    def decoder(self, batch: int, capacity: int):
+    @property
+    def writes_cache_in_place(self) -> bool:
+        """Whether decoders keep the cache in preallocated buffers the graph writes (InPlaceDecoder)."""
+        return self.io.kv_cache_in_place and self.io.has_logits_to_keep and self.device == "cpu"
+
+    def decoder(self, batch: int, capacity: int, buffers: list | None = None):
         """A decoder for `batch` rows of up to `capacity` positions: it owns their key/value cache (written in
         place when the graph and the device allow it) and runs the graph against it. Its
         run(input_ids, attention_mask, position_ids) takes the prompt, then each step, and returns the last
-        position's logits [B, 1, V]."""
-        if self.io.kv_cache_in_place and self.io.has_logits_to_keep and self.device == "cpu":
-            return InPlaceDecoder(self, batch, capacity)
+        position's logits [B, 1, V]. `buffers` (in-place only): the cache arrays to use, one
+        [batch, H, capacity, D] per cache tensor, owned by the caller (a running batch's slots, slot_cache.py)."""
+        if self.writes_cache_in_place:
+            return InPlaceDecoder(self, batch, capacity, buffers)
         return GrowingDecoder(self, batch)
 
 
@@ -106,10 +112,12 @@ class InPlaceDecoder:
     writes each pass's new rows in place, so neither the prompt nor any step copies the cache. The logits come
     back in one preallocated [B, 1, V] array, valid until the next run."""
 
-    def __init__(self, engine: Engine, batch: int, capacity: int):
+    def __init__(self, engine: Engine, batch: int, capacity: int, buffers: list | None = None):
         self.engine, runner = engine, engine.runner
         shape = (batch, engine.n_head, capacity, engine.head_size)
-        self.buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
+        if buffers is None:
+            buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
+        self.buffers = buffers  # C-contiguous (the OrtValues borrow them); views of the first rows of a bigger array do
         self.logits = np.zeros((batch, 1, engine.vocab_size), dtype=np.float32)
         self.cache = [runner.value(b) for b in self.buffers]  # they borrow the buffers
         self.id_inputs = 3 if engine.io.has_position_ids else 2  # the tokens, attention_mask[, position_ids]

@@ -53,7 +53,7 @@ def gated(tiny_package):
     decoder waits at a gate the test holds and releases."""
     model = load(tiny_package)
     engine = gate(model)
-    s = InProcessServer(model, Limits(max_tokens=50, request_timeout=1.0), max_concurrency=1, max_queue=0)
+    s = InProcessServer(model, Limits(max_tokens=50, request_timeout=1.0), max_batch=1, max_queue=0)
     s.engine = engine
     yield s
     engine.release()
@@ -411,19 +411,28 @@ def test_serve_refuses_a_missing_package(tmp_path):
 
 
 def test_an_int8_package_serves_what_generate_gives(tiny_package_int8, tmp_path):
-    """The int8 graph takes inputs_embeds, read by the runtime from model.onnx.data: a served batch and a
-    stream give what Model.generate gives for the same prompts. (int8 quantizes activations per tensor, so a
-    row's tokens may depend on the other rows of its own request; never on other requests.)"""
+    """The int8 graph takes inputs_embeds, read by the runtime from model.onnx.data: a request alone in the batch
+    gives what Model.generate gives, streamed or not. Rows decoded together share int8's per-pass activation
+    scales, so after their first token (each prefilled alone) they may drift from their generate() result."""
     model = load(tiny_package_int8)
     s = Server(tiny_package_int8, tmp_path)
     try:
         prompts = PROMPTS[:3]
-        expected = [c.text for c in model.generate(prompts, max_new_tokens=12, do_sample=False)]
-        body = complete(s, {"prompt": prompts, "max_tokens": 12, "temperature": 0}).json()
-        assert [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])] == expected
-        alone = model.generate(prompts[1], max_new_tokens=12, do_sample=False).text
-        assert streamed_texts(stream_events(s, {"prompt": prompts[1], "max_tokens": 12, "temperature": 0}))[0] == [
-            alone
+        for prompt in prompts:
+            alone = model.generate(prompt, max_new_tokens=12, do_sample=False).text
+            assert (
+                complete(s, {"prompt": prompt, "max_tokens": 12, "temperature": 0}).json()["choices"][0]["text"]
+                == alone
+            )
+        body = {"prompt": prompts[1], "max_tokens": 12, "temperature": 0}
+        assert streamed_texts(stream_events(s, body))[0] == [
+            model.generate(prompts[1], max_new_tokens=12, do_sample=False).text
         ]
+        together = complete(s, {"prompt": prompts, "max_tokens": 12, "temperature": 0, "logprobs": 0}).json()
+        first = [c["logprobs"]["tokens"][0] for c in sorted(together["choices"], key=lambda c: c["index"])]
+        expected = [
+            model.generate(p, max_new_tokens=1, do_sample=False, logprobs=0).logprobs[0]["token"] for p in prompts
+        ]
+        assert first == expected
     finally:
         assert s.stop() == 0, s.log()
