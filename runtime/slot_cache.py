@@ -98,9 +98,12 @@ class SlotCache:
         width = max(self.width, joining) + 1
         if self.buffers is not None and width <= self.capacity and rows <= len(self.buffers[0]):
             return
-        capacity = max(width, min(self.max_width, 2 * self.capacity))
-        capacity = min(-(-capacity // self.column_step) * self.column_step, max(width, self.max_width))
-        row_capacity = min(self.max_rows, max(rows, 2 * (len(self.buffers[0]) if self.buffers else 0)))
+        capacity, row_capacity = self.capacity, len(self.buffers[0]) if self.buffers else 0
+        if width > capacity:  # doubling, in whole column steps, up to the model's context
+            capacity = max(width, min(self.max_width, 2 * capacity))
+            capacity = min(-(-capacity // self.column_step) * self.column_step, max(width, self.max_width))
+        if rows > row_capacity:
+            row_capacity = min(self.max_rows, max(rows, 2 * row_capacity))
         shape = (row_capacity, self.engine.n_head, capacity, self.engine.head_size)
         old, n = self.buffers, len(self.rows)
         # zeros, not empty: a masked column's value is multiplied by an attention weight of exactly 0, and 0 x NaN
