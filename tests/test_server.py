@@ -4,6 +4,7 @@ Every answer is checked against Model.generate in this process with the same opt
 output must not depend on HTTP, streaming, or what else the server is running.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 from server_harness import HTTP, InProcessServer, Server, complete, gate, stream_events, streamed_texts
 
 from edgelm.runtime import load
+from edgelm.runtime.server.app import jobs_for
 from edgelm.runtime.server.requests import Limits
 
 KEY = "sekret"
@@ -41,8 +43,8 @@ HELD = {"prompt": "The quick", "max_tokens": 40, "ignore_eos": True, "temperatur
 
 @pytest.fixture(scope="module")
 def server(tiny_package, tmp_path_factory):
-    """Default limits; two generations at once."""
-    s = Server(tiny_package, tmp_path_factory.mktemp("server"), "--max-concurrency", "2")
+    """Default limits; a running batch of up to four rows (more requests wait for a place)."""
+    s = Server(tiny_package, tmp_path_factory.mktemp("server"), "--max-batch", "4")
     yield s
     assert s.stop() == 0, s.log()
 
@@ -247,6 +249,25 @@ def test_16_streaming_clients_200_requests_all_complete_and_equal_serial_results
     assert all(results), f"{results.count(False)} of 200 streams differed from their serial result"
     health = server.idle()
     assert health["active"] == 0 and health["queued"] == 0
+
+
+def test_without_continuous_batching_each_request_runs_alone_in_a_thread(tiny_package):
+    """--max-batch 0 (and CUDA, and graphs that do not update their cache in place): a worker thread per request."""
+    model = load(tiny_package)
+    s = InProcessServer(model, max_batch=0, max_concurrency=2)
+    try:
+        assert s.app.jobs.scheduler is None
+        expected = model.generate(PROMPTS[2], max_new_tokens=8, do_sample=False, logprobs=2)
+        body = {"prompt": PROMPTS[2], "max_tokens": 8, "temperature": 0, "logprobs": 2}
+        choice = complete(s, body).json()["choices"][0]
+        assert choice["text"] == expected.text
+        assert choice["logprobs"]["tokens"] == [e["token"] for e in expected.logprobs]
+        assert streamed_texts(stream_events(s, body))[0] == [expected.text]
+    finally:
+        s.stop()
+    growing = load(tiny_package)
+    growing.engine.io = dataclasses.replace(growing.engine.io, kv_cache_in_place=False)
+    assert jobs_for(growing, 16, 2, 64).scheduler is None and jobs_for(model, 16, 2, 64).scheduler is not None
 
 
 # -- limits and bad requests -----------------------------------------------------------------------------
