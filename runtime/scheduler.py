@@ -11,8 +11,9 @@ A job is any object with: `batch` (a runtime Batch; None once start() has done a
 request does), start() (called first, in this thread), check() (raises to stop the job: called at every step
 boundary while it waits or runs), piece(Piece), and finish(error) (None: batch.completions is ready; else why
 it ended). Rows join in arrival order as slots free up, so no request waits behind a later one. Whatever
-shares its batch, a greedy or seeded row of an fp32 graph gets the tokens it gets alone; int8 graphs quantize
-activations per pass, over all rows at once, so theirs may differ a little (benchmarks/NOTES.md).
+shares its batch, a greedy or seeded row of an fp32 graph gets the tokens it gets alone (its logits equal to
+rounding); int8 graphs quantize activations per pass, over all rows at once, so theirs may differ a little
+(benchmarks/batch_drift.py measures both).
 """
 
 import threading
