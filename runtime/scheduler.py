@@ -84,7 +84,13 @@ class Scheduler:
 
     def _run(self) -> None:
         while self._wait():
-            self._boundary()  # its locals go when it returns: an idle thread holds no job's objects
+            try:
+                self._boundary()  # its locals go when it returns: an idle thread holds no job's objects
+            except BaseException as error:  # a fault of the scheduler itself: every job ends with it, none hangs
+                entries, self.entries = self.entries, []
+                self.cache = SlotCache(self.engine, self.cache.max_rows, self.cache.max_width)
+                for entry in entries:
+                    _finish(entry.job, error)
 
     def _wait(self) -> bool:
         """Until there is work (True) or the scheduler is closed and has none left (False)."""

@@ -180,3 +180,26 @@ def test_slot_cache_keeps_each_row_right_aligned(model):
     assert cache.rows == [rows[2], rows[1]] and cache.lengths == [5, 1]
     logits = cache.step(np.array([1, 2]))
     assert logits.shape == (2, model.arch.vocab_size) and cache.width == 6 and cache.lengths == [6, 2]
+
+
+def test_a_fault_of_the_scheduler_ends_every_job_and_the_next_ones_run(model):
+    scheduler = Scheduler(model, max_rows=4)
+    options = dict(do_sample=False, max_new_tokens=6, ignore_eos=True)
+    jobs = [Job(model.batch([p], **options)) for p in ("Hi", "Hello")]
+    step = scheduler._step
+
+    def broken():
+        raise IndexError("a bug in the scheduler")
+
+    scheduler._step = broken
+    for job in jobs:
+        scheduler.submit(job)
+    try:
+        assert all(isinstance(job.wait().error, IndexError) for job in jobs)
+        scheduler._step = step
+        after = Job(model.batch(["Once"], **options))
+        scheduler.submit(after)
+        assert after.wait().error is None
+        same(after.batch.completions, model.generate(["Once"], **options))
+    finally:
+        scheduler.close()
