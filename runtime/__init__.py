@@ -18,6 +18,7 @@ from .errors import (
     InferenceError,
     PackageError,
     PromptError,
+    PromptFileError,
 )
 
 _LAZY = {
@@ -29,6 +30,7 @@ _LAZY = {
     "Stream": "model",
     "load": "model",
     "pipeline": "text_pipeline",
+    "PromptFile": "prompt_file",
 }
 
 __all__ = [
@@ -40,11 +42,13 @@ __all__ = [
     "Completion",
     "ChatTemplate",
     "GenerationConfig",
+    "PromptFile",
     "EdgelmError",
     "PackageError",
     "DeviceError",
     "GenerationOptionError",
     "PromptError",
+    "PromptFileError",
     "ChatError",
     "InferenceError",
 ]

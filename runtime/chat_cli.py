@@ -10,8 +10,10 @@ import sys
 
 import click
 
-from .cli import SAMPLING, generate
+from .cli import generate
 from .errors import EdgelmError, PromptError
+from .generation_config import sampling_implied
+from .prefix_cache import CLI_DEFAULT_MB
 
 # generate's options that mean the same in a conversation; they are declared once, on generate
 SHARED_OPTIONS = (
@@ -38,7 +40,15 @@ SHARED_OPTIONS = (
 
 @click.command()
 @click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
-def chat(system, package, device, threads, no_verify, **options):
+@click.option(
+    "--prefix-cache-mb",
+    default=CLI_DEFAULT_MB,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="MiB of the conversation's key/value rows kept between turns, so each turn computes only what is new "
+    "since the last one (in whole 128-token chunks); the answers are the same. 0 turns it off.",
+)
+def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
 
     \b
@@ -47,12 +57,10 @@ def chat(system, package, device, threads, no_verify, **options):
     """
     from .model import load
 
-    options = {k: v for k, v in options.items() if v is not None and v != ()}
-    if "do_sample" not in options and any(k in options for k in SAMPLING):
-        options["do_sample"] = True
+    options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
     history = [{"role": "system", "content": system}] if system else []
     try:
-        model = load(package, device=device, threads=threads, verify=not no_verify)
+        model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
         config = model.settings(**options)
         model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
     except EdgelmError as error:

@@ -7,6 +7,8 @@ import click
 
 from .cli_package import package_option, package_option_or_argument
 from .errors import EdgelmError
+from .generation_config import sampling_implied
+from .prompt_file_cli import check_file_options, file_options, run_file
 from .store_cli import COMMANDS as STORE_COMMANDS
 
 LAZY_COMMANDS = {
@@ -43,9 +45,6 @@ def main():
 
 def _fail(error: EdgelmError):
     raise click.ClickException(str(error))
-
-
-SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 
 
 @main.command()
@@ -95,22 +94,45 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p", "typical_p")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
 @click.option("--show-config", is_flag=True, help="Print the settings in effect and exit.")
 @click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
-def generate(prompt, package, device, threads, as_json, show_config, no_verify, logit_bias, ban, **options):
+@file_options
+def generate(
+    prompt,
+    package,
+    device,
+    threads,
+    as_json,
+    show_config,
+    no_verify,
+    logit_bias,
+    ban,
+    input_path,
+    output_path,
+    batch_size,
+    overwrite,
+    quiet,
+    **options,
+):
     """Complete PROMPT and stream it to stdout. With no PROMPT, piped stdin is the prompt ('-' reads stdin too);
     '' asks for unconditional text. The package is given with -m (an installed name or a folder).
 
     \b
     edgelm generate -m distilgpt2 "Hello, my name is" --max-new-tokens 30
     git log -1 --format=%B | edgelm generate --do-sample -n 3
+    edgelm generate --input prompts.jsonl --output results.jsonl --max-new-tokens 30
+
+    --input: one JSON object per line, {"prompt": "..."} or {"messages": [...]}, with an optional "id" and any
+    generation option by its Python name ({"prompt": "Hi", "max_new_tokens": 5, "stop": ["."]}) over the
+    options given here. Each output line names its input "line" (and "id"); a line that cannot be run gets an
+    "error" and the rest go on. Rerunning the same command resumes an interrupted output.
     """
     from .model import load
 
-    prompt = _prompt(prompt, package)
+    from_file = check_file_options(prompt, input_path, output_path, json=as_json)
+    prompt = None if from_file else _prompt(prompt, package)
     options = {k: v for k, v in options.items() if v is not None}
     if options.get("stop") == ():
         options.pop("stop")
-    if "do_sample" not in options and any(k in options for k in SAMPLING):
-        options["do_sample"] = True
+    options = sampling_implied(options)
     try:
         if logit_bias:
             options["logit_bias"] = _parse_bias(logit_bias)
@@ -129,6 +151,8 @@ def generate(prompt, package, device, threads, as_json, show_config, no_verify, 
                 )
             )
             return
+        if from_file:
+            return run_file(model, input_path, output_path, "generate", batch_size, overwrite, quiet, config=settings)
         if as_json or settings.num_return_sequences > 1:
             completions = model.generate([prompt], settings)
             if as_json:
@@ -160,7 +184,7 @@ def _stream(stream):
         sys.exit(130)
 
 
-def _prompt(prompt: str | None, package: str | None) -> str:
+def _prompt(prompt: str | None, package: str | None, command: str = "generate") -> str:
     """The prompt to complete: the argument, else piped stdin. A terminal with no prompt, or a prompt that names a
     package while -m is absent, is a usage error (never a wait on the keyboard, never the wrong model)."""
     if prompt == "-":
@@ -168,8 +192,8 @@ def _prompt(prompt: str | None, package: str | None) -> str:
     if prompt is None:
         if sys.stdin is None or sys.stdin.isatty():
             raise click.UsageError(
-                "no prompt: give one (edgelm generate \"Hello\"), pipe one in (echo Hello | edgelm generate), "
-                "or pass '' for unconditional text."
+                f"no prompt: give one (edgelm {command} \"Hello\"), pipe one in (echo Hello | edgelm {command}), "
+                "give a file of them with --input, or pass '' for unconditional text."
             )
         return _read_stdin()
     if package is None:
@@ -178,7 +202,7 @@ def _prompt(prompt: str | None, package: str | None) -> str:
         if names_a_package(prompt):
             raise click.UsageError(
                 f"{prompt!r} is a model package, not a prompt: name the package with -m, e.g. "
-                f"edgelm generate -m {prompt} \"Hello\" (with -m given, any text is taken as the prompt)."
+                f"edgelm {command} -m {prompt} \"Hello\" (with -m given, any text is taken as the prompt)."
             )
     return prompt
 
@@ -203,6 +227,49 @@ def _parse_bias(items) -> dict:
         except ValueError:
             raise click.BadParameter(f"{item!r} is not ID=BIAS, e.g. 50256=-100", param_hint="--logit-bias") from None
     return bias
+
+
+@main.command()
+@click.argument("text", required=False)
+@package_option
+@click.option("--top-logprobs", type=click.IntRange(min=0), help="Also give each token's N most likely tokens.")
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
+)
+@click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+@file_options
+def score(
+    text, package, top_logprobs, device, threads, no_verify, input_path, output_path, batch_size, overwrite, quiet
+):
+    """Print each token's log-probability of TEXT and its perplexity, as JSON. With no TEXT, piped stdin is the
+    text; --input scores a file of {"text": "..."} lines (optionally "id" and "top_logprobs") into --output.
+
+    \b
+    edgelm score -m distilgpt2 "The quick brown fox"
+    edgelm score --input texts.jsonl --output scores.jsonl
+    """
+    from .model import load
+    from .prompt_file import score_records
+
+    from_file = check_file_options(text, input_path, output_path)
+    text = None if from_file else _prompt(text, package, "score")
+    try:
+        model = load(package, device=device, threads=threads, verify=not no_verify)
+        if from_file:
+            return run_file(
+                model, input_path, output_path, "score", batch_size, overwrite, quiet, top_logprobs=top_logprobs
+            )
+        (answer,) = score_records(model, [{"text": text, "top_logprobs": top_logprobs}])
+    except EdgelmError as error:
+        _fail(error)
+    if "error" in answer:
+        raise click.ClickException(answer["error"])
+    click.echo(json.dumps(answer, indent=2, ensure_ascii=False))
 
 
 @main.command()

@@ -7,7 +7,8 @@ contract, written once in models/README.md.
 The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
 CPU it is one preallocated [B, H, T + max_new_tokens, D] buffer per tensor that the graph writes in place, the
 prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceDecoder); otherwise each step's present
-[B, H, S + 1, D] becomes the next past (GrowingDecoder).
+[B, H, S + 1, D] becomes the next past (GrowingDecoder). With a PrefixCache, a batch-1 prompt that starts with
+whole chunks a recent prompt had gets their rows copied in instead of computed (runtime/prefix_cache.py).
 """
 
 from typing import Iterator
@@ -40,8 +41,10 @@ class Engine:
         device: str,
         embeddings=None,
         graph_file=None,
+        prefix_cache=None,
     ):
         self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
+        self.prefix_cache = prefix_cache  # a PrefixCache for batch-1 prompts on the in-place cache, or None
         self.embeddings = embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/embeddings.py)
         self.token_input_name = "inputs_embeds" if io.takes_embeddings else "input_ids"
         # OrtValues in, OrtValues out, through onnxruntime's private fast path where it has one (ort_fast_path.py)
@@ -90,9 +93,11 @@ class Engine:
         place when the graph and the device allow it) and runs the graph against it. Its
         run(input_ids, attention_mask, position_ids) takes the prompt, then each step, and returns the last
         position's logits [B, 1, V]. `buffers` (in-place only): the cache arrays to use, one
-        [batch, H, capacity, D] per cache tensor, owned by the caller (a running batch's slots, slot_cache.py)."""
+        [batch, H, capacity, D] per cache tensor, owned by the caller (a running batch's slots, slot_cache.py);
+        the prefix cache serves batch-1 decoders that own their buffers."""
         if self.writes_cache_in_place:
-            return InPlaceDecoder(self, batch, capacity, buffers)
+            prefix_cache = self.prefix_cache if batch == 1 and buffers is None else None
+            return InPlaceDecoder(self, batch, capacity, prefix_cache, buffers)
         return GrowingDecoder(self, batch)
 
 
@@ -110,10 +115,12 @@ class GrowingDecoder:
 class InPlaceDecoder:
     """One [B, H, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
     writes each pass's new rows in place, so neither the prompt nor any step copies the cache. The logits come
-    back in one preallocated [B, 1, V] array, valid until the next run."""
+    back in one preallocated [B, 1, V] array, valid until the next run. With a prefix cache (batch 1), the prompt
+    is prefilled in that cache's chunks, starting after the rows it restores, and its whole chunks are stored."""
 
-    def __init__(self, engine: Engine, batch: int, capacity: int, buffers: list | None = None):
+    def __init__(self, engine: Engine, batch: int, capacity: int, prefix_cache=None, buffers: list | None = None):
         self.engine, runner = engine, engine.runner
+        self.prefix_cache = prefix_cache
         shape = (batch, engine.n_head, capacity, engine.head_size)
         if buffers is None:
             buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
@@ -135,10 +142,28 @@ class InPlaceDecoder:
         width, new = attention_mask.shape[1], input_ids.shape[1]
         # GroupQueryAttention takes several new tokens over an existing cache for one row only.
         chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
-        for start in range(0, new, chunk):  # a decode step is one chunk of one token
+        first, cached = 0, self._cacheable(input_ids, attention_mask, position_ids)
+        if cached:  # the rows it has, then the chunks its blocks were made in: the passes a cold prefill makes
+            chunk, first = self.prefix_cache.chunk, self.prefix_cache.restore(input_ids[0], self.buffers)
+        for start in range(first, new, chunk):  # a decode step is one chunk of one token
             end = min(start + chunk, new)
             self._pass(input_ids[:, start:end], attention_mask[:, : width - new + end], position_ids[:, start:end])
+        if cached:
+            self.prefix_cache.store(input_ids[0], self.buffers)
         return self.logits
+
+    def _cacheable(self, input_ids, attention_mask, position_ids) -> bool:
+        """A prompt over an empty cache, one row, unpadded at positions 0..T-1: the only prefill a prefix cache
+        knows the rows of (a decode step, a padded row and a batch go without it)."""
+        new = input_ids.shape[1]
+        return (
+            self.prefix_cache is not None
+            and len(input_ids) == 1
+            and new > 1
+            and attention_mask.shape[1] == new
+            and bool(np.all(attention_mask == 1))
+            and np.array_equal(position_ids[0], np.arange(new))
+        )
 
     def _pass(self, input_ids, attention_mask, position_ids):
         # The arrays must outlive the run: the OrtValues below only borrow them.

@@ -33,6 +33,11 @@ class PromptError(EdgelmError, ValueError):
     """A prompt cannot be run: too long for the context, not valid UTF-8, or token ids out of range."""
 
 
+class PromptFileError(EdgelmError):
+    """A file of prompts cannot be run as asked: the input is not a readable file, or the output holds
+    something other than this job's results (another input, package or options)."""
+
+
 class StoreError(EdgelmError):
     """The model store cannot do what was asked: an unknown or invalid name, a name already taken, a download
     that failed, or a full disk. The store is left as it was."""

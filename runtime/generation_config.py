@@ -15,6 +15,15 @@ from numbers import Integral, Real
 from .errors import GenerationOptionError
 
 PACKAGE_FACTS = ("vocab_size",)  # set from the package, never a caller's option
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p")  # meaningful only when sampling
+
+
+def sampling_implied(options: dict) -> dict:
+    """The options with do_sample=True added when a sampling option is given and do_sample is not: what a
+    command-line option or a line of a prompt file means by "--temperature 0.7" alone."""
+    if "do_sample" not in options and any(k in options for k in SAMPLING_OPTIONS):
+        return {**options, "do_sample": True}
+    return options
 
 
 @dataclass(frozen=True)

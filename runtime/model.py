@@ -3,7 +3,8 @@
     model = edgelm.runtime.load("models/distilgpt2")
     print(model.generate("Hello, my name is", max_new_tokens=20).text)
 
-A Model is immutable after load; any number of threads may call it at once (each call keeps its own state).
+A Model is immutable after load but for its prefix cache (load(..., prefix_cache_mb=N), runtime/prefix_cache.py),
+which guards itself; any number of threads may call it at once (each call keeps its own state).
 """
 
 import os
@@ -14,6 +15,7 @@ from tokenizers import Tokenizer
 
 from .generation_config import GenerationConfig
 from .embeddings import TokenEmbeddings
+from . import engine as engine_module
 from .engine import Engine
 from .errors import GenerationOptionError, PackageError, PromptError
 from .batch import MAX_BATCH_TOKENS, Batch, Stream
@@ -21,6 +23,7 @@ from .chat_template import ChatTemplate
 from .onnxruntime_compat import check_installed
 from .package import Package, open_package
 from .package_format import GENERATION_CONFIG, MANIFEST
+from .prefix_cache import PrefixCache, cache_bytes
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
 from .session import create_session, graph_io, release_freed_memory
@@ -44,8 +47,9 @@ class Score:
 class Model:
     """A loaded package: tokenizer, onnxruntime session, and the generation defaults it ships."""
 
-    def __init__(self, package: Package, device: str = "auto", threads: int | None = None):
+    def __init__(self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0):
         self.package, self.arch = package, package.arch
+        prefix_cache_bytes = cache_bytes(prefix_cache_mb)  # a bad option fails before anything is read
         try:
             self.tokenizer = Tokenizer.from_str(package.tokenizer_text())
         except PackageError:
@@ -73,6 +77,7 @@ class Model:
             self.device,
             embeddings,
             graph_file=package.model_file,
+            prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK) if prefix_cache_bytes else None,
         )
         self.defaults = _generation_defaults(package)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
@@ -252,10 +257,15 @@ class Model:
     def chat_batch(self, messages, config: GenerationConfig | None = None, **options) -> Batch:
         """A Batch for the assistant's next message: `messages` rendered by the package's chat template (with
         the assistant's turn opened), the template's stop strings added to the caller's."""
-        config = self._config(config, options)
+        prompt, config = self.chat_prompt(messages, self._config(config, options))
+        return self.batch([prompt], config)
+
+    def chat_prompt(self, messages, config: GenerationConfig) -> tuple[str, GenerationConfig]:
+        """(prompt, settings) for the assistant's next message: `messages` rendered by the package's chat
+        template (with the assistant's turn opened), the template's stop strings added to `config`'s."""
         prompt = self.chat_template.render(messages, add_generation_prompt=True)
         extra = tuple(s for s in self.chat_template.stop if s not in config.stop)
-        return self.batch([prompt], config.with_options(stop=config.stop + extra) if extra else config)
+        return prompt, config.with_options(stop=config.stop + extra) if extra else config
 
     def chat(self, messages, config: GenerationConfig | None = None, **options):
         """The assistant's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]) as a Completion, or a
@@ -313,11 +323,17 @@ def _generation_defaults(package: Package) -> GenerationConfig:
         ) from None
 
 
-def load(path=None, device: str = "auto", threads: int | None = None, verify: bool = True) -> Model:
+def load(path=None, device: str = "auto", threads: int | None = None, verify: bool = True, prefix_cache_mb=0) -> Model:
     """Open a package, check its files, and start a session on `device`. `path` is a package folder or the name of
-    an installed package (edgelm list); None opens the default (store.resolve_package says which)."""
+    an installed package (edgelm list); None opens the default (store.resolve_package says which).
+
+    prefix_cache_mb: MiB of recent prompts' key/value rows to keep, so that a prompt starting with a recent
+    prompt's first 128-token chunks skips computing them (a chat's history, a shared system prompt); outputs
+    are identical with and without it. Off (0) by default: one prompt per process gains nothing from it, and it
+    holds up to that memory. Used on CPU at batch 1 (runtime/prefix_cache.py)."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise PackageError(
             f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"
         )
-    return Model(open_package(resolve_package(path), verify=verify), device, threads)
+    cache_bytes(prefix_cache_mb)  # checked before the package is opened
+    return Model(open_package(resolve_package(path), verify=verify), device, threads, prefix_cache_mb)

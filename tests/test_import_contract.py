@@ -25,6 +25,7 @@ COMMAND_LINE = {
     "edgelm.runtime.launch",
     "edgelm.runtime.chat_cli",
     "edgelm.runtime.store_cli",
+    "edgelm.runtime.prompt_file_cli",
     "edgelm.runtime.server.cli",
 }
 EXPORT_NAME = re.compile(r"edgelm\.export(\.\w+)*(:\w+)?")

@@ -7,6 +7,7 @@ import click
 
 from ..cli_package import package_option_or_argument
 from ..errors import EdgelmError
+from ..prefix_cache import CLI_DEFAULT_MB
 
 
 @click.command()
@@ -28,7 +29,7 @@ from ..errors import EdgelmError
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
-    help="onnxruntime threads (default: every core for the running batch; cores / --max-concurrency without it).",
+    help="onnxruntime threads (default: every core for the running batch; cores / --max-concurrency with --max-batch 0).",
 )
 @click.option(
     "--api-key", envvar="EDGELM_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/ (also $EDGELM_API_KEY)."
@@ -140,6 +141,14 @@ from ..errors import EdgelmError
     show_default=True,
     help="The server's logging level.",
 )
+@click.option(
+    "--prefix-cache-mb",
+    default=CLI_DEFAULT_MB,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="MiB of recent prompts' key/value rows kept, so a prompt that starts like a recent one (a chat's history, "
+    "a shared system prompt) skips recomputing that start; outputs are the same. 0 turns it off.",
+)
 @click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
 def serve(
     package,
@@ -164,6 +173,7 @@ def serve(
     accept_any_model,
     shutdown_timeout,
     log_level,
+    prefix_cache_mb,
     no_verify,
 ):
     """Serve a package (-m NAME_OR_PATH, or NAME_OR_PATH alone; default: as for every command) over an
@@ -193,23 +203,16 @@ def serve(
         raise click.ClickException(
             f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'"
         ) from None
-    from ..model import Model
-    from ..package import open_package
-    from ..store import resolve_package
+    from ..model import load
 
     if any(not name.strip() for name in model_names):
         raise click.BadParameter("a model name must not be empty", param_hint="--model-name")
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if threads is None and device != "cuda" and max_batch == 0:
+        threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
     try:
-        opened = open_package(resolve_package(package), verify=not no_verify)
-        graph = opened.manifest.graph if opened.manifest else None
-        batched = max_batch > 0 and device != "cuda" and bool(graph and graph.kv_cache_in_place)
-        if threads is None and device != "cuda" and not batched:
-            threads = max(
-                1, (os.cpu_count() or 1) // max_concurrency
-            )  # each running generation gets its share of cores
-        model = Model(opened, device=device, threads=threads)
+        model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
     limits = Limits(

@@ -1,0 +1,327 @@
+"""Files of prompts: every line of a JSON-lines file through one model, one JSON line out per line in.
+
+    job = PromptFile(model, "prompts.jsonl", "results.jsonl", config=model.settings(max_new_tokens=20))
+    for step in job.run(batch_size=8):   # a Step per batch written to the output
+        ...                              # step.lines finished, step.errors (their line numbers and why)
+    job.failed                           # every failed line, from this run and earlier ones
+
+Input lines (blank lines are skipped):
+    generate: {"prompt": "text" or [token ids]} or {"messages": [{"role": ..., "content": ...}, ...]}, plus
+              any generation option by its GenerationConfig name ("max_new_tokens": 20, "stop": ["\\n"]); a
+              sampling option without do_sample turns sampling on, as on the command line
+    score:    {"text": "..."} (or "prompt"), plus "top_logprobs": N
+    either may carry an "id" of any JSON value; any other key is an error (a misspelt option is not ignored).
+Output lines: {"line": N, "id": ..., <the result>, "job": FINGERPRINT}, where the result is a Completion's
+fields (generate with one sequence), {"completions": [...]} (several), a Score's fields (score; a log-prob
+that does not exist is null), or {"error": "what is wrong and what to do"} for a line that cannot be run.
+
+Resuming: the output is appended to and flushed (and synced) after every batch, so an interruption loses at
+most the batch in flight. Running the same job again skips every line the output already answers (an error
+record answers its line too: the same line would fail the same way) and drops a last line cut short by a
+kill. `job` fingerprints the input file's bytes, the package and the options: an output whose lines carry
+another fingerprint belongs to another job and is refused (overwrite=True replaces it). Lines are batched in
+input order; the lines of one batch that share their options run as one Model.batch call.
+"""
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import EdgelmError, GenerationOptionError, PromptError, PromptFileError
+from .generation_config import GenerationConfig, sampling_implied
+
+GENERATE, SCORE = "generate", "score"
+MAX_LINE_BYTES = 16 << 20  # one input line; longer ones are reported, never read into memory whole
+COMMON_KEYS = ("id",)
+
+
+@dataclass
+class LineError:
+    """An input line that could not be run: its 1-based number, its own id (if it had one) and why."""
+
+    line: int
+    message: str
+    id: object = None
+
+
+@dataclass
+class Step:
+    """One batch written to the output."""
+
+    lines: int  # input lines answered (results and errors)
+    errors: list = field(default_factory=list)  # LineError for each line of the batch that failed
+
+
+class PromptFile:
+    """A file of prompts and the output that answers it. Opening one reads the input once (its fingerprint
+    and line count) and the output (which lines it answers), repairing a last line cut short; run() does
+    the rest. `task` is "generate" (with `config`, model.settings(...)) or "score" (with top_logprobs)."""
+
+    def __init__(
+        self,
+        model,
+        input_path,
+        output_path,
+        task: str = GENERATE,
+        config: GenerationConfig | None = None,
+        top_logprobs: int | None = None,
+        overwrite: bool = False,
+    ):
+        if task not in (GENERATE, SCORE):
+            raise PromptFileError(f"task must be {GENERATE!r} or {SCORE!r}, got {task!r}")
+        self.model, self.task = model, task
+        self.input, self.output = Path(input_path), Path(output_path)
+        self.config = config if config is not None else model.settings()
+        self.top_logprobs = top_logprobs
+        _check_paths(self.input, self.output)
+        digest, self.total = _fingerprint_input(self.input)
+        self.job = _job_id(task, digest, model.package, self.config if task == GENERATE else top_logprobs)
+        if overwrite:
+            self.output.write_bytes(b"")
+        self.answered, self.failed = _read_output(self.output, self.job)
+        self.written = 0  # lines this run wrote
+
+    def run(self, batch_size: int = 8):
+        """Answer every line the output does not answer yet, `batch_size` lines at a time; yields a Step after
+        each batch is on disk."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise PromptFileError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        with open(self.output, "ab") as out:
+            _lock(out, self.output)
+            self.answered, self.failed = _read_output(self.output, self.job)  # as it is now that it is ours
+            pending = []  # (line number, record or the LineError that parsing gave)
+            for number, raw in _lines(self.input):
+                if number in self.answered or (raw is not None and not raw.strip()):
+                    continue
+                pending.append((number, _parse(number, raw)))
+                if len(pending) == batch_size:
+                    yield self._answer(pending, out)
+                    pending = []
+            if pending:
+                yield self._answer(pending, out)
+
+    def _answer(self, pending: list, out) -> Step:
+        records = [r for _, r in pending if isinstance(r, dict)]
+        answers = iter(
+            generate_records(self.model, self.config, records)
+            if self.task == GENERATE
+            else score_records(self.model, records, self.top_logprobs)
+        )
+        lines, step = [], Step(len(pending))
+        for number, record in pending:
+            answer = {"error": record.message} if isinstance(record, LineError) else next(answers)
+            ident = record.get("id") if isinstance(record, dict) else None
+            head = {"line": number, **({"id": ident} if isinstance(record, dict) and "id" in record else {})}
+            lines.append(json.dumps({**head, **answer, "job": self.job}, ensure_ascii=False) + "\n")
+            if "error" in answer:
+                step.errors.append(LineError(number, answer["error"], ident))
+            self.answered.add(number)
+        out.write("".join(lines).encode("utf-8"))
+        out.flush()
+        os.fsync(out.fileno())
+        self.written += len(lines)
+        self.failed += step.errors
+        return step
+
+
+def generate_records(model, config: GenerationConfig, records: list) -> list:
+    """One answer per record ({"prompt": ...} or {"messages": ...} with per-line options): a Completion's
+    fields, {"completions": [...]} for several sequences, or {"error": ...}. Records that share their
+    settings run as one batch; a batch that a prompt spoils (too long, bad ids) is rerun line by line."""
+    answers, groups = [None] * len(records), []  # groups: [(settings, [(index, prompt)])]
+    for index, record in enumerate(records):
+        try:
+            prompt, settings = _generate_request(model, config, record)
+        except EdgelmError as error:
+            answers[index] = {"error": str(error)}
+            continue
+        group = next((g for g in groups if g[0] == settings), None)
+        if group is None:
+            groups.append(group := (settings, []))
+        group[1].append((index, prompt))
+    for settings, items in groups:
+        for index, answer in zip([i for i, _ in items], _complete(model, settings, [p for _, p in items])):
+            answers[index] = answer
+    return answers
+
+
+def score_records(model, records: list, top_logprobs: int | None = None) -> list:
+    """One answer per record ({"text": ...} or {"prompt": ...}, optionally "top_logprobs"): a Score's fields
+    with null for a log-prob that does not exist, or {"error": ...}."""
+    answers = []
+    for record in records:
+        try:
+            unknown = sorted(set(record) - {"text", "prompt", "top_logprobs", *COMMON_KEYS})
+            if unknown:
+                raise PromptError(
+                    f"unknown key(s) {', '.join(unknown)}: a score line has text (or prompt), top_logprobs and id"
+                )
+            text = _text_of(record, ("text", "prompt"))
+            score = model.score(text, top_logprobs=record.get("top_logprobs", top_logprobs))
+        except EdgelmError as error:
+            answers.append({"error": str(error)})
+            continue
+        answer = score.to_dict()
+        answer["logprobs"] = [v if math.isfinite(v) else None for v in answer["logprobs"]]
+        answer["perplexity"] = answer["perplexity"] if math.isfinite(answer["perplexity"]) else None
+        if answer["top_logprobs"] is None:
+            del answer["top_logprobs"]
+        answers.append(answer)
+    return answers
+
+
+def _generate_request(model, config: GenerationConfig, record: dict) -> tuple:
+    """(prompt, settings) for one record: its per-line options over `config`, a chat rendered to text."""
+    if "prompt" in record and "messages" in record:
+        raise PromptError('the line has both "prompt" and "messages"; give one')
+    if "messages" not in record:
+        _text_of(record, ("prompt",))  # the missing prompt said before any unknown option
+    options = {k: v for k, v in record.items() if k not in ("prompt", "messages", *COMMON_KEYS)}
+    settings = config.with_options(**sampling_implied(options)) if options else config
+    if "messages" in record:
+        return model.chat_prompt(record["messages"], settings)
+    return record["prompt"], settings
+
+
+def _text_of(record: dict, names: tuple):
+    """The record's prompt (a string or token ids), under the first of `names` it has."""
+    name = next((n for n in names if n in record), None)
+    if name is None:
+        hint = ' (or "messages" for a chat)' if names == ("prompt",) else ""
+        raise PromptError(f'the line has no "{names[0]}": write {{"{names[0]}": "...", ...}}' + hint)
+    return record[name]
+
+
+def _complete(model, settings: GenerationConfig, prompts: list) -> list:
+    """Answers for prompts that share their settings: one batch call, or one call per prompt when a prompt
+    spoils the batch (too long, bad token ids, too big a batch). Other errors (onnxruntime failing) stop the job."""
+    try:
+        completions = model.generate(prompts, settings)
+    except (PromptError, GenerationOptionError) as error:
+        if len(prompts) == 1:
+            return [{"error": str(error)}]
+        return [answer for prompt in prompts for answer in _complete(model, settings, [prompt])]
+    n = settings.num_return_sequences
+    rows = [[_completion_fields(c) for c in completions[i * n : (i + 1) * n]] for i in range(len(prompts))]
+    return [row[0] if n == 1 else {"completions": row} for row in rows]
+
+
+def _completion_fields(completion) -> dict:
+    fields = completion.to_dict()
+    del fields["index"], fields["prompt_index"]  # positions in a batch, which the file does not show
+    if fields["logprobs"] is None:
+        del fields["logprobs"]
+    return fields
+
+
+def _parse(number: int, raw: bytes):
+    """A line's JSON object, or the LineError that says what is wrong with it."""
+    if raw is None:
+        return LineError(number, f"the line is over {MAX_LINE_BYTES:,} bytes; shorten it")
+    try:
+        record = json.loads(raw)
+    except UnicodeDecodeError as error:
+        return LineError(number, f"the line is not UTF-8 (byte {error.start}); convert the file, e.g. iconv -t UTF-8")
+    except ValueError as error:
+        return LineError(number, f"the line is not JSON ({str(error)[:120]}); write one object per line")
+    if not isinstance(record, dict):
+        return LineError(number, f'the line is a JSON {type(record).__name__}, not an object like {{"prompt": "..."}}')
+    return record
+
+
+def _lines(path: Path):
+    """(1-based number, bytes) for each line, None for a line over MAX_LINE_BYTES (skipped, not read whole)."""
+    with open(path, "rb") as source:
+        number = 0
+        while True:
+            raw = source.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):
+                    raw = source.readline(MAX_LINE_BYTES)
+                raw = None
+            yield number, raw
+
+
+def _lock(out, path: Path) -> None:
+    """Hold the output for this job alone (an advisory lock, where the system has one): two runs appending to
+    one output would answer the same lines twice."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; one run at a time is the caller's care
+        return
+    try:
+        fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise PromptFileError(
+            f"another run is writing {path}; wait for it to finish (then rerun to resume), or name another --output"
+        ) from None
+
+
+def _check_paths(input_path: Path, output_path: Path) -> None:
+    if not input_path.is_file():
+        raise PromptFileError(f"{input_path} is not a file; give a file of JSON lines with --input")
+    if output_path.exists() and not output_path.is_file():
+        raise PromptFileError(f"{output_path} is not a regular file; name a file for --output")
+    if not output_path.parent.is_dir():
+        raise PromptFileError(f"{output_path.parent} does not exist; create it, or name another --output")
+    if output_path.exists() and os.path.samefile(input_path, output_path):
+        raise PromptFileError(f"--input and --output are the same file ({output_path}); name another --output")
+
+
+def _fingerprint_input(path: Path) -> tuple[str, int]:
+    """(sha256 of the file, number of lines that are not blank)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        for chunk in iter(lambda: source.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest(), sum(raw is None or bool(raw.strip()) for _, raw in _lines(path))
+
+
+def _job_id(task: str, input_digest: str, package, options) -> str:
+    """What an output's lines carry to say which job they answer: input bytes, package and options."""
+    if package.manifest is not None and package.model_file.name in package.manifest.files:
+        identity = package.manifest.files[package.model_file.name].sha256
+    else:
+        identity = str(package.folder.resolve())
+    options = asdict(options) if isinstance(options, GenerationConfig) else options
+    text = json.dumps([task, input_digest, identity, options], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_output(path: Path, job: str) -> tuple[set, list]:
+    """The input lines an existing output answers and those it records as failed. A last line cut short
+    (no newline: a kill mid-write) is cut off; a line of another job, or not written by this, is refused."""
+    if not path.exists():
+        return set(), []
+    answered, failed, end = set(), [], 0
+    with open(path, "rb") as existing:
+        for number, raw in enumerate(iter(existing.readline, b""), 1):
+            if not raw.endswith(b"\n"):
+                break  # cut short: dropped below, and its input line answered again
+            try:
+                record = json.loads(raw)
+                line, its_job = record["line"], record["job"]
+            except (ValueError, TypeError, KeyError):
+                raise PromptFileError(
+                    f"line {number} of {path} is not a result of edgelm generate or score --input; name another "
+                    "--output, or pass --overwrite to replace the file"
+                ) from None
+            if its_job != job:
+                raise PromptFileError(
+                    f"{path} answers another job (a different input file, package or options): rerun with the "
+                    "same ones to resume it, name another --output, or pass --overwrite to start again"
+                )
+            answered.add(line)
+            if "error" in record:
+                failed.append(LineError(line, record["error"], record.get("id")))
+            end += len(raw)
+    if end != path.stat().st_size:
+        with open(path, "r+b") as existing:
+            existing.truncate(end)
+    return answered, failed
