@@ -203,3 +203,22 @@ def test_a_fault_of_the_scheduler_ends_every_job_and_the_next_ones_run(model):
         same(after.batch.completions, model.generate(["Once"], **options))
     finally:
         scheduler.close()
+
+
+def test_running_batch_decoders_bypass_the_prefix_cache(tiny_package):
+    """Batch-1 prefills of joining rows may restore rows from the prefix cache; a decoder over the running batch's
+    own buffers (one row or more) never reads or stores there."""
+    model = load(tiny_package, prefix_cache_mb=1)
+    engine = model.engine
+    assert engine.decoder(1, 8).prefix_cache is engine.prefix_cache is not None
+    scheduler = Scheduler(model, max_rows=2)
+    job = Job(model.batch(["Hello"], do_sample=False, max_new_tokens=3, ignore_eos=True))
+    decoders = []
+    make = engine.decoder
+    engine.decoder = lambda *args, **options: decoders.append(make(*args, **options)) or decoders[-1]
+    scheduler.submit(job)
+    try:
+        assert job.wait().error is None
+    finally:
+        scheduler.close()
+    assert [d.prefix_cache is None for d in decoders] == [False, True]  # the prefill, then the batch's decoder
