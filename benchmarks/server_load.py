@@ -1,12 +1,16 @@
-"""Load-test `edgelm serve`: N concurrent streaming clients, M requests in all; throughput and latencies.
+"""Load-test `edgelm serve`: rounds of N concurrent streaming clients against one server; throughput and latencies.
 
-    python benchmarks/server_load.py [PACKAGE] [--clients 8] [--requests 64] [--max-tokens 48] [-- SERVE OPTIONS...]
+    python benchmarks/server_load.py [PACKAGE] [--clients 1,4,16] [--rounds 4] [--max-tokens 48] [-- SERVE OPTIONS...]
     python benchmarks/server_load.py --url http://127.0.0.1:8000      # an already running server
 
-Starts the server in a subprocess on a free loopback port (unless --url), waits for /health, then runs the
-clients with httpx. Each request streams greedy tokens with ignore_eos, so every one costs max_tokens steps.
-Prints generated tokens per second over the whole run, request latency p50/p95 and time to first token
-p50/p95 (first chunk with text). A benchmark, not a test: nothing is asserted; failures are counted.
+Starts the server in a subprocess on a free loopback port (unless --url), waits for /health, then for each
+client count in turn (same server, same run) has that many clients each send --rounds requests back to back,
+with httpx. Each request streams greedy tokens with ignore_eos from a short prompt, so every one costs
+max_tokens steps. Prints per client count: generated tokens per second over its wall time (and as a multiple
+of the first count's), request latency p50/p95, time to first token p50/p95 and the worst one (first chunk
+with text: a request that starves shows there). Then the continuous-batching targets: tokens/s at the largest
+count >= 4x one client; first-token p50 at 4 clients <= 2x one client. A benchmark, not a test: nothing is
+asserted; failures are counted.
 """
 
 import argparse
@@ -100,54 +104,76 @@ def percentile(values: list, q: float) -> float:
     )
 
 
+def run_clients(client: httpx.Client, url: str, clients: int, requests: int, max_tokens: int, headers: dict) -> dict:
+    """`requests` streamed requests from `clients` threads; the figures of that run."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = list(pool.map(lambda i: one_request(client, url, i, max_tokens, headers), range(requests)))
+    wall = time.perf_counter() - started
+    ok = [r for r in results if "error" not in r]
+    failed = [r["error"] for r in results if "error" in r]
+    tokens = sum(r["tokens"] for r in ok)
+    latencies, ttfts = [r["latency"] for r in ok], [r["ttft"] for r in ok if r["ttft"] is not None]
+    return {
+        "clients": clients,
+        "ok": len(ok),
+        "failed": failed,
+        "tokens": tokens,
+        "wall": wall,
+        "tok_s": tokens / wall,
+        "latency": (percentile(latencies, 50), percentile(latencies, 95)) if ok else None,
+        "ttft": (percentile(ttfts, 50), percentile(ttfts, 95), max(ttfts)) if ttfts else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("package", nargs="?", default=os.path.join("models", "distilgpt2"))
-    parser.add_argument("--clients", type=int, default=8, help="concurrent streaming clients")
-    parser.add_argument("--requests", type=int, default=64, help="requests in all")
+    parser.add_argument(
+        "--clients", default="1,4,16", help="concurrent streaming clients: counts run in turn, comma-separated"
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="requests each client sends, one after the other")
     parser.add_argument("--max-tokens", type=int, default=48, help="tokens per request (greedy, ignore_eos)")
     parser.add_argument("--url", help="use this running server instead of starting one")
     parser.add_argument("--api-key")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
-    serve_options = argv[split + 1 :]  # after --: options for edgelm serve, e.g. -- --max-concurrency 4
+    serve_options = argv[split + 1 :]  # after --: options for edgelm serve, e.g. -- --max-batch 8
+    counts = [int(c) for c in args.clients.split(",")]
 
     process, url = (None, args.url) if args.url else start_server(args.package, serve_options)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     # One pooled client for all threads: a fresh httpx client per request costs ~50 ms of TLS setup.
-    client = httpx.Client(limits=httpx.Limits(max_connections=args.clients))
+    client = httpx.Client(limits=httpx.Limits(max_connections=max(counts)))
     try:
         model = client.get(url + "/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
         one_request(client, url, 0, args.max_tokens, headers)  # warm-up, not counted
-        started = time.perf_counter()
-        with ThreadPoolExecutor(args.clients) as pool:
-            results = list(
-                pool.map(lambda i: one_request(client, url, i, args.max_tokens, headers), range(args.requests))
-            )
-        wall = time.perf_counter() - started
+        runs = [run_clients(client, url, n, n * args.rounds, args.max_tokens, headers) for n in counts]
     finally:
         if process is not None:
             process.send_signal(signal.SIGTERM)
             process.wait(30)
 
-    ok = [r for r in results if "error" not in r]
-    failed = [r["error"] for r in results if "error" in r]
-    tokens = sum(r["tokens"] for r in ok)
-    latencies, ttfts = [r["latency"] for r in ok], [r["ttft"] for r in ok if r["ttft"] is not None]
     print(
-        f"model {model}: {args.requests} requests, {args.clients} clients, {args.max_tokens} tokens each, server {' '.join(serve_options) or 'defaults'}"
+        f"model {model}: {args.max_tokens} tokens a request, {args.rounds} requests a client, server {' '.join(serve_options) or 'defaults'}"
     )
-    print(f"  completed     {len(ok)} ({len(failed)} failed{': ' + failed[0] if failed else ''})")
-    print(
-        f"  throughput    {tokens / wall:.1f} tokens/s, {len(ok) / wall:.2f} requests/s ({tokens} tokens in {wall:.2f} s)"
-    )
-    if ok:
+    print("  clients  done  tokens/s   x1st  latency p50/p95 ms  first token p50/p95/worst ms")
+    for r in runs:
+        latency = "%6.0f %6.0f" % tuple(v * 1000 for v in r["latency"]) if r["latency"] else "     -      -"
+        ttft = "%6.0f %6.0f %6.0f" % tuple(v * 1000 for v in r["ttft"]) if r["ttft"] else "     -"
         print(
-            f"  latency       p50 {percentile(latencies, 50) * 1000:.0f} ms, p95 {percentile(latencies, 95) * 1000:.0f} ms"
+            f"  {r['clients']:7d}  {r['ok']:4d}  {r['tok_s']:8.1f}  {r['tok_s'] / runs[0]['tok_s']:5.2f}  "
+            f"{latency}       {ttft}" + (f"   ({len(r['failed'])} failed: {r['failed'][0]})" if r["failed"] else "")
         )
-    if ttfts:
-        print(f"  first token   p50 {percentile(ttfts, 50) * 1000:.0f} ms, p95 {percentile(ttfts, 95) * 1000:.0f} ms")
+    by_count = {r["clients"]: r for r in runs}
+    if 1 in by_count and len(runs) > 1:
+        one, most = by_count[1], max(runs, key=lambda r: r["clients"])
+        print(f"  {most['clients']} clients / 1: {most['tok_s'] / one['tok_s']:.2f}x tokens/s (target >= 4)")
+        if 4 in by_count and one["ttft"] and by_count[4]["ttft"]:
+            print(f"  first token p50, 4 clients / 1: {by_count[4]['ttft'][0] / one['ttft'][0]:.2f}x (target <= 2)")
+    worst = max((r["ttft"][2] for r in runs if r["ttft"]), default=float("nan"))
+    print(f"  worst first token of the run: {worst * 1000:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -74,32 +74,46 @@ class Batch:
         self._steps = None
 
     def __iter__(self):
-        rngs = [
-            np.random.default_rng(
-                None if self.config.seed is None else [self.config.seed, r % self.config.num_return_sequences]
-            )
-            for r in range(len(self.rows))
-        ]
         finished = {}  # row -> finish reason, shared with the engine: it adds end-of-text and length, we add stops
-        self._steps = decode_steps(self.engine, self.rows, self.config, rngs, self.pad_id, finished)
+        self._steps = decode_steps(self.engine, self.rows, self.config, self.generators(), self.pad_id, finished)
         try:
             for tokens, logits in self._steps:
                 logprobs = log_softmax(logits) if self.config.logprobs is not None else None
                 for row, token in enumerate(tokens.tolist()):
                     if token < 0:  # finished before this step
                         continue
-                    reason = finished.get(row)  # "stop" here: the id is end-of-text, which is not part of the text
-                    text = "" if reason == "stop" else self._accept(row, token, logprobs)
-                    if self._streams[row].stopped:
-                        reason = finished[row] = "stop"  # a stop string: the engine decodes this row no further
+                    text, reason = self.take(row, token, None if logprobs is None else logprobs[row], finished.get(row))
                     if reason is not None:
-                        text += self._streams[row].finish()
-                        self._finish(row, reason)
+                        finished[row] = reason  # a stop string: the engine decodes this row no further
                     if text:
                         yield Piece(row, text)
         finally:
             self.close()
         self.completions = self._results
+
+    def collect(self) -> list:
+        """Fill and return `completions` once every row has finished: for a driver other than iteration (the
+        continuous-batching scheduler, runtime/scheduler.py) that feeds each row's ids to take()."""
+        self.completions = self._results
+        return self.completions
+
+    def generators(self) -> list:
+        """One random generator per row, seeded from (seed, sequence index): a row's draws depend on nothing else."""
+        n, seed = self.config.num_return_sequences, self.config.seed
+        return [np.random.default_rng(None if seed is None else [seed, r % n]) for r in range(len(self.rows))]
+
+    def take(self, row: int, token: int, logprobs: np.ndarray | None, reason: str | None) -> tuple[str, str | None]:
+        """Row `row`'s next id (logprobs: the row's log-softmax [V], with logprobs on) -> (the text that became
+        final, the finish reason or None). `reason` is the decode loop's: "stop" for end-of-text (not part of
+        the text), "length" at max_new_tokens; a stop string in the text makes it "stop". A finished row's
+        Completion is made here."""
+        text = "" if reason == "stop" else self._accept(row, token, logprobs)
+        if self._streams[row].stopped:
+            reason = "stop"
+        if reason is not None:
+            text += self._streams[row].finish()
+            self._finish(row, reason)
+        return text, reason
 
     def _context(self, prompt: list) -> list:
         """The prompt's last ids, cut back to a whole character: a token-id prompt may end mid-character,
@@ -112,12 +126,12 @@ class Batch:
     def _accept(self, row: int, token: int, logprobs: np.ndarray | None) -> str:
         self._tokens[row].append(token)
         if logprobs is not None:  # the model's own log-probabilities, before any sampling filter
-            top = zip(*top_logprobs(logprobs[row], self.config.logprobs))
+            top = zip(*top_logprobs(logprobs, self.config.logprobs))
             self._logprobs[row].append(
                 {
                     "token_id": token,
                     "token": self.tokenizer.decode([token]),
-                    "logprob": float(logprobs[row, token]),
+                    "logprob": float(logprobs[token]),
                     "top_logprobs": [
                         {"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)}
                         for i, v in top

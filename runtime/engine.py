@@ -83,13 +83,21 @@ class Engine:
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
         return self.embeddings(ids) if self.io.takes_embeddings else ids
 
-    def decoder(self, batch: int, capacity: int):
+    @property
+    def writes_cache_in_place(self) -> bool:
+        """Whether decoders keep the cache in preallocated buffers the graph writes (InPlaceDecoder)."""
+        return self.io.kv_cache_in_place and self.io.has_logits_to_keep and self.device == "cpu"
+
+    def decoder(self, batch: int, capacity: int, buffers: list | None = None):
         """A decoder for `batch` rows of up to `capacity` positions: it owns their key/value cache (written in
         place when the graph and the device allow it) and runs the graph against it. Its
         run(input_ids, attention_mask, position_ids) takes the prompt, then each step, and returns the last
-        position's logits [B, 1, V]."""
-        if self.io.kv_cache_in_place and self.io.has_logits_to_keep and self.device == "cpu":
-            return InPlaceDecoder(self, batch, capacity, self.prefix_cache if batch == 1 else None)
+        position's logits [B, 1, V]. `buffers` (in-place only): the cache arrays to use, one
+        [batch, H, capacity, D] per cache tensor, owned by the caller (a running batch's slots, slot_cache.py);
+        the prefix cache serves batch-1 decoders that own their buffers."""
+        if self.writes_cache_in_place:
+            prefix_cache = self.prefix_cache if batch == 1 and buffers is None else None
+            return InPlaceDecoder(self, batch, capacity, prefix_cache, buffers)
         return GrowingDecoder(self, batch)
 
 
@@ -110,11 +118,13 @@ class InPlaceDecoder:
     back in one preallocated [B, 1, V] array, valid until the next run. With a prefix cache (batch 1), the prompt
     is prefilled in that cache's chunks, starting after the rows it restores, and its whole chunks are stored."""
 
-    def __init__(self, engine: Engine, batch: int, capacity: int, prefix_cache=None):
+    def __init__(self, engine: Engine, batch: int, capacity: int, prefix_cache=None, buffers: list | None = None):
         self.engine, runner = engine, engine.runner
         self.prefix_cache = prefix_cache
         shape = (batch, engine.n_head, capacity, engine.head_size)
-        self.buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
+        if buffers is None:
+            buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
+        self.buffers = buffers  # C-contiguous (the OrtValues borrow them); views of the first rows of a bigger array do
         self.logits = np.zeros((batch, 1, engine.vocab_size), dtype=np.float32)
         self.cache = [runner.value(b) for b in self.buffers]  # they borrow the buffers
         self.id_inputs = 3 if engine.io.has_position_ids else 2  # the tokens, attention_mask[, position_ids]

@@ -112,8 +112,8 @@ class GatedEngine:
     def release(self) -> None:
         self.gate.set()
 
-    def decoder(self, batch, capacity):
-        decoder = self._engine.decoder(batch, capacity)
+    def decoder(self, batch, capacity, **options):
+        decoder = self._engine.decoder(batch, capacity, **options)
         self.decoders.append(weakref.ref(decoder))
         return GatedDecoder(decoder, self)
 
@@ -133,6 +133,10 @@ class GatedDecoder:
         if self._gated.fail is not None:
             raise self._gated.fail
         return self._decoder.run(*args)
+
+    @property
+    def buffers(self):  # the cache a batch-1 prefill leaves, copied into the running batch
+        return self._decoder.buffers
 
 
 def gate(model, free: int = 1) -> GatedEngine:

@@ -187,7 +187,7 @@ def gated(tiny_package):
     """One slot, no queue, and a decoder that waits at a gate the test holds and releases."""
     model = load(tiny_package)
     engine = gate(model)
-    s = InProcessServer(model, Limits(max_tokens=50), max_concurrency=1, max_queue=0)
+    s = InProcessServer(model, Limits(max_tokens=50), max_batch=1, max_queue=0)
     s.engine = engine
     yield s
     engine.release()

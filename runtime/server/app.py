@@ -29,11 +29,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import EdgelmError
+from ..scheduler import Scheduler
 from . import requests, responses
 from .bodies import json_response, read_json
 from .chat import chat_endpoint
 from .errors import ApiError, api_error, describe
-from .jobs import Jobs, Stopped
+from .jobs import Jobs, Stopped, Work
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .requests import Limits, ModelNames
 from .waiting import ClientGone, admit, answer_of, event_stream, job_result, runtime_errors, unless_gone
@@ -52,11 +53,14 @@ def create_app(
     allow_origins: tuple = (),
     model_names: tuple = (),
     accept_any_model: bool = False,
+    max_batch: int = 16,
 ):
     """The ASGI application serving `model` (a runtime Model, loaded once) on `host` (for the Host check).
     Requests may name it by the package's name or any of `model_names` (the first is the id it is listed as),
-    or by any name with `accept_any_model`. Its `jobs` are the slots and workers."""
-    jobs = Jobs(max_concurrency, max_queue)
+    or by any name with `accept_any_model`. Its `jobs` are the slots and where they run: one running batch of
+    up to `max_batch` rows (continuous batching) where the model's decoders write their cache in place and
+    max_batch > 0, else `max_concurrency` worker threads, a request each."""
+    jobs = jobs_for(model, max_batch, max_concurrency, max_queue)
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
 
@@ -82,7 +86,7 @@ def create_app(
             raise api_error(error, field_of=req.field_of) from None
         generation, prompt_counts = await runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
         requests.check_tokens_held(req, prompt_counts, limits)
-        work = functools.partial(_complete, model, req, generation)
+        work = CompletionWork(model, req, generation)
         del generation  # from here the job holds it, and drops it when it ends
         job = await admit(request, jobs, work, deadline, limits)
         del work
@@ -100,7 +104,7 @@ def create_app(
     async def score(request):
         deadline = time.monotonic() + limits.request_timeout
         text = requests.parse_score_request(await read_json(request, limits, deadline), names)
-        job = await admit(request, jobs, functools.partial(_score, model, text), deadline, limits)
+        job = await admit(request, jobs, ScoreWork(model, text), deadline, limits)
         try:
             result = await unless_gone(request, job_result(job), job)
         except ClientGone:
@@ -156,6 +160,19 @@ def create_app(
     return app
 
 
+def jobs_for(model, max_batch: int, max_concurrency: int, max_queue: int) -> Jobs:
+    """Continuous batching (runtime/scheduler.py) where the engine can run it, else a worker thread per request."""
+    if max_batch > 0 and batches_continuously(model):
+        return Jobs(max_batch, max_queue, Scheduler(model, max_batch))
+    return Jobs(max_concurrency, max_queue)
+
+
+def batches_continuously(model) -> bool:
+    """Whether `model` can join requests into one running batch: its decoders keep the cache in preallocated
+    buffers (CPU, an edgelm graph that updates the cache in place). Otherwise each request decodes alone."""
+    return model.engine.writes_cache_in_place
+
+
 def model_names_for(model, names: tuple, accept_any: bool) -> ModelNames:
     """The id is the first --model-name (else the package's name); the package's name is always accepted."""
     names = tuple(dict.fromkeys(names))  # repeated names once, in order
@@ -172,28 +189,40 @@ def _prepare(model, req, config) -> tuple:
     return generation, [len(ids) for ids in generation.prompts]
 
 
-def _complete(model, req, generation, job) -> None:
-    """The worker thread's part of one completion request: the prompts' log-probs (echo with logprobs), pieces
-    as they come (in a stream, each with the log-prob entries of the tokens it covers), then the completions."""
-    scores = None
-    if req.echo and req.logprobs is not None:
-        scores = [model.score(p, top_logprobs=req.logprobs) if len(p) else None for p in req.prompts]
-        job.emit("echo", scores)
-    completions = None
-    if generation is not None:
-        generation.engine = job.guard(generation.engine)  # every forward pass first checks for a stop
-        sent = [0] * len(generation.rows)  # log-prob entries handed out per row
-        for piece in generation:
-            entries = generation.logprobs_so_far(piece.index) if req.stream else None
-            if entries is not None:
-                entries, sent[piece.index] = entries[sent[piece.index] :], len(entries)
-            job.emit("piece", (piece, entries))
-        completions = generation.completions
-    job.emit("done", (completions, scores))
+class CompletionWork(Work):
+    """One completion request in the model's thread: the prompts' log-probs (echo with logprobs), pieces as they
+    come (in a stream, each with the log-prob entries of the tokens it covers), then the completions."""
+
+    def __init__(self, model, req, generation):
+        self.model, self.req, self.batch = model, req, generation
+        self.scores = None
+        self.sent = [0] * len(generation.rows) if generation is not None else []  # log-prob entries sent per row
+
+    def start(self, job) -> None:
+        req = self.req
+        if req.echo and req.logprobs is not None:
+            self.scores = [self.model.score(p, top_logprobs=req.logprobs) if len(p) else None for p in req.prompts]
+            job.emit("echo", self.scores)
+
+    def piece(self, job, piece) -> None:
+        entries = self.batch.logprobs_so_far(piece.index) if self.req.stream else None
+        if entries is not None:
+            entries, self.sent[piece.index] = entries[self.sent[piece.index] :], len(entries)
+        job.emit("piece", (piece, entries))
+
+    def done(self, job) -> None:
+        job.emit("done", (self.batch.completions if self.batch is not None else None, self.scores))
 
 
-def _score(model, text, job) -> None:
-    job.emit("done", model.score(text))
+class ScoreWork(Work):
+    def __init__(self, model, text):
+        self.model, self.text = model, text
+
+    def start(self, job) -> None:
+        job.emit("done", self.model.score(self.text))
+
+    def done(self, job) -> None:
+        pass
 
 
 async def _events(request, job, req, model_id, prompt_counts, limits):

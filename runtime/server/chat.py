@@ -8,7 +8,6 @@ at fault), then it waits for a slot and runs as a Job: the same queue, limits, d
 """
 
 import asyncio
-import functools
 import time
 
 
@@ -17,7 +16,7 @@ from . import chat_responses as shapes
 from .bodies import json_response, read_json
 from .chat_requests import parse_chat_request
 from .errors import ApiError, api_error
-from .jobs import Stopped
+from .jobs import Stopped, Work
 from .requests import check_tokens_held
 from .responses import usage
 from .waiting import admit, answer_of, event_stream, runtime_errors
@@ -42,7 +41,7 @@ def chat_endpoint(model, jobs, names, limits, model_id: str):
             raise
         prompt_tokens = len(batch.prompts[0])
         check_tokens_held(req, [prompt_tokens], limits)
-        work = functools.partial(_complete, batch)
+        work = ChatWork(batch)
         del batch  # from here the job holds it, and drops it when it ends
         job = await admit(request, jobs, work, deadline, limits)
         del work
@@ -72,17 +71,18 @@ def _prepare(model, req, config):
         raise
 
 
-def _complete(batch, job) -> None:
-    """The worker thread's part: pieces as they come (each with the log-prob entries of the tokens it covers),
+class ChatWork(Work):
+    """The model thread's part: pieces as they come (each with the log-prob entries of the tokens it covers),
     then the completions."""
-    batch.engine = job.guard(batch.engine)  # every forward pass first checks for a stop
-    sent = [0] * len(batch.rows)  # log-prob entries handed out per row
-    for piece in batch:
-        entries = batch.logprobs_so_far(piece.index)
+
+    def __init__(self, batch):
+        self.batch, self.sent = batch, [0] * len(batch.rows)  # log-prob entries handed out per row
+
+    def piece(self, job, piece) -> None:
+        entries = self.batch.logprobs_so_far(piece.index)
         if entries is not None:
-            entries, sent[piece.index] = entries[sent[piece.index] :], len(entries)
+            entries, self.sent[piece.index] = entries[self.sent[piece.index] :], len(entries)
         job.emit("piece", (piece, entries))
-    job.emit("done", batch.completions)
 
 
 async def _events(request, job, req, model_id, prompt_tokens, limits):

@@ -29,24 +29,34 @@ from ..prefix_cache import CLI_DEFAULT_MB
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
-    help="onnxruntime threads per generation (default: cores / --max-concurrency).",
+    help="onnxruntime threads (default: every core for the running batch; cores / --max-concurrency with --max-batch 0).",
 )
 @click.option(
     "--api-key", envvar="EDGELM_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/ (also $EDGELM_API_KEY)."
+)
+@click.option(
+    "--max-batch",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Continuous batching: rows (prompts x n) decoded together in one running batch, requests joining and "
+    "leaving it between steps; up to this many requests run at once, the rest wait in a FIFO queue. Used on the "
+    "CPU with an edgelm package (its cache updated in place); 0 turns it off.",
 )
 @click.option(
     "--max-concurrency",
     default=2,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Generations running at once; the rest wait in a FIFO queue.",
+    help="Without continuous batching (--max-batch 0, CUDA, other graphs): requests running at once, each "
+    "decoding alone in a thread of its own; the rest wait in a FIFO queue.",
 )
 @click.option(
     "--max-queue",
     default=64,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Requests waiting for a slot; more get 429.",
+    help="Requests waiting for a place in the batch (or a thread); more get 429.",
 )
 @click.option(
     "--max-tokens-limit",
@@ -147,6 +157,7 @@ def serve(
     device,
     threads,
     api_key,
+    max_batch,
     max_concurrency,
     max_queue,
     max_tokens_limit,
@@ -177,8 +188,9 @@ def serve(
 
     Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
     transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
-    ignore_eos, truncate) are extra fields. Each request runs on its own, so a seeded or greedy request
-    gives what `edgelm generate` gives. Streamed log-probs come with the text chunk their tokens print in.
+    ignore_eos, truncate) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
+    greedy request gives what `edgelm generate` gives (with int8 weights, nearly always: their activation scales
+    span the batch). Streamed log-probs come with the text chunk their tokens print in.
     Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
     Binds to 127.0.0.1 unless --host says otherwise. Takes only JSON bodies, only Host names it is known
     by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
@@ -197,8 +209,8 @@ def serve(
         raise click.BadParameter("a model name must not be empty", param_hint="--model-name")
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if threads is None and device != "cuda":
-        threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each running generation gets its share of cores
+    if threads is None and device != "cuda" and max_batch == 0:
+        threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
     try:
         model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
     except EdgelmError as error:
@@ -223,6 +235,7 @@ def serve(
         allow_origins,
         model_names,
         accept_any_model,
+        max_batch,
     )
     names = app.names
     also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
@@ -233,10 +246,12 @@ def serve(
         err=True,
     )
     logging.getLogger("edgelm.server").info(
-        "serving %s on %s (%d generations at once, onnxruntime threads per generation: %s) at http://%s:%d/v1",
+        "serving %s on %s (%s, onnxruntime threads: %s) at http://%s:%d/v1",
         model.package.name,
         model.device,
-        max_concurrency,
+        f"one running batch of up to {max_batch} rows"
+        if app.jobs.scheduler is not None
+        else f"{max_concurrency} requests at once, each alone",
         threads or "all",
         host,
         port,

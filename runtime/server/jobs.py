@@ -1,14 +1,18 @@
-"""Where requests wait and run: a fair FIFO of slots, and one worker thread per running request.
+"""Where requests wait and run: a fair FIFO of slots, then either one running batch or one worker thread each.
 
     request -> Slots.acquire() (FIFO; 429 when the queue is full; 408 at the deadline)
-            -> Job: its Batch runs in a worker thread, pieces cross to the event loop through an
-               asyncio.Queue (loop.call_soon_threadsafe) -> the response reads them
-            -> the worker ends (done, error, cancelled) -> the slot passes to the oldest waiter
+            -> Job: its Work (start, the Batch's pieces, done) runs in the model's thread: the scheduler's
+               running batch (runtime/scheduler.py: continuous batching, CPU with an in-place cache), else a
+               worker thread of its own; pieces cross to the event loop through an asyncio.Queue
+               (loop.call_soon_threadsafe) -> the response reads them
+            -> the job ends (done, error, stopped) -> the slot passes to the oldest waiter
 
-No batching across requests: each request is its own Batch (its prompts x n rows batched together),
-so what a request gets never depends on what else runs; the Model is shared, read-only and thread-safe.
-A job is stopped from outside (client gone, timeout, shutdown) by a flag the worker checks before every
-forward pass, so a stopped request gives its slot back after at most one step.
+With the scheduler, a slot is a place in the running batch: --max-batch requests decode together, their rows
+joining and leaving between steps; a greedy or seeded request still gets what it gets alone (scheduler.py says
+where int8 graphs differ). Without it, each request is its own Batch in its own thread (--max-concurrency at
+once), and what it gets never depends on what else runs; the Model is shared, read-only and thread-safe.
+A job is stopped from outside (client gone, timeout, shutdown) by a flag checked before every forward pass (in
+a worker thread) or at every step boundary (in the batch), so a stopped request frees its place within one step.
 """
 
 import asyncio
@@ -71,34 +75,79 @@ class Slots:
         self.active -= 1
 
 
-class Job:
-    """One request's work in a worker thread. Iterate it (on the event loop) for the (kind, value) events that
-    `work(job)` emits, then ("error", exception) if it raised. `on_end` runs on the loop when the thread is done."""
+class Work:
+    """What a request runs in the model's thread: start() first, then one piece() per text piece of its Batch
+    (`batch`; None when start() does everything), then done(). Each emits the events its response reads."""
 
-    def __init__(self, work, on_end, deadline: float):
+    batch = None
+
+    def start(self, job: "Job") -> None:
+        pass
+
+    def piece(self, job: "Job", piece) -> None:
+        job.emit("piece", piece)
+
+    def done(self, job: "Job") -> None:
+        job.emit("done", self.batch.completions)
+
+
+class Job:
+    """One request's Work. Iterate it (on the event loop) for the (kind, value) events the work emits, then
+    ("error", exception) if it failed. `on_end` runs on the loop once the job is over. The model's thread calls
+    start(), piece() per text piece and finish() (the scheduler's job interface, runtime/scheduler.py), or run()
+    does all of it in a worker thread."""
+
+    def __init__(self, work: Work, on_end, deadline: float):
         self.work, self.on_end, self.deadline = work, on_end, deadline
         self.loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
-        self._stop: str | None = None  # set on the loop, read by the worker: one attribute, no lock needed
+        self._stop: str | None = None  # set on the loop, read by the model's thread: one attribute, no lock needed
         self._ended = False
         self.outcome = "finished"  # or the reason it was stopped: "cancelled", "timeout", "shutdown"
 
-    # -- worker-thread side
+    # -- the model's thread
+
+    @property
+    def batch(self):
+        return self.work.batch if self.work is not None else None
+
+    def start(self) -> None:
+        self.work.start(self)
+
+    def piece(self, piece) -> None:
+        self.work.piece(self, piece)
 
     def run(self) -> None:
+        """The whole work alone, in a worker thread: its Batch decodes on its own decoder."""
         try:
-            self.work(self)
-        except BaseException as error:  # every failure reaches the response as a clean error, never a hung client
-            if isinstance(error, Stopped):
-                self.outcome = error.reason
-            elif not isinstance(error, EdgelmError):
-                log.error("generation failed", exc_info=error)
-            self.emit("error", _without_frames(error))
-            del error
+            self.start()
+            if self.batch is not None:
+                self.batch.engine = self.guard(self.batch.engine)  # every forward pass first checks for a stop
+                for piece in self.batch:
+                    self.piece(piece)
+        except BaseException as error:
+            self.finish(error)
+        else:
+            self.finish(None)
+
+    def finish(self, error: BaseException | None) -> None:
+        """The end: done() when nothing failed, else the error as the last event; then the work is let go."""
+        try:
+            if error is None:
+                self.work.done(self)
+        except BaseException as failure:
+            error = failure
+        try:
+            if error is not None:  # every failure reaches the response as a clean error, never a hung client
+                if isinstance(error, Stopped):
+                    self.outcome = error.reason
+                elif not isinstance(error, EdgelmError):
+                    log.error("generation failed", exc_info=error)
+                self.emit("error", _without_frames(error))
         finally:
             # The work (its Batch, decoder and KV cache) goes now, however the job ended: nothing the response
             # still holds (this job, the error) may keep it alive until a garbage collection.
-            self.work = None
+            self.work = error = None
             self.emit("end")
             self._call(self.on_end, self)
 
@@ -181,17 +230,19 @@ class GuardedDecoder:
 
 
 class Jobs:
-    """The slots, the worker threads, and every job now running (so shutdown can stop them)."""
+    """The slots, where jobs run (the scheduler's batch, else a pool of worker threads), and every job now
+    running (so shutdown can stop them)."""
 
-    def __init__(self, max_concurrency: int, max_queue: int):
+    def __init__(self, max_concurrency: int, max_queue: int, scheduler=None):
         self.slots = Slots(max_concurrency, max_queue)
-        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="edgelm-generate")
+        self.scheduler = scheduler
+        self.pool = None if scheduler else ThreadPoolExecutor(max_concurrency, thread_name_prefix="edgelm-generate")
         self.running: set = set()
         self.closing = False
         self.ended = {"finished": 0, "cancelled": 0, "timeout": 0, "shutdown": 0}  # jobs by outcome, for /health
 
-    async def start(self, work, deadline: float) -> Job:
-        """Wait for a slot (raises QueueFull, or TimeoutError at the deadline), then run `work(job)` in a thread."""
+    async def start(self, work: Work, deadline: float) -> Job:
+        """Wait for a slot (raises QueueFull, or TimeoutError at the deadline), then run `work` in the batch or a thread."""
         if self.closing:
             raise Stopped("shutdown")
         await asyncio.wait_for(self.slots.acquire(), max(deadline - time.monotonic(), 0))
@@ -200,7 +251,10 @@ class Jobs:
             raise Stopped("shutdown")
         job = Job(work, self._ended, deadline)
         self.running.add(job)
-        self.pool.submit(job.run)
+        if self.scheduler is not None:
+            self.scheduler.submit(job)
+        else:
+            self.pool.submit(job.run)
         return job
 
     def _ended(self, job: Job) -> None:
@@ -214,6 +268,6 @@ class Jobs:
             job.stop(reason)
 
     async def shutdown(self) -> None:
-        """Stop every job and wait for the worker threads to end (each stops within one step)."""
+        """Stop every job and wait for them to end (each stops within one step)."""
         self.stop_all("shutdown")
-        await asyncio.to_thread(self.pool.shutdown, True)
+        await asyncio.to_thread(self.scheduler.close if self.scheduler is not None else self.pool.shutdown)

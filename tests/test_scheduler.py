@@ -1,0 +1,224 @@
+"""Continuous batching (runtime/scheduler.py, runtime/slot_cache.py) on the tiny fp32 package: requests that
+join and leave one running batch at different steps each get exactly what Model.generate gives them alone."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from edgelm.runtime import load
+from edgelm.runtime.scheduler import Scheduler
+
+
+class Job:
+    """The scheduler's job interface, recording what it is handed. `at_boundary(count)` runs in the scheduler's
+    thread at every step boundary the job sees (count from 1): a deterministic place to submit more jobs."""
+
+    def __init__(self, batch, at_boundary=None):
+        self.batch, self.at_boundary = batch, at_boundary
+        self.pieces, self.error, self.boundaries, self.stop = [], None, 0, None
+        self.ended = threading.Event()
+
+    def start(self):
+        pass
+
+    def check(self):
+        self.boundaries += 1
+        if self.at_boundary:
+            self.at_boundary(self.boundaries)
+        if self.stop:
+            raise RuntimeError(self.stop)
+
+    def piece(self, piece):
+        self.pieces.append(piece)
+
+    def finish(self, error):
+        self.error = error
+        self.ended.set()
+
+    def wait(self):
+        assert self.ended.wait(30), "the job did not end"
+        return self
+
+
+@pytest.fixture(scope="module")
+def model(tiny_package):
+    return load(tiny_package)
+
+
+# (prompts, options): greedy, seeded, several prompts and n, per-row filters, stop strings, log-probs, lengths
+CASES = [
+    (["Hello"], dict(do_sample=False, ignore_eos=True, max_new_tokens=24)),
+    (["Once upon a time, in a land far away, there lived"], dict(do_sample=False, max_new_tokens=3)),
+    (["The quick brown fox jumps over"], dict(do_sample=True, seed=1, top_k=0, max_new_tokens=20)),
+    (["Once", "import numpy as np\n"], dict(do_sample=True, seed=5, num_return_sequences=2, max_new_tokens=9)),
+    (["Numbers: 0 1 2"], dict(do_sample=False, repetition_penalty=1.3, no_repeat_ngram_size=2, max_new_tokens=15)),
+    (["The quick"], dict(do_sample=True, seed=3, temperature=0.7, top_p=0.9, stop=["e"], max_new_tokens=30)),
+    (["Émile a visité"], dict(do_sample=False, logprobs=3, max_new_tokens=6)),
+    (["A"], dict(do_sample=True, seed=9, min_new_tokens=4, max_new_tokens=5)),
+]
+
+
+def same(batched, alone) -> None:
+    assert [c.token_ids for c in batched] == [c.token_ids for c in alone]
+    assert [(c.text, c.finish_reason, c.stop_string) for c in batched] == [
+        (c.text, c.finish_reason, c.stop_string) for c in alone
+    ]
+    for b, a in zip(batched, alone):
+        if a.logprobs is not None:  # the same distribution; summed over more (masked) columns, so to rounding
+            assert [e["token_id"] for e in b.logprobs] == [e["token_id"] for e in a.logprobs]
+            assert [e["logprob"] for e in b.logprobs] == pytest.approx([e["logprob"] for e in a.logprobs], abs=1e-5)
+
+
+def test_requests_joining_at_different_steps_get_what_they_get_alone(model):
+    scheduler = Scheduler(model, max_rows=6)
+    scheduler.cache.column_step = 4  # capacities in steps of 4: the buffers grow, and compact as rows come and go
+    jobs = [Job(model.batch(prompts, **options)) for prompts, options in CASES]
+
+    def stagger(count):  # job i arrives at the first job's (3i - 2)-th step boundary
+        for i in range(1, len(jobs)):
+            if count == 3 * i - 2:
+                scheduler.submit(jobs[i])
+
+    jobs[0].at_boundary = stagger
+    scheduler.submit(jobs[0])
+    try:
+        for job, (prompts, options) in zip(jobs, CASES):
+            assert job.wait().error is None
+            same(job.batch.completions, model.generate(list(prompts), **options))
+            texts = ["".join(p.text for p in job.pieces if p.index == row) for row in range(len(job.batch.rows))]
+            assert texts == [c.text for c in job.batch.completions]  # the pieces add up to each text
+    finally:
+        scheduler.close()
+    assert scheduler.cache.rows == [] and scheduler.cache.buffers is None  # an empty batch holds no memory
+
+
+def test_a_stopped_job_leaves_at_once_and_the_others_go_on(model):
+    scheduler = Scheduler(model, max_rows=2)
+    options = dict(do_sample=False, ignore_eos=True, max_new_tokens=20)
+    stopped = Job(model.batch(["The quick"], **options))
+    kept = Job(model.batch(["Hello"], **options))
+    late = Job(model.batch(["Once"], **options))  # waits for a slot: the stopped job's
+
+    def stop_at(count):
+        if count == 4:
+            stopped.stop = "the client went away"
+            scheduler.submit(late)
+
+    stopped.at_boundary = stop_at
+    scheduler.submit(stopped)
+    scheduler.submit(kept)
+    try:
+        assert str(stopped.wait().error) == "the client went away"
+        assert len(stopped.pieces) < 20
+        for job in (kept, late):
+            assert job.wait().error is None
+            same(job.batch.completions, model.generate(list(job.batch.prompts), **options))
+        assert late.boundaries < kept.boundaries + 3  # it joined when the slot was freed, not when `kept` ended
+    finally:
+        scheduler.close()
+
+
+def test_rows_wait_in_arrival_order_for_a_free_slot(model):
+    """One slot: three rows of one request, then a second request; each starts once the previous row ended."""
+    scheduler = Scheduler(model, max_rows=1)
+    options = dict(do_sample=True, seed=2, num_return_sequences=3, max_new_tokens=4, ignore_eos=True)
+    first = Job(model.batch(["Hi"], **options))
+    second = Job(model.batch(["Hello"], do_sample=False, max_new_tokens=4, ignore_eos=True))
+    order = []
+    original = scheduler.cache.join
+
+    def join(row, source, length):
+        order.append((row.entry.job is first, row.index))
+        original(row, source, length)
+
+    scheduler.cache.join = join
+    scheduler.submit(first)
+    scheduler.submit(second)
+    try:
+        assert first.wait().error is None and second.wait().error is None
+    finally:
+        scheduler.close()
+    assert order == [(True, 0), (True, 1), (True, 2), (False, 0)]
+    same(first.batch.completions, model.generate("Hi", **options))
+
+
+def test_a_failing_job_ends_with_its_error_alone(model):
+    scheduler = Scheduler(model, max_rows=4)
+    bad = Job(model.batch(["Hi"], do_sample=False, max_new_tokens=5))
+    good = Job(model.batch(["Hello"], do_sample=False, max_new_tokens=5))
+
+    def broken(piece):
+        raise ValueError("the listener broke")
+
+    bad.piece = broken
+    scheduler.submit(bad)
+    scheduler.submit(good)
+    try:
+        assert isinstance(bad.wait().error, ValueError)
+        assert good.wait().error is None
+        same(good.batch.completions, model.generate(["Hello"], do_sample=False, max_new_tokens=5))
+    finally:
+        scheduler.close()
+
+
+def test_slot_cache_keeps_each_row_right_aligned(model):
+    """join / leave / step at the cache level: masks and positions follow each row's own length."""
+    scheduler = Scheduler(model, max_rows=3)
+    cache = scheduler.cache
+    cache.column_step = 4
+    engine = model.engine
+    rows = []
+    for ids in ([5, 6, 7], [8], [9, 10, 11, 12, 13]):
+        decoder = engine.decoder(1, len(ids))
+        arr = np.asarray([ids])
+        decoder.run(arr, np.ones_like(arr), np.arange(len(ids))[None])
+        cache.join(ids, decoder.buffers, len(ids))
+        rows.append(ids)
+    assert cache.width == 5 and cache.lengths == [3, 1, 5]
+    cache.leave(0)  # the last row moves into slot 0
+    assert cache.rows == [rows[2], rows[1]] and cache.lengths == [5, 1]
+    logits = cache.step(np.array([1, 2]))
+    assert logits.shape == (2, model.arch.vocab_size) and cache.width == 6 and cache.lengths == [6, 2]
+
+
+def test_a_fault_of_the_scheduler_ends_every_job_and_the_next_ones_run(model):
+    scheduler = Scheduler(model, max_rows=4)
+    options = dict(do_sample=False, max_new_tokens=6, ignore_eos=True)
+    jobs = [Job(model.batch([p], **options)) for p in ("Hi", "Hello")]
+    step = scheduler._step
+
+    def broken():
+        raise IndexError("a bug in the scheduler")
+
+    scheduler._step = broken
+    for job in jobs:
+        scheduler.submit(job)
+    try:
+        assert all(isinstance(job.wait().error, IndexError) for job in jobs)
+        scheduler._step = step
+        after = Job(model.batch(["Once"], **options))
+        scheduler.submit(after)
+        assert after.wait().error is None
+        same(after.batch.completions, model.generate(["Once"], **options))
+    finally:
+        scheduler.close()
+
+
+def test_running_batch_decoders_bypass_the_prefix_cache(tiny_package):
+    """Batch-1 prefills of joining rows may restore rows from the prefix cache; a decoder over the running batch's
+    own buffers (one row or more) never reads or stores there."""
+    model = load(tiny_package, prefix_cache_mb=1)
+    engine = model.engine
+    assert engine.decoder(1, 8).prefix_cache is engine.prefix_cache is not None
+    scheduler = Scheduler(model, max_rows=2)
+    job = Job(model.batch(["Hello"], do_sample=False, max_new_tokens=3, ignore_eos=True))
+    decoders = []
+    make = engine.decoder
+    engine.decoder = lambda *args, **options: decoders.append(make(*args, **options)) or decoders[-1]
+    scheduler.submit(job)
+    try:
+        assert job.wait().error is None
+    finally:
+        scheduler.close()
+    assert [d.prefix_cache is None for d in decoders] == [False, True]  # the prefill, then the batch's decoder
