@@ -33,7 +33,7 @@ from .checkpoint import load_checkpoint
 from .errors import ExportError
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
-from .weights_file import split_weights
+from .weights_file import ShippedGraph, split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
@@ -111,34 +111,33 @@ def export_model(
     tokenizer_json = _tokenizer_json(checkpoint.folder)
     tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
     tokenizer = _tokenizer(tokenizer_json)
-    reference = _reference_model(checkpoint)
     arch = checkpoint.arch
+    family = _family(arch)
+    reference = family.reference_model(checkpoint)
     weight_bytes = sum(w.nbytes for w in checkpoint.weights.values())
     stage("load", "done", f"{arch.n_layer} layers, {arch.n_embd} wide, {weight_bytes / 4e6:.1f} M parameters")
     check_destination(output, force, int(weight_bytes * (0.3 if quantize != "none" else 1.05)) + (1 << 20))
 
     stage("export", "start")
-    fp32_model = build_decoder(arch, checkpoint.weights, "none")
+    fp32_model = family.build_decoder(arch, checkpoint.weights, "none")
     stage("export", "done", f"{len(fp32_model.graph.node)} nodes, opset {OPSET}")
 
     stage("optimize", "start")
-    fp32_bytes = _optimize(fp32_model)
+    fp32_graph = _optimize(fp32_model)
     stage("optimize", "done", "checked, shapes inferred")
 
-    final_bytes = fp32_bytes
+    shipped = fp32_graph  # what is written: model.onnx and model.onnx.data
     if quantize != "none":
         stage("quantize", "start", quantize + (" weights, int8 KV cache" if kv_cache == "int8" else ""))
         scales = None
         if kv_cache == "int8":
-            from .calibrate import kv_cache_scales
-
-            scales = kv_cache_scales(reference, tokenizer, arch)
-        final_bytes = _optimize(build_decoder(arch, checkpoint.weights, quantize, scales))
-        stage("quantize", "done", f"{len(final_bytes) / 1e6:.1f} MB graph")
-    shipped = split_weights(final_bytes)  # what is written: model.onnx and model.onnx.data
+            scales = family.kv_cache_scales(reference, tokenizer, arch)
+        fp32_graph.data = b""  # only its weights by name serve (validation); the file is the quantized one's
+        shipped = _optimize(family.build_decoder(arch, checkpoint.weights, quantize, scales))
+        stage("quantize", "done", f"{(len(shipped.graph) + len(shipped.data)) / 1e6:.1f} MB graph")
 
     if validate:
-        validation = Validation.from_dict(_validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize, stage))
+        validation = Validation.from_dict(_validate(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage))
     else:
         validation = Validation({}, skipped="exported with validate=False: no comparison against PyTorch was made")
 
@@ -162,7 +161,9 @@ def export_model(
                 graph=_graph_section(shipped, kv_cache),
                 tokenizer=TOKENIZER_FILE,
                 weights=Weights(
-                    dtype="float32" if quantize == "none" else quantize, quantization=recipe_description(quantize)
+                    dtype="float32" if quantize == "none" else quantize,
+                    quantization=recipe_description(quantize),
+                    tied_embedding_stored_once=arch.tied_embeddings,
                 ),
                 source=checkpoint.source | {"weights_file": checkpoint.weight_file},
                 tools=_tool_versions() | {"onnx_opset": OPSET},
@@ -177,14 +178,13 @@ def export_model(
     return ExportResult(output, manifest)
 
 
-def _validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize: str, stage) -> dict:
+def _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize: str, stage) -> dict:
     """The validate stage: fp32 parity against transformers, and the quantized package's quality figures."""
     stage("validate", "start", "against transformers (PyTorch)")
     from .validate import check_fp32, quality_report
 
-    fp32_graph = shipped if quantize == "none" else fp32_bytes
     validation = {
-        "reference": "transformers GPT2LMHeadModel, float32, eager attention",
+        "reference": f"transformers {_family(arch).reference_class}, float32, eager attention",
         "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
     }
     if quantize != "none":
@@ -193,13 +193,46 @@ def _validate(shipped, fp32_bytes, reference, tokenizer, arch, quantize: str, st
     return validation
 
 
-def _optimize(model) -> bytes:
-    """Check the graph and infer shapes; fails loudly here rather than at the user's first run."""
+def _family(arch):
+    """What builds, references and calibrates this architecture's export: GPT-2's modules, or the Llama family's
+    (export/llama_graph.py, export/llama_checkpoint.py)."""
+    from types import SimpleNamespace
+
+    if arch.positions == "rope":
+        from . import llama_checkpoint, llama_graph
+
+        return SimpleNamespace(
+            build_decoder=llama_graph.build_decoder,
+            reference_model=llama_checkpoint.reference_model,
+            kv_cache_scales=llama_checkpoint.kv_cache_scales,
+            reference_class=llama_checkpoint.REFERENCE[arch.model_type],
+        )
+    from .calibrate import kv_cache_scales
+
+    return SimpleNamespace(
+        build_decoder=build_decoder,
+        reference_model=_reference_model,
+        kv_cache_scales=kv_cache_scales,
+        reference_class="GPT2LMHeadModel",
+    )
+
+
+def _optimize(model) -> ShippedGraph:
+    """Take the weights out of the graph (export/weights_file.py), then check the graph and infer its shapes;
+    fails loudly here rather than at the user's first run. Weights first: a protobuf message cannot pass 2 GB,
+    and the graph alone stays far below that whatever the checkpoint's size (Llama 3.2 1B is 5 GB in float32)."""
+    import tempfile
+
     import onnx
 
-    model = onnx.shape_inference.infer_shapes(model)
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
+    shipped = split_weights(model)
+    graph = onnx.shape_inference.infer_shapes(onnx.load_model_from_string(shipped.graph))
+    with tempfile.TemporaryDirectory() as folder:  # the checker wants the weights file to exist; it never reads it
+        (Path(folder) / WEIGHTS_FILE).touch()
+        onnx.save(graph, str(Path(folder) / GRAPH_FILE))
+        onnx.checker.check_model(str(Path(folder) / GRAPH_FILE))
+    shipped.graph = graph.SerializeToString()
+    return shipped
 
 
 def _graph_section(shipped, kv_cache: str) -> Graph:

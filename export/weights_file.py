@@ -41,11 +41,12 @@ class ShippedGraph:
         return TokenEmbeddings.from_arrays(rows, scale)
 
 
-def split_weights(model_bytes: bytes) -> ShippedGraph:
+def split_weights(model) -> ShippedGraph:
+    """model: an onnx.ModelProto (its initializers are moved out, in place) or its bytes."""
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load_model_from_string(model_bytes)
+    model = model if isinstance(model, onnx.ModelProto) else onnx.load_model_from_string(model)
     # The token rows and scales go to the file whatever their size: the runtime reads them there.
     tensors = [t for t in model.graph.initializer if len(t.raw_data) >= INLINE_BELOW or _file_order(t)[0] < 2]
     tensors.sort(key=_file_order)

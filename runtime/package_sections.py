@@ -104,9 +104,31 @@ class Architecture:
     pad_token_id: int | None  # None for GPT-2: padding is carried by the attention mask alone
     layer_norm_epsilon: float = 1e-5
     model_type: str = "gpt2"
+    # The Llama family (model_type "llama", "qwen2"; positions "rope"). GPT-2's values are the defaults, and a
+    # GPT-2 manifest leaves these fields out.
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: one per attention head
+    intermediate_size: int | None = None  # the MLP's inner width, where the family states it
+    norm: str = "layernorm"  # "layernorm" (x - mean, scale, bias) or "rmsnorm" (x / rms(x), scale only)
+    activation: str = "gelu_new"  # "gelu_new" (GPT-2's tanh GELU) or "silu" (SwiGLU: down(silu(gate) * up))
+    positions: str = "learned"  # "learned" (a position table) or "rope" (rotary; cos/sin tables baked at export)
+    rope_theta: float | None = None  # the rotary base
+    rope_scaling: dict | None = None  # Hugging Face's rope_scaling, e.g. {"rope_type": "llama3", "factor": 32.0, ...}
+    tied_embeddings: bool = True  # the LM head is the token embedding, stored once
+    biases: tuple | None = None  # the projections that have a bias (e.g. q_proj, k_proj, v_proj); None: GPT-2's, all
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of the key/value cache: [batch, kv_heads, positions, head_size]."""
+        return self.n_kv_head or self.n_head
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if self.positions == "learned":  # GPT-2: the family fields are all at their defaults
+            for key in FAMILY_FIELDS:
+                data.pop(key)
+        elif self.biases is not None:
+            data["biases"] = list(self.biases)
+        return data
 
     @classmethod
     def from_dict(cls, data, where: str = "architecture") -> "Architecture":
@@ -121,7 +143,13 @@ class Architecture:
         token = lambda w, v: None if v is None else _int(w, v, 0, vocab - 1)  # noqa: E731
         ids = {k: _get(where, data, k, token) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         epsilon = _get(where, data, "layer_norm_epsilon", lambda w, v: _number(w, v, 1e-30, 1.0), 1e-5)
-        return cls(**size, **ids, layer_norm_epsilon=epsilon, model_type=_get(where, data, "model_type", _str, "gpt2"))
+        return cls(
+            **size,
+            **ids,
+            layer_norm_epsilon=epsilon,
+            model_type=_get(where, data, "model_type", _str, "gpt2"),
+            **_family_fields(where, data, size["n_head"]),
+        )
 
     @classmethod
     def from_hf_config(cls, config, where: str = "config.json") -> "Architecture":
@@ -148,6 +176,51 @@ class Architecture:
             },
             where,
         )
+
+
+FAMILY_FIELDS = (
+    "n_kv_head",
+    "intermediate_size",
+    "norm",
+    "activation",
+    "positions",
+    "rope_theta",
+    "rope_scaling",
+    "tied_embeddings",
+    "biases",
+)
+
+
+def _choice(options):
+    def read(where, value):
+        if value not in options:
+            raise FormatError(f"{where} must be one of {', '.join(options)}, got {_show(value)}")
+        return value
+
+    return read
+
+
+def _family_fields(where: str, data: dict, n_head: int) -> dict:
+    """The Llama-family fields of architecture, each checked; absent ones keep GPT-2's defaults."""
+    kv = _get(where, data, "n_kv_head", lambda w, v: None if v is None else _int(w, v, 1, n_head), None)
+    if kv is not None and n_head % kv:
+        raise FormatError(f"{where}.n_kv_head must divide n_head ({n_head}), got {kv}")
+    biases = _get(where, data, "biases", lambda w, v: None if v is None else tuple(_list(w, v)), None)
+    for k, name in enumerate(biases or ()):
+        _str(f"{where}.biases[{k}]", name)
+    return {
+        "n_kv_head": kv,
+        "intermediate_size": _get(
+            where, data, "intermediate_size", lambda w, v: None if v is None else _int(w, v, 1, 1 << 24), None
+        ),
+        "norm": _get(where, data, "norm", _choice(("layernorm", "rmsnorm")), "layernorm"),
+        "activation": _get(where, data, "activation", _choice(("gelu_new", "silu")), "gelu_new"),
+        "positions": _get(where, data, "positions", _choice(("learned", "rope")), "learned"),
+        "rope_theta": _get(where, data, "rope_theta", lambda w, v: None if v is None else _number(w, v, 1e-6), None),
+        "rope_scaling": _get(where, data, "rope_scaling", lambda w, v: None if v is None else _object(w, v), None),
+        "tied_embeddings": _get(where, data, "tied_embeddings", _bool, True),
+        "biases": biases,
+    }
 
 
 @dataclass(frozen=True)
