@@ -60,6 +60,32 @@ def test_qwen2_package_has_its_biases_and_one_kv_head(qwen2_package):
     assert "biases on q_proj, k_proj, v_proj" in open_package(qwen2_package).describe()
 
 
+def test_untied_head_greedy_equals_transformers(tmp_path):
+    """Untied head, ungrouped key/value heads of size 24 (the fp32 gate itself: the slow test below)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from edgelm.runtime import load
+    from llama_checkpoints import build_llama_checkpoint
+
+    checkpoint = build_llama_checkpoint(tmp_path / "untied", "llama-untied", seed=2)
+    manifest = _export(checkpoint, tmp_path / "fp32", validate=False).manifest
+    assert (
+        manifest["architecture"]["tied_embeddings"] is False
+        and manifest["weights"]["tied_embedding_stored_once"] is False
+    )
+    assert list(manifest["graph"]["inputs"])[0] == "input_ids" and manifest["architecture"]["head_size"] == 24
+    model, reference = (
+        load(tmp_path / "fp32"),
+        LlamaForCausalLM.from_pretrained(checkpoint, attn_implementation="eager").eval(),
+    )
+    ids = model.encode("Once upon a time, in a land far away,")
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10, min_new_tokens=10)
+    assert model.generate([ids], max_new_tokens=10, min_new_tokens=10)[0].token_ids == expected[0, len(ids) :].tolist()
+
+
+@pytest.mark.slow
 def test_untied_head_int8_reports_quality(tmp_path):
     """Untied head, ungrouped key/value heads of size 24: the fp32 gate, and int8 with the embedding looked up
     in the graph (input_ids: no product shares its table, so there is nothing to keep outside)."""

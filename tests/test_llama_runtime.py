@@ -106,20 +106,22 @@ def test_server_completions_and_chat(family):
         server.stop()
 
 
-def test_int8_cache_package_runs_close_to_float32(llama_checkpoint, tmp_path):
-    """int8 weights with an int8 KV cache [B, KV, P, D]: greedy stays close to the float32 package's."""
+@pytest.mark.parametrize("name, quantize", [("llama", "int8"), ("qwen2", "int4")])
+def test_quantized_package_with_int8_cache_runs(request, tmp_path, name, quantize):
+    """Quantized weights with an int8 KV cache [B, KV, P, D] (the quality figures: test_llama_export.py, slow)."""
     from edgelm.export.stages import export_model
 
-    folder = export_model(
-        str(llama_checkpoint), tmp_path / "kv8", quantize="int8", kv_cache="int8", validate=False
-    ).path
+    checkpoint = request.getfixturevalue(f"{name}_checkpoint")
+    folder = export_model(str(checkpoint), tmp_path / "kv8", quantize=quantize, kv_cache="int8", validate=False).path
     model = load(folder)
-    assert model.engine.io.cache_dtype == "int8"
+    assert model.engine.io.cache_dtype == "int8" and model.engine.io.takes_embeddings == (quantize == "int8")
     decoder = model.engine.decoder(1, 8)
-    assert decoder.buffers[0].shape == (1, 2, 8, 16) and decoder.buffers[0].dtype.name == "int8"
+    assert decoder.buffers[0].shape == (1, model.arch.kv_heads, 8, model.arch.head_size)
+    assert decoder.buffers[0].dtype.name == "int8"
     scores = model.score(PROMPTS[1])
     assert len(scores.logprobs) == len(model.encode(PROMPTS[1])) and all(lp < 0 for lp in scores.logprobs)
-    assert len(model.generate(PROMPTS[0], max_new_tokens=6, min_new_tokens=6).token_ids) == 6
+    rows = [model.encode(p) for p in PROMPTS]
+    assert [len(c.token_ids) for c in model.generate(rows, max_new_tokens=6, min_new_tokens=6)] == [6, 6, 6]
 
 
 def test_chat_prompt_gets_no_second_start_token(llama_package):
@@ -134,3 +136,18 @@ def test_chat_prompt_gets_no_second_start_token(llama_package):
     prompt = model.chat_template.render(MESSAGES, add_generation_prompt=True)
     reply = model.chat(MESSAGES, max_new_tokens=2)
     assert reply.prompt_tokens == len(model.encode(prompt, add_special_tokens=False)) == len(model.encode(prompt)) - 1
+
+
+def test_manifest_claiming_more_positions_than_the_rotary_tables_is_refused(llama_package, tmp_path):
+    import json
+    import shutil
+
+    from edgelm.runtime.errors import PackageError
+
+    folder = tmp_path / "pkg"
+    shutil.copytree(llama_package, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["architecture"]["n_positions"] = 4096
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PackageError, match="n_positions is 4096 but its graph has 64 positions"):
+        load(folder)
