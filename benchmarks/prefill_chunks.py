@@ -50,7 +50,7 @@ def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
     profiled = engine.Engine(
         session,
         model.engine.io,
-        model.arch.n_head,
+        model.arch.kv_heads,
         model.arch.head_size,
         model.arch.vocab_size,
         "cpu",

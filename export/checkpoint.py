@@ -30,6 +30,8 @@ GPT2_CLASSES = {
     "GPT2ForQuestionAnswering",
 }
 SUPPORTED = "GPT-2-family checkpoints (model_type 'gpt2': gpt2, distilgpt2, gpt2-medium/large/xl and their fine-tunes)"
+SUPPORTED += ", Llama (model_type 'llama': LlamaForCausalLM, e.g. Llama 3.2, TinyLlama, SmolLM2) and Qwen2 (model_type 'qwen2': Qwen2ForCausalLM, e.g. Qwen2.5)"
+ROPE_FAMILIES = ("llama", "qwen2")  # export/llama_checkpoint.py reads these
 
 
 @dataclass
@@ -69,8 +71,11 @@ def _download(repo_id: str, revision: str | None) -> tuple[Path, dict]:
 
     patterns = ["config.json", "generation_config.json", *TOKENIZER_FILES]
     try:
-        folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["model.safetensors"]))
-        if not (folder / "model.safetensors").exists():
+        shards = ["model.safetensors.index.json", "model-*-of-*.safetensors"]  # larger Llama-family checkpoints
+        folder = Path(
+            snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["model.safetensors", *shards])
+        )
+        if not (folder / "model.safetensors").exists() and not (folder / shards[0]).exists():
             folder = Path(
                 snapshot_download(repo_id, revision=revision, allow_patterns=patterns + ["pytorch_model.bin"])
             )
@@ -117,6 +122,10 @@ def read_config(folder: Path) -> tuple[dict, Architecture]:
         raise ExportError(f"{config_path} holds a JSON {type(config).__name__}, not an object of settings.")
     _refuse_remote_code(config, folder)
     model_type = config.get("model_type")
+    if model_type in ROPE_FAMILIES:
+        from .llama_checkpoint import read_config as read_llama_config
+
+        return config, read_llama_config(config, folder)
     if model_type != "gpt2":
         raise ExportError(
             f"{folder.name} is a '{model_type}' model ({', '.join(map(str, config.get('architectures') or []))}); edgelm exports {SUPPORTED}."
@@ -217,24 +226,7 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
             break
     else:
         raise ExportError(f"{folder} has no weights: expected one of {', '.join(WEIGHT_FILES)}.")
-    try:
-        if name.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            tensors = load_file(str(path))
-        else:
-            with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a file
-                warnings.simplefilter("ignore")
-                tensors = torch.load(str(path), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # torch's message suggests weights_only=False: exactly what must not be done
-        raise ExportError(
-            f"cannot read weights {path}: it holds pickled objects other than tensors, which could run code when "
-            "loaded; edgelm loads only tensors. Get the checkpoint as model.safetensors from a source you trust."
-        ) from None
-    except Exception as error:  # safetensors and torch raise many types for a damaged file
-        raise ExportError(
-            f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]})."
-        ) from None
+    tensors = read_tensor_file(path)
     weights = {}
     for key in list(tensors):
         tensor = tensors.pop(key)  # converted one by one: a float16 checkpoint is never held twice
@@ -245,6 +237,29 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
         _check_finite(key, weights[key], path)
     _check_weights(weights, arch, path)
     return weights, name
+
+
+def read_tensor_file(path: Path) -> dict:
+    """name -> torch tensor from one safetensors file, or from a PyTorch .bin through torch's weights-only loader."""
+    import torch
+
+    try:
+        if path.name.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a file
+            warnings.simplefilter("ignore")
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's message suggests weights_only=False: exactly what must not be done
+        raise ExportError(
+            f"cannot read weights {path}: it holds pickled objects other than tensors, which could run code when "
+            "loaded; edgelm loads only tensors. Get the checkpoint as model.safetensors from a source you trust."
+        ) from None
+    except Exception as error:  # safetensors and torch raise many types for a damaged file
+        raise ExportError(
+            f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]})."
+        ) from None
 
 
 def _check_finite(name: str, weight: np.ndarray, path: Path) -> None:
@@ -301,5 +316,10 @@ def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:
 def load_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
     folder, source = resolve(model, revision)
     config, arch = read_config(folder)
-    weights, weight_file = read_weights(folder, arch)
+    if arch.model_type in ROPE_FAMILIES:
+        from .llama_checkpoint import read_weights as read_llama_weights
+
+        weights, weight_file = read_llama_weights(folder, arch)
+    else:
+        weights, weight_file = read_weights(folder, arch)
     return Checkpoint(folder=folder, config=config, arch=arch, weights=weights, source=source, weight_file=weight_file)

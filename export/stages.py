@@ -32,7 +32,7 @@ from .checkpoint import load_checkpoint
 from .errors import ExportError
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
-from .weights_file import split_weights
+from .weights_file import ShippedGraph, split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
@@ -112,14 +112,15 @@ def export_model(
     tokenizer_json = _tokenizer_json(checkpoint.folder)
     tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
     tokenizer = _tokenizer(tokenizer_json)
-    reference = _reference_model(checkpoint)
     arch = checkpoint.arch
+    family = _family(arch)
+    reference = family.reference_model(checkpoint)
     weight_bytes = sum(w.nbytes for w in checkpoint.weights.values())
     stage("load", "done", f"{arch.n_layer} layers, {arch.n_embd} wide, {weight_bytes / 4e6:.1f} M parameters")
     check_destination(output, force, int(weight_bytes * (0.3 if quantize != "none" else 1.05)) + (1 << 20))
 
     stage("export", "start")
-    fp32_decoder = build_decoder(arch, checkpoint.weights, "none")
+    fp32_decoder = family.build_decoder(arch, checkpoint.weights, "none")
     stage("export", "done", f"{len(fp32_decoder.model.graph.node)} nodes, opset {OPSET}")
 
     stage("optimize", "start")
@@ -132,10 +133,8 @@ def export_model(
         stage("quantize", "start", quantize + (" weights, int8 KV cache" if kv_cache == "int8" else ""))
         scales = None
         if kv_cache == "int8":
-            from .calibrate import kv_cache_scales
-
-            scales = kv_cache_scales(reference, tokenizer, arch)
-        decoder = build_decoder(arch, checkpoint.weights, quantize, scales)
+            scales = family.kv_cache_scales(reference, tokenizer, arch)
+        decoder = family.build_decoder(arch, checkpoint.weights, quantize, scales)
         shipped = split_weights(_optimize(decoder.model), decoder.arrays)
         del decoder
         stage("quantize", "done", f"{shipped.size / 1e6:.1f} MB of weights")
@@ -188,7 +187,7 @@ def _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize: str, st
     from .validate import check_fp32, quality_report
 
     validation = {
-        "reference": "transformers GPT2LMHeadModel, float32, eager attention",
+        "reference": f"transformers {_family(arch).reference_class}, float32, eager attention",
         "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
     }
     if quantize != "none":
@@ -207,6 +206,30 @@ def _check_int4_widths(arch) -> None:
                 f"--quantize int4 stores weights in blocks of {INT4_BLOCK} inputs, and {name} is {width}, not a "
                 f"multiple of {INT4_BLOCK}; export with --quantize int8 or none."
             )
+
+
+def _family(arch):
+    """What builds, references and calibrates this architecture's export: GPT-2's modules, or the Llama family's
+    (export/llama_graph.py, export/llama_checkpoint.py)."""
+    from types import SimpleNamespace
+
+    if arch.positions == "rope":
+        from . import llama_checkpoint, llama_graph
+
+        return SimpleNamespace(
+            build_decoder=llama_graph.build_decoder,
+            reference_model=llama_checkpoint.reference_model,
+            kv_cache_scales=llama_checkpoint.kv_cache_scales,
+            reference_class=llama_checkpoint.REFERENCE[arch.model_type],
+        )
+    from .calibrate import kv_cache_scales
+
+    return SimpleNamespace(
+        build_decoder=build_decoder,
+        reference_model=_reference_model,
+        kv_cache_scales=kv_cache_scales,
+        reference_class="GPT2LMHeadModel",
+    )
 
 
 def _optimize(model) -> bytes:

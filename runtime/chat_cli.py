@@ -99,7 +99,7 @@ def fit_history(model, messages: list, config) -> tuple[list, int]:
     room = model.arch.n_positions - config.max_new_tokens
     kept, first = list(messages), 1 if messages and messages[0]["role"] == "system" else 0
     while True:
-        length = len(model.encode(model.chat_template.render(kept)))
+        length = len(model.encode(model.chat_template.render(kept), add_special_tokens=False))
         if length <= room:
             return kept, len(messages) - len(kept)
         later_users = [i for i in range(first + 1, len(kept)) if kept[i]["role"] == "user"]

@@ -5,9 +5,9 @@ over the cache so far), asking for the last position's logits only. Its inputs a
 contract, written once in models/README.md.
 
 The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
-CPU it is one preallocated [B, H, T + max_new_tokens, D] buffer per tensor that the graph writes in place, the
-prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceDecoder); otherwise each step's present
-[B, H, S + 1, D] becomes the next past (GrowingDecoder). With a PrefixCache, a batch-1 prompt that starts with
+CPU it is one preallocated [B, KV, T + max_new_tokens, D] buffer (KV: key/value heads) per tensor that the graph
+writes in place, the prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceDecoder); otherwise each
+step's present [B, KV, S + 1, D] becomes the next past (GrowingDecoder). With a PrefixCache, a batch-1 prompt that starts with
 whole chunks a recent prompt had gets their rows copied in instead of computed (runtime/prefix_cache.py).
 """
 
@@ -35,7 +35,7 @@ class Engine:
         self,
         session: ort.InferenceSession,
         io: GraphIO,
-        n_head: int,
+        kv_heads: int,
         head_size: int,
         vocab_size: int,
         device: str,
@@ -49,13 +49,13 @@ class Engine:
         self.token_input_name = "inputs_embeds" if io.takes_embeddings else "input_ids"
         # OrtValues in, OrtValues out, through onnxruntime's private fast path where it has one (ort_fast_path.py)
         self.runner = ort_fast_path.runner(session, str(graph_file) if graph_file is not None else "the graph")
-        self.n_head, self.head_size = n_head, head_size
+        self.kv_heads, self.head_size = kv_heads, head_size  # the cache is [B, kv_heads, positions, head_size]
         self._present_names = [n for pair in zip(io.present_keys, io.present_values) for n in pair]
         self._past_names = [n for pair in zip(io.past_keys, io.past_values) for n in pair]
         self._output_names = ["logits", *self._present_names]
 
     def empty_past(self, batch: int) -> list:
-        empty = np.zeros((batch, self.n_head, 0, self.head_size), dtype=self.io.cache_dtype)  # nothing to borrow
+        empty = np.zeros((batch, self.kv_heads, 0, self.head_size), dtype=self.io.cache_dtype)  # nothing to borrow
         return [self.runner.value(empty, self.device) for _ in self._past_names]
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
@@ -113,7 +113,7 @@ class GrowingDecoder:
 
 
 class InPlaceDecoder:
-    """One [B, H, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
+    """One [B, KV, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
     writes each pass's new rows in place, so neither the prompt nor any step copies the cache. The logits come
     back in one preallocated [B, 1, V] array, valid until the next run. With a prefix cache (batch 1), the prompt
     is prefilled in that cache's chunks, starting after the rows it restores, and its whole chunks are stored."""
@@ -121,7 +121,7 @@ class InPlaceDecoder:
     def __init__(self, engine: Engine, batch: int, capacity: int, prefix_cache=None, buffers: list | None = None):
         self.engine, runner = engine, engine.runner
         self.prefix_cache = prefix_cache
-        shape = (batch, engine.n_head, capacity, engine.head_size)
+        shape = (batch, engine.kv_heads, capacity, engine.head_size)
         if buffers is None:
             buffers = [np.zeros(shape, dtype=engine.io.cache_dtype) for _ in engine._past_names]
         self.buffers = buffers  # C-contiguous (the OrtValues borrow them); views of the first rows of a bigger array do

@@ -71,7 +71,7 @@ class Model:
         self.engine = Engine(
             session,
             io,
-            self.arch.n_head,
+            self.arch.kv_heads,
             self.arch.head_size,
             self.arch.vocab_size,
             self.device,
@@ -91,7 +91,8 @@ class Model:
         this model's vocabulary included). Pass the result as config= to generate, stream or batch."""
         return self.defaults.with_options(**options)
 
-    def encode(self, text: str) -> list:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list:
+        """Token ids of `text`; add_special_tokens applies the tokenizer's own additions (Llama's start token)."""
         if not isinstance(text, str):
             hint = "; for one prompt of token ids write [[1, 2, 3]]" if isinstance(text, (int, np.integer)) else ""
             raise PromptError(f"a prompt must be a string or a list of token ids, got {type(text).__name__}{hint}")
@@ -102,7 +103,7 @@ class Model:
                 f"the text is not valid Unicode: it has a lone surrogate \\u{ord(text[error.start]):04x} at character "
                 f"{error.start} (text read as UTF-8 that was not, or a broken escape); send UTF-8 text"
             ) from None
-        return self.tokenizer.encode(text).ids
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def batch(self, prompts, config: GenerationConfig | None = None, **options) -> Batch:
         """A Batch over several prompts (strings or token-id lists); iterate it for pieces as they come.
@@ -260,12 +261,15 @@ class Model:
         prompt, config = self.chat_prompt(messages, self._config(config, options))
         return self.batch([prompt], config)
 
-    def chat_prompt(self, messages, config: GenerationConfig) -> tuple[str, GenerationConfig]:
-        """(prompt, settings) for the assistant's next message: `messages` rendered by the package's chat
+    def chat_prompt(self, messages, config: GenerationConfig) -> tuple[list, GenerationConfig]:
+        """(prompt token ids, settings) for the assistant's next message: `messages` rendered by the package's chat
         template (with the assistant's turn opened), the template's stop strings added to `config`'s."""
         prompt = self.chat_template.render(messages, add_generation_prompt=True)
         extra = tuple(s for s in self.chat_template.stop if s not in config.stop)
-        return prompt, config.with_options(stop=config.stop + extra) if extra else config
+        # The template writes the start token itself where the model wants one (Llama 3's {{ bos_token }}), so the
+        # tokenizer adds none, as transformers' apply_chat_template(tokenize=True) does.
+        ids = self.encode(prompt, add_special_tokens=False)
+        return ids, config.with_options(stop=config.stop + extra) if extra else config
 
     def chat(self, messages, config: GenerationConfig | None = None, **options):
         """The assistant's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]) as a Completion, or a
@@ -284,11 +288,11 @@ class Model:
 
 def _check_graph_shapes(session, package: Package) -> None:
     """The graph must be the one the package describes: one logit per vocabulary entry, a cache input pair per
-    layer, each [batch, n_head, past, head_size], wherever the graph gives those sizes as numbers."""
+    layer, each [batch, kv_heads, past, head_size], wherever the graph gives those sizes as numbers."""
     arch, inputs = package.arch, session.get_inputs()
     columns = next((o.shape[-1] for o in session.get_outputs() if o.name == "logits" and o.shape), None)
     past = [i for i in inputs if i.name.startswith("past_key_values.")]
-    expected = (arch.n_head, arch.head_size)
+    expected = (arch.kv_heads, arch.head_size)
     wrong = next(
         (
             i
@@ -302,7 +306,7 @@ def _check_graph_shapes(session, package: Package) -> None:
         if isinstance(columns, int) and columns != arch.vocab_size
         else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
         if len(past) != 2 * arch.n_layer
-        else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.n_head}, past, {arch.head_size}] as the package says"
+        else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.kv_heads}, past, {arch.head_size}] as the package says"
         if wrong is not None
         else None
     )

@@ -28,7 +28,7 @@ class ScanError(ValueError):
 @dataclass
 class GraphFacts:
     external_files: set = field(default_factory=set)  # every external data `location` in the model
-    position_rows: int | None = None  # rows of the table Gather reads with position_ids; None when not found
+    position_rows: int | None = None  # rows of the table read with position_ids (Gather, RotaryEmbedding); or None
     uses: set = field(default_factory=set)  # (op_type, None) per operator, (op_type, attribute name) per attribute
 
 
@@ -84,6 +84,8 @@ def _node(view, span, facts, tensors, gathers, depth):
     facts.uses |= {(op_type, None)} | {(op_type, name) for name in attributes}
     if op_type == "Gather" and len(inputs) >= 2:
         gathers.append((inputs[0], inputs[1]))
+    elif op_type == "RotaryEmbedding" and len(inputs) >= 3:  # (x, position_ids, cos_cache, ...): a row per position
+        gathers.append((inputs[2], inputs[1]))
 
 
 def _tensor(view, span, facts, tensors):

@@ -175,14 +175,16 @@ def describe(name: str, kind: str, folder, arch: Architecture, manifest: Manifes
             f"  blocks        MLP {a.mlp_width} wide, {a.activation_function}; attention scale "
             f"{a.attention_scale_rule()}; LM head {head}"
         )
+    if a.positions != "learned":
+        lines.append("  family        " + family_summary(a))
     if manifest is None:
         return "\n".join(lines)
     m, g = manifest, manifest.graph
     lookup = f", token rows read from {g.token_embeddings.file} by the runtime" if g.token_embeddings else ""
     source = m.source.get("hub_id") or m.source.get("local_path") or ""
+    head = "tied embedding stored once" if a.tie_word_embeddings else "token embedding and LM head stored apart"
     lines += [
-        f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), "
-        f"{'tied embedding stored once' if m.weights.tied_embedding_stored_once else 'token embedding and LM head stored apart'}{lookup}",
+        f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), {head}{lookup}",
         f"  KV cache      {g.kv_cache_dtype}, updated in place: {g.kv_cache_in_place}",
         *([f"  onnxruntime   {g.min_onnxruntime} or newer"] if g.min_onnxruntime else []),
         f"  source        {source} {m.source.get('revision') or ''}".rstrip(),
@@ -211,6 +213,22 @@ def describe(name: str, kind: str, folder, arch: Architecture, manifest: Manifes
                 f"{_figure(r, 'perplexity_reference', '.2f')} -> {_figure(r, 'perplexity', '.2f')} ({_figure(r, 'perplexity_change', '+.2%')})"
             )
     return "\n".join(lines + _tools(m))
+
+
+def family_summary(a: Architecture) -> str:
+    """The Llama family's choices in one line: norm, MLP, rotary, key/value heads, head, biases."""
+    norm = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[a.norm]
+    mlp = "SwiGLU MLP (silu)" if a.activation_function == "silu" else f"{a.activation_function} MLP"
+    mlp += f" {a.mlp_width} wide"
+    rope = f"rope theta {a.rope_theta:g}"
+    if a.rope_scaling:
+        kind = a.rope_scaling.get("rope_type", a.rope_scaling.get("type"))
+        factor = a.rope_scaling.get("factor")
+        rope += f" ({kind} scaling" + (f" x{factor:g}" if isinstance(factor, (int, float)) else "") + ")"
+    kv = a.kv_heads
+    heads = f"{kv} KV heads (grouped, {a.n_head // kv} per KV head)" if kv < a.n_head else f"{kv} KV heads"
+    biases = "biases on " + ", ".join(a.biases) if a.biases else "no biases"
+    return f"{norm}, {mlp}, {rope}, {heads}, {'tied' if a.tie_word_embeddings else 'untied'} LM head, {biases}"
 
 
 def _figure(figures: dict, key: str, spec: str) -> str:

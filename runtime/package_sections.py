@@ -104,7 +104,8 @@ class Architecture:
     pad_token_id: int | None  # None for GPT-2: padding is carried by the attention mask alone
     layer_norm_epsilon: float = 1e-5
     model_type: str = "gpt2"
-    # GPT-2's variations, under GPT2Config's names. The graph computes them; the manifest says which.
+    # Under GPT2Config's names; the Llama family uses n_inner (its intermediate_size), activation_function
+    # (silu: its SwiGLU MLP's) and tie_word_embeddings too. The graph computes them; the manifest says which.
     n_inner: int | None = None  # MLP width; None is 4 * n_embd
     activation_function: str = "gelu_new"  # the MLP's activation, a name in transformers' ACT2FN
     tie_word_embeddings: bool = True  # the LM head is the token embedding (stored once), else a matrix of its own
@@ -124,8 +125,28 @@ class Architecture:
         rule = "1/sqrt(head_size)" if self.scale_attn_weights else "1"
         return rule + (" / (layer + 1)" if self.scale_attn_by_inverse_layer_idx else "")
 
+    # The Llama family (model_type "llama", "qwen2"; positions "rope"). GPT-2's values are the defaults, and a
+    # GPT-2 manifest leaves these fields out.
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None: one per attention head
+    norm: str = "layernorm"  # "layernorm" (x - mean, scale, bias) or "rmsnorm" (x / rms(x), scale only)
+    positions: str = "learned"  # "learned" (a position table) or "rope" (rotary; cos/sin tables baked at export)
+    rope_theta: float | None = None  # the rotary base
+    rope_scaling: dict | None = None  # Hugging Face's rope_scaling, e.g. {"rope_type": "llama3", "factor": 32.0, ...}
+    biases: tuple | None = None  # the projections that have a bias (e.g. q_proj, k_proj, v_proj); None: GPT-2's, all
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of the key/value cache: [batch, kv_heads, positions, head_size]."""
+        return self.n_kv_head or self.n_head
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if self.positions == "learned":  # GPT-2: the family fields are all at their defaults
+            for key in FAMILY_FIELDS:
+                data.pop(key)
+        elif self.biases is not None:
+            data["biases"] = list(self.biases)
+        return data
 
     @classmethod
     def from_dict(cls, data, where: str = "architecture") -> "Architecture":
@@ -153,7 +174,14 @@ class Architecture:
             },
         }
         model_type = _get(where, data, "model_type", _str, "gpt2")
-        return cls(**size, **ids, layer_norm_epsilon=epsilon, model_type=model_type, **gpt2)
+        return cls(
+            **size,
+            **ids,
+            layer_norm_epsilon=epsilon,
+            model_type=model_type,
+            **gpt2,
+            **_family_fields(where, data, size["n_head"]),
+        )
 
     @classmethod
     def from_hf_config(cls, config, where: str = "config.json") -> "Architecture":
@@ -185,6 +213,43 @@ class Architecture:
             },
             where,
         )
+
+
+FAMILY_FIELDS = (
+    "n_kv_head",
+    "norm",
+    "positions",
+    "rope_theta",
+    "rope_scaling",
+    "biases",
+)
+
+
+def _choice(options):
+    def read(where, value):
+        if value not in options:
+            raise FormatError(f"{where} must be one of {', '.join(options)}, got {_show(value)}")
+        return value
+
+    return read
+
+
+def _family_fields(where: str, data: dict, n_head: int) -> dict:
+    """The Llama-family fields of architecture, each checked; absent ones keep GPT-2's defaults."""
+    kv = _get(where, data, "n_kv_head", lambda w, v: None if v is None else _int(w, v, 1, n_head), None)
+    if kv is not None and n_head % kv:
+        raise FormatError(f"{where}.n_kv_head must divide n_head ({n_head}), got {kv}")
+    biases = _get(where, data, "biases", lambda w, v: None if v is None else tuple(_list(w, v)), None)
+    for k, name in enumerate(biases or ()):
+        _str(f"{where}.biases[{k}]", name)
+    return {
+        "n_kv_head": kv,
+        "norm": _get(where, data, "norm", _choice(("layernorm", "rmsnorm")), "layernorm"),
+        "positions": _get(where, data, "positions", _choice(("learned", "rope")), "learned"),
+        "rope_theta": _get(where, data, "rope_theta", lambda w, v: None if v is None else _number(w, v, 1e-6), None),
+        "rope_scaling": _get(where, data, "rope_scaling", lambda w, v: None if v is None else _object(w, v), None),
+        "biases": biases,
+    }
 
 
 @dataclass(frozen=True)

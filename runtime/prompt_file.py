@@ -174,7 +174,7 @@ def score_records(model, records: list, top_logprobs: int | None = None) -> list
 
 
 def _generate_request(model, config: GenerationConfig, record: dict) -> tuple:
-    """(prompt, settings) for one record: its per-line options over `config`, a chat rendered to text."""
+    """(prompt, settings) for one record: its per-line options over `config`, a chat rendered to token ids."""
     if "prompt" in record and "messages" in record:
         raise PromptError('the line has both "prompt" and "messages"; give one')
     if "messages" not in record:

@@ -104,7 +104,7 @@ class SlotCache:
             capacity = min(-(-capacity // self.column_step) * self.column_step, max(width, self.max_width))
         if rows > row_capacity:
             row_capacity = min(self.max_rows, max(rows, 2 * row_capacity))
-        shape = (row_capacity, self.engine.n_head, capacity, self.engine.head_size)
+        shape = (row_capacity, self.engine.kv_heads, capacity, self.engine.head_size)
         old, n = self.buffers, len(self.rows)
         # zeros, not empty: a masked column's value is multiplied by an attention weight of exactly 0, and 0 x NaN
         # (what uninitialised memory may hold) would not be 0

@@ -137,3 +137,32 @@ def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
         tmp_path_factory.mktemp("ckpt") / "gpt2-vocab", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir
     )
     return _export(folder, tmp_path_factory.mktemp("pkg") / "gpt2-vocab", validate=False)
+
+
+# The Llama family: one tiny checkpoint and one package per family, shared by the export, runtime and server
+# tests (tests/llama_checkpoints.py has the shapes). Both packages are validated against transformers: the
+# export's fp32 gate is what these tests stand on.
+@pytest.fixture(scope="session")
+def llama_checkpoint(tmp_path_factory):
+    """Llama: 2 layers, 4 heads over 2 key/value heads, width 64, Llama 3 rope scaling, tied head, chat template."""
+    from llama_checkpoints import build_llama_checkpoint
+
+    return build_llama_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama-gqa")
+
+
+@pytest.fixture(scope="session")
+def qwen2_checkpoint(tmp_path_factory):
+    """Qwen2: 2 layers, 4 heads over 1 key/value head, width 64, Q/K/V biases, rope_theta 1e6, tied head."""
+    from llama_checkpoints import build_llama_checkpoint
+
+    return build_llama_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen2", "qwen2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def llama_package(llama_checkpoint, tmp_path_factory):
+    return _export(llama_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def qwen2_package(qwen2_checkpoint, tmp_path_factory):
+    return _export(qwen2_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-qwen2")

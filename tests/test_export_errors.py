@@ -54,12 +54,15 @@ def test_refuses_to_overwrite_without_force(tiny_checkpoint, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]  # no partial or replaced folder left behind
 
 
-def test_non_gpt2_architecture(tmp_path):
-    folder = tmp_path / "llama"
+def test_unsupported_architecture(tmp_path):
+    folder = tmp_path / "mistral"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(ExportError, match=r"'llama' model \(LlamaForCausalLM\); edgelm exports GPT-2-family"):
+    (folder / "config.json").write_text(json.dumps({"model_type": "mistral", "architectures": ["MistralForCausalLM"]}))
+    with pytest.raises(
+        ExportError, match=r"'mistral' model \(MistralForCausalLM\); edgelm exports GPT-2-family"
+    ) as error:
         _export(str(folder), tmp_path / "out")
+    assert "Llama (model_type 'llama'" in str(error.value) and "Qwen2 (model_type 'qwen2'" in str(error.value)
     assert not (tmp_path / "out").exists()
 
 
