@@ -91,9 +91,7 @@ def build_decoder(
         h, x = _skip_rms_norm(
             g, out, x, packed, p + "post_attention_layernorm.weight", p + "self_attn.o_proj.bias", arch
         )
-        gate, up = g.op(
-            "Split", [linear(h, p + "mlp.gate_up_proj"), g.const([arch.mlp_width] * 2)], outputs=2, axis=-1
-        )
+        gate, up = g.op("Split", [linear(h, p + "mlp.gate_up_proj"), g.const([arch.mlp_width] * 2)], outputs=2, axis=-1)
         m = matmul(g, g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up]), packed, p + "mlp.down_proj")
         if i + 1 < arch.n_layer:
             norm = f"model.layers.{i + 1}.input_layernorm.weight"

@@ -32,7 +32,7 @@ from .checkpoint import load_checkpoint
 from .errors import ExportError
 from .graph import OPSET, build_decoder
 from .quantize import RECIPES, recipe_description
-from .weights_file import ShippedGraph, split_weights
+from .weights_file import split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
