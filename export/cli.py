@@ -32,6 +32,14 @@ from edgelm.runtime.errors import EdgelmError
 @click.option("--revision", help="Hub branch, tag or commit (default: main).")
 @click.option("--force", is_flag=True, help="Replace an existing package at the output folder.")
 @click.option(
+    "--no-validate",
+    "validate",
+    is_flag=True,
+    flag_value=False,
+    default=True,
+    help="Skip the comparison against PyTorch (the validate stage): faster, but nothing checks the graph's numbers and a quantized package gets no quality report; the manifest and edgelm info say it was not validated.",
+)
+@click.option(
     "--name",
     help="The package's name: the model id edgelm serve answers to, the name install uses (default: the output folder's name).",
 )
@@ -40,10 +48,10 @@ from edgelm.runtime.errors import EdgelmError
     type=click.File("r", encoding="utf-8"),
     help="A Jinja chat template (transformers' format) for the package's tokenizer_config.json; edgelm chat and the server use it.",
 )
-def export(model, output, quantize, kv_cache, revision, force, name, chat_template):
+def export(model, output, quantize, kv_cache, revision, force, validate, name, chat_template):
     """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
 
-    Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch, save.
+    Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch (unless --no-validate), save.
     """
     try:
         from rich.console import Console
@@ -57,6 +65,8 @@ def export(model, output, quantize, kv_cache, revision, force, name, chat_templa
     started = {}
 
     def progress(stage, event, detail):
+        if stage == "save" and event == "start" and not validate:
+            console.print(f"[yellow]-[/] {'validate':<9} skipped (--no-validate): not compared against PyTorch")
         if event == "start":
             started[stage] = time.perf_counter()
             console.print(f"[bold]{stage:<9}[/] {detail}", end="\r" if console.is_terminal else "\n")
@@ -70,6 +80,7 @@ def export(model, output, quantize, kv_cache, revision, force, name, chat_templa
             quantize=quantize,
             force=force,
             revision=revision,
+            validate=validate,
             progress=progress,
             kv_cache=kv_cache,
             name=name,

@@ -10,6 +10,10 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared beside the checkout
 
+# One PyTorch (OpenMP) thread per test process, and in the processes the tests start: the models are tiny, and
+# `-n auto` already runs a worker per core, where a second spinning thread each only fights the other worker.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 PREBUILT = os.environ.get("EDGELM_TEST_PACKAGES")  # tiny-*/ exported beforehand: benchmarks/onnxruntime_matrix.sh
 
@@ -18,6 +22,26 @@ def _export(checkpoint, folder, **options):
     from edgelm.export.stages import export_model
 
     return export_model(str(checkpoint), folder, **options).path
+
+
+def _once(tmp_path_factory, name, build):
+    """`build(folder)` once per test run, by whichever xdist worker asks first; the others wait for it, then
+    use the same folder (what it holds is read, never changed, by the tests)."""
+    import shutil
+
+    from filelock import FileLock  # a dependency of huggingface_hub
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder, above each worker's own
+    folder, done = root / "shared" / name, root / "shared" / f"{name}.done"
+    folder.parent.mkdir(exist_ok=True)
+    with FileLock(str(root / "shared" / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed half-way left
+            build(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +65,9 @@ def _tiny(request, name, **options):
             pytest.skip(f"{name} needs onnxruntime {needed}; this is {installed_version()}")
         return folder
     checkpoint = request.getfixturevalue("tiny_checkpoint")
-    return _export(checkpoint, request.getfixturevalue("tmp_path_factory").mktemp("pkg") / name, **options)
+    return _once(
+        request.getfixturevalue("tmp_path_factory"), name, lambda folder: _export(checkpoint, folder, **options)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +75,7 @@ def tiny_checkpoint(tmp_path_factory):
     """2 layers, 4 heads, width 32, 64 positions, a 320-token byte-level BPE; safetensors weights."""
     from checkpoints import build_checkpoint
 
-    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-gpt2")
+    return _once(tmp_path_factory, "tiny-gpt2", build_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -77,23 +103,29 @@ def tiny_package_int8_kv8(request):
 @pytest.fixture(scope="session")
 def validated_package(tiny_checkpoint, tmp_path_factory):
     """The fp32 package with the export's validation figures in its manifest."""
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("validated") / "tiny-fp32")
+    return _validated(tiny_checkpoint, tmp_path_factory, "tiny-fp32")
+
+
+def _validated(checkpoint, tmp_path_factory, name, **options):
+    return (
+        _once(tmp_path_factory, f"validated-{name}", lambda folder: _export(checkpoint, folder / name, **options))
+        / name
+    )
 
 
 @pytest.fixture(scope="session")
 def validated_package_int8(tiny_checkpoint, tmp_path_factory):
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("validated") / "tiny-int8", quantize="int8")
+    return _validated(tiny_checkpoint, tmp_path_factory, "tiny-int8", quantize="int8")
 
 
 @pytest.fixture(scope="session")
 def validated_package_int4(tiny_checkpoint, tmp_path_factory):
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("validated") / "tiny-int4", quantize="int4")
+    return _validated(tiny_checkpoint, tmp_path_factory, "tiny-int4", quantize="int4")
 
 
 @pytest.fixture(scope="session")
 def validated_package_int8_kv8(tiny_checkpoint, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("validated") / "tiny-int8-kv8"
-    return _export(tiny_checkpoint, folder, quantize="int8", kv_cache="int8")
+    return _validated(tiny_checkpoint, tmp_path_factory, "tiny-int8-kv8", quantize="int8", kv_cache="int8")
 
 
 @pytest.fixture(scope="module")
@@ -133,10 +165,12 @@ def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
         return Path(PREBUILT) / "gpt2-vocab"
     from checkpoints import build_checkpoint
 
-    folder = build_checkpoint(
-        tmp_path_factory.mktemp("ckpt") / "gpt2-vocab", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir
-    )
-    return _export(folder, tmp_path_factory.mktemp("pkg") / "gpt2-vocab", validate=False)
+    def build(folder):
+        folder.mkdir()
+        checkpoint = build_checkpoint(folder / "checkpoint", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir)
+        _export(checkpoint, folder / "gpt2-vocab", validate=False)
+
+    return _once(tmp_path_factory, "gpt2-vocab", build) / "gpt2-vocab"
 
 
 # The Llama family: one tiny checkpoint and one package per family, shared by the export, runtime and server
@@ -147,7 +181,7 @@ def llama_checkpoint(tmp_path_factory):
     """Llama: 2 layers, 4 heads over 2 key/value heads, width 64, Llama 3 rope scaling, tied head, chat template."""
     from llama_checkpoints import build_llama_checkpoint
 
-    return build_llama_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-llama", "llama-gqa")
+    return _once(tmp_path_factory, "tiny-llama", lambda folder: build_llama_checkpoint(folder, "llama-gqa"))
 
 
 @pytest.fixture(scope="session")
@@ -155,14 +189,14 @@ def qwen2_checkpoint(tmp_path_factory):
     """Qwen2: 2 layers, 4 heads over 1 key/value head, width 64, Q/K/V biases, rope_theta 1e6, tied head."""
     from llama_checkpoints import build_llama_checkpoint
 
-    return build_llama_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen2", "qwen2", seed=1)
+    return _once(tmp_path_factory, "tiny-qwen2", lambda folder: build_llama_checkpoint(folder, "qwen2", seed=1))
 
 
 @pytest.fixture(scope="session")
 def llama_package(llama_checkpoint, tmp_path_factory):
-    return _export(llama_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-llama")
+    return _once(tmp_path_factory, "tiny-llama-pkg", lambda folder: _export(llama_checkpoint, folder))
 
 
 @pytest.fixture(scope="session")
 def qwen2_package(qwen2_checkpoint, tmp_path_factory):
-    return _export(qwen2_checkpoint, tmp_path_factory.mktemp("pkg") / "tiny-qwen2")
+    return _once(tmp_path_factory, "tiny-qwen2-pkg", lambda folder: _export(qwen2_checkpoint, folder))

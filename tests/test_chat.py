@@ -37,7 +37,17 @@ def terse_package(tiny_checkpoint, tmp_path_factory):
     template.write_text(TERSE)
     output = tmp_path_factory.mktemp("pkg") / "tiny-terse"
     result = CliRunner().invoke(
-        main, ["export", str(tiny_checkpoint), "-o", str(output), "--chat-template", str(template), "--force"]
+        main,
+        [
+            "export",
+            str(tiny_checkpoint),
+            "-o",
+            str(output),
+            "--chat-template",
+            str(template),
+            "--force",
+            "--no-validate",
+        ],
     )
     assert result.exit_code == 0, result.output
     return output

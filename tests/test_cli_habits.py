@@ -172,5 +172,7 @@ def test_a_quantized_export_prints_its_quality_figures(tiny_checkpoint, tmp_path
         main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "q8"), "--quantize", "int8"]
     )
     assert result.exit_code == 0, result.output
+    for stage in ("load", "export", "optimize", "quantize", "validate", "save"):  # a line of progress per stage
+        assert any(line.startswith(f"✓ {stage} ") for line in result.stderr.splitlines()), result.stderr
     quality = [line for line in result.stdout.splitlines() if line.startswith("int8 quality")]
     assert len(quality) == 1 and "top-1" in quality[0] and "perplexity" in quality[0], result.stdout

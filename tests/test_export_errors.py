@@ -48,10 +48,29 @@ def test_refuses_to_overwrite_without_force(tiny_checkpoint, tmp_path):
     result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(out)])
     assert result.exit_code == 1 and "already exists" in result.output and "--force" in result.output
     assert (out / "keep.txt").read_text() == "mine"
-    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(out), "--force"])
+    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(out), "--force", "--no-validate"])
     assert result.exit_code == 0, result.output
     assert not (out / "keep.txt").exists() and (out / "manifest.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]  # no partial or replaced folder left behind
+
+
+def test_no_validate_skips_the_comparison_and_says_so(tiny_checkpoint, tmp_path, monkeypatch):
+    """--no-validate: no PyTorch reference is built, and the package, the command and edgelm info say so."""
+    from edgelm.export import stages
+
+    def never(*args, **kwargs):
+        raise AssertionError("the PyTorch reference was built for an export without validation")
+
+    monkeypatch.setattr(stages, "_reference_model", never)
+    out = tmp_path / "pkg"
+    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(out), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    assert "validate  skipped (--no-validate)" in result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["validation"] == {"skipped": stages.NOT_VALIDATED}
+    assert set(manifest["export_seconds"]) == {"load", "export", "optimize"}
+    info = CliRunner().invoke(main, ["info", str(out)])
+    assert "not validated against PyTorch: exported with --no-validate" in info.output
 
 
 def test_unsupported_architecture(tmp_path):
@@ -215,12 +234,15 @@ def _hub_cache(home: Path, repo: str, checkpoint: Path, commit: str = "0" * 39 +
     return snapshot
 
 
-def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint, tmp_path):
+def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint, tmp_path, monkeypatch):
+    """The export in a process of its own (the hub reads HF_HOME at import); without validation, which
+    test_a_quantized_export_prints_its_quality_figures covers from the command."""
     home = tmp_path / "hf"
     _hub_cache(home, "distilgpt2", tiny_checkpoint)
     work = tmp_path / "work"
     work.mkdir()
-    result = _cli("export", "distilgpt2", env={"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}, cwd=work)
+    env = {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    result = _cli("export", "distilgpt2", "--no-validate", env=env, cwd=work)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((work / "models" / "distilgpt2" / "manifest.json").read_text())
     assert manifest["source"] == {
@@ -229,10 +251,11 @@ def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint
         "commit": "0" * 39 + "1",
         "weights_file": "model.safetensors",
     }
-    for stage in ("load", "export", "optimize", "validate", "save"):
+    for stage in ("load", "export", "optimize", "save"):
         assert stage in result.stderr
-    generated = _cli("generate", "Hello", "--max-new-tokens", "5", cwd=work)
-    assert generated.returncode == 0 and generated.stdout.strip(), generated.stderr
+    monkeypatch.chdir(work)
+    generated = CliRunner().invoke(main, ["generate", "Hello", "--max-new-tokens", "5"])
+    assert generated.exit_code == 0 and generated.stdout.strip(), generated.output
 
 
 def test_hub_unreachable_says_so(tmp_path):

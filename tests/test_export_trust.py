@@ -138,7 +138,7 @@ def test_tokenizer_code_is_never_run_nor_offered(tiny_checkpoint, tmp_path, term
         stdin = subprocess.DEVNULL
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "edgelm.runtime.cli", "export", str(folder), "-o", str(out)],
+            [sys.executable, "-m", "edgelm.runtime.cli", "export", str(folder), "-o", str(out), "--no-validate"],
             stdin=stdin,
             capture_output=True,
             text=True,
@@ -321,9 +321,9 @@ def test_killed_while_replacing_never_loses_the_package(tiny_checkpoint, tiny_pa
 
 
 INTERRUPT_DURING_PUBLISH = """
-import functools, os, signal, sys
+import os, signal, sys
 from pathlib import Path
-from edgelm.export import stages, writer
+from edgelm.export import writer
 from edgelm.runtime.cli import main
 
 out = Path({out!r})
@@ -341,8 +341,7 @@ if hasattr(writer, "_exchange"):
         os.kill(os.getpid(), signal.SIGINT)
         return real_exchange(a, b)
     writer._exchange = exchange
-stages.export_model = functools.partial(stages.export_model, validate=False)
-main(["export", {checkpoint!r}, "-o", str(out), "--force"])
+main(["export", {checkpoint!r}, "-o", str(out), "--force", "--no-validate"])
 """
 
 
