@@ -64,7 +64,7 @@ class ChatTemplate:
         listed = name in package.manifest.files if package.manifest else True
         path = package.folder / name
         if not listed or not path.is_file() or path.is_symlink():
-            return cls.default()
+            return cls.default() if _base_model(package) else cls(_Broken(NO_TEMPLATE.format(path=path)), origin=name)
         origin = f"the chat template in {path}"
         try:
             if path.stat().st_size > MAX_CONFIG_BYTES:
@@ -75,6 +75,8 @@ class ChatTemplate:
         except (OSError, ValueError, RecursionError) as error:
             return cls(_Broken(f"cannot read {path}: {error}"), origin=origin)
         if config.get("chat_template") is None:
+            if not _base_model(package):  # an instruction-tuned family: the default's plain lines would mislead it
+                return cls(_Broken(NO_TEMPLATE.format(path=path)), origin=origin)
             return cls.default(special_tokens_of(config, _special_tokens_map(package.folder, package.manifest)))
         source = config["chat_template"]
         if isinstance(source, list):  # named templates, as transformers saves several: it renders "default"
@@ -330,6 +332,15 @@ def _environment():
 def _one_line(error: Exception) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
     return text[:300]
+
+
+NO_TEMPLATE = "{path} has no chat template (edgelm's default one suits GPT-2 base models only; generate needs none)"
+
+
+def _base_model(package) -> bool:
+    """GPT-2-family packages (and packages without a manifest) get DEFAULT_TEMPLATE when they carry none."""
+    manifest = package.manifest
+    return manifest is None or manifest.architecture.positions == "learned"
 
 
 class _Broken:

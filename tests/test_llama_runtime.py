@@ -151,3 +151,29 @@ def test_manifest_claiming_more_positions_than_the_rotary_tables_is_refused(llam
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PackageError, match="n_positions is 4096 but its graph has 64 positions"):
         load(folder)
+
+
+def test_chat_without_a_template_is_refused_in_one_line(llama_checkpoint, tmp_path):
+    """An instruction-tuned family's package without a chat template: chat says so (GPT-2 base models get the
+    default template instead); generate still works."""
+    import json
+    import shutil
+
+    from edgelm.runtime.errors import ChatError
+
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(llama_checkpoint, checkpoint)
+    config_file = checkpoint / "tokenizer_config.json"
+    config_file.write_text(
+        json.dumps({k: v for k, v in json.loads(config_file.read_text()).items() if k != "chat_template"})
+    )
+    result = CliRunner().invoke(main, ["export", str(checkpoint), "-o", str(tmp_path / "pkg"), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    model = load(tmp_path / "pkg")
+    with pytest.raises(ChatError, match="has no chat template .*--chat-template FILE"):
+        model.chat(MESSAGES, max_new_tokens=2)
+    assert len(model.generate(PROMPTS[0], max_new_tokens=2).token_ids) == 2
+    result = CliRunner().invoke(main, ["chat", "-m", str(tmp_path / "pkg")], input="Hi\n")
+    errors = [line for line in result.output.splitlines() if "Error" in line]
+    assert result.exit_code != 0 and len(errors) == 1 and "has no chat template" in errors[0], result.output
+    assert "Traceback" not in result.output
