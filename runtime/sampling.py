@@ -22,12 +22,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import nucleus
 from .errors import GenerationOptionError
 from .generation_config import GenerationConfig, check_token_ids
 
 NEG_INF = np.float32(-np.inf)
 F32_MAX = np.finfo(np.float32).max
-_NUCLEUS_CANDIDATES = 1024  # top_p first tries the 1,024 most likely tokens, then sorts the whole row
+BLOCK = 256  # pick: the inverse CDF is searched block by block: sqrt(V) sums instead of one V-long cumulative sum
 
 # The history a filter reads after the logits: each row's prompt and generated ids, its generated ids only,
 # or how many tokens it has generated.
@@ -59,6 +60,17 @@ def logits_filter(no_op, reads=None, token_ids=None):
         return call
 
     return declare
+
+
+def _weights(logits: np.ndarray) -> np.ndarray:
+    # [B, V] -> [B, n_blocks * BLOCK] float32: exp(logit - row max), 0 for -inf and in the padding after V.
+    # Float32 as the model's logits are; the sums over them are float64 (pick, top_p).
+    padded = np.zeros((logits.shape[0], -(-logits.shape[-1] // BLOCK) * BLOCK), dtype=np.float32)
+    w = padded[:, : logits.shape[-1]]
+    with np.errstate(invalid="ignore"):  # a row of all -inf, or with +inf, gives NaN: the callers skip it
+        np.subtract(logits, logits.max(axis=-1, keepdims=True), out=w)
+        np.exp(w, out=w)
+    return padded
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -100,7 +112,7 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
         factor = np.float32(penalty)
     factor = np.float64(factor if factor > 0 else penalty)
     for r, ids in enumerate(seen):
-        ids = np.unique(_ids(ids))
+        ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
         score = out[r, ids].astype(np.float64)
         with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
             penalized = np.where(score < 0, score * factor, score / factor)
@@ -222,28 +234,47 @@ def top_p(out, p: float, min_tokens_to_keep: int = 1):
     """Nucleus sampling: keep the most likely tokens whose probability sums to p. Holtzman et al., 2019.
 
     transformers' TopPLogitsWarper exactly (sort ascending, remove tokens whose cumulative probability
-    is <= 1 - p, always keep the min_tokens_to_keep largest). p=1.0 is a no-op.
+    is <= 1 - p, always keep the min_tokens_to_keep largest), found without sorting the row (runtime/nucleus.py);
+    equal logits at the cut are taken in token id order, as a stable sort takes them. p=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    probs = _softmax(out)
-    cols = _candidates(out)  # tokens at -inf have probability 0: leaving them out changes no sum
-    rest = 0.0  # probability of the tokens left out; in ascending order they all come first
-    if cols is None and out.shape[-1] > 4 * _NUCLEUS_CANDIDATES and min_tokens_to_keep <= _NUCLEUS_CANDIDATES:
-        # No full sort over V when the most likely tokens already hold more than p: every other token then
-        # has a cumulative probability below 1 - p and is removed anyway.
-        top = np.argpartition(out, -_NUCLEUS_CANDIDATES, axis=-1)[:, -_NUCLEUS_CANDIDATES:]
-        top_mass = np.take_along_axis(probs, top, axis=-1).sum(axis=-1, dtype=np.float64)
-        if (top_mass > p + 1e-4).all():
-            cols, rest = top, 1.0 - top_mass[:, None]
-    order = np.argsort(out if cols is None else np.take_along_axis(out, cols, axis=-1), axis=-1)
-    cols = order if cols is None else np.take_along_axis(cols, order, axis=-1)  # [B, m], ascending logits
-    cumulative = rest + np.cumsum(np.take_along_axis(probs, cols, axis=-1), axis=-1, dtype=np.float64)
-    keep_sorted = cumulative.astype(np.float32) > (1 - p)
-    keep_sorted[:, cols.shape[-1] - min_tokens_to_keep :] = True
-    keep = np.zeros(out.shape, dtype=bool)
-    np.put_along_axis(keep, cols, keep_sorted, axis=-1)
-    out[~keep] = NEG_INF
+    _nucleus(out, p, min_tokens_to_keep)
     return out
+
+
+def _nucleus(out, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
+    # top_p in place; returns the pick's weights [B, padded V]: exp(logit - max) of the tokens kept, 0 elsewhere.
+    # A row whose softmax is undefined (all -inf, or +inf) is left as it is: pick handles it.
+    n_vocab, threshold = out.shape[-1], np.float32(1 - p)
+    weights = _weights(out)
+    for r in range(out.shape[0]):
+        w = weights[r, :n_vocab]
+        total = w.sum()
+        if not np.isfinite(total) or total == 0:
+            continue
+        probs = w / total  # float32, the softmax transformers sorts
+        cut = nucleus.first_kept(out[r], probs, threshold)
+        if cut is None:
+            removed = _removed_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
+        else:
+            logit, tied = cut
+            removed = out[r] < logit
+            removed[tied] = True
+            if min_tokens_to_keep > 1 and n_vocab - np.count_nonzero(removed) < min_tokens_to_keep:
+                removed = _removed_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
+        out[r, removed] = NEG_INF
+        w[removed] = 0
+    return weights
+
+
+def _removed_by_sorting(logits, probs, threshold, min_tokens_to_keep) -> np.ndarray:
+    # [V] -> [V] bool: the top-p cut by a stable sort of the whole row, for the cases nucleus.first_kept leaves out
+    order = np.argsort(logits, kind="stable")
+    removed_in_order = np.cumsum(probs[order], dtype=np.float64).astype(np.float32) <= threshold
+    removed_in_order[len(order) - min_tokens_to_keep :] = False
+    removed = np.zeros(len(order), dtype=bool)
+    removed[order[removed_in_order]] = True
+    return removed
 
 
 @logits_filter(no_op=lambda p: p <= 0)
@@ -312,6 +343,9 @@ class SamplerChain:
 
     def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
         # [B, V] -> [B] int64
+        if self.filters and self.filters[-1][0] is top_p:  # the pick reuses top_p's exp(logits - max)
+            out = self._apply(logits.copy(), self.filters[:-1], seen, generated)
+            return pick(out, self.do_sample, rngs, _nucleus(out, *self.filters[-1][1]))
         return pick(self.process(logits, seen, generated), self.do_sample, rngs)
 
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
@@ -319,8 +353,11 @@ class SamplerChain:
         # [B, V] -> [B, V]
         if not self.filters:
             return logits
-        out = logits.copy()
-        for f, options in self.filters:
+        return self._apply(logits.copy(), self.filters, seen, generated)
+
+    @staticmethod
+    def _apply(out, filters, seen: list, generated: list) -> np.ndarray:
+        for f, options in filters:
             if f.reads == COUNT:  # min_new_tokens: each row has its own count
                 for r, ids in enumerate(generated):
                     f.apply(out[r : r + 1], len(ids), *options)
@@ -340,11 +377,12 @@ def process_logits(logits, config: GenerationConfig, seen: list[np.ndarray], gen
     return SamplerChain(config, logits.shape[-1]).process(logits, seen, generated)
 
 
-def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray:
+def pick(logits, do_sample: bool, rngs: list[np.random.Generator], weights: np.ndarray | None = None) -> np.ndarray:
     """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator.
 
     Robust to non-finite logits (a model or filter gone past float32's range): NaN counts as banned, and a
     row holding +inf picks among its +inf tokens only, each equally likely (the limit of its distribution).
+    weights: exp(logits - row max) in _weights' padded layout when the caller has them already (top_p does).
     """
     # [B, V] -> [B] int64
     rows = np.arange(logits.shape[0])
@@ -353,7 +391,7 @@ def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray
         logits = np.where(np.isnan(logits), NEG_INF, logits)
         infinite = np.isposinf(logits).any(axis=-1)
         logits[infinite] = np.where(np.isposinf(logits[infinite]), 0, NEG_INF)
-        best = logits.argmax(axis=-1)
+        best, weights = logits.argmax(axis=-1), None
     dead = np.flatnonzero(logits[rows, best] == NEG_INF)
     if dead.size:
         raise GenerationOptionError(
@@ -363,14 +401,26 @@ def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray
         return best.astype(np.int64)
     if len(rngs) != logits.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {logits.shape[0]} rows")
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))  # [B, V] unnormalized; -inf -> 0
-    positive = weights > 0
-    picks = np.empty(logits.shape[0], dtype=np.int64)
-    for r, rng in enumerate(rngs):
-        alive = np.flatnonzero(positive[r])  # usually few after top_k: the cumulative sum is then short
-        cdf = np.cumsum(weights[r, alive], dtype=np.float64)
-        picks[r] = alive[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(alive) - 1)]
-    return picks
+    weights = _weights(logits) if weights is None else weights
+    return _inverse_cdf(weights, np.array([rng.random() for rng in rngs]), logits.shape[-1])
+
+
+def _inverse_cdf(weights: np.ndarray, u: np.ndarray, n_vocab: int) -> np.ndarray:
+    # [B, n_blocks * BLOCK] unnormalized, [B] uniform in [0, 1) -> [B] int64: per row, the first token whose
+    # cumulative weight exceeds u * total, as one float64 cumulative sum over the row would find it. Two short
+    # searches instead: over the blocks' sums, then inside the one block (zero weights are never chosen).
+    blocks = weights.reshape(weights.shape[0], -1, BLOCK)  # [B, n_blocks, BLOCK]
+    ends = np.cumsum(blocks.sum(axis=-1, dtype=np.float64), axis=-1)  # [B, n_blocks] cumulative weight
+    target = u * ends[:, -1]  # [B]
+    rows = np.arange(len(u))
+    block = np.minimum((ends <= target[:, None]).sum(axis=-1), ends.shape[1] - 1)
+    start = np.where(block > 0, ends[rows, block - 1], 0.0)
+    inner = start[:, None] + np.cumsum(blocks[rows, block], axis=-1, dtype=np.float64)  # [B, BLOCK]
+    picks = block * BLOCK + (inner <= target[:, None]).sum(axis=-1)
+    for r in np.flatnonzero(picks >= np.minimum((block + 1) * BLOCK, n_vocab)):
+        # the block's own sum and the one it was chosen by round differently: its last token with weight
+        picks[r] = np.flatnonzero(weights[r, : min((block[r] + 1) * BLOCK, n_vocab)] > 0)[-1]
+    return picks.astype(np.int64)
 
 
 def log_softmax(logits) -> np.ndarray:
