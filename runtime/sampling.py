@@ -23,12 +23,12 @@ from dataclasses import replace
 import numpy as np
 
 from . import nucleus
-from .errors import GenerationOptionError
+from .draw import Scratch, pick, weights
 from .generation_config import GenerationConfig, check_token_ids
 
 NEG_INF = np.float32(-np.inf)
+__all__ = ["SamplerChain", "process_logits", "pick", "log_softmax", "top_logprobs"]  # pick: from draw.py
 F32_MAX = np.finfo(np.float32).max
-BLOCK = 256  # pick: the inverse CDF is searched block by block: sqrt(V) sums instead of one V-long cumulative sum
 
 # The history a filter reads after the logits: each row's prompt and generated ids, its generated ids only,
 # or how many tokens it has generated.
@@ -60,17 +60,6 @@ def logits_filter(no_op, reads=None, token_ids=None):
         return call
 
     return declare
-
-
-def _weights(logits: np.ndarray) -> np.ndarray:
-    # [B, V] -> [B, n_blocks * BLOCK] float32: exp(logit - row max), 0 for -inf and in the padding after V.
-    # Float32 as the model's logits are; the sums over them are float64 (pick, top_p).
-    padded = np.zeros((logits.shape[0], -(-logits.shape[-1] // BLOCK) * BLOCK), dtype=np.float32)
-    w = padded[:, : logits.shape[-1]]
-    with np.errstate(invalid="ignore"):  # a row of all -inf, or with +inf, gives NaN: the callers skip it
-        np.subtract(logits, logits.max(axis=-1, keepdims=True), out=w)
-        np.exp(w, out=w)
-    return padded
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -242,39 +231,52 @@ def top_p(out, p: float, min_tokens_to_keep: int = 1):
     return out
 
 
-def _nucleus(out, p: float, min_tokens_to_keep: int = 1) -> np.ndarray:
-    # top_p in place; returns the pick's weights [B, padded V]: exp(logit - max) of the tokens kept, 0 elsewhere.
+def _nucleus(out, p: float, min_tokens_to_keep: int = 1, ban: bool = True, scratch: Scratch | None = None):
+    # top_p; returns the pick's weights [B, padded V]: exp(logit - max) of the tokens kept, 0 elsewhere.
+    # ban: also set the removed tokens' logits to -inf (the chain's own pick needs only the weights).
     # A row whose softmax is undefined (all -inf, or +inf) is left as it is: pick handles it.
+    scratch = scratch or Scratch()
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    weights = _weights(out)
+    padded = weights(out, scratch)
+    probs, keep = scratch.get("probs", (n_vocab,), np.float32), scratch.get("keep", (n_vocab,), bool)
+    work = scratch.get("bucket", (n_vocab,), np.intp), scratch.get("mass", (n_vocab,), np.float64)
     for r in range(out.shape[0]):
-        w = weights[r, :n_vocab]
+        w = padded[r, :n_vocab]
         total = w.sum()
         if not np.isfinite(total) or total == 0:
             continue
-        probs = w / total  # float32, the softmax transformers sorts
-        cut = nucleus.first_kept(out[r], probs, threshold)
+        np.divide(w, total, out=probs)  # float32, the softmax transformers sorts
+        cut = nucleus.first_kept(out[r], probs, threshold, work)
         if cut is None:
-            removed = _removed_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
+            keep[:] = _kept_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
         else:
             logit, tied = cut
-            removed = out[r] < logit
-            removed[tied] = True
-            if min_tokens_to_keep > 1 and n_vocab - np.count_nonzero(removed) < min_tokens_to_keep:
-                removed = _removed_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
-        out[r, removed] = NEG_INF
-        w[removed] = 0
-    return weights
+            np.greater_equal(out[r], logit, out=keep)
+            keep[tied] = False
+            if min_tokens_to_keep > 1 and np.count_nonzero(keep) < min_tokens_to_keep:
+                keep[:] = _kept_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
+        np.multiply(w, keep, out=w)
+        if ban:
+            _ban(out[r], keep, scratch.get("bound", (n_vocab,), np.float32))
+    return padded
 
 
-def _removed_by_sorting(logits, probs, threshold, min_tokens_to_keep) -> np.ndarray:
+def _kept_by_sorting(logits, probs, threshold, min_tokens_to_keep) -> np.ndarray:
     # [V] -> [V] bool: the top-p cut by a stable sort of the whole row, for the cases nucleus.first_kept leaves out
     order = np.argsort(logits, kind="stable")
-    removed_in_order = np.cumsum(probs[order], dtype=np.float64).astype(np.float32) <= threshold
-    removed_in_order[len(order) - min_tokens_to_keep :] = False
-    removed = np.zeros(len(order), dtype=bool)
-    removed[order[removed_in_order]] = True
-    return removed
+    kept_in_order = np.cumsum(probs[order], dtype=np.float64).astype(np.float32) > threshold
+    kept_in_order[len(order) - min_tokens_to_keep :] = True
+    keep = np.zeros(len(order), dtype=bool)
+    keep[order[kept_in_order]] = True
+    return keep
+
+
+def _ban(row, keep, bound):
+    # [V] float32, [V] bool, [V] float32 to work in: row[~keep] = -inf in place, without a branch per token (a
+    # boolean-mask assignment costs ten times as much when the mask is scattered, as top_p's is on a flat row)
+    np.subtract(keep, np.float32(0.5), out=bound)
+    bound *= np.inf  # +inf where kept, -inf where removed
+    np.minimum(row, bound, out=row)
 
 
 @logits_filter(no_op=lambda p: p <= 0)
@@ -340,13 +342,19 @@ class SamplerChain:
             candidates += [(typical_p, c.typical_p)]
         self.filters = [(f, tuple(options)) for f, *options in candidates if not f.no_op(*options)]
         self.do_sample = c.do_sample
+        self.scratch = Scratch()  # the arrays each step works in, kept for the next step
 
     def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
         # [B, V] -> [B] int64
-        if self.filters and self.filters[-1][0] is top_p:  # the pick reuses top_p's exp(logits - max)
-            out = self._apply(logits.copy(), self.filters[:-1], seen, generated)
-            return pick(out, self.do_sample, rngs, _nucleus(out, *self.filters[-1][1]))
-        return pick(self.process(logits, seen, generated), self.do_sample, rngs)
+        if not self.filters:
+            return pick(logits, self.do_sample, rngs, scratch=self.scratch)
+        out = self.scratch.get("logits", logits.shape, logits.dtype)
+        np.copyto(out, logits)
+        if self.filters[-1][0] is top_p:  # the pick reuses top_p's exp(logits - max)
+            self._apply(out, self.filters[:-1], seen, generated)
+            given = _nucleus(out, *self.filters[-1][1], ban=False, scratch=self.scratch)
+            return pick(out, self.do_sample, rngs, given, self.scratch)
+        return pick(self._apply(out, self.filters, seen, generated), self.do_sample, rngs, scratch=self.scratch)
 
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
         """The filtered logits: a copy, or the input itself when no filter is active."""
@@ -375,52 +383,6 @@ def process_logits(logits, config: GenerationConfig, seen: list[np.ndarray], gen
     """
     # [B, V] -> [B, V]
     return SamplerChain(config, logits.shape[-1]).process(logits, seen, generated)
-
-
-def pick(logits, do_sample: bool, rngs: list[np.random.Generator], weights: np.ndarray | None = None) -> np.ndarray:
-    """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator.
-
-    Robust to non-finite logits (a model or filter gone past float32's range): NaN counts as banned, and a
-    row holding +inf picks among its +inf tokens only, each equally likely (the limit of its distribution).
-    weights: exp(logits - row max) in _weights' padded layout when the caller has them already (top_p does).
-    """
-    # [B, V] -> [B] int64
-    rows = np.arange(logits.shape[0])
-    best = logits.argmax(axis=-1)
-    if not np.isfinite(logits[rows, best]).all():  # NaN propagates to the argmax: one check covers both
-        logits = np.where(np.isnan(logits), NEG_INF, logits)
-        infinite = np.isposinf(logits).any(axis=-1)
-        logits[infinite] = np.where(np.isposinf(logits[infinite]), 0, NEG_INF)
-        best, weights = logits.argmax(axis=-1), None
-    dead = np.flatnonzero(logits[rows, best] == NEG_INF)
-    if dead.size:
-        raise GenerationOptionError(
-            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"
-        )
-    if not do_sample:
-        return best.astype(np.int64)
-    if len(rngs) != logits.shape[0]:
-        raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {logits.shape[0]} rows")
-    weights = _weights(logits) if weights is None else weights
-    return _inverse_cdf(weights, np.array([rng.random() for rng in rngs]), logits.shape[-1])
-
-
-def _inverse_cdf(weights: np.ndarray, u: np.ndarray, n_vocab: int) -> np.ndarray:
-    # [B, n_blocks * BLOCK] unnormalized, [B] uniform in [0, 1) -> [B] int64: per row, the first token whose
-    # cumulative weight exceeds u * total, as one float64 cumulative sum over the row would find it. Two short
-    # searches instead: over the blocks' sums, then inside the one block (zero weights are never chosen).
-    blocks = weights.reshape(weights.shape[0], -1, BLOCK)  # [B, n_blocks, BLOCK]
-    ends = np.cumsum(blocks.sum(axis=-1, dtype=np.float64), axis=-1)  # [B, n_blocks] cumulative weight
-    target = u * ends[:, -1]  # [B]
-    rows = np.arange(len(u))
-    block = np.minimum((ends <= target[:, None]).sum(axis=-1), ends.shape[1] - 1)
-    start = np.where(block > 0, ends[rows, block - 1], 0.0)
-    inner = start[:, None] + np.cumsum(blocks[rows, block], axis=-1, dtype=np.float64)  # [B, BLOCK]
-    picks = block * BLOCK + (inner <= target[:, None]).sum(axis=-1)
-    for r in np.flatnonzero(picks >= np.minimum((block + 1) * BLOCK, n_vocab)):
-        # the block's own sum and the one it was chosen by round differently: its last token with weight
-        picks[r] = np.flatnonzero(weights[r, : min((block[r] + 1) * BLOCK, n_vocab)] > 0)[-1]
-    return picks.astype(np.int64)
 
 
 def log_softmax(logits) -> np.ndarray:
