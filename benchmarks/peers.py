@@ -3,6 +3,11 @@
     pip install -e '.[export,bench]'
     python benchmarks/peers.py                      # distilgpt2-shaped random checkpoint from ../shared
     python benchmarks/peers.py --checkpoint DIR --rounds 5 --systems edgelm-int8,llama.cpp-q8_0
+    python benchmarks/peers.py --shape smollm2-135m --systems llama.cpp-f32,llama.cpp-q8_0,llama.cpp-q4_0
+
+--shape NAME builds a random checkpoint of benchmarks/configs/NAME.json (SmolLM2-135M, Qwen2.5-0.5B) with
+GPT-2's tokenizer (benchmarks/random_checkpoint.py says what that changes). Each checkpoint's converted models
+are kept under benchmarks/out/peers/CHECKPOINT_FOLDER_NAME/.
 
 Each measurement runs in its own worker process (so peak RSS is that system's alone); rounds go through
 every system in turn, so machine noise spreads over all of them. Figures are medians over rounds:
@@ -66,7 +71,7 @@ def prompt_ids(length: int, vocab: int, eos: int) -> list:
 def prepare(system: str, checkpoint: Path) -> Path:
     system = system.removesuffix("-nofa")  # the same model, run without flash attention
     kind, _, variant = system.partition("-")
-    target = OUT / system
+    target = OUT / checkpoint.resolve().name / system
     if kind in ("transformers",):
         return checkpoint
     if target.exists():
@@ -93,7 +98,7 @@ def prepare(system: str, checkpoint: Path) -> Path:
 
 
 def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
-    base = OUT / "optimum-fp32"
+    base = target.parent / "optimum-fp32"
     if not base.exists():
         from optimum.exporters.onnx import main_export
 
@@ -157,7 +162,7 @@ def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
 
 def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
     """convert_hf_to_gguf.py ships in llama-cpp-python's sdist; quantize with the bindings' own call."""
-    f32 = OUT / "llama.cpp-f32" / "model.gguf"
+    f32 = target.parent / "llama.cpp-f32" / "model.gguf"
     if not f32.exists():
         source = OUT / "llama-cpp-src"
         if not source.exists():
@@ -181,6 +186,14 @@ def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
             with tarfile.open(next((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))) as tar:
                 tar.extractall(source)
         script = next(source.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+        if json.loads((checkpoint / "config.json").read_text())["model_type"] != "gpt2":
+            try:
+                import sentencepiece  # noqa: F401
+            except ImportError:
+                raise RuntimeError(
+                    "convert_hf_to_gguf.py imports sentencepiece for this architecture even with a BPE tokenizer: "
+                    "pip install sentencepiece"
+                ) from None
         f32.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
         subprocess.run(
@@ -250,10 +263,10 @@ def _edgelm(system, path, threads):
 
 def _transformers(system, path, threads):
     import torch
-    from transformers import GPT2LMHeadModel, TextIteratorStreamer  # noqa: F401
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = GPT2LMHeadModel.from_pretrained(path).eval()
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
     return _hf_generate(model, torch)
 
 
@@ -381,8 +394,9 @@ RUNNERS = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--checkpoint", type=Path, help="a GPT-2 checkpoint folder (default: distilgpt2-shaped, random weights)"
+        "--checkpoint", type=Path, help="a checkpoint folder (default: distilgpt2-shaped, random weights)"
     )
+    parser.add_argument("--shape", help="instead: a random checkpoint of benchmarks/configs/SHAPE.json")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -396,8 +410,12 @@ def main():
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--sampled", default="[]", help=argparse.SUPPRESS)  # JSON [(key, options)] for the worker
     args = parser.parse_args()
-    if args.checkpoint is None:
-        sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE))
+    if args.shape:
+        from random_checkpoint import build as build_shape
+
+        args.checkpoint = build_shape(args.shape)
+    elif args.checkpoint is None:
         from distilgpt2_checkpoint import build
 
         args.checkpoint = build(HERE / "out" / "distilgpt2-random")
