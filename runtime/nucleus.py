@@ -1,4 +1,4 @@
-"""Where top-p (nucleus) sampling cuts one row of the vocabulary, found without sorting the row.
+"""Top-p (nucleus) sampling without sorting the vocabulary: where the cut falls, applying it, drawing from it.
 
 transformers' TopPLogitsWarper sorts a row ascending by logit, takes the cumulative sum of its softmax and
 removes every token whose cumulative probability is <= 1 - p. The removed tokens are therefore a prefix of the
@@ -13,9 +13,16 @@ costs O(V log V).
 Ties: tokens with equal logits have equal probabilities, so they always share a bucket, and the cut orders them
 by token id, like a stable sort (torch's CPU sort is not stable, so transformers' choice among equal logits at
 the cut depends on the row's length; the number of tokens kept is the same).
+
+When top_p is the last filter of a sampler chain, the chain needs one token, not the cut: draw_from samples
+the whole row and accepts a token the cut keeps (keeps tests one token in one pass), which is cheaper at the
+usual p (0.9, 0.95) and gives exactly the same distribution.
 """
 
 import numpy as np
+
+from . import draw
+from .draw import Scratch
 
 _SHIFTS = (17, 8, 0)  # bucket widths in float32 ulps at each level: 64 per octave, then 32,768, then exact values
 SORT_AT_MOST = 2048  # a set of tokens this small is sorted instead of split again
@@ -56,10 +63,10 @@ def first_kept(logits, probs, threshold, work=None) -> tuple[float, np.ndarray] 
             weights = p.astype(np.float64)  # np.bincount sums float64 weights: it would convert them itself
         else:
             np.copyto(weights, p)
-        cut, below = _crossing(np.bincount(bucket, weights=weights), below, threshold)
-        if cut is None:
+        crossing, below = _crossing(np.bincount(bucket, weights=weights), below, threshold)
+        if crossing is None:
             return None
-        inside = np.flatnonzero(bucket == cut)
+        inside = np.flatnonzero(bucket == crossing)
         ids = inside if ids is None else ids[inside]
     return _cut_in_order(logits, probs, np.arange(probs.size) if ids is None else ids, below, threshold)
 
@@ -103,3 +110,108 @@ def _cut_in_order(logits, probs, ids, below, threshold):
     logit = logits[first & 0xFFFFFFFF]
     tied = ids[(logits[ids] == logit) & (ids < (first & 0xFFFFFFFF))]
     return float(logit), tied
+
+
+def keeps(logits, probs64, threshold, token: int, mask=None) -> bool:
+    """Whether transformers' top-p cut (before min_tokens_to_keep) keeps `token`, in one pass over the row.
+
+    probs64: the row's float32 softmax as float64; mask: a [V] float64 array to work in, or None. The token's
+    cumulative probability in the ascending (logit, id) order is the mass of every smaller logit, plus its ties
+    up to it by id.
+    """
+    x = logits[token]
+    mask = np.empty(probs64.size) if mask is None else mask
+    # the probabilities of the smaller logits, 0 elsewhere: a product, not a gather (slow on a scattered mask),
+    # and not np.dot (BLAS may start threads that fight onnxruntime's for the cores)
+    np.multiply(probs64, logits < x, out=mask)
+    tied = np.flatnonzero(logits == x)
+    cumulative = mask.sum() + probs64[tied[tied <= token]].sum()
+    return bool(np.float32(cumulative) > threshold)
+
+
+# ---- top_p on whole rows, and the chain's draw from the nucleus ------------------------------------------------
+
+
+def cut(out, p: float, min_tokens_to_keep: int = 1, ban: bool = True, scratch: Scratch | None = None) -> np.ndarray:
+    """top_p on [B, V] logits in place; returns the pick's weights: exp(logit - max) of the tokens kept, else 0."""
+    # ban: also set the removed tokens' logits to -inf (the chain's own pick needs only the weights).
+    # A row whose softmax is undefined (all -inf, or +inf) is left as it is: pick handles it.
+    scratch = scratch or Scratch()
+    n_vocab, threshold = out.shape[-1], np.float32(1 - p)
+    padded = draw.weights(out, scratch)
+    probs, keep = scratch.get("probs", (n_vocab,), np.float32), scratch.get("keep", (n_vocab,), bool)
+    work = scratch.get("bucket", (n_vocab,), np.intp), scratch.get("mass", (n_vocab,), np.float64)
+    for r in range(out.shape[0]):
+        w = padded[r, :n_vocab]
+        total = w.sum()
+        if not np.isfinite(total) or total == 0:
+            continue
+        np.divide(w, total, out=probs)  # float32, the softmax transformers sorts
+        found = first_kept(out[r], probs, threshold, work)
+        if found is None:
+            keep[:] = _kept_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
+        else:
+            logit, tied = found
+            np.greater_equal(out[r], logit, out=keep)
+            keep[tied] = False
+            if min_tokens_to_keep > 1 and np.count_nonzero(keep) < min_tokens_to_keep:
+                keep[:] = _kept_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
+        np.multiply(w, keep, out=w)
+        if ban:
+            _ban(out[r], keep, scratch.get("bound", (n_vocab,), np.float32))
+    return padded
+
+
+REJECT_FROM = 0.5  # top_p at least this large, last in the chain: drawn by rejection (draw_from)
+_TRIES = 8  # draws a row gets before its cut is found and drawn from
+
+
+def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
+    """top_p then the pick, in one step, for p >= REJECT_FROM; the same distribution as cut() then draw.pick().
+
+    Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The
+    nucleus holds at least p of the mass, so at p >= 0.5 under two draws are needed on average, each tested in
+    one pass over the row (keeps), where finding the cut takes a histogram and more. After _TRIES misses, the
+    row's cut is found and drawn from: the distribution stays exact either way.
+    """
+    # [B, V] -> [B] int64
+    cleaned, _, peak = draw.checked(out)
+    if cleaned is not None:  # +inf or NaN: the plain path copes
+        return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)
+    if len(rngs) != out.shape[0]:
+        raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
+    n_vocab, threshold = out.shape[-1], np.float32(1 - p)
+    padded = draw.weights(out, scratch, peak)
+    ends = draw.block_ends(padded)
+    probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
+    picks = np.empty(out.shape[0], dtype=np.int64)
+    for r, rng in enumerate(rngs):
+        w = padded[r, :n_vocab]
+        np.copyto(probs64, w / w.sum())  # float32 division first: the probabilities transformers' cut sums
+        for _ in range(_TRIES):
+            token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
+            if keeps(out[r], probs64, threshold, token, mask):
+                picks[r] = token
+                break
+        else:
+            row = out[r : r + 1].copy()
+            picks[r] = draw.inverse_cdf(cut(row, p, ban=False), np.array([rng.random()]), n_vocab)[0]
+    return picks
+
+
+def _kept_by_sorting(logits, probs, threshold, min_tokens_to_keep) -> np.ndarray:
+    # [V] -> [V] bool: the top-p cut by a stable sort of the whole row, for the cases nucleus.first_kept leaves out
+    order = np.argsort(logits, kind="stable")
+    kept_in_order = np.cumsum(probs[order], dtype=np.float64).astype(np.float32) > threshold
+    kept_in_order[len(order) - min_tokens_to_keep :] = True
+    keep = np.zeros(len(order), dtype=bool)
+    keep[order[kept_in_order]] = True
+    return keep
+
+
+def _ban(row, keep, bound):
+    # [V] float32, [V] bool, [V] float32 to work in: row[~keep] = -inf in place, without a branch per token (a
+    # boolean-mask assignment costs ten times as much when the mask is scattered, as top_p's is on a flat row)
+    np.subtract(keep, np.float32(0.5), out=bound)
+    bound *= np.inf  # +inf where kept, -inf where removed
+    np.minimum(row, bound, out=row)

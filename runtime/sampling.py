@@ -14,7 +14,8 @@ parameter names and semantics of the matching transformers 4.57 logits processor
 +inf from finite logits (a value past float32's range upwards is clipped to its largest; downwards it is
 -inf, a probability of 0 either way). A removed token gets -inf. Called
 directly, a filter returns a new array unless called with inplace=True; the chain copies once and works in
-place. Pure NumPy: the random generators are passed in, one per row, never global.
+place. Pure NumPy: the random generators are passed in, one per row, never global. The pick lives in draw.py,
+top_p's machinery in nucleus.py; neither sorts the vocabulary.
 """
 
 import functools
@@ -23,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import nucleus
-from .draw import Scratch, pick, weights
+from .draw import Scratch, pick
 from .generation_config import GenerationConfig, check_token_ids
 
 NEG_INF = np.float32(-np.inf)
@@ -227,56 +228,8 @@ def top_p(out, p: float, min_tokens_to_keep: int = 1):
     equal logits at the cut are taken in token id order, as a stable sort takes them. p=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    _nucleus(out, p, min_tokens_to_keep)
+    nucleus.cut(out, p, min_tokens_to_keep)
     return out
-
-
-def _nucleus(out, p: float, min_tokens_to_keep: int = 1, ban: bool = True, scratch: Scratch | None = None):
-    # top_p; returns the pick's weights [B, padded V]: exp(logit - max) of the tokens kept, 0 elsewhere.
-    # ban: also set the removed tokens' logits to -inf (the chain's own pick needs only the weights).
-    # A row whose softmax is undefined (all -inf, or +inf) is left as it is: pick handles it.
-    scratch = scratch or Scratch()
-    n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    padded = weights(out, scratch)
-    probs, keep = scratch.get("probs", (n_vocab,), np.float32), scratch.get("keep", (n_vocab,), bool)
-    work = scratch.get("bucket", (n_vocab,), np.intp), scratch.get("mass", (n_vocab,), np.float64)
-    for r in range(out.shape[0]):
-        w = padded[r, :n_vocab]
-        total = w.sum()
-        if not np.isfinite(total) or total == 0:
-            continue
-        np.divide(w, total, out=probs)  # float32, the softmax transformers sorts
-        cut = nucleus.first_kept(out[r], probs, threshold, work)
-        if cut is None:
-            keep[:] = _kept_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
-        else:
-            logit, tied = cut
-            np.greater_equal(out[r], logit, out=keep)
-            keep[tied] = False
-            if min_tokens_to_keep > 1 and np.count_nonzero(keep) < min_tokens_to_keep:
-                keep[:] = _kept_by_sorting(out[r], probs, threshold, min_tokens_to_keep)
-        np.multiply(w, keep, out=w)
-        if ban:
-            _ban(out[r], keep, scratch.get("bound", (n_vocab,), np.float32))
-    return padded
-
-
-def _kept_by_sorting(logits, probs, threshold, min_tokens_to_keep) -> np.ndarray:
-    # [V] -> [V] bool: the top-p cut by a stable sort of the whole row, for the cases nucleus.first_kept leaves out
-    order = np.argsort(logits, kind="stable")
-    kept_in_order = np.cumsum(probs[order], dtype=np.float64).astype(np.float32) > threshold
-    kept_in_order[len(order) - min_tokens_to_keep :] = True
-    keep = np.zeros(len(order), dtype=bool)
-    keep[order[kept_in_order]] = True
-    return keep
-
-
-def _ban(row, keep, bound):
-    # [V] float32, [V] bool, [V] float32 to work in: row[~keep] = -inf in place, without a branch per token (a
-    # boolean-mask assignment costs ten times as much when the mask is scattered, as top_p's is on a flat row)
-    np.subtract(keep, np.float32(0.5), out=bound)
-    bound *= np.inf  # +inf where kept, -inf where removed
-    np.minimum(row, bound, out=row)
 
 
 @logits_filter(no_op=lambda p: p <= 0)
@@ -350,9 +303,12 @@ class SamplerChain:
             return pick(logits, self.do_sample, rngs, scratch=self.scratch)
         out = self.scratch.get("logits", logits.shape, logits.dtype)
         np.copyto(out, logits)
-        if self.filters[-1][0] is top_p:  # the pick reuses top_p's exp(logits - max)
+        if self.filters[-1][0] is top_p:
             self._apply(out, self.filters[:-1], seen, generated)
-            given = _nucleus(out, *self.filters[-1][1], ban=False, scratch=self.scratch)
+            (p,) = self.filters[-1][1]
+            if p >= nucleus.REJECT_FROM:
+                return nucleus.draw_from(out, p, rngs, self.scratch)
+            given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
             return pick(out, self.do_sample, rngs, given, self.scratch)
         return pick(self._apply(out, self.filters, seen, generated), self.do_sample, rngs, scratch=self.scratch)
 

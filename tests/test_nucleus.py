@@ -137,3 +137,44 @@ def test_chain_with_top_p_last_picks_what_filtering_then_picking_picks():
         picks = chain(logits, [[1]] * 3, [[]] * 3, rngs())
         assert picks.tolist() == sampling.pick(filtered, True, rngs()).tolist()
         assert np.isfinite(filtered[np.arange(3), picks]).all()
+
+
+# ---- the chain's draw from the nucleus by rejection -------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_keeps_answers_for_each_token_what_the_cut_keeps(seed):
+    logits = (np.random.default_rng(seed).standard_normal((1, 600)) * 2).astype(np.float32)
+    logits[0, ::7] = np.round(logits[0, ::7])  # ties
+    logits[0, 5:30] = -np.inf
+    w = np.exp(logits[0] - logits[0].max())
+    probs64 = (w / w.sum()).astype(np.float64)
+    for p in (0.5, 0.9, 0.99):
+        expected = np.isfinite(sampling.top_p(logits, p)[0])
+        answers = [nucleus.keeps(logits[0], probs64, np.float32(1 - p), t) for t in range(600)]
+        assert answers == expected.tolist()
+
+
+@pytest.mark.parametrize("tries", [nucleus._TRIES, 0])  # 0: every row falls back to the cut at once
+def test_rejection_draws_follow_the_nucleus_distribution(monkeypatch, tries):
+    monkeypatch.setattr(nucleus, "_TRIES", tries)
+    probs = np.array([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
+    n = 3000
+    logits = np.repeat(np.log(probs).astype(np.float32)[None, :], n, axis=0)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, top_p=0.8), 6)
+    assert 0.8 >= nucleus.REJECT_FROM  # this chain draws by rejection
+    picks = chain(logits, [[0]] * n, [[]] * n, [np.random.default_rng([7, r]) for r in range(n)])
+    kept = np.array([True, True, True, True, False, False])  # cumulative from below: .05 .13 .25 .45 .70 1.0
+    frequency = np.bincount(picks, minlength=6) / n
+    assert frequency[~kept].sum() == 0
+    assert np.abs(frequency - np.where(kept, probs, 0) / probs[kept].sum()).max() < 0.03
+
+
+def test_rejection_draws_on_a_flat_vocabulary_are_all_in_the_nucleus():
+    logits = (np.random.default_rng(8).standard_normal((6, V)) * 0.02).astype(np.float32)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, top_p=0.9), V)
+    nucleus_rows = sampling.top_p(logits, 0.9)
+    rngs = [np.random.default_rng([9, r]) for r in range(6)]
+    for _ in range(3):
+        picks = chain(logits, [[1]] * 6, [[]] * 6, rngs)
+        assert np.isfinite(nucleus_rows[np.arange(6), picks]).all()
