@@ -38,11 +38,10 @@ def split_small_sets(monkeypatch):
     monkeypatch.setattr(nucleus, "SORT_AT_MOST", 8)
 
 
-@pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("scale", [0.01, 1.0, 8.0])
 @pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
-def test_histogram_cut_matches_transformers(split_small_sets, seed, scale, p):
-    logits = (np.random.default_rng(seed).standard_normal((3, 1500)) * scale).astype(np.float32)
+def test_histogram_cut_matches_transformers(split_small_sets, scale, p):
+    logits = (np.random.default_rng(int(scale * 100 + p * 1000)).standard_normal((3, 1500)) * scale).astype(np.float32)
     logits[1, ::3] = -np.inf  # banned tokens: probability 0, first in the ascending order
     assert kept(sampling.top_p(logits, p)) == kept(transformers_top_p(logits, p))
 

@@ -161,10 +161,10 @@ def test_top_p_after_top_k_and_min_tokens_to_keep_match_transformers(seed, p):
         assert_same(ours, reference(hf.TopPLogitsWarper(p, min_tokens_to_keep=keep), logits))
 
 
-@pytest.mark.parametrize("scale", [4.0, 0.5, 0.02])
+@pytest.mark.parametrize("scale", [4.0, 0.02])
 @pytest.mark.parametrize("p", [0.5, 0.95])
 def test_top_p_full_gpt2_vocab_matches_transformers(scale, p):
-    # scale 4: a peaked row, a small nucleus; 0.5 and 0.02 (as random weights give): the nucleus is much of the row
+    # scale 4: a peaked row, a small nucleus; 0.02 (as random weights give): the nucleus is most of the row
     logits = random_logits(9, 50_257, scale=scale)
     ours = sampling.top_p(logits, p)
     assert_same(ours, reference(hf.TopPLogitsWarper(p), logits))
