@@ -3,11 +3,21 @@
     pip install -e '.[export,bench]'
     python benchmarks/peers.py                      # distilgpt2-shaped random checkpoint from ../shared
     python benchmarks/peers.py --checkpoint DIR --rounds 5 --systems edgelm-int8,llama.cpp-q8_0
+    python benchmarks/peers.py --shape smollm2-135m --systems llama.cpp-f32,llama.cpp-q8_0,llama.cpp-q4_0
+
+--shape NAME builds a random checkpoint of benchmarks/configs/NAME.json (SmolLM2-135M, Qwen2.5-0.5B) with
+GPT-2's tokenizer (benchmarks/random_checkpoint.py says what that changes). Each checkpoint's converted models
+are kept under benchmarks/out/peers/CHECKPOINT_FOLDER_NAME/.
 
 Each measurement runs in its own worker process (so peak RSS is that system's alone); rounds go through
 every system in turn, so machine noise spreads over all of them. Figures are medians over rounds:
 decode tok/s (batch 1, 8-token prompt, 128 greedy tokens), first token after a 512-token prompt, decode
-tok/s after that prompt (128 tokens), and peak RSS of the worker. Not part of CI.
+tok/s after that prompt (128 tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s
+with each sampled setting of `edgelm bench --sample` (edgelm.runtime.bench.SAMPLED: OpenAI's defaults, top_p
+0.9, transformers' top_k 50, penalties), through each system's own sampler chain, and its ratio to the same
+worker's greedy rate. llama.cpp takes the settings as llama-cpp-python's generate() names them, with min_p
+(default 0.05 there) off; its penalties look back over the last 64 tokens (last_n_tokens_size), edgelm's
+repetition penalty over the whole context. Not part of CI.
 """
 
 import argparse
@@ -61,7 +71,7 @@ def prompt_ids(length: int, vocab: int, eos: int) -> list:
 def prepare(system: str, checkpoint: Path) -> Path:
     system = system.removesuffix("-nofa")  # the same model, run without flash attention
     kind, _, variant = system.partition("-")
-    target = OUT / system
+    target = OUT / checkpoint.resolve().name / system
     if kind in ("transformers",):
         return checkpoint
     if target.exists():
@@ -88,7 +98,7 @@ def prepare(system: str, checkpoint: Path) -> Path:
 
 
 def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
-    base = OUT / "optimum-fp32"
+    base = target.parent / "optimum-fp32"
     if not base.exists():
         from optimum.exporters.onnx import main_export
 
@@ -152,7 +162,7 @@ def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
 
 def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
     """convert_hf_to_gguf.py ships in llama-cpp-python's sdist; quantize with the bindings' own call."""
-    f32 = OUT / "llama.cpp-f32" / "model.gguf"
+    f32 = target.parent / "llama.cpp-f32" / "model.gguf"
     if not f32.exists():
         source = OUT / "llama-cpp-src"
         if not source.exists():
@@ -176,6 +186,14 @@ def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
             with tarfile.open(next((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))) as tar:
                 tar.extractall(source)
         script = next(source.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+        if json.loads((checkpoint / "config.json").read_text())["model_type"] != "gpt2":
+            try:
+                import sentencepiece  # noqa: F401
+            except ImportError:
+                raise RuntimeError(
+                    "convert_hf_to_gguf.py imports sentencepiece for this architecture even with a BPE tokenizer: "
+                    "pip install sentencepiece"
+                ) from None
         f32.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
         subprocess.run(
@@ -198,19 +216,23 @@ def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
 # --- workers: one system, one process, three figures ---------------------------------------------------
 
 
-def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int) -> dict:
+def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int, sampled: list) -> dict:
+    """sampled: [(key, GenerationConfig options)] to time as well, for the systems with a sampler chain."""
     kind = system.split("-")[0]
     short, long = prompt_ids(8, vocab, eos), prompt_ids(512, vocab, eos)
     run = RUNNERS[kind](system, model_path, threads)  # run(prompt, n) -> (seconds to first token, seconds for the rest)
     run(short, 8)  # warm-up
     first, rest = run(short, NEW_TOKENS)
     ttft, rest_long = run(long, NEW_TOKENS)
-    return {
+    figures = {
         "decode_tok_s": (NEW_TOKENS - 1) / rest,
         "ttft_512_ms": 1000 * ttft,
         "decode_after_512_tok_s": (NEW_TOKENS - 1) / rest_long,
-        "peak_rss_mb": peak_rss_mb(),
     }
+    for key, options in sampled if kind in SAMPLERS else []:
+        rate = (NEW_TOKENS - 1) / run(short, NEW_TOKENS, options)[1]
+        figures.update({f"{key}_tok_s": rate, f"{key}_over_greedy": rate / figures["decode_tok_s"]})
+    return figures | {"peak_rss_mb": peak_rss_mb()}
 
 
 def _timed(stream):
@@ -226,21 +248,25 @@ def _edgelm(system, path, threads):
     from edgelm.runtime.generation_config import GenerationConfig
     from edgelm.runtime.engine import decode_steps
 
+    import numpy as np
+
     model = edgelm.load(path, device="cpu", threads=threads)
 
-    def run(prompt, n):
-        config = GenerationConfig(max_new_tokens=n, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
-        return _timed(decode_steps(model.engine, [prompt], config, [None], model.pad_id))
+    def run(prompt, n, options=None):
+        config = GenerationConfig(
+            max_new_tokens=n, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
+        )
+        return _timed(decode_steps(model.engine, [prompt], config, [np.random.default_rng(0)], model.pad_id))
 
     return run
 
 
 def _transformers(system, path, threads):
     import torch
-    from transformers import GPT2LMHeadModel, TextIteratorStreamer  # noqa: F401
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = GPT2LMHeadModel.from_pretrained(path).eval()
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
     return _hf_generate(model, torch)
 
 
@@ -326,14 +352,32 @@ def _llama(system, path, threads):
         flash_attn=not system.endswith("-nofa"),
     )
 
-    def run(prompt, n):
+    def run(prompt, n, options=None):
         model.reset()
-        stream = model.generate(prompt, top_k=1, temp=0.0, reset=True)
+        model.set_seed(0)
+        stream = model.generate(prompt, reset=True, **_llama_sampling(options or {}))
         return _timed(token for token, _ in zip(stream, range(n)))
 
     return run
 
 
+def _llama_sampling(options: dict) -> dict:
+    """GenerationConfig options -> llama-cpp-python's generate() arguments, every other sampler off."""
+    if not options.get("do_sample"):
+        return {"top_k": 1, "temp": 0.0}
+    return {
+        "temp": options.get("temperature", 1.0),
+        "top_k": options.get("top_k", 50),  # GenerationConfig's default; 0 is off in both
+        "top_p": options.get("top_p", 1.0),
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "repeat_penalty": options.get("repetition_penalty", 1.0),
+        "presence_penalty": options.get("presence_penalty", 0.0),
+        "frequency_penalty": options.get("frequency_penalty", 0.0),
+    }
+
+
+SAMPLERS = ("edgelm", "llama.cpp")  # the systems timed with the sampled settings too
 RUNNERS = {
     "edgelm": _edgelm,
     "transformers": _transformers,
@@ -350,8 +394,9 @@ RUNNERS = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--checkpoint", type=Path, help="a GPT-2 checkpoint folder (default: distilgpt2-shaped, random weights)"
+        "--checkpoint", type=Path, help="a checkpoint folder (default: distilgpt2-shaped, random weights)"
     )
+    parser.add_argument("--shape", help="instead: a random checkpoint of benchmarks/configs/SHAPE.json")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -363,16 +408,29 @@ def main():
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--sampled", default="[]", help=argparse.SUPPRESS)  # JSON [(key, options)] for the worker
     args = parser.parse_args()
-    if args.checkpoint is None:
-        sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE))
+    if args.shape:
+        from random_checkpoint import build as build_shape
+
+        args.checkpoint = build_shape(args.shape)
+    elif args.checkpoint is None:
         from distilgpt2_checkpoint import build
 
         args.checkpoint = build(HERE / "out" / "distilgpt2-random")
     config = json.loads((args.checkpoint / "config.json").read_text())
     if args.worker:
-        print(json.dumps(worker(args.worker, args.model, args.threads, config["vocab_size"], config["eos_token_id"])))
+        sampled = json.loads(args.sampled)
+        print(
+            json.dumps(
+                worker(args.worker, args.model, args.threads, config["vocab_size"], config["eos_token_id"], sampled)
+            )
+        )
         return
+    from edgelm.runtime.bench import SAMPLED  # the settings `edgelm bench --sample` times, greedy excluded
+
+    sampled = json.dumps([(key, options) for key, _, options in SAMPLED if options])
     systems = args.systems.split(",")
     paths, results, failed = {}, {s: [] for s in systems}, {}
     for system in systems:
@@ -393,6 +451,8 @@ def main():
                 str(args.threads),
                 "--checkpoint",
                 str(args.checkpoint),
+                "--sampled",
+                sampled,
             ]
             env = {
                 **os.environ,
@@ -409,6 +469,7 @@ def main():
             print(f"round {round_ + 1}: {system} {results[system][-1]}", file=sys.stderr, flush=True)
     table = {s: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for s, rs in results.items() if rs}
     print(format_table(table, failed, args))
+    print(format_sampled_table(table, json.loads(sampled)))
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -453,6 +514,32 @@ def format_table(table: dict, failed: dict, args) -> str:
             lines.append(f"{ours} / {peer} {key}: {table[ours][key] / best:.2f}x")
     for system, why in failed.items():
         lines.append(f"not measured: {system}: {why}")
+    return "\n".join(lines)
+
+
+def format_sampled_table(table: dict, sampled: list) -> str:
+    """Decode tok/s per sampled setting and its ratio to the same worker's greedy rate; edgelm over llama.cpp."""
+    keys = [key for key, _ in sampled]
+    rows = {s: row for s, row in table.items() if all(f"{k}_tok_s" in row for k in keys)}
+    if not rows:
+        return ""
+    lines = [
+        "",
+        f"sampled decode, batch 1, {NEW_TOKENS} tokens: tok/s (x the same worker's greedy rate)",
+        "| system | greedy | " + " | ".join(keys) + " |",
+        "| --- " * (len(keys) + 2) + "|",
+    ]
+    for system, row in rows.items():
+        cells = [f"{row[f'{k}_tok_s']:.1f} ({row[f'{k}_over_greedy']:.2f}x)" for k in keys]
+        lines.append(f"| {system} | {row['decode_tok_s']:.1f} | " + " | ".join(cells) + " |")
+    for ours, peer in (
+        ("edgelm-int8", "llama.cpp-q8_0"),
+        ("edgelm-int4", "llama.cpp-q4_0"),
+        ("edgelm-fp32", "llama.cpp-f32"),
+    ):
+        if ours in rows and peer in rows:
+            ratios = ", ".join(f"{k} {rows[ours][f'{k}_tok_s'] / rows[peer][f'{k}_tok_s']:.2f}x" for k in keys)
+            lines.append(f"{ours} / {peer} sampled decode: {ratios}")
     return "\n".join(lines)
 
 

@@ -31,12 +31,16 @@ def _median(values):
     return float(np.median(values))
 
 
-def _timed_tokens(model, prompts, new_tokens):
-    """Run greedy generation on token ids; returns (seconds to the first token, seconds for the rest)."""
-    config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
+def _timed_tokens(model, prompts, new_tokens, options=None, seed=0):
+    """Run generation on token ids (greedy unless options say otherwise); returns (seconds to the first token,
+    seconds for the rest)."""
+    config = GenerationConfig(
+        max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
+    )
+    rngs = [np.random.default_rng([seed, row]) for row in range(len(prompts))]
     started = time.perf_counter()
     first = None
-    for _ in decode_steps(model.engine, prompts, config, [None] * len(prompts), model.pad_id):
+    for _ in decode_steps(model.engine, prompts, config, rngs, model.pad_id):
         if first is None:
             first = time.perf_counter()
     return first - started, time.perf_counter() - first
@@ -225,4 +229,50 @@ def format_table(result: dict) -> str:
             label = f"decode, batch 1, after {key.split('_')[2]} tokens" if key else label
         if result.get(key) is not None:
             lines.append(f"  {label:<40} {fmt.format(result[key])}")
+    return "\n".join(lines)
+
+
+# `edgelm bench --sample`: the sampled settings requests use most, each against greedy decoding.
+SAMPLED = [
+    ("greedy", "greedy", {}),
+    ("openai", "temperature 1, top_p 1 (OpenAI's defaults)", {"do_sample": True, "top_k": 0}),
+    ("top_p_0.9", "top_p 0.9", {"do_sample": True, "top_k": 0, "top_p": 0.9}),
+    ("top_k_50", "top_k 50, temperature 1 (transformers' defaults)", {"do_sample": True, "top_k": 50}),
+    (
+        "penalties",
+        "repetition 1.1, presence 0.5, frequency 0.5",
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5},
+    ),
+]
+
+
+def run_sample_bench(path, threads: int | None = None, device: str = "auto", runs: int = 3, new_tokens: int = 128):
+    """Decode speed at batch 1 with each of SAMPLED's settings, in the same rounds (the order turns each round,
+    so no setting always follows another); ratios to greedy are medians of per-round ratios."""
+    threads = threads or os.cpu_count()
+    model = load(path, device=device, threads=threads)
+    new_tokens = min(new_tokens, model.arch.n_positions - 8)
+    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    rates = {key: [] for key, _, _ in SAMPLED}
+    for r in range(runs):
+        for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
+            rest = _timed_tokens(model, [_prompt(model, 8, r)], new_tokens, options, seed=r)[1]
+            rates[key].append((new_tokens - 1) / rest)
+    result = {"package": str(model.package.folder), "device": model.device, "threads": threads, "runs": runs}
+    result["new_tokens"] = new_tokens
+    for key, _, _ in SAMPLED:
+        result[f"{key}_tok_s"] = _median(rates[key])
+        result[f"{key}_over_greedy"] = _median([s / g for s, g in zip(rates[key], rates["greedy"])])
+    result["load_average"] = os.getloadavg()
+    return result
+
+
+def format_sample_table(result: dict) -> str:
+    lines = [
+        f"{result['package']}  ({result['device']}, {result['threads']} threads, {result['new_tokens']} new tokens, "
+        f"medians of {result['runs']}, load average {result['load_average'][0]:.2f})"
+    ]
+    for key, label, _ in SAMPLED:
+        rate, ratio = result[f"{key}_tok_s"], result[f"{key}_over_greedy"]
+        lines.append(f"  decode, {label:<50} {rate:7.1f} tok/s  {ratio:5.2f}x greedy")
     return "\n".join(lines)

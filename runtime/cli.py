@@ -317,18 +317,23 @@ def verify(package):
     help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench(package, runs, threads, device, as_json):
-    """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling
-    (NAME_OR_PATH is the same as -m)."""
-    from .bench import format_table, run_bench
+@click.option(
+    "--sample",
+    is_flag=True,
+    help="Instead: decode speed with the common sampling settings against greedy, same rounds.",
+)
+def bench(package, runs, threads, device, as_json, sample):
+    """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling; with
+    --sample, decode speed under the common sampling settings against greedy (NAME_OR_PATH is the same as -m)."""
+    from .bench import format_sample_table, format_table, run_bench, run_sample_bench
 
     if runs < 1:
         raise click.BadParameter("must be at least 1", param_hint="--runs")
     try:
-        result = run_bench(package, threads=threads, device=device, runs=runs)
+        result = (run_sample_bench if sample else run_bench)(package, threads=threads, device=device, runs=runs)
     except EdgelmError as error:
         _fail(error)
-    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
+    click.echo(json.dumps(result, indent=2) if as_json else (format_sample_table if sample else format_table)(result))
 
 
 if __name__ == "__main__":  # python -m edgelm.runtime.cli: through the same launcher as the `edgelm` command

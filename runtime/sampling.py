@@ -14,7 +14,8 @@ parameter names and semantics of the matching transformers 4.57 logits processor
 +inf from finite logits (a value past float32's range upwards is clipped to its largest; downwards it is
 -inf, a probability of 0 either way). A removed token gets -inf. Called
 directly, a filter returns a new array unless called with inplace=True; the chain copies once and works in
-place. Pure NumPy: the random generators are passed in, one per row, never global.
+place. Pure NumPy: the random generators are passed in, one per row, never global. The pick lives in draw.py,
+top_p's machinery in nucleus.py; neither sorts the vocabulary.
 """
 
 import functools
@@ -22,12 +23,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from .errors import GenerationOptionError
+from . import nucleus
+from .draw import Scratch, pick
 from .generation_config import GenerationConfig, check_token_ids
 
 NEG_INF = np.float32(-np.inf)
+__all__ = ["SamplerChain", "process_logits", "pick", "log_softmax", "top_logprobs"]  # pick: from draw.py
 F32_MAX = np.finfo(np.float32).max
-_NUCLEUS_CANDIDATES = 1024  # top_p first tries the 1,024 most likely tokens, then sorts the whole row
 
 # The history a filter reads after the logits: each row's prompt and generated ids, its generated ids only,
 # or how many tokens it has generated.
@@ -100,7 +102,7 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
         factor = np.float32(penalty)
     factor = np.float64(factor if factor > 0 else penalty)
     for r, ids in enumerate(seen):
-        ids = np.unique(_ids(ids))
+        ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
         score = out[r, ids].astype(np.float64)
         with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
             penalized = np.where(score < 0, score * factor, score / factor)
@@ -222,27 +224,11 @@ def top_p(out, p: float, min_tokens_to_keep: int = 1):
     """Nucleus sampling: keep the most likely tokens whose probability sums to p. Holtzman et al., 2019.
 
     transformers' TopPLogitsWarper exactly (sort ascending, remove tokens whose cumulative probability
-    is <= 1 - p, always keep the min_tokens_to_keep largest). p=1.0 is a no-op.
+    is <= 1 - p, always keep the min_tokens_to_keep largest), found without sorting the row (runtime/nucleus.py);
+    equal logits at the cut are taken in token id order, as a stable sort takes them. p=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    probs = _softmax(out)
-    cols = _candidates(out)  # tokens at -inf have probability 0: leaving them out changes no sum
-    rest = 0.0  # probability of the tokens left out; in ascending order they all come first
-    if cols is None and out.shape[-1] > 4 * _NUCLEUS_CANDIDATES and min_tokens_to_keep <= _NUCLEUS_CANDIDATES:
-        # No full sort over V when the most likely tokens already hold more than p: every other token then
-        # has a cumulative probability below 1 - p and is removed anyway.
-        top = np.argpartition(out, -_NUCLEUS_CANDIDATES, axis=-1)[:, -_NUCLEUS_CANDIDATES:]
-        top_mass = np.take_along_axis(probs, top, axis=-1).sum(axis=-1, dtype=np.float64)
-        if (top_mass > p + 1e-4).all():
-            cols, rest = top, 1.0 - top_mass[:, None]
-    order = np.argsort(out if cols is None else np.take_along_axis(out, cols, axis=-1), axis=-1)
-    cols = order if cols is None else np.take_along_axis(cols, order, axis=-1)  # [B, m], ascending logits
-    cumulative = rest + np.cumsum(np.take_along_axis(probs, cols, axis=-1), axis=-1, dtype=np.float64)
-    keep_sorted = cumulative.astype(np.float32) > (1 - p)
-    keep_sorted[:, cols.shape[-1] - min_tokens_to_keep :] = True
-    keep = np.zeros(out.shape, dtype=bool)
-    np.put_along_axis(keep, cols, keep_sorted, axis=-1)
-    out[~keep] = NEG_INF
+    nucleus.cut(out, p, min_tokens_to_keep)
     return out
 
 
@@ -309,18 +295,33 @@ class SamplerChain:
             candidates += [(typical_p, c.typical_p)]
         self.filters = [(f, tuple(options)) for f, *options in candidates if not f.no_op(*options)]
         self.do_sample = c.do_sample
+        self.scratch = Scratch()  # the arrays each step works in, kept for the next step
 
     def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
         # [B, V] -> [B] int64
-        return pick(self.process(logits, seen, generated), self.do_sample, rngs)
+        if not self.filters:
+            return pick(logits, self.do_sample, rngs, scratch=self.scratch)
+        out = self.scratch.get("logits", logits.shape, logits.dtype)
+        np.copyto(out, logits)
+        if self.filters[-1][0] is top_p:
+            self._apply(out, self.filters[:-1], seen, generated)
+            (p,) = self.filters[-1][1]
+            if p >= nucleus.REJECT_FROM:
+                return nucleus.draw_from(out, p, rngs, self.scratch)
+            given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
+            return pick(out, self.do_sample, rngs, given, self.scratch)
+        return pick(self._apply(out, self.filters, seen, generated), self.do_sample, rngs, scratch=self.scratch)
 
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
         """The filtered logits: a copy, or the input itself when no filter is active."""
         # [B, V] -> [B, V]
         if not self.filters:
             return logits
-        out = logits.copy()
-        for f, options in self.filters:
+        return self._apply(logits.copy(), self.filters, seen, generated)
+
+    @staticmethod
+    def _apply(out, filters, seen: list, generated: list) -> np.ndarray:
+        for f, options in filters:
             if f.reads == COUNT:  # min_new_tokens: each row has its own count
                 for r, ids in enumerate(generated):
                     f.apply(out[r : r + 1], len(ids), *options)
@@ -338,39 +339,6 @@ def process_logits(logits, config: GenerationConfig, seen: list[np.ndarray], gen
     """
     # [B, V] -> [B, V]
     return SamplerChain(config, logits.shape[-1]).process(logits, seen, generated)
-
-
-def pick(logits, do_sample: bool, rngs: list[np.random.Generator]) -> np.ndarray:
-    """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator.
-
-    Robust to non-finite logits (a model or filter gone past float32's range): NaN counts as banned, and a
-    row holding +inf picks among its +inf tokens only, each equally likely (the limit of its distribution).
-    """
-    # [B, V] -> [B] int64
-    rows = np.arange(logits.shape[0])
-    best = logits.argmax(axis=-1)
-    if not np.isfinite(logits[rows, best]).all():  # NaN propagates to the argmax: one check covers both
-        logits = np.where(np.isnan(logits), NEG_INF, logits)
-        infinite = np.isposinf(logits).any(axis=-1)
-        logits[infinite] = np.where(np.isposinf(logits[infinite]), 0, NEG_INF)
-        best = logits.argmax(axis=-1)
-    dead = np.flatnonzero(logits[rows, best] == NEG_INF)
-    if dead.size:
-        raise GenerationOptionError(
-            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"
-        )
-    if not do_sample:
-        return best.astype(np.int64)
-    if len(rngs) != logits.shape[0]:
-        raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {logits.shape[0]} rows")
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))  # [B, V] unnormalized; -inf -> 0
-    positive = weights > 0
-    picks = np.empty(logits.shape[0], dtype=np.int64)
-    for r, rng in enumerate(rngs):
-        alive = np.flatnonzero(positive[r])  # usually few after top_k: the cumulative sum is then short
-        cdf = np.cumsum(weights[r, alive], dtype=np.float64)
-        picks[r] = alive[min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(alive) - 1)]
-    return picks
 
 
 def log_softmax(logits) -> np.ndarray:

@@ -341,6 +341,21 @@ def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package):
     assert_clean_failure(invoke("bench", Path(tiny_package).parent / "missing"), "edgelm export")
 
 
+def test_bench_sample_times_each_sampled_setting_against_greedy(tiny_package):
+    from edgelm.runtime.bench import SAMPLED, format_sample_table
+
+    result = invoke("bench", tiny_package, "--sample", "--runs", "1", "--threads", "1", "--json")
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert figures["new_tokens"] == 56  # a 64-position model: 8 prompt tokens leave room for 56
+    for key, _, _ in SAMPLED:
+        assert figures[f"{key}_tok_s"] > 0 and figures[f"{key}_over_greedy"] > 0
+    assert figures["greedy_over_greedy"] == 1.0
+    table = format_sample_table(figures)  # what the command prints without --json
+    for label in ("top_p 0.9", "top_k 50, temperature 1 (transformers' defaults)", "x greedy"):
+        assert label in table
+
+
 def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():
     import numpy as np
     import onnxruntime as ort

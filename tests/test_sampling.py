@@ -161,14 +161,15 @@ def test_top_p_after_top_k_and_min_tokens_to_keep_match_transformers(seed, p):
         assert_same(ours, reference(hf.TopPLogitsWarper(p, min_tokens_to_keep=keep), logits))
 
 
-@pytest.mark.parametrize("scale", [4.0, 0.5])
+@pytest.mark.parametrize("scale", [4.0, 0.02])
 @pytest.mark.parametrize("p", [0.5, 0.95])
 def test_top_p_full_gpt2_vocab_matches_transformers(scale, p):
-    # scale 4: the 1,024 most likely tokens hold more than p, so only they are sorted; scale 0.5: a flat row, full sort
+    # scale 4: a peaked row, a small nucleus; 0.02 (as random weights give): the nucleus is most of the row
     logits = random_logits(9, 50_257, scale=scale)
-    top_mass = np.sort(sampling._softmax(logits), axis=-1)[:, -sampling._NUCLEUS_CANDIDATES :].sum(axis=-1)
-    assert (top_mass > p + 1e-4).all() == (scale == 4.0)
-    assert_same(sampling.top_p(logits, p), reference(hf.TopPLogitsWarper(p), logits))
+    ours = sampling.top_p(logits, p)
+    assert_same(ours, reference(hf.TopPLogitsWarper(p), logits))
+    kept = np.isfinite(ours).sum(axis=-1)
+    assert (kept > 10_000).all() == (scale < 1)  # flat rows: the nucleus holds a large part of the vocabulary
 
 
 def test_top_p_by_hand():

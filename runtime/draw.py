@@ -1,0 +1,129 @@
+"""The picker at the end of the sampler chain: argmax, or one draw per row from softmax(logits).
+
+A draw is the inverse CDF: the first token whose cumulative weight exceeds u * total, for one uniform u from the
+row's own generator. One float64 cumulative sum over the vocabulary is a sequential pass (a quarter of a greedy
+step's sampling budget on its own); the same token is found from 256-token block sums (float64, vectorised) and
+one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
+Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
+"""
+
+import numpy as np
+
+from .errors import GenerationOptionError
+
+NEG_INF = np.float32(-np.inf)
+BLOCK = 256  # tokens per block of the inverse-CDF search: about sqrt(V) for GPT-2's 50,257
+FEW_ALIVE = 4096  # a row with at most this many tokens above -inf is summed over them only
+
+
+class Scratch:
+    """Arrays reused from one step to the next by a SamplerChain. A fresh array the size of the vocabulary costs
+    page faults every step (about 40 us for 200 KB, as much as the arithmetic done on it)."""
+
+    def __init__(self):
+        self._arrays = {}
+
+    def get(self, name: str, shape: tuple, dtype, zeros: bool = False) -> np.ndarray:
+        """The array kept under `name`, made again when the shape or dtype changed. Its contents are whatever was
+        last written there (zeros when made with zeros=True, and wherever nobody writes)."""
+        array = self._arrays.get(name)
+        if array is None or array.shape != shape or array.dtype != dtype:
+            array = self._arrays[name] = (np.zeros if zeros else np.empty)(shape, dtype)
+        return array
+
+
+def weights(logits: np.ndarray, scratch: Scratch | None = None, peak: np.ndarray | None = None) -> np.ndarray:
+    """exp(logit - row max) in float32, padded with zeros to whole blocks; 0 for -inf. peak: the row maxima [B],
+    when the caller has them."""
+    # [B, V] -> [B, n_blocks * BLOCK] float32 (a row of all -inf, or with +inf, gives NaN: callers skip it)
+    shape = (logits.shape[0], -(-logits.shape[-1] // BLOCK) * BLOCK)
+    padded = (scratch or Scratch()).get("weights", shape, np.float32, zeros=True)  # only [:, :V] is ever written
+    w = padded[:, : logits.shape[-1]]
+    peak = logits.max(axis=-1) if peak is None else peak
+    with np.errstate(invalid="ignore"):
+        np.subtract(logits, peak[:, None], out=w)
+        np.exp(w, out=w)
+    return padded
+
+
+def pick(logits, do_sample: bool, rngs: list, given_weights=None, scratch: Scratch | None = None) -> np.ndarray:
+    """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator.
+
+    Robust to non-finite logits (a model or filter gone past float32's range): NaN counts as banned, and a
+    row holding +inf picks among its +inf tokens only, each equally likely (the limit of its distribution).
+    given_weights: weights(logits) when the caller has them already (top_p computes them).
+    """
+    # [B, V] -> [B] int64
+    cleaned, best, peak = checked(logits)
+    if not do_sample:
+        return best.astype(np.int64)
+    if len(rngs) != logits.shape[0]:
+        raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {logits.shape[0]} rows")
+    logits, given_weights = (logits, given_weights) if cleaned is None else (cleaned, None)
+    u = np.array([rng.random() for rng in rngs])  # one uniform draw per row and step
+    if given_weights is not None:
+        return inverse_cdf(given_weights, u, logits.shape[-1])
+    sparse = np.array([np.count_nonzero(row != NEG_INF) <= FEW_ALIVE for row in logits])  # per row: a third
+    picks = np.empty(logits.shape[0], dtype=np.int64)  # of the time of np.count_nonzero(..., axis=-1)
+    for r in np.flatnonzero(sparse):  # after top_k: exp and sum over the few tokens left only
+        ids = np.flatnonzero(logits[r] != NEG_INF)
+        w = np.exp(logits[r, ids] - peak[r])  # the same float32 weights as weights() gives
+        ids, w = ids[w > 0], w[w > 0]
+        cdf = np.cumsum(w, dtype=np.float64)
+        picks[r] = ids[min(np.searchsorted(cdf, u[r] * cdf[-1], side="right"), len(ids) - 1)]
+    dense = np.flatnonzero(~sparse)
+    if dense.size:
+        dense_rows = logits if dense.size == len(picks) else logits[dense]
+        picks[dense] = inverse_cdf(weights(dense_rows, scratch, peak[dense]), u[dense], logits.shape[-1])
+    return picks
+
+
+def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """(cleaned logits or None, argmax [B], max [B]); raises GenerationOptionError for a row with nothing left.
+
+    NaN counts as banned; a row holding +inf keeps its +inf tokens only, at 0 (each equally likely). The cleaned
+    copy is None when every row's maximum is finite: the logits are fine as they are.
+    """
+    rows = np.arange(logits.shape[0])
+    best = logits.argmax(axis=-1)
+    peak, cleaned = logits[rows, best], None
+    if not np.isfinite(peak).all():  # NaN propagates to the argmax: one check covers both
+        cleaned = np.where(np.isnan(logits), NEG_INF, logits)
+        infinite = np.isposinf(cleaned).any(axis=-1)
+        cleaned[infinite] = np.where(np.isposinf(cleaned[infinite]), 0, NEG_INF)
+        best = cleaned.argmax(axis=-1)
+        peak = cleaned[rows, best]
+    dead = np.flatnonzero(peak == NEG_INF)
+    if dead.size:
+        raise GenerationOptionError(
+            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"
+        )
+    return cleaned, best, peak
+
+
+def block_ends(padded: np.ndarray) -> np.ndarray:
+    """The cumulative weight at the end of each block, float64."""
+    # [B, n_blocks * BLOCK] -> [B, n_blocks]
+    return np.cumsum(padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64), axis=-1)
+
+
+def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int, ends: np.ndarray | None = None) -> np.ndarray:
+    """Per row, the first token whose cumulative weight exceeds u * total, as one float64 cumulative sum over the
+    row would find it: a search over block_ends, then inside the one block (zero weights are never chosen)."""
+    # [B, n_blocks * BLOCK] weights, [B] uniform in [0, 1) (, [B, n_blocks] block_ends) -> [B] int64
+    ends = block_ends(padded) if ends is None else ends
+    return np.array([search(row, row_ends, x, n_vocab) for row, row_ends, x in zip(padded, ends, u)], dtype=np.int64)
+
+
+def search(padded_row: np.ndarray, ends: np.ndarray, u: float, n_vocab: int) -> int:
+    """inverse_cdf for one row, given its block_ends (a row is searched again and again by rejection sampling)."""
+    # [n_blocks * BLOCK], [n_blocks], uniform in [0, 1) -> token id
+    target = u * ends[-1]
+    block = min(int(np.searchsorted(ends, target, side="right")), len(ends) - 1)
+    inner = np.cumsum(padded_row[block * BLOCK : (block + 1) * BLOCK], dtype=np.float64)
+    inner += ends[block - 1] if block else 0.0
+    token = block * BLOCK + int(np.searchsorted(inner, target, side="right"))
+    if token >= min((block + 1) * BLOCK, n_vocab):
+        # the block's own sum and the one it was chosen by round differently: its last token with weight
+        token = int(np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)[-1])
+    return token
