@@ -155,15 +155,20 @@ def test_default_template_and_stop():
     assert template.render(messages[:2], add_generation_prompt=False) == "System: You are terse.\nUser: Hello!\n"
 
 
+GPT2 = SimpleNamespace(positions="learned")  # a GPT-2-family package: the default template serves it
+
+
 def test_package_without_template_gets_default(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     listed = ChatTemplate.from_package(
-        SimpleNamespace(folder=tmp_path, manifest=SimpleNamespace(files={"tokenizer_config.json": {}}))
+        SimpleNamespace(
+            folder=tmp_path, manifest=SimpleNamespace(files={"tokenizer_config.json": {}}, architecture=GPT2)
+        )
     )
     assert listed.is_default and listed.special_tokens == {"eos_token": "<|endoftext|>"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'x' }}"}))
     unlisted = ChatTemplate.from_package(
-        SimpleNamespace(folder=tmp_path, manifest=SimpleNamespace(files={"model.onnx": {}}))
+        SimpleNamespace(folder=tmp_path, manifest=SimpleNamespace(files={"model.onnx": {}}, architecture=GPT2))
     )
     assert unlisted.is_default  # a file the manifest does not list is never read
 
