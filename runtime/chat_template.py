@@ -338,9 +338,8 @@ NO_TEMPLATE = "{path} has no chat template (edgelm's default one suits GPT-2 bas
 
 
 def _base_model(package) -> bool:
-    """GPT-2-family packages (and packages without a manifest) get DEFAULT_TEMPLATE when they carry none."""
-    manifest = package.manifest
-    return manifest is None or manifest.architecture.positions == "learned"
+    """GPT-2-family packages get DEFAULT_TEMPLATE when they carry none."""
+    return package.arch.positions == "learned"
 
 
 class _Broken:

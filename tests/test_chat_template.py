@@ -101,6 +101,9 @@ def tokenizer_folder(tmp_path_factory):
     return folder
 
 
+GPT2 = SimpleNamespace(positions="learned")  # a GPT-2-family package: the default template serves it
+
+
 def _both(folder, template):
     """(transformers' AutoTokenizer, our ChatTemplate) reading the same tokenizer_config.json."""
     from transformers import AutoTokenizer
@@ -108,7 +111,7 @@ def _both(folder, template):
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = template
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    ours = ChatTemplate.from_package(SimpleNamespace(folder=folder, manifest={}))
+    ours = ChatTemplate.from_package(SimpleNamespace(folder=folder, arch=GPT2, manifest={}))
     return AutoTokenizer.from_pretrained(folder), ours
 
 
@@ -155,20 +158,15 @@ def test_default_template_and_stop():
     assert template.render(messages[:2], add_generation_prompt=False) == "System: You are terse.\nUser: Hello!\n"
 
 
-GPT2 = SimpleNamespace(positions="learned")  # a GPT-2-family package: the default template serves it
-
-
 def test_package_without_template_gets_default(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     listed = ChatTemplate.from_package(
-        SimpleNamespace(
-            folder=tmp_path, manifest=SimpleNamespace(files={"tokenizer_config.json": {}}, architecture=GPT2)
-        )
+        SimpleNamespace(folder=tmp_path, arch=GPT2, manifest=SimpleNamespace(files={"tokenizer_config.json": {}}))
     )
     assert listed.is_default and listed.special_tokens == {"eos_token": "<|endoftext|>"}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'x' }}"}))
     unlisted = ChatTemplate.from_package(
-        SimpleNamespace(folder=tmp_path, manifest=SimpleNamespace(files={"model.onnx": {}}, architecture=GPT2))
+        SimpleNamespace(folder=tmp_path, arch=GPT2, manifest=SimpleNamespace(files={"model.onnx": {}}))
     )
     assert unlisted.is_default  # a file the manifest does not list is never read
 
@@ -231,7 +229,7 @@ def test_bad_templates(source, param, says):
 
 def test_unreadable_tokenizer_config_fails_at_chat_time(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{not json")
-    template = ChatTemplate.from_package(SimpleNamespace(folder=tmp_path, manifest={}))
+    template = ChatTemplate.from_package(SimpleNamespace(folder=tmp_path, arch=GPT2, manifest={}))
     with pytest.raises(ChatError, match="cannot read .*tokenizer_config.json.*--chat-template"):
         template.render([{"role": "user", "content": "Hi"}])
 
@@ -242,7 +240,7 @@ def test_special_tokens_as_transformers_reads_them(tokenizer_folder, tmp_path):
 
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (tmp_path / name).write_bytes((tokenizer_folder / name).read_bytes())
-    folder = SimpleNamespace(folder=tmp_path, manifest={})
+    folder = SimpleNamespace(folder=tmp_path, arch=GPT2, manifest={})
     assert (
         ChatTemplate.from_package(folder).special_tokens == AutoTokenizer.from_pretrained(tmp_path).special_tokens_map
     )
