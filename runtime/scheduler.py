@@ -2,7 +2,8 @@
 between steps, each with its own options, random generators, stop strings and length.
 
     submit(job) -> arrival order -> (step boundary) job.start(); each row of job.batch prefilled alone
-    (batch 1, the engine's usual path), its first token picked, its cache copied into a free slot
+    (batch 1, the engine's usual path, where the prefix cache serves; one-prompt jobs with a short prompt that
+    arrive together share one left-padded pass), its first token picked, its cache copied into a free slot
     (slot_cache.py) -> one forward pass for every row in the batch -> each job picks its own rows' tokens
     (its SamplerChain, each row's generator) -> text pieces (Batch.take, job.piece) -> a finished row frees
     its slot at once -> a job whose rows have all finished ends (job.finish)
@@ -22,6 +23,8 @@ from collections import deque
 import numpy as np
 
 from .batch import Piece
+from .engine import PREFILL_CHUNK as CHUNK
+from .engine import left_pad, position_ids_from_mask
 from .sampling import SamplerChain, log_softmax
 from .slot_cache import SlotCache
 
@@ -163,6 +166,9 @@ class Scheduler:
 
     def _join(self) -> None:
         """Prefill waiting rows into free slots, strictly in arrival order."""
+        together = self._short_arrivals()
+        if len(together) > 1:
+            self._prefill_together(together)
         for entry in list(self.entries):
             while entry.waiting and self.cache.free:
                 if not self._guard(entry, self._prefill, entry, entry.waiting.popleft()):
@@ -190,6 +196,40 @@ class Scheduler:
             self.cache.join(row, decoder.buffers, len(batch.rows[index]))
         if not entry.waiting or entry.waiting[0] // batch.config.num_return_sequences != prompt:
             entry.prefilled = None
+
+    def _short_arrivals(self) -> list:
+        """The jobs at the head of the queue that wait with one short prompt each (under one prefill chunk: nothing
+        the prefix cache could reuse or keep), as many as there are free slots: requests that arrive together
+        are prefilled in one pass, so the last of them does not wait for the others' prefills one by one."""
+        together = []
+        for entry in self.entries:
+            if not entry.waiting:
+                continue
+            if len(together) == self.cache.free or len(entry.batch.rows) != 1 or len(entry.batch.rows[0]) >= CHUNK:
+                break
+            together.append(entry)
+        return together
+
+    def _prefill_together(self, entries: list) -> None:
+        """One left-padded prefill pass for `entries`' single rows; each picks its first token and joins a slot."""
+        prompts = [entry.batch.rows[0] for entry in entries]
+        input_ids, attention_mask = left_pad(prompts, 0)  # padding is masked: any id serves
+        width = input_ids.shape[1]
+        try:
+            decoder = self.engine.decoder(len(prompts), width)
+            logits = decoder.run(input_ids, attention_mask, position_ids_from_mask(attention_mask))[:, -1, :]
+        except BaseException as error:  # the pass failed: each of its jobs ends with that error
+            for entry in entries:
+                self._end(entry, error)
+            return
+        for k, entry in enumerate(entries):
+            row = Row(entry, entry.waiting.popleft())
+            if self._guard(entry, self._pick, entry, [row], logits[k : k + 1]) and not row.finished:
+                self.cache.join(
+                    row, decoder.buffers, len(prompts[k]), source_row=k, source_start=width - len(prompts[k])
+                )
+            if entry.unfinished == 0 and entry in self.entries:
+                self._end(entry, None)
 
     def _guard(self, entry: Entry, function, *args) -> bool:
         """Run function(*args) for `entry`; if it raises, end that job with the error. Whether it went well."""

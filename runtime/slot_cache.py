@@ -43,9 +43,10 @@ class SlotCache:
     def free(self) -> int:
         return self.max_rows - len(self.rows)
 
-    def join(self, row, source: list, length: int) -> None:
-        """Add `row`, whose `length` positions are in columns [0, length) of `source`'s row 0 (a batch-1
-        decoder's buffers, one per cache tensor, after its prefill)."""
+    def join(self, row, source: list, length: int, source_row: int = 0, source_start: int = 0) -> None:
+        """Add `row`, whose `length` positions are in columns [source_start, source_start + length) of `source`'s
+        row `source_row` (a prefill decoder's buffers, one per cache tensor: batch 1 from column 0, or a
+        left-padded batch)."""
         if not self.free:
             raise ValueError(f"the running batch is full ({self.max_rows} rows)")
         self._fit(len(self.rows) + 1, joining=length)
@@ -56,7 +57,7 @@ class SlotCache:
             self.width = length
         slot, start = len(self.rows), self.width - length
         for buffer, prefilled in zip(self.buffers, source):
-            buffer[slot, :, start : self.width] = prefilled[0, :, :length]
+            buffer[slot, :, start : self.width] = prefilled[source_row, :, source_start : source_start + length]
         self.rows.append(row)
         self.lengths.append(length)
 

@@ -222,3 +222,24 @@ def test_running_batch_decoders_bypass_the_prefix_cache(tiny_package):
     finally:
         scheduler.close()
     assert [d.prefix_cache is None for d in decoders] == [False, True]  # the prefill, then the batch's decoder
+
+
+def test_short_prompts_arriving_together_share_one_prefill_and_get_what_they_get_alone(model, monkeypatch):
+    """One-prompt jobs with short prompts that wait at the same boundary are prefilled in one left-padded pass
+    (so the last does not wait for the others' prefills one by one), and each still gets what it gets alone."""
+    cases = [c for c in CASES if len(c[0]) == 1]
+    scheduler = Scheduler(model, max_rows=16)
+    passes = []
+    decoder = scheduler.engine.decoder
+    monkeypatch.setattr(
+        scheduler.engine, "decoder", lambda batch, *a, **k: passes.append(batch) or decoder(batch, *a, **k)
+    )
+    jobs = [Job(model.batch(prompts, **options)) for prompts, options in cases]
+    with scheduler._wake:  # every job queued before the scheduler's first boundary: they arrive together
+        scheduler._new.extend(jobs)
+    scheduler._thread.start()
+    for job, (prompts, options) in zip(jobs, cases):
+        assert job.wait().error is None
+        same(job.batch.completions, model.batch(prompts, **options).run())
+    scheduler.close()
+    assert passes[0] == len(cases)  # one prefill pass for all of them, before any decode step
