@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from .cli_package import package_option, package_option_or_argument
+from .cli_package import device_option, package_option, package_option_or_argument
 from .errors import EdgelmError
 from .generation_config import sampling_implied
 from .prompt_file_cli import check_file_options, file_options, run_file
@@ -83,13 +83,7 @@ def _fail(error: EdgelmError):
     default=None,
     help="Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.",
 )
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
-)
+@device_option
 @click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
 @click.option("--show-config", is_flag=True, help="Print the settings in effect and exit.")
@@ -233,13 +227,7 @@ def _parse_bias(items) -> dict:
 @click.argument("text", required=False)
 @package_option
 @click.option("--top-logprobs", type=click.IntRange(min=0), help="Also give each token's N most likely tokens.")
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
-)
+@device_option
 @click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
 @file_options
@@ -309,13 +297,7 @@ def verify(package):
 @package_option_or_argument
 @click.option("--runs", type=int, default=3, show_default=True, help="Repeats per figure (medians are reported).")
 @click.option("--threads", type=click.IntRange(min=1), help="onnxruntime intra-op threads (default: all cores).")
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
-)
+@device_option
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option(
     "--sample",

@@ -3,7 +3,7 @@
 NAME_OR_PATH is a package folder or the name of an installed package (`edgelm list`); store.resolve_package turns
 it, or its absence, into a folder, the same way for every command and for load(). Commands whose only argument
 is the package (info, verify, bench, serve, pack) take it as that argument too; generate's argument is the prompt,
-so there the package is given with -m only.
+so there the package is given with -m only. Every command that loads one takes --device the same way too.
 """
 
 import functools
@@ -34,3 +34,14 @@ def package_option_or_argument(command):
 
     with_package = click.argument("package_argument", metavar="[NAME_OR_PATH]", required=False)(with_package)
     return package_option(with_package)
+
+
+def device_option(command):
+    """Add --device (auto, cpu or cuda), passed to the command as `device`."""
+    return click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        default="auto",
+        show_default=True,
+        help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
+    )(command)

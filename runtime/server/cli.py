@@ -5,7 +5,7 @@ import os
 
 import click
 
-from ..cli_package import package_option_or_argument
+from ..cli_package import device_option, package_option_or_argument
 from ..errors import EdgelmError
 from ..prefix_cache import CLI_DEFAULT_MB
 
@@ -19,13 +19,7 @@ from ..prefix_cache import CLI_DEFAULT_MB
     help="Address to listen on; 0.0.0.0 exposes the server to the network.",
 )
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where to run: auto picks CUDA when onnxruntime-gpu and a GPU are present, else the CPU.",
-)
+@device_option
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
