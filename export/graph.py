@@ -69,24 +69,17 @@ def build_decoder(
     for i in range(arch.n_layer):
         p = f"transformer.h.{i}."
         qkv = g.op("Add", [matmul(g, h, weights, p + "attn.c_attn"), bias(p + "attn.c_attn.bias")])  # [B, T, 3C] packed
-        inputs, quantized = [qkv, "", "", *past[i], seqlens_k, total_length, "", "", "", attention_bias], {}
-        if cache_scales:
-            k_scale, v_scale = (
-                g.weight(f"{p}attn.{kind}_cache_scale", s.reshape(H, 1, D).astype(np.float32))
-                for kind, s in zip("kv", cache_scales[i])
-            )
-            inputs += ["", k_scale, v_scale]
-            quantized = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
-        attn = g.op(
-            "GroupQueryAttention",
-            inputs,
-            outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"],
-            domain=MS_DOMAIN,
-            num_heads=H,
-            kv_num_heads=H,
+        attn = group_query_attention(
+            g,
+            i,
+            [qkv, "", ""],
+            past[i],
+            (seqlens_k, total_length, attention_bias),
+            cache_scales and (cache_scales[i], f"{p}attn."),
+            H,
+            H,
             scale=arch.attention_scale(i),  # GPT-2's scale rule (scale_attn_weights, ..._by_inverse_layer_idx)
-            **quantized,
-        )[0]
+        )
         out = matmul(g, attn, weights, p + "attn.c_proj")
         h, x = _skip_layer_norm(g, out, x, weights, p + "ln_2", p + "attn.c_proj.bias", arch)  # x += out + bias
         m = mlp_activation(
@@ -114,6 +107,32 @@ def build_decoder(
             g.output(f"present.{i}.{kind}", cache_type, ["batch", H, "total_sequence", D])
     doc = f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
     return Decoder(g.model(OPSET, doc=doc), g.arrays)
+
+
+def group_query_attention(g, i, qkv, past, lengths, cache, heads, kv_heads, **attrs) -> str:
+    """Layer i's attention over its cache: qkv ([packed, "", ""] or [q, k, v]), past (key, value), lengths
+    (seqlens_k, total_length, attention_bias). cache: for an int8 cache, (the layer's (key scale, value scale),
+    each [kv_heads, head_size], and the prefix their initializers are named with); else falsy."""
+    seqlens_k, total_length, attention_bias = lengths
+    inputs, quantized = [*qkv, *past, seqlens_k, total_length, "", "", "", attention_bias], {}
+    if cache:
+        scales, prefix = cache
+        k_scale, v_scale = (
+            g.weight(f"{prefix}{kind}_cache_scale", s.reshape(kv_heads, 1, -1).astype(np.float32))
+            for kind, s in zip("kv", scales)
+        )
+        inputs += ["", k_scale, v_scale]
+        quantized = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
+    return g.op(
+        "GroupQueryAttention",
+        inputs,
+        outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"],
+        domain=MS_DOMAIN,
+        num_heads=heads,
+        kv_num_heads=kv_heads,
+        **attrs,
+        **quantized,
+    )[0]
 
 
 def _attention_bias(g: GraphBuilder, tokens: str, attention_mask: str) -> str:

@@ -70,23 +70,9 @@ def build_decoder(
             "Split", [linear(h, p + "self_attn.qkv_proj"), g.const([H * D, KV * D, KV * D])], outputs=3, axis=-1
         )
         q, k = (g.op("RotaryEmbedding", [t, position_ids, cos, sin], domain=MS_DOMAIN) for t in (q, k))
-        inputs, quantized = [q, k, v, *past[i], seqlens_k, total_length, "", "", "", attention_bias], {}
-        if cache_scales:
-            k_scale, v_scale = (
-                g.weight(f"{p}self_attn.{kind}_cache_scale", s.reshape(KV, 1, D).astype(np.float32))
-                for kind, s in zip("kv", cache_scales[i])
-            )
-            inputs += ["", k_scale, v_scale]
-            quantized = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
-        attn = g.op(
-            "GroupQueryAttention",
-            inputs,
-            outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"],
-            domain=MS_DOMAIN,
-            num_heads=H,
-            kv_num_heads=KV,
-            **quantized,
-        )[0]
+        lengths = (seqlens_k, total_length, attention_bias)
+        cache = cache_scales and (cache_scales[i], f"{p}self_attn.")
+        attn = gpt2.group_query_attention(g, i, [q, k, v], past[i], lengths, cache, H, KV)
         out = matmul(g, attn, packed, p + "self_attn.o_proj")
         h, x = _skip_rms_norm(
             g, out, x, packed, p + "post_attention_layernorm.weight", p + "self_attn.o_proj.bias", arch
