@@ -95,18 +95,27 @@ def build_decoder(
             h, x = _skip_layer_norm(g, m, x, weights, f"transformer.h.{i + 1}.ln_1", p + "mlp.c_proj.bias", arch)
 
     # Keep only the positions the caller wants logits for, then the last residual add, final norm, LM head.
-    keep = g.op("Reshape", [logits_to_keep, g.const([1])])
-    start = g.op("Where", [g.op("Greater", [keep, g.const([0])]), g.op("Neg", [keep]), g.const([0])])
-    kept = [g.op("Slice", [t, start, g.const([np.iinfo(np.int64).max]), g.const([1])]) for t in (m, x)]
+    kept = kept_positions(g, logits_to_keep, (m, x))
     h, _ = _skip_layer_norm(g, *kept, weights, "transformer.ln_f", p + "mlp.c_proj.bias", arch)
     lm_head(h, "logits")
+    declare_outputs(g, arch, cache_type, H)
+    doc = f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
+    return Decoder(g.model(OPSET, doc=doc), g.arrays)
 
+
+def kept_positions(g, logits_to_keep: str, tensors) -> list:
+    """Each of `tensors` [B, T, C] cut to its last logits_to_keep positions (0: all of them)."""
+    keep = g.op("Reshape", [logits_to_keep, g.const([1])])
+    start = g.op("Where", [g.op("Greater", [keep, g.const([0])]), g.op("Neg", [keep]), g.const([0])])
+    return [g.op("Slice", [t, start, g.const([np.iinfo(np.int64).max]), g.const([1])]) for t in tensors]
+
+
+def declare_outputs(g, arch, cache_type: int, kv_heads: int) -> None:
+    """The graph contract's outputs: logits [B, K, V], then each layer's present key and value."""
     g.output("logits", FLOAT, ["batch", "kept_sequence", arch.vocab_size])
     for i in range(arch.n_layer):
         for kind in ("key", "value"):
-            g.output(f"present.{i}.{kind}", cache_type, ["batch", H, "total_sequence", D])
-    doc = f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
-    return Decoder(g.model(OPSET, doc=doc), g.arrays)
+            g.output(f"present.{i}.{kind}", cache_type, ["batch", kv_heads, "total_sequence", arch.head_size])
 
 
 def group_query_attention(g, i, qkv, past, lengths, cache, heads, kv_heads, **attrs) -> str:

@@ -84,16 +84,10 @@ def build_decoder(
             h, x = _skip_rms_norm(g, m, x, packed, norm, p + "mlp.down_proj.bias", arch)
 
     # Keep only the positions the caller wants logits for, then the last residual add, final norm, LM head.
-    keep = g.op("Reshape", [logits_to_keep, g.const([1])])
-    start = g.op("Where", [g.op("Greater", [keep, g.const([0])]), g.op("Neg", [keep]), g.const([0])])
-    kept = [g.op("Slice", [t, start, g.const([np.iinfo(np.int64).max]), g.const([1])]) for t in (m, x)]
+    kept = gpt2.kept_positions(g, logits_to_keep, (m, x))
     h, _ = _skip_rms_norm(g, *kept, packed, "model.norm.weight", p + "mlp.down_proj.bias", arch)
     lm_head(h, "logits")
-
-    g.output("logits", FLOAT, ["batch", "kept_sequence", arch.vocab_size])
-    for i in range(arch.n_layer):
-        for kind in ("key", "value"):
-            g.output(f"present.{i}.{kind}", cache_type, ["batch", KV, "total_sequence", D])
+    gpt2.declare_outputs(g, arch, cache_type, KV)
     doc = f"{arch.model_type} decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
     return Decoder(g.model(OPSET, doc=doc), g.arrays)
 
