@@ -24,10 +24,15 @@ def build(out: Path, shared: Path = SHARED, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(GPT2Config.from_dict(json.loads(config_path.read_text()))).eval()
     model.save_pretrained(out)
+    copy_tokenizer(tokenizer_dir, out)
+    return out
+
+
+def copy_tokenizer(tokenizer_dir: Path, out: Path) -> None:
+    """The tokenizer's files (not its licence) into the checkpoint folder `out`."""
     for f in tokenizer_dir.iterdir():
         if f.is_file() and not f.name.startswith("LICENSE"):
             shutil.copy(f, out / f.name)
-    return out
 
 
 if __name__ == "__main__":

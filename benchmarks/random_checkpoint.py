@@ -13,9 +13,10 @@ Weights are drawn as transformers initialises them (normal, std initializer_rang
 """
 
 import json
-import shutil
 import sys
 from pathlib import Path
+
+from distilgpt2_checkpoint import copy_tokenizer  # benchmarks/ is on the path of its own scripts
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared"
@@ -46,9 +47,7 @@ def build(name: str, out: Path | None = None, shared: Path = SHARED, seed: int =
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config)).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    for f in tokenizer_dir.iterdir():
-        if f.is_file() and not f.name.startswith("LICENSE"):
-            shutil.copy(f, out / f.name)
+    copy_tokenizer(tokenizer_dir, out)
     return out
 
 
