@@ -2,7 +2,8 @@
 # The CUDA checks in one go, for a machine with an NVIDIA GPU and onnxruntime-gpu installed alone:
 #   1. the onnxruntime Python imports has the CUDA provider (else the runtime's own one-line reason, exit 1);
 #   2. the CUDA tests (tests/test_devices_and_peers.py -k cuda: CUDA generation equals CPU, provider choice);
-#   3. `edgelm bench --device cuda`, and `--device cpu` beside it, as JSON under $CUDA_CHECK_OUT.
+#   3. `edgelm bench --device cuda`, and `--device cpu` beside it, as JSON under $CUDA_CHECK_OUT;
+#   4. benchmarks/cuda_parity.py on the package: CUDA against the CPU, log-probs, greedy tokens, a batch.
 #
 #   benchmarks/cuda_check.sh [PACKAGE]    # default: models/distilgpt2 where it exists, else a tiny package
 #
@@ -14,7 +15,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 OUT=${CUDA_CHECK_OUT:-benchmarks/out/cuda}
 mkdir -p "$OUT"
 
-echo "== 1/3 onnxruntime and its CUDA provider"
+echo "== 1/4 onnxruntime and its CUDA provider"
 "$PYTHON" - <<'PY'
 import sys
 
@@ -32,7 +33,7 @@ except DeviceError as error:
     sys.exit(f"Error: {error}")
 PY
 
-echo "== 2/3 the CUDA tests"
+echo "== 2/4 the CUDA tests"
 "$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_devices_and_peers.py -k cuda 2>&1 | tee "$OUT/tests.log"
 if grep -q "SKIPPED" "$OUT/tests.log"; then
     echo "Error: a CUDA test was skipped; with a GPU and onnxruntime-gpu none should be." >&2
@@ -59,9 +60,11 @@ PY
     fi
 fi
 
-echo "== 3/3 edgelm bench $package --device cuda (and cpu)"
+echo "== 3/4 edgelm bench $package --device cuda (and cpu)"
 for device in cuda cpu; do
     "$PYTHON" -m edgelm.runtime.cli bench "$package" --device "$device" --json >"$OUT/bench-$device.json"
     "$PYTHON" -c "import json, sys; from edgelm.runtime.bench import format_table; print(format_table(json.load(open(sys.argv[1]))))" "$OUT/bench-$device.json"
 done
+echo "== 4/4 CUDA against the CPU on $package"
+"$PYTHON" benchmarks/cuda_parity.py "$package" | tee "$OUT/parity.jsonl"
 echo "== figures in $OUT"

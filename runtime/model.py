@@ -57,7 +57,8 @@ class Model:
         except Exception as error:  # tokenizers raises a bare Exception for a damaged file
             raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {str(error)[:200]}") from None
         check_installed(package.min_onnxruntime, f"the package {package.folder}")  # before onnxruntime sees it
-        session, self.device = create_session(package.model_file, device, threads)
+        quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
+        session, self.device = create_session(package.model_file, device, threads, quantized)
         _check_graph_shapes(session, package)
         graph = package.manifest.graph if package.manifest else None
         io = graph_io(session, self.arch.n_layer, bool(graph and graph.kv_cache_in_place))

@@ -13,6 +13,9 @@ from .ort_fast_path import first_line
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
+# float32 means float32 on the GPU too: onnxruntime's CUDA products default to TF32 (10-bit mantissas), which moved
+# distilgpt2-shaped log-probs by up to 1.3e-3 against the CPU (benchmarks/results/2026-11-30-cuda.md).
+CUDA_OPTIONS = {"use_tf32": "0"}
 
 
 @dataclass(frozen=True)
@@ -34,14 +37,18 @@ def cuda_available() -> bool:
     return CUDA in ort.get_available_providers()
 
 
-def choose_providers(device: str) -> list[str]:
-    """Map a device name to onnxruntime providers; asking for CUDA where it is absent is an error."""
+def choose_providers(device: str, quantized: bool = False) -> list:
+    """Map a device name to onnxruntime providers; asking for CUDA where it is absent is an error.
+
+    "auto" keeps a quantized graph on the CPU: its int8 and int4 products have CPU kernels (or none faster on
+    CUDA), so onnxruntime would copy every layer's activations between the two and run slower than the CPU alone
+    (benchmarks/results/2026-11-30-cuda.md). --device cuda still runs it there, as asked."""
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}.")
     if device == "cuda" and not cuda_available():
         raise cuda_missing_error()
-    if device in ("cuda", "auto") and cuda_available():
-        return [CUDA, CPU]
+    if (device == "cuda" or (device == "auto" and not quantized)) and cuda_available():
+        return [(CUDA, CUDA_OPTIONS), CPU]
     return [CPU]
 
 
@@ -49,11 +56,14 @@ def choose_providers(device: str) -> list[str]:
 MAX_THREADS = 1024
 
 
-def create_session(model_file, device: str = "auto", threads: int | None = None) -> tuple[ort.InferenceSession, str]:
-    """Returns the session and the device it really runs on ("cuda" or "cpu")."""
+def create_session(
+    model_file, device: str = "auto", threads: int | None = None, quantized: bool = False
+) -> tuple[ort.InferenceSession, str]:
+    """Returns the session and the device it really runs on ("cuda" or "cpu"). quantized: the graph's weights
+    are int8 or int4 (see choose_providers)."""
     warn_if_shadowed()
-    providers = choose_providers(device)
-    if device == "auto" and CUDA in providers:
+    providers = choose_providers(device, quantized)
+    if device == "auto" and CPU not in providers[:1]:
         # onnxruntime-gpu without a usable GPU logs errors through its process-wide logger before "auto" falls
         # back to the CPU, which is what auto means; --device cuda keeps that line, which names what is missing.
         ort.set_default_logger_severity(4)
@@ -81,6 +91,13 @@ def create_session(model_file, device: str = "auto", threads: int | None = None)
             f"(pip install -U {installed_wheel()})."
         ) from None
     running = "cuda" if CUDA in session.get_providers() else "cpu"
+    if running == "cuda" and quantized:
+        import logging
+
+        logging.getLogger("edgelm").warning(
+            "this package's int8/int4 products run on the CPU's kernels, with copies to and from the GPU around "
+            "them: --device cpu is faster for it; CUDA speeds up float32 packages."
+        )
     if device == "cuda" and running != "cuda":
         raise DeviceError(
             "device 'cuda' was asked for, but onnxruntime could not start CUDA here (no GPU or no matching CUDA/cuDNN libraries). Use --device cpu."

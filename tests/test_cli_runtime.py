@@ -341,6 +341,21 @@ def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package):
     assert_clean_failure(invoke("bench", Path(tiny_package).parent / "missing"), "edgelm export")
 
 
+def test_bench_on_cuda_leaves_out_the_host_memory_ceiling(tiny_package, monkeypatch):
+    from edgelm.runtime import bench
+
+    def on_cuda(path, device, threads):  # the figures come from the CPU; the model says it runs on CUDA
+        model = rt.load(path, device="cpu", threads=threads)
+        model.device = "cuda"
+        return model
+
+    monkeypatch.setattr(bench, "load", on_cuda)
+    figures = bench.run_bench(tiny_package, threads=1, runs=1)
+    assert figures["device"] == "cuda" and figures["decode_tok_s"] > 0
+    assert not {"read_gb_s", "ceiling_tok_s", "decode_fraction_of_ceiling"} & set(figures)
+    assert "decode / ceiling" not in bench.format_table(figures)
+
+
 def test_bench_sample_times_each_sampled_setting_against_greedy(tiny_package):
     from edgelm.runtime.bench import SAMPLED, format_sample_table
 

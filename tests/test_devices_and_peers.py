@@ -8,7 +8,7 @@ import pytest
 
 import edgelm.runtime as rt
 from edgelm.runtime import DeviceError, session
-from edgelm.runtime.session import CPU, CUDA
+from edgelm.runtime.session import CPU, CUDA, CUDA_OPTIONS
 
 
 class FakeSession:
@@ -21,13 +21,15 @@ class FakeSession:
         return self._providers
 
 
-def _pretend(monkeypatch, available, started_on):
+def _pretend(monkeypatch, available, started_on=None):
+    """started_on None: the session starts on every provider it is given."""
     monkeypatch.setattr(session.ort, "get_available_providers", lambda: available)
     asked = []
 
     def fake_session(path, sess_options=None, providers=None):
         asked.append(providers)
-        return FakeSession(started_on)
+        names = [p if isinstance(p, str) else p[0] for p in providers]
+        return FakeSession(names if started_on is None else started_on)
 
     monkeypatch.setattr(session.ort, "InferenceSession", fake_session)
     return asked
@@ -36,7 +38,29 @@ def _pretend(monkeypatch, available, started_on):
 def test_auto_picks_cuda_when_onnxruntime_gpu_and_a_gpu_are_present(monkeypatch):
     asked = _pretend(monkeypatch, [CUDA, CPU], [CUDA, CPU])
     _, device = session.create_session("model.onnx", "auto")
-    assert device == "cuda" and asked == [[CUDA, CPU]]
+    assert device == "cuda" and asked == [[(CUDA, {"use_tf32": "0"}), CPU]]
+    assert CUDA_OPTIONS == {"use_tf32": "0"}  # float32 products stay float32 (no TF32)
+
+
+def test_auto_keeps_a_quantized_graph_on_the_cpu_and_cuda_runs_it_when_asked(monkeypatch, caplog):
+    asked = _pretend(monkeypatch, [CUDA, CPU])
+    assert session.create_session("model.onnx", "auto", quantized=True)[1] == "cpu" and asked == [[CPU]]
+    assert session.create_session("model.onnx", "cuda", quantized=True)[1] == "cuda"
+    assert asked[1] == [(CUDA, CUDA_OPTIONS), CPU] and "--device cpu is faster" in caplog.text
+
+
+def test_load_tells_the_session_whether_the_weights_are_quantized(monkeypatch, tiny_package, tiny_package_int8):
+    seen = []
+    real = session.create_session
+
+    def spy(model_file, device="auto", threads=None, quantized=False):
+        seen.append(quantized)
+        return real(model_file, "cpu", threads, quantized)
+
+    monkeypatch.setattr("edgelm.runtime.model.create_session", spy)
+    rt.load(tiny_package)
+    rt.load(tiny_package_int8)
+    assert seen == [False, True]
 
 
 def test_auto_falls_back_to_cpu_when_cuda_cannot_start(monkeypatch):
