@@ -36,4 +36,6 @@ def copy_tokenizer(tokenizer_dir: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or any(a.startswith("-") for a in sys.argv[1:]):
+        sys.exit(f"usage: {sys.argv[0]} [OUT]   (default: benchmarks/out/distilgpt2-random)")
     print(build(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/out/distilgpt2-random")))

@@ -52,7 +52,7 @@ def build(name: str, out: Path | None = None, shared: Path = SHARED, seed: int =
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if not 2 <= len(sys.argv) <= 3 or any(a.startswith("-") for a in sys.argv[1:]):
         sys.exit(
             f"usage: {sys.argv[0]} NAME [OUT]   NAME: {', '.join(p.stem for p in (HERE / 'configs').glob('*.json'))}"
         )
