@@ -16,7 +16,12 @@ import numpy as np
 
 import edgelm.runtime as rt
 
-PROMPTS = ["Hello, my name is", "The quick brown fox jumps over", "Once upon a time there was a", "import numpy as np\n"]
+PROMPTS = [
+    "Hello, my name is",
+    "The quick brown fox jumps over",
+    "Once upon a time there was a",
+    "import numpy as np\n",
+]
 TEXT = " ".join(["The history of the city begins with a small settlement on the river."] * 20)
 
 

@@ -35,10 +35,15 @@ def test_piped_stdin_is_the_prompt(tiny_package, model):
     piped = run("generate", "-m", tiny_package, "--max-new-tokens", 6, input="Once upon a time\n")
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout == expected
-    dash = run("generate", "-m", tiny_package, "-", "--max-new-tokens", 6, input="Once upon a time\n")
-    assert dash.stdout == expected  # '-' still reads it
-    given = run("generate", "-m", tiny_package, "Once upon a time", "--max-new-tokens", 6, input="ignored\n")
-    assert given.stdout == expected  # a prompt argument wins over the pipe
+    # The same command in-process (CliRunner's stdin is a pipe too): '-' still reads it; an argument wins over it.
+    dash = CliRunner().invoke(
+        main, ["generate", "-m", str(tiny_package), "-", "--max-new-tokens", "6"], input="Once upon a time\n"
+    )
+    assert dash.exit_code == 0 and dash.stdout == expected, dash.output
+    given = CliRunner().invoke(
+        main, ["generate", "-m", str(tiny_package), "Once upon a time", "--max-new-tokens", "6"], input="ignored\n"
+    )
+    assert given.exit_code == 0 and given.stdout == expected, given.output
 
 
 def test_a_terminal_without_a_prompt_is_a_usage_error_not_a_wait(tiny_package):

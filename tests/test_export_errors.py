@@ -116,17 +116,19 @@ def test_weights_missing_tensors(tiny_checkpoint, tmp_path):
         _export(str(folder), tmp_path / "out")
 
 
-def test_pytorch_bin_loads_weights_only(tiny_checkpoint, tmp_path, reference_model):
-    """A .bin checkpoint goes through torch's weights-only loader and exports the same graph."""
+def test_pytorch_bin_loads_weights_only(tiny_checkpoint, tmp_path, reference_model, tiny_package):
+    """A .bin checkpoint goes through torch's weights-only loader and exports the same graph, byte for byte, as
+    the same weights from model.safetensors."""
     import torch
 
     folder = tmp_path / "bin"
     shutil.copytree(tiny_checkpoint, folder)
     (folder / "model.safetensors").unlink()
     torch.save(reference_model.state_dict(), folder / "pytorch_model.bin")
-    result = _export(str(folder), tmp_path / "out")
+    result = _export(str(folder), tmp_path / "out", validate=False)
     assert result.manifest["source"]["weights_file"] == "pytorch_model.bin"
-    assert result.manifest["validation"]["fp32"]["greedy_identical"]
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (result.path / name).read_bytes() == (Path(tiny_package) / name).read_bytes()
 
 
 class _Payload:
@@ -222,6 +224,24 @@ def test_killed_export_leaves_no_package_and_is_swept(tiny_checkpoint, tmp_path)
 # --- the hub -----------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def hub_settings(monkeypatch):
+    """Sets in this process what HF_HOME, HF_HUB_OFFLINE and HF_ENDPOINT set at huggingface_hub's import; its
+    HTTP sessions, which remember offline mode, are dropped after each setting and after the test."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import reset_sessions
+
+    def apply(cache: Path, offline: bool, endpoint: str | None = None) -> None:
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+        if endpoint is not None:
+            monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        reset_sessions()
+
+    yield apply
+    reset_sessions()
+
+
 def _hub_cache(home: Path, repo: str, checkpoint: Path, commit: str = "0" * 39 + "1") -> Path:
     """Lay a checkpoint out exactly as huggingface_hub caches a download."""
     root = home / "hub" / f"models--{repo.replace('/', '--')}"
@@ -234,16 +254,18 @@ def _hub_cache(home: Path, repo: str, checkpoint: Path, commit: str = "0" * 39 +
     return snapshot
 
 
-def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint, tmp_path, monkeypatch):
-    """The export in a process of its own (the hub reads HF_HOME at import); without validation, which
+def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint, tmp_path, monkeypatch, hub_settings):
+    """In-process, with the cache folder and offline mode set where huggingface_hub reads them when it is
+    called (HF_HOME and HF_HUB_OFFLINE become these constants at its import); without validation, which
     test_a_quantized_export_prints_its_quality_figures covers from the command."""
     home = tmp_path / "hf"
     _hub_cache(home, "distilgpt2", tiny_checkpoint)
     work = tmp_path / "work"
     work.mkdir()
-    env = {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    result = _cli("export", "distilgpt2", "--no-validate", env=env, cwd=work)
-    assert result.returncode == 0, result.stderr
+    hub_settings(home / "hub", offline=True)
+    monkeypatch.chdir(work)
+    result = CliRunner().invoke(main, ["export", "distilgpt2", "--no-validate"])
+    assert result.exit_code == 0, result.output
     manifest = json.loads((work / "models" / "distilgpt2" / "manifest.json").read_text())
     assert manifest["source"] == {
         "hub_id": "distilgpt2",
@@ -253,20 +275,14 @@ def test_export_distilgpt2_from_the_hub_cache_as_a_user_types_it(tiny_checkpoint
     }
     for stage in ("load", "export", "optimize", "save"):
         assert stage in result.stderr
-    monkeypatch.chdir(work)
     generated = CliRunner().invoke(main, ["generate", "Hello", "--max-new-tokens", "5"])
     assert generated.exit_code == 0 and generated.stdout.strip(), generated.output
 
 
-def test_hub_unreachable_says_so(tmp_path):
-    result = _cli(
-        "export",
-        "distilgpt2",
-        "-o",
-        str(tmp_path / "out"),
-        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+def test_hub_unreachable_says_so(tmp_path, hub_settings):
+    hub_settings(tmp_path / "hf" / "hub", offline=True)
+    result = CliRunner().invoke(main, ["export", "distilgpt2", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output  # no traceback
     assert "unreachable" in result.stderr and "local checkpoint folder" in result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -288,19 +304,15 @@ class _NotFoundHub(BaseHTTPRequestHandler):
         pass
 
 
-def test_unknown_model_id(tmp_path):
+def test_unknown_model_id(tmp_path, hub_settings):
     server = HTTPServer(("127.0.0.1", 0), _NotFoundHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    hub_settings(tmp_path / "hf" / "hub", offline=False, endpoint=f"http://127.0.0.1:{server.server_port}")
     try:
-        env = {
-            "HF_HOME": str(tmp_path / "hf"),
-            "HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
-            "HF_HUB_OFFLINE": "0",
-        }
-        result = _cli("export", "someone/no-such-model", "-o", str(tmp_path / "out"), env=env)
+        result = CliRunner().invoke(main, ["export", "someone/no-such-model", "-o", str(tmp_path / "out")])
     finally:
         server.shutdown()
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output  # no traceback
     assert "unknown model id 'someone/no-such-model'" in result.stderr
 
 

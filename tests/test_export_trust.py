@@ -122,41 +122,47 @@ def _with_tokenizer_code(checkpoint: Path, tmp_path: Path, keep_tokenizer_json: 
     return folder
 
 
-@pytest.mark.parametrize("terminal", [True, False], ids=["terminal-answers-y", "no-terminal"])
-def test_tokenizer_code_is_never_run_nor_offered(tiny_checkpoint, tmp_path, terminal):
-    """vocab.json + merges.txt with an auto_map: exported as GPT-2 BPE, without a question and without running
-    the shipped file, even when a terminal would answer 'y'."""
-    import pty
-
-    folder = _with_tokenizer_code(tiny_checkpoint, tmp_path, keep_tokenizer_json=False)
-    out = tmp_path / "out"
-    if terminal:
-        leader, follower = pty.openpty()
-        os.write(leader, b"y\n")
-        stdin = follower
-    else:
-        stdin = subprocess.DEVNULL
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "edgelm.runtime.cli", "export", str(folder), "-o", str(out), "--no-validate"],
-            stdin=stdin,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    finally:
-        if terminal:
-            os.close(leader)
-            os.close(follower)
+def _exported_without_its_code(tiny_checkpoint, folder, out):
     assert not (folder / "RAN").exists(), "the checkpoint's Python code ran"
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    assert "custom code" not in result.stderr + result.stdout
     package_tokenizer = json.loads((out / "tokenizer.json").read_text())
     original = json.loads((tiny_checkpoint / "tokenizer.json").read_text())
     assert package_tokenizer["model"]["vocab"] == original["model"]["vocab"]
     assert package_tokenizer["model"]["merges"] == original["model"]["merges"]
     assert "auto_map" not in json.loads((out / "tokenizer_config.json").read_text())
     assert not (out / "evil_tok.py").exists()
+
+
+def test_tokenizer_code_is_never_run_nor_offered_at_a_terminal(tiny_checkpoint, tmp_path):
+    """vocab.json + merges.txt with an auto_map: exported as GPT-2 BPE, without a question and without running
+    the shipped file, even when a terminal would answer 'y' (a process of its own, its stdin a terminal)."""
+    import pty
+
+    folder = _with_tokenizer_code(tiny_checkpoint, tmp_path, keep_tokenizer_json=False)
+    out = tmp_path / "out"
+    leader, follower = pty.openpty()
+    os.write(leader, b"y\n")
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "edgelm.runtime.cli", "export", str(folder), "-o", str(out), "--no-validate"],
+            stdin=follower,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "custom code" not in result.stderr + result.stdout
+    _exported_without_its_code(tiny_checkpoint, folder, out)
+
+
+def test_tokenizer_code_is_never_run_nor_offered_without_a_terminal(tiny_checkpoint, tmp_path):
+    """The same in-process, where stdin is no terminal (pytest's)."""
+    folder = _with_tokenizer_code(tiny_checkpoint, tmp_path, keep_tokenizer_json=False)
+    result = CliRunner().invoke(main, ["export", str(folder), "-o", str(tmp_path / "out"), "--no-validate"])
+    assert result.exit_code == 0 and "custom code" not in result.output, result.output
+    _exported_without_its_code(tiny_checkpoint, folder, tmp_path / "out")
 
 
 def test_tokenizer_auto_map_beside_tokenizer_json_exports(tiny_checkpoint, tmp_path):
