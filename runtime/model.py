@@ -116,8 +116,9 @@ class Model:
             )
         if not prompts:
             raise PromptError("no prompts were given")
+        self._check_batch_size(len(prompts), 1, config)  # every prompt is at least one token: before tokenizing
         ids, truncated = zip(*(self._prepare(p, config) for p in prompts))
-        self._check_batch_size(ids, config)
+        self._check_batch_size(len(ids), max(len(i) for i in ids), config)
         return Batch(self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated))
 
     def generate(self, prompt, config: GenerationConfig | None = None, **options):
@@ -211,10 +212,10 @@ class Model:
             config = replace(config, vocab_size=self.arch.vocab_size)
         return config
 
-    def _check_batch_size(self, ids, config: GenerationConfig) -> None:
+    def _check_batch_size(self, n_prompts: int, longest_prompt: int, config: GenerationConfig) -> None:
         """Refuse, before anything is allocated, a call whose rows x positions exceed max_batch_tokens."""
-        rows = len(ids) * config.num_return_sequences
-        width = max(len(i) for i in ids) + config.max_new_tokens
+        rows = n_prompts * config.num_return_sequences
+        width = longest_prompt + config.max_new_tokens
         if rows * width <= self.max_batch_tokens:
             return
         message = (

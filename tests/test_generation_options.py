@@ -253,9 +253,11 @@ def test_a_huge_batch_is_refused_before_any_work(model, monkeypatch):
     with pytest.raises(GenerationOptionError, match="limit of 262,144") as raised:
         model.generate("Hi", num_return_sequences=10**6, max_new_tokens=5, do_sample=True)
     assert raised.value.param == "num_return_sequences" and "Lower num_return_sequences" in str(raised.value)
+    encoded = []
+    monkeypatch.setattr(model, "encode", lambda *args, **kw: encoded.append(args) or [0])
     with pytest.raises(PromptError, match="Split the prompts"):
-        model.generate(["Hi"] * 10**5, max_new_tokens=5)
-    assert calls == []
+        model.generate(["Hi"] * 10**5, max_new_tokens=5)  # refused from its size alone, before tokenizing
+    assert calls == [] and encoded == []
 
 
 # --- non-finite logits ----------------------------------------------------------------------------------
