@@ -231,7 +231,7 @@ def test_score_endpoint(server, model):
 # -- many clients ----------------------------------------------------------------------------------------
 
 
-def test_16_streaming_clients_200_requests_all_complete_and_equal_serial_results(server, model):
+def test_16_streaming_clients_64_requests_all_complete_and_equal_serial_results(server, model):
     cases = [(p, seed) for p in PROMPTS for seed in (None, 1, 2, 3)]  # None: greedy
     expected = {}
     for prompt, seed in cases:
@@ -245,8 +245,8 @@ def test_16_streaming_clients_200_requests_all_complete_and_equal_serial_results
         return texts[0] == expected[prompt, seed]
 
     with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(one, range(200)))
-    assert all(results), f"{results.count(False)} of 200 streams differed from their serial result"
+        results = list(pool.map(one, range(64)))  # 4 rounds per client: rows join and leave a running batch
+    assert all(results), f"{results.count(False)} of 64 streams differed from their serial result"
     health = server.idle()
     assert health["active"] == 0 and health["queued"] == 0
 
