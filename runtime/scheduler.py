@@ -120,7 +120,9 @@ class Scheduler:
             for job in new:
                 self._start(job)
             self._join()
-            if not (self._new and self.cache.free):  # nothing arrived that could join now: the batch steps
+            # nothing arrived that could join now: the batch steps (read without the lock: a job that arrives
+            # just after this waits for the next boundary)
+            if not (self._new and self.cache.free):
                 break
         if self.cache.rows:
             self._step()
