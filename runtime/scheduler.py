@@ -4,7 +4,8 @@ between steps, each with its own options, random generators, stop strings and le
     submit(job) -> arrival order -> (step boundary) job.start(); each row of job.batch prefilled alone
     (batch 1, the engine's usual path, where the prefix cache serves; one-prompt jobs with a short prompt that
     arrive together share one left-padded pass), its first token picked, its cache copied into a free slot
-    (slot_cache.py) -> one forward pass for every row in the batch -> each job picks its own rows' tokens
+    (slot_cache.py); jobs that arrive meanwhile join too, up to JOIN_ROUNDS rounds -> one forward pass for
+    every row in the batch -> each job picks its own rows' tokens
     (its SamplerChain, each row's generator) -> text pieces (Batch.take, job.piece) -> a finished row frees
     its slot at once -> a job whose rows have all finished ends (job.finish)
 
@@ -27,6 +28,12 @@ from .engine import PREFILL_CHUNK as CHUNK
 from .engine import left_pad, position_ids_from_mask
 from .sampling import SamplerChain, log_softmax
 from .slot_cache import SlotCache
+
+# Rounds of joins one step boundary may run. Requests that arrive while rows are prefilled (clients sending as
+# their previous answers end, all at once) join in the next round, before the next decode step: their first
+# token waits for one more prefill, not for a step of the rows just joined as well. The running rows' next
+# token waits for at most this many rounds of prefills.
+JOIN_ROUNDS = 2
 
 
 class Entry:
@@ -103,14 +110,20 @@ class Scheduler:
             return bool(self._new or self.entries)
 
     def _boundary(self) -> None:
-        """Between two steps: start new jobs, stop those that must stop, fill free slots, then step."""
-        with self._wake:
-            new, self._new = self._new, deque()
-        for job in new:
-            self._start(job)
+        """Between two steps: stop the jobs that must stop, start new ones, fill free slots, then step. Jobs that
+        arrive while those rows are prefilled join before the step too, in up to JOIN_ROUNDS rounds in all."""
         for entry in list(self.entries):
             self._guard(entry, entry.job.check)
-        self._join()
+        for _ in range(JOIN_ROUNDS):
+            with self._wake:
+                new, self._new = self._new, deque()
+            for job in new:
+                self._start(job)
+            self._join()
+            # nothing arrived that could join now: the batch steps (read without the lock: a job that arrives
+            # just after this waits for the next boundary)
+            if not (self._new and self.cache.free):
+                break
         if self.cache.rows:
             self._step()
 
@@ -159,6 +172,7 @@ class Scheduler:
                 job.finish(None)
                 return
             entry = Entry(job, self.vocab_size)
+            job.check()  # stopped while it waited in the queue
         except BaseException as error:
             _finish(job, error)
             return
@@ -211,7 +225,8 @@ class Scheduler:
         return together
 
     def _prefill_together(self, entries: list) -> None:
-        """One left-padded prefill pass for `entries`' single rows; each picks its first token and joins a slot."""
+        """One left-padded prefill pass for `entries`' single rows; each picks its first token, then (all their
+        first pieces sent) those it did not finish join slots, the cache grown for all of them at once."""
         prompts = [entry.batch.rows[0] for entry in entries]
         input_ids, attention_mask = left_pad(prompts, 0)  # padding is masked: any id serves
         width = input_ids.shape[1]
@@ -222,14 +237,16 @@ class Scheduler:
             for entry in entries:
                 self._end(entry, error)
             return
+        joining = []  # (k, row): the rows that go on
         for k, entry in enumerate(entries):
             row = Row(entry, entry.waiting.popleft())
             if self._guard(entry, self._pick, entry, [row], logits[k : k + 1]) and not row.finished:
-                self.cache.join(
-                    row, decoder.buffers, len(prompts[k]), source_row=k, source_start=width - len(prompts[k])
-                )
+                joining.append((k, row))
             if entry.unfinished == 0 and entry in self.entries:
                 self._end(entry, None)
+        self.cache.reserve(len(self.cache.rows) + len(joining), width)
+        for k, row in joining:
+            self.cache.join(row, decoder.buffers, len(prompts[k]), source_row=k, source_start=width - len(prompts[k]))
 
     def _guard(self, entry: Entry, function, *args) -> bool:
         """Run function(*args) for `entry`; if it raises, end that job with the error. Whether it went well."""

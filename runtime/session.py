@@ -82,6 +82,9 @@ def create_session(
             )
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Worker threads sleep between parallel sections instead of spinning: whatever shares the cores (a server's
+    # event loop and tokenizer, its clients, other processes) gets them back (benchmarks/NOTES.md).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         session = ort.InferenceSession(os.fspath(model_file), sess_options=options, providers=providers)
     except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types for a bad file

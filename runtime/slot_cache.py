@@ -61,6 +61,12 @@ class SlotCache:
         self.rows.append(row)
         self.lengths.append(length)
 
+    def reserve(self, rows: int, width: int) -> None:
+        """Make room for `rows` rows and a joining row of `width` positions in one go: rows that join together
+        cost one reallocation of the buffers, not one per doubling (each a copy into freshly faulted memory)."""
+        if rows > len(self.rows):
+            self._fit(min(rows, self.max_rows), joining=width)
+
     def leave(self, slot: int) -> None:
         """Free `slot` at once: the last row moves into it (its object too, in `rows`)."""
         last = len(self.rows) - 1

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from edgelm.runtime import load
+from edgelm.runtime import scheduler as scheduler_module
 from edgelm.runtime.scheduler import Scheduler
 
 
@@ -243,3 +244,66 @@ def test_short_prompts_arriving_together_share_one_prefill_and_get_what_they_get
         same(job.batch.completions, model.batch(prompts, **options).run())
     scheduler.close()
     assert passes[0] == len(cases)  # one prefill pass for all of them, before any decode step
+
+
+def test_requests_arriving_during_a_prefill_join_before_the_next_step(model, monkeypatch):
+    """A request that arrives while rows are prefilled joins in another round before the batch steps (its first
+    token waits for no decode step), for up to JOIN_ROUNDS rounds a boundary; each gets what it gets alone."""
+    monkeypatch.setattr(scheduler_module, "JOIN_ROUNDS", 3)
+    prompts = ["Hi", "Hello", "Once", "The quick", "A", "Numbers"]
+    options = dict(do_sample=False, ignore_eos=True, max_new_tokens=4)
+    jobs = [Job(model.batch([p], **options)) for p in prompts]
+    scheduler = Scheduler(model, max_rows=8)
+    arrivals, steps = iter(jobs[1:]), []
+    decoder, step = scheduler.engine.decoder, scheduler.cache.step
+
+    def prefill_while_one_arrives(batch, capacity, buffers=None):
+        if buffers is None:  # a joining row's prefill (the running batch's decoder gets the slots' buffers)
+            arriving = next(arrivals, None)
+            if arriving is not None:
+                scheduler.submit(arriving)
+        return decoder(batch, capacity, buffers=buffers)
+
+    monkeypatch.setattr(scheduler.engine, "decoder", prefill_while_one_arrives)
+    monkeypatch.setattr(scheduler.cache, "step", lambda ids: steps.append(len(ids)) or step(ids))
+    scheduler.submit(jobs[0])
+    try:
+        for job, prompt in zip(jobs, prompts):
+            assert job.wait().error is None
+            same(job.batch.completions, model.generate([prompt], **options))
+    finally:
+        scheduler.close()
+    assert steps[:2] == [
+        3,
+        6,
+    ]  # three prefills (one arrival during each) before the first step, three more before the second
+
+
+def test_a_shared_prefill_picks_every_first_token_before_its_rows_join_and_grows_the_cache_once(model, monkeypatch):
+    """Rows prefilled in one pass all get their first token (and send its text) before any is copied into the
+    batch, which makes room for all of them in one reallocation, not one per doubling."""
+    prompts = ["Hi", "Hello", "Once", "The quick", "A"]
+    options = dict(do_sample=False, ignore_eos=True, max_new_tokens=3)
+    jobs = [Job(model.batch([p], **options)) for p in prompts]
+    scheduler = Scheduler(model, max_rows=8)
+    events, buffers = [], []
+    pick, join = scheduler._pick, scheduler.cache.join
+
+    def joined(*args, **kwargs):
+        join(*args, **kwargs)
+        events.append("join")
+        buffers.append(id(scheduler.cache.buffers[0]))
+
+    monkeypatch.setattr(scheduler, "_pick", lambda entry, rows, *a: events.append(len(rows)) or pick(entry, rows, *a))
+    monkeypatch.setattr(scheduler.cache, "join", joined)
+    with scheduler._wake:  # every job queued before the first boundary: one shared prefill
+        scheduler._new.extend(jobs)
+    scheduler._thread.start()
+    try:
+        for job, prompt in zip(jobs, prompts):
+            assert job.wait().error is None
+            same(job.batch.completions, model.generate([prompt], **options))
+    finally:
+        scheduler.close()
+    assert events[:10] == [1] * 5 + ["join"] * 5  # five first tokens, then five rows into the batch
+    assert len(set(buffers)) == 1
