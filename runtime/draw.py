@@ -63,19 +63,32 @@ def pick(logits, do_sample: bool, rngs: list, given_weights=None, scratch: Scrat
     u = np.array([rng.random() for rng in rngs])  # one uniform draw per row and step
     if given_weights is not None:
         return inverse_cdf(given_weights, u, logits.shape[-1])
-    sparse = np.array([np.count_nonzero(row != NEG_INF) <= FEW_ALIVE for row in logits])  # per row: a third
-    picks = np.empty(logits.shape[0], dtype=np.int64)  # of the time of np.count_nonzero(..., axis=-1)
+    sparse = np.zeros(logits.shape[0], dtype=bool)
+    if logits.shape[-1] > FEW_ALIVE:  # a row can only be sparse if it holds -inf: one reduction says it does not
+        banned = np.flatnonzero(logits.min(axis=-1) == NEG_INF)
+        sparse[banned] = [np.count_nonzero(logits[r] != NEG_INF) <= FEW_ALIVE for r in banned]
+    else:
+        sparse[:] = True
+    picks = np.empty(logits.shape[0], dtype=np.int64)
     for r in np.flatnonzero(sparse):  # after top_k: exp and sum over the few tokens left only
         ids = np.flatnonzero(logits[r] != NEG_INF)
-        w = np.exp(logits[r, ids] - peak[r])  # the same float32 weights as weights() gives
-        ids, w = ids[w > 0], w[w > 0]
-        cdf = np.cumsum(w, dtype=np.float64)
-        picks[r] = ids[min(np.searchsorted(cdf, u[r] * cdf[-1], side="right"), len(ids) - 1)]
+        picks[r] = among(ids, logits[r, ids], peak[r], u[r])
     dense = np.flatnonzero(~sparse)
     if dense.size:
         dense_rows = logits if dense.size == len(picks) else logits[dense]
         picks[dense] = inverse_cdf(weights(dense_rows, scratch, peak[dense]), u[dense], logits.shape[-1])
     return picks
+
+
+def among(ids: np.ndarray, values: np.ndarray, peak: np.float32, u: float) -> int:
+    """One draw from softmax over the few tokens `ids` of a row (every other token is -inf): the first whose float64
+    cumulative weight exceeds u * total. peak: the row's maximum, float32; u: uniform in [0, 1)."""
+    # [n] ascending ids, [n] their float32 logits -> token id
+    w = np.exp(values - peak)  # the same float32 weights as weights() gives
+    if not w.all():  # underflow to 0: such a token is never drawn
+        ids, w = ids[w > 0], w[w > 0]
+    cdf = np.cumsum(w, dtype=np.float64)
+    return int(ids[min(np.searchsorted(cdf, u * cdf[-1], side="right"), len(ids) - 1)])
 
 
 def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:

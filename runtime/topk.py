@@ -1,0 +1,74 @@
+"""top_k without partitioning the vocabulary: the tokens it keeps, and the chain's draw among them.
+
+transformers' TopKLogitsWarper keeps every logit >= the row's k-th largest (ties with it included). np.partition
+finds that value in O(V), but with a large constant and a copy of the row. The maxima of the row's blocks
+(BLOCK tokens each, one vectorised reduction) are k distinct elements of the row at least, so the k-th largest
+block maximum is a lower bound for the k-th largest logit: only the tokens at or above it (usually a little
+over k) can be kept, and the k-th largest of those is the row's. A row holding NaN, or a k above the number of
+blocks, is partitioned whole, as before.
+
+When top_k is the last filter of a sampler chain, the chain needs one token, not a row of -inf: draw_kept draws
+among the kept tokens directly, exactly as draw.pick would from the filtered row.
+"""
+
+import numpy as np
+
+from . import draw
+
+BLOCK = 256  # tokens per block maximum; halved (down to MIN_BLOCK) until there are at least k blocks
+MIN_BLOCK = 16
+
+
+def kept(row: np.ndarray, k: int) -> np.ndarray:
+    """The ascending ids of every token top_k keeps in one row: each logit >= the k-th largest (0 < k < V)."""
+    # [V] float32 -> [m] int64, m >= k (ties with the k-th are kept, as transformers keeps them)
+    ids = candidates(row, k)
+    if ids is None:
+        kth = np.partition(row, row.size - k)[row.size - k]  # NaN sorts last: counted as the largest, kept
+        return np.flatnonzero(~(row < kth))
+    values = row[ids]
+    kth = np.partition(values, values.size - k)[values.size - k]
+    return ids[values >= kth]
+
+
+def candidates(row: np.ndarray, k: int) -> np.ndarray | None:
+    """Ascending ids of a set of tokens that holds every token top_k keeps, found from block maxima; None where
+    the shortcut does not apply (fewer than k blocks even at MIN_BLOCK, or NaN in the row)."""
+    # [V] float32 -> [m] int64, or None
+    block = BLOCK
+    while row.size // block < k and block > MIN_BLOCK:
+        block //= 2
+    whole = row.size // block
+    if whole < k:
+        return None
+    maxima = row[: whole * block].reshape(whole, block).max(axis=1)  # [whole]
+    if whole * block < row.size:
+        maxima = np.append(maxima, row[whole * block :].max())
+    if np.isnan(maxima).any():  # np.max propagates NaN: any NaN in the row shows in its block's maximum
+        return None
+    bound = np.partition(maxima, maxima.size - k)[maxima.size - k]
+    return np.flatnonzero(row >= bound)
+
+
+def draw_kept(out: np.ndarray, k: int, rngs: list) -> np.ndarray:
+    """top_k then the pick, in one step: one draw per row among the tokens top_k keeps, the same token for the
+    same generator as draw.pick on the filtered row (whose few-token path it shares)."""
+    # [B, V] float32 -> [B] int64; out is left as it is
+    if len(rngs) != out.shape[0]:
+        raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
+    picks = np.empty(out.shape[0], dtype=np.int64)
+    for r, (row, rng) in enumerate(zip(out, rngs)):
+        ids = kept(row, k) if k < row.size else None
+        if ids is not None:
+            values = row[ids]
+            peak = values.max()
+            # the pick's own path for a row with few tokens left, a finite maximum and no -inf among those kept
+            if ids.size <= draw.FEW_ALIVE and np.isfinite(peak) and values.min() > draw.NEG_INF:
+                picks[r] = draw.among(ids, values, peak, rng.random())
+                continue
+        filtered = row[None].copy()
+        if ids is not None:
+            filtered[0] = draw.NEG_INF
+            filtered[0, ids] = row[ids]
+        picks[r] = draw.pick(filtered, True, [rng])[0]
+    return picks
