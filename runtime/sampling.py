@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import nucleus, topk
-from .draw import Scratch, pick
+from .draw import FEW_ALIVE, Scratch, pick
 from .generation_config import GenerationConfig, check_token_ids
 from .tally import Tallies
 
@@ -219,8 +219,7 @@ def top_k(out, k: int):
     if k >= out.shape[-1]:
         return out
     for row in out:
-        ids = topk.kept(row, k)  # usually found without partitioning the row
-        values = row[ids]
+        ids, values = topk.kept(row, k)  # usually found without partitioning the row
         row.fill(NEG_INF)
         row[ids] = values
     return out
@@ -278,6 +277,9 @@ def typical_p(out, mass: float):
     return out
 
 
+NEVER_BAN = (repetition_penalty, frequency_presence_penalty, temperature)  # move logits, never to -inf on purpose
+
+
 class SamplerChain:
     """One request's next-token choice: its active filters in the order of the module docstring, then the pick.
 
@@ -302,6 +304,8 @@ class SamplerChain:
             candidates += [(typical_p, c.typical_p)]
         self.filters = [(f, tuple(options)) for f, *options in candidates if not f.no_op(*options)]
         self.do_sample = c.do_sample
+        # no active filter bans a token: the pick need not look for rows with few tokens left
+        self.dense = vocab_size > FEW_ALIVE and all(f in NEVER_BAN for f, _ in self.filters)
         self.scratch = Scratch()  # the arrays each step works in, kept for the next step
         self.seen_ids, self.generated_counts = Tallies(), Tallies()  # what the penalties read, kept up to date
 
@@ -324,10 +328,11 @@ class SamplerChain:
             given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
             return pick(out, self.do_sample, rngs, given, self.scratch)
         if not self.filters:
-            return pick(logits, self.do_sample, rngs, scratch=self.scratch)
+            return pick(logits, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
         out = self.scratch.get("logits", logits.shape, logits.dtype)
         np.copyto(out, logits)
-        return pick(self._apply(out, self.filters, seen, generated), self.do_sample, rngs, scratch=self.scratch)
+        out = self._apply(out, self.filters, seen, generated)
+        return pick(out, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
 
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
         """The filtered logits: a copy, or the input itself when no filter is active."""

@@ -19,16 +19,18 @@ BLOCK = 256  # tokens per block maximum; halved (down to MIN_BLOCK) until there 
 MIN_BLOCK = 16
 
 
-def kept(row: np.ndarray, k: int) -> np.ndarray:
-    """The ascending ids of every token top_k keeps in one row: each logit >= the k-th largest (0 < k < V)."""
-    # [V] float32 -> [m] int64, m >= k (ties with the k-th are kept, as transformers keeps them)
+def kept(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ascending ids of every token top_k keeps in one row, each logit >= the k-th largest, and their logits."""
+    # [V] float32, 0 < k < V -> ([m] int64, [m] float32), m >= k (ties with the k-th kept, as transformers keeps them)
     ids = candidates(row, k)
     if ids is None:
-        kth = np.partition(row, row.size - k)[row.size - k]  # NaN sorts last: counted as the largest, kept
-        return np.flatnonzero(~(row < kth))
+        kth = np.partition(row, row.size - k)[row.size - k]  # NaN sorts last: counted as the largest, and kept
+        ids = np.flatnonzero(~(row < kth))
+        return ids, row[ids]
     values = row[ids]
     kth = np.partition(values, values.size - k)[values.size - k]
-    return ids[values >= kth]
+    keep = values >= kth
+    return ids[keep], values[keep]
 
 
 def candidates(row: np.ndarray, k: int) -> np.ndarray | None:
@@ -39,36 +41,33 @@ def candidates(row: np.ndarray, k: int) -> np.ndarray | None:
     while row.size // block < k and block > MIN_BLOCK:
         block //= 2
     whole = row.size // block
-    if whole < k:
+    if whole < k or np.isnan(row.max()):  # np.max propagates NaN
         return None
+    # the maxima of any k disjoint groups of tokens are k distinct tokens: the tail past the last block may be left out
     maxima = row[: whole * block].reshape(whole, block).max(axis=1)  # [whole]
-    if whole * block < row.size:
-        maxima = np.append(maxima, row[whole * block :].max())
-    if np.isnan(maxima).any():  # np.max propagates NaN: any NaN in the row shows in its block's maximum
-        return None
-    bound = np.partition(maxima, maxima.size - k)[maxima.size - k]
+    bound = np.partition(maxima, whole - k)[whole - k]
     return np.flatnonzero(row >= bound)
 
 
 def draw_kept(out: np.ndarray, k: int, rngs: list) -> np.ndarray:
     """top_k then the pick, in one step: one draw per row among the tokens top_k keeps, the same token for the
-    same generator as draw.pick on the filtered row (whose few-token path it shares)."""
+    same generator as draw.pick on the filtered row (whose path for rows with few tokens left it shares)."""
     # [B, V] float32 -> [B] int64; out is left as it is
     if len(rngs) != out.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, (row, rng) in enumerate(zip(out, rngs)):
-        ids = kept(row, k) if k < row.size else None
-        if ids is not None:
-            values = row[ids]
+        ids = values = None
+        if k < row.size:
+            ids, values = kept(row, k)
             peak = values.max()
-            # the pick's own path for a row with few tokens left, a finite maximum and no -inf among those kept
+            # pick's own path, for a row with few tokens left, a finite maximum and no -inf among those kept
             if ids.size <= draw.FEW_ALIVE and np.isfinite(peak) and values.min() > draw.NEG_INF:
                 picks[r] = draw.among(ids, values, peak, rng.random())
                 continue
         filtered = row[None].copy()
         if ids is not None:
             filtered[0] = draw.NEG_INF
-            filtered[0, ids] = row[ids]
+            filtered[0, ids] = values
         picks[r] = draw.pick(filtered, True, [rng])[0]
     return picks
