@@ -189,9 +189,8 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
         w = padded[r, :n_vocab]
-        np.divide(
-            w, w.sum(), out=probs64, dtype=np.float32
-        )  # float32 division: the probabilities transformers' cut sums
+        # float32 division (stored as float64): the probabilities transformers' cut sums
+        np.divide(w, w.sum(), out=probs64, dtype=np.float32)
         for _ in range(_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
             if keeps(out[r], probs64, threshold, token, mask):

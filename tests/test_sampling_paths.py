@@ -102,6 +102,15 @@ def test_dense_draw_picks_what_the_plain_pick_picks():
         np.testing.assert_array_equal(chain(logits, [[]] * 8, [[]] * 8, rngs()), draw.pick(filtered, True, rngs()))
 
 
+@pytest.mark.parametrize("options", [{"top_k": 50}, {"top_k": 0, "top_p": 0.9}, {"top_k": 0, "top_p": 0.3}])
+def test_a_chain_that_draws_from_the_kept_tokens_leaves_the_logits_alone(options):
+    logits = hard_rows(V, seed=7)[[0, 1, 2]]
+    before = logits.copy()
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, **options), V)
+    chain(logits, [[]] * 3, [[]] * 3, [np.random.default_rng(r) for r in range(3)])
+    np.testing.assert_array_equal(logits, before)  # the caller's logits: the model's raw scores, yielded after
+
+
 def test_a_banning_filter_keeps_the_few_token_check():
     config = GenerationConfig(do_sample=True, top_k=0, min_p=0.1)
     assert not sampling.SamplerChain(config, V).dense
