@@ -95,6 +95,16 @@ def _candidates(logits: np.ndarray) -> np.ndarray | None:
     return cols
 
 
+@functools.lru_cache(maxsize=64)
+def _penalty_factor(penalty: float) -> np.float64:
+    # float32 arithmetic as transformers does it (exact in float64, then rounded once), except for a penalty
+    # below float32's range, which would become 0. Cached: a request asks for it every step, and right after a
+    # model step even these scalar conversions cost tens of microseconds (their code is out of the caches).
+    with np.errstate(over="ignore"):
+        factor = np.float32(penalty)
+    return np.float64(factor if factor > 0 else penalty)
+
+
 @logits_filter(no_op=lambda penalty: penalty == 1.0, reads=SEEN_IDS)
 def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     """Penalize every token already seen in the row (prompt included): positive logits divided, negative multiplied.
@@ -102,11 +112,7 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     CTRL (Keskar et al., 2019); transformers' RepetitionPenaltyLogitsProcessor. penalty=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    # float32 arithmetic as transformers does it (exact in float64, then rounded once), except for a penalty
-    # below float32's range, which would become 0.
-    with np.errstate(over="ignore"):
-        factor = np.float32(penalty)
-    factor = np.float64(factor if factor > 0 else penalty)
+    factor = _penalty_factor(penalty)
     for r, ids in enumerate(seen):
         ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
         score = out[r, ids].astype(np.float64)
