@@ -7,8 +7,8 @@ Two measurements, each interleaved so both samplers share every moment's noise:
    nearly flat row (random-weight checkpoints give those: the nucleus is most of the vocabulary) and a peaked
    one; medians of CPU time per call;
 2. decode tok/s at batch 1 through the engine with each sampler, per setting, and the ratio to greedy.
-The other revision's runtime/sampling.py (and the modules it imports from the runtime, if they differ) are
-loaded from `git show`, so nothing is checked out.
+The other revision's sampler modules (SAMPLER_MODULES, those it has) are loaded from `git show` as a package of
+their own beside edgelm.runtime, whose other modules they share, so nothing is checked out.
 """
 
 import argparse
@@ -30,30 +30,61 @@ from edgelm.runtime.model import load
 ROOT = Path(__file__).resolve().parents[1]
 
 
+SAMPLER_MODULES = ("sampling", "draw", "nucleus", "topk", "tally")
+
+
 def sampling_at(rev: str):
-    """runtime/sampling.py as it is at `rev`, imported as a module of the installed edgelm.runtime package."""
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:runtime/sampling.py"], check=True, capture_output=True, text=True
-    ).stdout
-    path = Path(tempfile.mkdtemp()) / "sampling.py"
-    path.write_text(source)
-    name = f"edgelm.runtime._sampling_{rev.replace('/', '_')}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    """runtime/sampling.py as it is at `rev`, with the sampler modules it imports as they are there too."""
+    import edgelm.runtime as runtime
+
+    package = f"edgelm.runtime._at_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"
+    folder = Path(tempfile.mkdtemp())
+    for name in SAMPLER_MODULES:
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:runtime/{name}.py"], capture_output=True, text=True
+        )
+        if shown.returncode == 0:
+            (folder / f"{name}.py").write_text(shown.stdout)
+    spec = importlib.util.spec_from_loader(package, loader=None, is_package=True)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    module.__path__ = [str(folder)]
+    sys.modules[package] = module
+    for name, shared in list(sys.modules.items()):  # every other runtime module: the installed one
+        if name.startswith("edgelm.runtime.") and name.count(".") == 2 and name.split(".")[-1] not in SAMPLER_MODULES:
+            sys.modules[f"{package}.{name.split('.')[-1]}"] = shared
+    for name in ("errors", "generation_config"):
+        sys.modules[f"{package}.{name}"] = importlib.import_module(f"{runtime.__name__}.{name}")
+    return importlib.import_module(f"{package}.sampling")
 
 
 def chain_seconds(module, options, logits, seen, generated, repeats):
+    # one request's chain, called as the decode loop calls it: the histories grow by one token per step
     chain = module.SamplerChain(GenerationConfig(**options), logits.shape[-1])
+    seen, generated = [list(ids) for ids in seen], [list(ids) for ids in generated]
+    chain(logits, seen, generated, [np.random.default_rng(0)])  # the first step reads the whole prompt
     times = []
     for r in range(repeats):
         rngs = [np.random.default_rng(r)]
         started = time.thread_time()
-        chain(logits, seen, generated, rngs)
+        token = chain(logits, seen, generated, rngs)[0]
         times.append(time.thread_time() - started)
+        seen[0].append(int(token))
+        generated[0].append(int(token))
     return times
+
+
+def timed_chain(module, steps: list):
+    """module.SamplerChain, with the CPU time of each call appended to `steps` (the decode loop stays as it is)."""
+
+    class Timed(module.SamplerChain):
+        def __call__(self, *args):
+            started = time.thread_time_ns()
+            try:
+                return super().__call__(*args)
+            finally:
+                steps.append(time.thread_time_ns() - started)
+
+    return Timed
 
 
 def main():
@@ -62,6 +93,7 @@ def main():
     parser.add_argument("--rev", default="main")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--calls-only", action="store_true", help="only measurement 1, the sampler calls alone")
     args = parser.parse_args()
     before = sampling_at(args.rev)
     samplers = {args.rev: before, "working tree": current}
@@ -82,13 +114,19 @@ def main():
             old, new = (1000 * np.median(times[name]) for name in samplers)
             print(f"  logits x{scale:<4} {label:<50} {old:7.3f} | {new:7.3f}  ({old / new:4.1f}x)")
 
-    print(f"\ndecode tok/s at batch 1, {args.tokens} new tokens, medians of {args.runs} rounds")
+    if args.calls_only:
+        return
+    print(
+        f"\ndecode at batch 1, {args.tokens} new tokens, medians of {args.runs} rounds: tok/s, ratio to greedy, and "
+        "the sampler's median CPU time per step inside the decode loop (ms)"
+    )
     rates = {(name, key): [] for name in samplers for key, _, _ in SAMPLED}
+    steps = {(name, key): [] for name in samplers for key, _, _ in SAMPLED}
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     for r in range(args.runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
             for name, module in samplers.items():
-                engine.SamplerChain = module.SamplerChain
+                engine.SamplerChain = timed_chain(module, steps[name, key])
                 rest = _timed_tokens(model, [_prompt(model, 8, r)], args.tokens, options, seed=r)[1]
                 rates[name, key].append((args.tokens - 1) / rest)
     engine.SamplerChain = current.SamplerChain
@@ -96,7 +134,8 @@ def main():
         cells = []
         for name in samplers:
             ratio = np.median([s / g for s, g in zip(rates[name, key], rates[name, "greedy"])])
-            cells.append(f"{np.median(rates[name, key]):6.1f} tok/s {ratio:4.2f}x")
+            step_ms = np.median(steps[name, key]) / 1e6
+            cells.append(f"{np.median(rates[name, key]):6.1f} tok/s {ratio:4.2f}x {step_ms:6.3f} ms")
         print(f"  {label:<50} {args.rev}: {cells[0]}   working tree: {cells[1]}")
 
 

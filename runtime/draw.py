@@ -7,6 +7,10 @@ one short cumulative sum inside the chosen block. A row with few tokens above -i
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
 """
 
+import math
+from bisect import bisect_right
+from itertools import accumulate
+
 import numpy as np
 
 from .errors import GenerationOptionError
@@ -46,14 +50,21 @@ def weights(logits: np.ndarray, scratch: Scratch | None = None, peak: np.ndarray
     return padded
 
 
-def pick(logits, do_sample: bool, rngs: list, given_weights=None, scratch: Scratch | None = None) -> np.ndarray:
+def pick(
+    logits, do_sample: bool, rngs: list, given_weights=None, scratch: Scratch | None = None, dense: bool = False
+) -> np.ndarray:
     """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator.
 
     Robust to non-finite logits (a model or filter gone past float32's range): NaN counts as banned, and a
     row holding +inf picks among its +inf tokens only, each equally likely (the limit of its distribution).
-    given_weights: weights(logits) when the caller has them already (top_p computes them).
+    given_weights: weights(logits) when the caller has them already (top_p computes them). dense: no filter has
+    banned tokens, so no row is looked at for having few tokens left (a speed hint: the same token either way).
     """
     # [B, V] -> [B] int64
+    if do_sample and dense and given_weights is None and len(rngs) == logits.shape[0]:
+        picks = _draw_dense(logits, rngs, scratch)
+        if picks is not None:
+            return picks
     cleaned, best, peak = checked(logits)
     if not do_sample:
         return best.astype(np.int64)
@@ -63,19 +74,44 @@ def pick(logits, do_sample: bool, rngs: list, given_weights=None, scratch: Scrat
     u = np.array([rng.random() for rng in rngs])  # one uniform draw per row and step
     if given_weights is not None:
         return inverse_cdf(given_weights, u, logits.shape[-1])
-    sparse = np.array([np.count_nonzero(row != NEG_INF) <= FEW_ALIVE for row in logits])  # per row: a third
-    picks = np.empty(logits.shape[0], dtype=np.int64)  # of the time of np.count_nonzero(..., axis=-1)
+    sparse = np.zeros(logits.shape[0], dtype=bool)
+    if logits.shape[-1] > FEW_ALIVE:  # a row can only be sparse if it holds -inf: one reduction says it does not
+        banned = np.flatnonzero(logits.min(axis=-1) == NEG_INF)
+        sparse[banned] = [np.count_nonzero(logits[r] != NEG_INF) <= FEW_ALIVE for r in banned]
+    else:
+        sparse[:] = True
+    picks = np.empty(logits.shape[0], dtype=np.int64)
     for r in np.flatnonzero(sparse):  # after top_k: exp and sum over the few tokens left only
         ids = np.flatnonzero(logits[r] != NEG_INF)
-        w = np.exp(logits[r, ids] - peak[r])  # the same float32 weights as weights() gives
-        ids, w = ids[w > 0], w[w > 0]
-        cdf = np.cumsum(w, dtype=np.float64)
-        picks[r] = ids[min(np.searchsorted(cdf, u[r] * cdf[-1], side="right"), len(ids) - 1)]
+        picks[r] = among(ids, logits[r, ids], peak[r], u[r])
     dense = np.flatnonzero(~sparse)
     if dense.size:
         dense_rows = logits if dense.size == len(picks) else logits[dense]
         picks[dense] = inverse_cdf(weights(dense_rows, scratch, peak[dense]), u[dense], logits.shape[-1])
     return picks
+
+
+def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
+    # pick's draw in as few operations as it takes (each costs more than its arithmetic right after a model step,
+    # whose weights have pushed the sampler's code and data out of the caches); None when a row's maximum is not
+    # finite, before any generator is used: pick's checks handle that row.
+    padded = weights(logits, scratch)
+    ends = [list(accumulate(sums)) for sums in block_sums(padded).tolist()]  # np.cumsum's float64 sums
+    if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # finite exactly when the row's maximum is
+        return None
+    n_vocab = logits.shape[-1]
+    return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in zip(padded, ends, rngs)], np.int64)
+
+
+def among(ids: np.ndarray, values: np.ndarray, peak: np.float32, u: float) -> int:
+    """One draw from softmax over the few tokens `ids` of a row (every other token is -inf): the first whose float64
+    cumulative weight exceeds u * total. peak: the row's maximum, float32; u: uniform in [0, 1)."""
+    # [n] ascending ids, [n] their float32 logits -> token id
+    w = np.exp(values - peak).tolist()  # the same float32 weights as weights() gives
+    if not all(w):  # underflow to 0: such a token is never drawn
+        ids, w = ids[np.flatnonzero(w)], [x for x in w if x]
+    cdf = list(accumulate(w))  # np.cumsum's float64 sums
+    return int(ids[min(bisect_right(cdf, u * cdf[-1]), len(ids) - 1)])
 
 
 def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
@@ -101,10 +137,16 @@ def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     return cleaned, best, peak
 
 
+def block_sums(padded: np.ndarray) -> np.ndarray:
+    """The weight of each block, float64."""
+    # [B, n_blocks * BLOCK] -> [B, n_blocks]
+    return padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64)
+
+
 def block_ends(padded: np.ndarray) -> np.ndarray:
     """The cumulative weight at the end of each block, float64."""
     # [B, n_blocks * BLOCK] -> [B, n_blocks]
-    return np.cumsum(padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64), axis=-1)
+    return np.cumsum(block_sums(padded), axis=-1)
 
 
 def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int, ends: np.ndarray | None = None) -> np.ndarray:
@@ -115,14 +157,20 @@ def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int, ends: np.ndarra
     return np.array([search(row, row_ends, x, n_vocab) for row, row_ends, x in zip(padded, ends, u)], dtype=np.int64)
 
 
-def search(padded_row: np.ndarray, ends: np.ndarray, u: float, n_vocab: int) -> int:
+def search(padded_row: np.ndarray, ends, u: float, n_vocab: int) -> int:
     """inverse_cdf for one row, given its block_ends (a row is searched again and again by rejection sampling)."""
-    # [n_blocks * BLOCK], [n_blocks], uniform in [0, 1) -> token id
+    # [n_blocks * BLOCK], [n_blocks] (array or list), uniform in [0, 1) -> token id
+    # In Python floats, which are float64: the same sums as np.cumsum's, in fewer NumPy calls (each of which costs
+    # tens of microseconds right after a model step has pushed NumPy's code out of the caches).
+    ends = ends.tolist() if isinstance(ends, np.ndarray) else ends
     target = u * ends[-1]
-    block = min(int(np.searchsorted(ends, target, side="right")), len(ends) - 1)
-    inner = np.cumsum(padded_row[block * BLOCK : (block + 1) * BLOCK], dtype=np.float64)
-    inner += ends[block - 1] if block else 0.0
-    token = block * BLOCK + int(np.searchsorted(inner, target, side="right"))
+    block = min(bisect_right(ends, target), len(ends) - 1)  # np.searchsorted(side="right")
+    offset, start = ends[block - 1] if block else 0.0, block * BLOCK
+    token = start + BLOCK
+    for i, inner in enumerate(accumulate(padded_row[start : start + BLOCK].tolist())):
+        if inner + offset > target:
+            token = start + i
+            break
     if token >= min((block + 1) * BLOCK, n_vocab):
         # the block's own sum and the one it was chosen by round differently: its last token with weight
         token = int(np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)[-1])

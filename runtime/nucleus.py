@@ -19,6 +19,9 @@ the whole row and accepts a token the cut keeps (keeps tests one token in one pa
 usual p (0.9, 0.95) and gives exactly the same distribution.
 """
 
+import math
+from itertools import accumulate
+
 import numpy as np
 
 from . import draw
@@ -175,19 +178,19 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     row's cut is found and drawn from: the distribution stays exact either way.
     """
     # [B, V] -> [B] int64
-    cleaned, _, peak = draw.checked(out)
-    if cleaned is not None:  # +inf or NaN: the plain path copes
-        return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)
     if len(rngs) != out.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    padded = draw.weights(out, scratch, peak)
-    ends = draw.block_ends(padded)
+    padded = draw.weights(out, scratch)
+    ends = [list(accumulate(sums)) for sums in draw.block_sums(padded).tolist()]  # draw.block_ends, as lists
+    if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
+        return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
         w = padded[r, :n_vocab]
-        np.copyto(probs64, w / w.sum())  # float32 division first: the probabilities transformers' cut sums
+        # float32 division (stored as float64): the probabilities transformers' cut sums
+        np.divide(w, w.sum(), out=probs64, dtype=np.float32)
         for _ in range(_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
             if keeps(out[r], probs64, threshold, token, mask):

@@ -15,7 +15,8 @@ parameter names and semantics of the matching transformers 4.57 logits processor
 -inf, a probability of 0 either way). A removed token gets -inf. Called
 directly, a filter returns a new array unless called with inplace=True; the chain copies once and works in
 place. Pure NumPy: the random generators are passed in, one per row, never global. The pick lives in draw.py,
-top_p's machinery in nucleus.py; neither sorts the vocabulary.
+top_p's machinery in nucleus.py, top_k's in topk.py; none sorts the vocabulary. When top_p or top_k is the last
+filter, the chain draws from the tokens it keeps instead of writing -inf over the rest of the row.
 """
 
 import functools
@@ -23,17 +24,20 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import nucleus
-from .draw import Scratch, pick
+from . import nucleus, topk
+from .draw import FEW_ALIVE, Scratch, pick
 from .generation_config import GenerationConfig, check_token_ids
+from .tally import Tallies
 
 NEG_INF = np.float32(-np.inf)
 __all__ = ["SamplerChain", "process_logits", "pick", "log_softmax", "top_logprobs"]  # pick: from draw.py
 F32_MAX = np.finfo(np.float32).max
 
-# The history a filter reads after the logits: each row's prompt and generated ids, its generated ids only,
-# or how many tokens it has generated.
-SEEN, GENERATED, COUNT = "seen", "generated", "count"
+# The history a filter reads after the logits: each row's prompt and generated ids in order (SEEN); the same ids
+# in any order, repeats optional (SEEN_IDS); its generated ids, distinct, with how often each was generated
+# ([n] int64, [n] int64) (GENERATED_COUNTS); or how many tokens it has generated (COUNT). A direct call takes the
+# ids lists for all of them but COUNT; the chain keeps SEEN_IDS and GENERATED_COUNTS up to date as rows grow.
+SEEN, SEEN_IDS, GENERATED_COUNTS, COUNT = "seen", "seen ids", "generated counts", "count"
 
 
 def logits_filter(no_op, reads=None, token_ids=None):
@@ -55,6 +59,8 @@ def logits_filter(no_op, reads=None, token_ids=None):
                 return out
             if token_ids is not None:
                 check_token_ids(token_ids[0], token_ids[1](*options), out.shape[-1])
+            if reads == GENERATED_COUNTS:
+                args = ([np.unique(_ids(ids), return_counts=True) for ids in args[0]], *args[1:])
             return apply(out, *args, **keywords)
 
         call.no_op, call.reads, call.apply = no_op, reads, apply
@@ -89,18 +95,24 @@ def _candidates(logits: np.ndarray) -> np.ndarray | None:
     return cols
 
 
-@logits_filter(no_op=lambda penalty: penalty == 1.0, reads=SEEN)
+@functools.lru_cache(maxsize=64)
+def _penalty_factor(penalty: float) -> np.float64:
+    # float32 arithmetic as transformers does it (exact in float64, then rounded once), except for a penalty
+    # below float32's range, which would become 0. Cached: a request asks for it every step, and right after a
+    # model step even these scalar conversions cost tens of microseconds (their code is out of the caches).
+    with np.errstate(over="ignore"):
+        factor = np.float32(penalty)
+    return np.float64(factor if factor > 0 else penalty)
+
+
+@logits_filter(no_op=lambda penalty: penalty == 1.0, reads=SEEN_IDS)
 def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     """Penalize every token already seen in the row (prompt included): positive logits divided, negative multiplied.
 
     CTRL (Keskar et al., 2019); transformers' RepetitionPenaltyLogitsProcessor. penalty=1.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    # float32 arithmetic as transformers does it (exact in float64, then rounded once), except for a penalty
-    # below float32's range, which would become 0.
-    with np.errstate(over="ignore"):
-        factor = np.float32(penalty)
-    factor = np.float64(factor if factor > 0 else penalty)
+    factor = _penalty_factor(penalty)
     for r, ids in enumerate(seen):
         ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
         score = out[r, ids].astype(np.float64)
@@ -110,15 +122,14 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     return out
 
 
-@logits_filter(no_op=lambda frequency, presence: frequency == 0 and presence == 0, reads=GENERATED)
-def frequency_presence_penalty(out, generated: list[np.ndarray], frequency_penalty: float, presence_penalty: float):
+@logits_filter(no_op=lambda frequency, presence: frequency == 0 and presence == 0, reads=GENERATED_COUNTS)
+def frequency_presence_penalty(out, generated: list, frequency_penalty: float, presence_penalty: float):
     """Subtract frequency_penalty * count + presence_penalty * (count > 0) for each generated token (prompt excluded).
 
     OpenAI's API semantics. Both at 0.0 is a no-op.
     """
     # [B, V] -> [B, V]
-    for r, ids in enumerate(generated):
-        ids, counts = np.unique(_ids(ids), return_counts=True)
+    for r, (ids, counts) in enumerate(generated):
         out[r, ids] -= (frequency_penalty * counts + presence_penalty).astype(out.dtype)
     return out
 
@@ -211,11 +222,12 @@ def top_k(out, k: int):
     k=0 is a no-op (and so is any k >= V: nothing to remove).
     """
     # [B, V] -> [B, V]
-    n_vocab = out.shape[-1]
-    if k >= n_vocab:
+    if k >= out.shape[-1]:
         return out
-    kth = np.partition(out, n_vocab - k, axis=-1)[:, n_vocab - k, None]  # O(V), no full sort
-    out[out < kth] = NEG_INF
+    for row in out:
+        ids, values = topk.kept(row, k)  # usually found without partitioning the row
+        row.fill(NEG_INF)
+        row[ids] = values
     return out
 
 
@@ -271,6 +283,9 @@ def typical_p(out, mass: float):
     return out
 
 
+NEVER_BAN = (repetition_penalty, frequency_presence_penalty, temperature)  # move logits, never to -inf on purpose
+
+
 class SamplerChain:
     """One request's next-token choice: its active filters in the order of the module docstring, then the pick.
 
@@ -295,22 +310,35 @@ class SamplerChain:
             candidates += [(typical_p, c.typical_p)]
         self.filters = [(f, tuple(options)) for f, *options in candidates if not f.no_op(*options)]
         self.do_sample = c.do_sample
+        # no active filter bans a token: the pick need not look for rows with few tokens left
+        self.dense = vocab_size > FEW_ALIVE and all(f in NEVER_BAN for f, _ in self.filters)
         self.scratch = Scratch()  # the arrays each step works in, kept for the next step
+        self.seen_ids, self.generated_counts = Tallies(), Tallies()  # what the penalties read, kept up to date
 
     def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
+        """seen[r], generated[r]: row r's ids lists. The chain follows each list object as it grows between calls
+        (the decode loop appends to it), so a list may only grow at its end; a new list object is counted anew."""
         # [B, V] -> [B] int64
-        if not self.filters:
-            return pick(logits, self.do_sample, rngs, scratch=self.scratch)
-        out = self.scratch.get("logits", logits.shape, logits.dtype)
-        np.copyto(out, logits)
-        if self.filters[-1][0] is top_p:
-            self._apply(out, self.filters[:-1], seen, generated)
-            (p,) = self.filters[-1][1]
+        last, options = self.filters[-1] if self.filters else (None, ())
+        if last is top_p or last is top_k:  # draw from the tokens it keeps: no -inf written over the rest
+            out = logits
+            if len(self.filters) > 1:  # the filters before it work in place, on a copy; the last one only reads
+                out = self.scratch.get("logits", logits.shape, logits.dtype)
+                np.copyto(out, logits)
+                self._apply(out, self.filters[:-1], seen, generated)
+            if last is top_k:
+                return topk.draw_kept(out, options[0], rngs)
+            (p,) = options
             if p >= nucleus.REJECT_FROM:
                 return nucleus.draw_from(out, p, rngs, self.scratch)
             given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
             return pick(out, self.do_sample, rngs, given, self.scratch)
-        return pick(self._apply(out, self.filters, seen, generated), self.do_sample, rngs, scratch=self.scratch)
+        if not self.filters:
+            return pick(logits, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
+        out = self.scratch.get("logits", logits.shape, logits.dtype)
+        np.copyto(out, logits)
+        out = self._apply(out, self.filters, seen, generated)
+        return pick(out, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
 
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
         """The filtered logits: a copy, or the input itself when no filter is active."""
@@ -319,15 +347,19 @@ class SamplerChain:
             return logits
         return self._apply(logits.copy(), self.filters, seen, generated)
 
-    @staticmethod
-    def _apply(out, filters, seen: list, generated: list) -> np.ndarray:
+    def _apply(self, out, filters, seen: list, generated: list) -> np.ndarray:
         for f, options in filters:
             if f.reads == COUNT:  # min_new_tokens: each row has its own count
                 for r, ids in enumerate(generated):
                     f.apply(out[r : r + 1], len(ids), *options)
+                continue
+            if f.reads == SEEN_IDS:  # the distinct ids: the same result as every copy, counted once
+                history = ([ids for ids, _ in self.seen_ids.update(seen)],)
+            elif f.reads == GENERATED_COUNTS:
+                history = (self.generated_counts.update(generated),)
             else:
-                history = {SEEN: (seen,), GENERATED: (generated,), None: ()}[f.reads]
-                f.apply(out, *history, *options)
+                history = (seen,) if f.reads == SEEN else ()
+            f.apply(out, *history, *options)
         return out
 
 

@@ -1,0 +1,73 @@
+"""top_k without partitioning the vocabulary: the tokens it keeps, and the chain's draw among them.
+
+transformers' TopKLogitsWarper keeps every logit >= the row's k-th largest (ties with it included). np.partition
+finds that value in O(V), but with a large constant and a copy of the row. The maxima of the row's blocks
+(BLOCK tokens each, one vectorised reduction) are k distinct elements of the row at least, so the k-th largest
+block maximum is a lower bound for the k-th largest logit: only the tokens at or above it (usually a little
+over k) can be kept, and the k-th largest of those is the row's. A row holding NaN, or a k above the number of
+blocks, is partitioned whole, as before.
+
+When top_k is the last filter of a sampler chain, the chain needs one token, not a row of -inf: draw_kept draws
+among the kept tokens directly, exactly as draw.pick would from the filtered row.
+"""
+
+import numpy as np
+
+from . import draw
+
+BLOCK = 256  # tokens per block maximum; halved (down to MIN_BLOCK) until there are at least k blocks
+MIN_BLOCK = 16
+
+
+def kept(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ascending ids of every token top_k keeps in one row, each logit >= the k-th largest, and their logits."""
+    # [V] float32, 0 < k < V -> ([m] int64, [m] float32), m >= k (ties with the k-th kept, as transformers keeps them)
+    ids = candidates(row, k)
+    if ids is None:
+        kth = np.partition(row, row.size - k)[row.size - k]  # NaN sorts last: counted as the largest, and kept
+        ids = np.flatnonzero(~(row < kth))
+        return ids, row[ids]
+    values = row[ids]
+    kth = np.partition(values, values.size - k)[values.size - k]
+    keep = values >= kth
+    return ids[keep], values[keep]
+
+
+def candidates(row: np.ndarray, k: int) -> np.ndarray | None:
+    """Ascending ids of a set of tokens that holds every token top_k keeps, found from block maxima; None where
+    the shortcut does not apply (fewer than k blocks even at MIN_BLOCK, or NaN in the row)."""
+    # [V] float32 -> [m] int64, or None
+    block = BLOCK
+    while row.size // block < k and block > MIN_BLOCK:
+        block //= 2
+    whole = row.size // block
+    if whole < k or np.isnan(row.max()):  # np.max propagates NaN
+        return None
+    # the maxima of any k disjoint groups of tokens are k distinct tokens: the tail past the last block may be left out
+    maxima = row[: whole * block].reshape(whole, block).max(axis=1)  # [whole]
+    bound = np.partition(maxima, whole - k)[whole - k]
+    return np.flatnonzero(row >= bound)
+
+
+def draw_kept(out: np.ndarray, k: int, rngs: list) -> np.ndarray:
+    """top_k then the pick, in one step: one draw per row among the tokens top_k keeps, the same token for the
+    same generator as draw.pick on the filtered row (whose path for rows with few tokens left it shares)."""
+    # [B, V] float32 -> [B] int64; out is left as it is
+    if len(rngs) != out.shape[0]:
+        raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
+    picks = np.empty(out.shape[0], dtype=np.int64)
+    for r, (row, rng) in enumerate(zip(out, rngs)):
+        ids = values = None
+        if k < row.size:
+            ids, values = kept(row, k)
+            peak = values.max()
+            # pick's own path, for a row with few tokens left, a finite maximum and no -inf among those kept
+            if ids.size <= draw.FEW_ALIVE and np.isfinite(peak) and values.min() > draw.NEG_INF:
+                picks[r] = draw.among(ids, values, peak, rng.random())
+                continue
+        filtered = row[None].copy()
+        if ids is not None:
+            filtered[0] = draw.NEG_INF
+            filtered[0, ids] = values
+        picks[r] = draw.pick(filtered, True, [rng])[0]
+    return picks

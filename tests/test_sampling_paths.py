@@ -1,0 +1,154 @@
+"""The sampler chain's shortcuts against the plain algorithms they stand for.
+
+top_k's block-maximum threshold against a partition of the whole row; the chain's draw among top_k's tokens, and
+its draw when no filter bans a token, against filtering then picking; the chain's per-row tallies against
+counting each step's whole history. Each on the rows where a shortcut could go wrong: ties at the k-th value,
+-inf and NaN, all-equal rows, k at or past the number of blocks or the vocabulary.
+"""
+
+import numpy as np
+import pytest
+
+from edgelm.runtime import draw, sampling, topk
+from edgelm.runtime.errors import GenerationOptionError
+from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.tally import Tallies
+
+V = 50_257
+
+
+def partitioned_top_k(logits, k):
+    """top_k as one partition of each whole row finds it: every logit below the k-th largest becomes -inf."""
+    out = logits.copy()
+    if k >= out.shape[-1]:
+        return out
+    kth = np.partition(out, out.shape[-1] - k, axis=-1)[:, out.shape[-1] - k, None]
+    out[out < kth] = -np.inf
+    return out
+
+
+def hard_rows(n_vocab, seed=0):
+    # [8, n_vocab]: flat, peaked, ties everywhere, mostly -inf, all equal, all -inf but a few, NaN, +inf
+    rng = np.random.default_rng(seed)
+    rows = (rng.standard_normal((8, n_vocab)) * [[0.02], [5.0], [1.0], [1.0], [0], [1.0], [1.0], [1.0]]).astype(
+        np.float32
+    )
+    rows[2] = np.round(rows[2] * 2)  # a handful of distinct values: ties at the k-th largest
+    rows[3, rng.random(n_vocab) < 0.9] = -np.inf
+    rows[5, 30:] = -np.inf
+    rows[6, rng.integers(0, n_vocab, 3)] = np.nan
+    rows[7, n_vocab - 1] = np.inf  # in the tail past the last whole block
+    return rows
+
+
+@pytest.mark.parametrize("k", [1, 2, 50, 196, 197, 500, 3000, 4000, V - 1, V, V + 5])
+def test_top_k_equals_a_partition_of_the_whole_row(k):
+    logits = hard_rows(V)
+    np.testing.assert_array_equal(sampling.top_k(logits, k), partitioned_top_k(logits, k))
+
+
+@pytest.mark.parametrize("n_vocab", [10, 300, 4099])
+def test_top_k_on_small_vocabularies_and_a_nan_in_the_tail(n_vocab):
+    logits = hard_rows(n_vocab, seed=1)
+    logits[0, -1] = np.nan  # past the last whole block: must still send the row to the partition
+    for k in (1, 3, 17, n_vocab - 1):
+        np.testing.assert_array_equal(sampling.top_k(logits, k), partitioned_top_k(logits, k))
+
+
+def test_candidates_hold_every_kept_token_and_few_others():
+    row = (np.random.default_rng(2).standard_normal(V) * 0.02).astype(np.float32)
+    ids = topk.candidates(row, 50)
+    assert np.isin(np.flatnonzero(np.isfinite(partitioned_top_k(row[None], 50)[0])), ids).all()
+    assert 50 <= ids.size < 200  # a little over k: the partition runs over these only
+    assert topk.candidates(row, V // topk.MIN_BLOCK + 1) is None  # more than the blocks: the whole row is partitioned
+
+
+@pytest.mark.parametrize("k", [1, 50, 300, 5000, V + 1])
+def test_chain_with_top_k_last_picks_what_filtering_then_picking_picks(k):
+    logits = hard_rows(V, seed=3)[[0, 1, 2, 3, 5, 7]]  # every row but the all-equal and NaN ones (below)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=k, temperature=0.7), V)
+    assert chain.filters[-1][0] is sampling.top_k
+    filtered = chain.process(logits, [[]] * 6, [[]] * 6)
+    for draw_index in range(5):
+        rngs = lambda: [np.random.default_rng([draw_index, r]) for r in range(6)]  # noqa: E731
+        np.testing.assert_array_equal(chain(logits, [[]] * 6, [[]] * 6, rngs()), draw.pick(filtered, True, rngs()))
+
+
+def test_top_k_draw_on_equal_and_nan_rows_matches_the_pick():
+    logits = hard_rows(V, seed=4)[[4, 6]]
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=50), V)
+    filtered = sampling.top_k(logits, 50)
+    assert np.isfinite(filtered[0]).sum() == V  # all equal: every token ties with the 50th
+    for seed in range(3):
+        rngs = lambda: [np.random.default_rng([seed, r]) for r in range(2)]  # noqa: E731
+        np.testing.assert_array_equal(chain(logits, [[]] * 2, [[]] * 2, rngs()), draw.pick(filtered, True, rngs()))
+
+
+def test_top_k_draw_of_a_row_with_nothing_left_raises():
+    logits = np.full((1, V), -np.inf, dtype=np.float32)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=50), V)
+    with pytest.raises(GenerationOptionError, match="every token was banned"):
+        chain(logits, [[]], [[]], [np.random.default_rng(0)])
+
+
+def test_dense_draw_picks_what_the_plain_pick_picks():
+    # no filter bans a token: the chain skips looking for rows with few tokens left; the token must not change
+    logits = hard_rows(V, seed=5)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, temperature=1.3), V)
+    assert chain.dense
+    filtered = chain.process(logits, [[]] * 8, [[]] * 8)
+    for seed in range(4):
+        rngs = lambda: [np.random.default_rng([seed, r]) for r in range(8)]  # noqa: E731
+        np.testing.assert_array_equal(chain(logits, [[]] * 8, [[]] * 8, rngs()), draw.pick(filtered, True, rngs()))
+
+
+@pytest.mark.parametrize("options", [{"top_k": 50}, {"top_k": 0, "top_p": 0.9}, {"top_k": 0, "top_p": 0.3}])
+def test_a_chain_that_draws_from_the_kept_tokens_leaves_the_logits_alone(options):
+    logits = hard_rows(V, seed=7)[[0, 1, 2]]
+    before = logits.copy()
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, **options), V)
+    chain(logits, [[]] * 3, [[]] * 3, [np.random.default_rng(r) for r in range(3)])
+    np.testing.assert_array_equal(logits, before)  # the caller's logits: the model's raw scores, yielded after
+
+
+def test_a_banning_filter_keeps_the_few_token_check():
+    config = GenerationConfig(do_sample=True, top_k=0, min_p=0.1)
+    assert not sampling.SamplerChain(config, V).dense
+    assert sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, repetition_penalty=1.2), V).dense
+
+
+def test_the_chain_follows_growing_rows_as_a_fresh_count_would():
+    n_vocab = 300
+    rng = np.random.default_rng(6)
+    config = GenerationConfig(
+        do_sample=True, top_k=0, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.6
+    )
+    chain = sampling.SamplerChain(config, n_vocab)
+    seen = [list(rng.integers(0, 20, 12)), list(rng.integers(0, 20, 3))]
+    generated = [[], []]
+    for step in range(30):
+        logits = (rng.standard_normal((2, n_vocab)) * 3).astype(np.float32)
+        fresh = sampling.SamplerChain(config, n_vocab).process(
+            logits, [list(s) for s in seen], [list(g) for g in generated]
+        )
+        np.testing.assert_array_equal(chain.process(logits, seen, generated), fresh)
+        for s, g in zip(seen, generated):
+            token = int(rng.integers(0, 20))
+            s.append(token)
+            g.append(token)
+        if step == 10:
+            seen[0][-2] = (seen[0][-2] + 1) % 20  # its last counted id rewritten in place: counted again
+        if step == 20:
+            del generated[1][-3:]  # shrunk: counted again
+            del seen[1][-3:]
+
+
+def test_tallies_count_every_id_and_drop_rows_no_longer_passed():
+    tallies = Tallies()
+    a, b = [5, 3, 5], [7]
+    (ids_a, counts_a), (ids_b, counts_b), _ = tallies.update([a, b, a])
+    assert dict(zip(ids_a.tolist(), counts_a.tolist())) == {5: 2, 3: 1}
+    a += [3] * 100  # past the first capacity of the tally's arrays
+    ((ids, counts),) = tallies.update([a])
+    assert dict(zip(ids.tolist(), counts.tolist())) == {5: 2, 3: 101}
+    assert list(tallies.by_list) == [id(a)]
