@@ -1,6 +1,7 @@
 """Create the onnxruntime session on the chosen device and learn the graph's inputs and outputs from it."""
 
 import ctypes
+import mmap
 import os
 from dataclasses import dataclass
 
@@ -127,3 +128,33 @@ def release_freed_memory() -> None:
         return
     if trim is not None:
         trim(0)
+
+
+def drop_mapped_pages(folder) -> int:
+    """Drop this process's resident pages of the file mappings inside `folder` that hold no written page
+    (Linux; elsewhere nothing to do). Returns how many mappings were advised.
+
+    onnxruntime maps large initializers from model.onnx.data and keeps some mapped after prepacking: an int4
+    graph's MatMulNBits scales (copied into the packed weights, never read again) and the 4-bit token table
+    that GatherBlockQuantized shares with the LM head. Prepacking read every one of those pages, so they stay
+    resident: 30 MB for SmolLM2-135M's shape. MADV_DONTNEED drops them from this process; a page a later step
+    reads (a token's row) comes back from the page cache on that read. onnxruntime maps them writable and
+    private, so a mapping with a written page (smaps' Anonymous) is left alone: dropping it would undo the write."""
+    madvise = getattr(ctypes.CDLL(None), "madvise", None) if os.path.exists("/proc/self/smaps") else None
+    if madvise is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    madvise.argtypes, madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    inside = os.path.join(os.path.realpath(folder), "")
+    candidates, current = [], None  # (start, end) of clean mappings inside the folder
+    with open("/proc/self/smaps") as smaps:  # a "start-end perms offset dev inode path" line, then "Field: N kB" lines
+        for line in smaps:
+            fields = line.split(maxsplit=5) or [""]
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                current = None
+                if len(fields) == 6 and fields[5].rstrip("\n").startswith(inside):
+                    current = tuple(int(address, 16) for address in fields[0].split("-"))
+                    candidates.append(current)
+            elif current is not None and fields[0] == "Anonymous:" and fields[1] != "0":
+                candidates.remove(current)  # written pages: keep the whole mapping
+                current = None
+    return sum(madvise(start, end - start, mmap.MADV_DONTNEED) == 0 for start, end in candidates)

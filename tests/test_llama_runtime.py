@@ -2,6 +2,8 @@
 (single prompts, a left-padded batch, prompts longer than one prefill chunk) and the server (completions and
 chat), and the cache sized by the key/value heads."""
 
+import os
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -177,3 +179,34 @@ def test_chat_without_a_template_is_refused_in_one_line(llama_checkpoint, tmp_pa
     errors = [line for line in result.output.splitlines() if "Error" in line]
     assert result.exit_code != 0 and len(errors) == 1 and "has no chat template" in errors[0], result.output
     assert "Traceback" not in result.output
+
+
+def _resident_kb(path) -> int:
+    """This process's resident kB of its mappings of `path` (/proc/self/smaps)."""
+    resident, current = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                current = len(fields) == 6 and fields[5] == str(path.resolve())
+            elif current and fields[0] == "Rss:":
+                resident += int(fields[1])
+    return resident
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_int4_load_leaves_no_weight_pages_resident(qwen2_checkpoint, tmp_path, monkeypatch):
+    """onnxruntime keeps the int4 scales and the shared 4-bit token table mapped after prepacking them; load()
+    drops those pages (runtime/session.py, drop_mapped_pages), and the tokens come out the same."""
+    from edgelm.export.stages import export_model
+    from edgelm.runtime import model as model_module
+
+    folder = export_model(str(qwen2_checkpoint), tmp_path / "int4", quantize="int4", validate=False).path
+    model = load(folder)
+    assert _resident_kb(folder / "model.onnx.data") == 0
+    rows = [model.encode(p) for p in PROMPTS]
+    tokens = [c.token_ids for c in model.generate(rows, max_new_tokens=6)]
+    monkeypatch.setattr(model_module, "drop_mapped_pages", lambda folder: 0)
+    kept = load(folder)
+    assert _resident_kb(folder / "model.onnx.data") > 0  # what load() would hold without dropping them
+    assert [c.token_ids for c in kept.generate(rows, max_new_tokens=6)] == tokens
