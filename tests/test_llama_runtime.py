@@ -210,3 +210,19 @@ def test_int4_load_leaves_no_weight_pages_resident(qwen2_checkpoint, tmp_path, m
     kept = load(folder)
     assert _resident_kb(folder / "model.onnx.data") > 0  # what load() would hold without dropping them
     assert [c.token_ids for c in kept.generate(rows, max_new_tokens=6)] == tokens
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="reads Linux's /proc/self/pagemap")
+def test_dropping_mapped_pages_keeps_a_written_mapping(tmp_path):
+    """A private mapping with a page written through it is left alone: dropping it would undo the write."""
+    import mmap
+
+    from edgelm.runtime.session import drop_mapped_pages
+
+    (tmp_path / "weights").write_bytes(bytes(4 * mmap.PAGESIZE))
+    with open(tmp_path / "weights", "r+b") as f:
+        clean, written = (mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE) for _ in range(2))
+    assert clean[:] == written[:]  # both resident now
+    written[5] = 7
+    assert drop_mapped_pages(tmp_path) == 1  # the clean one only
+    assert written[5] == 7 and clean[:] == bytes(4 * mmap.PAGESIZE)
