@@ -1,6 +1,6 @@
 """Llama and Qwen2 packages on the same runtime: greedy tokens equal transformers' from the CLI, the Python API
 (single prompts, a left-padded batch, prompts longer than one prefill chunk) and the server (completions and
-chat), and the cache sized by the key/value heads."""
+chat), the cache sized by the key/value heads, and the mapped int4 weight pages load() drops."""
 
 import os
 
