@@ -11,8 +11,10 @@ are kept under benchmarks/out/peers/CHECKPOINT_FOLDER_NAME/.
 
 Each measurement runs in its own worker process (so peak RSS is that system's alone); rounds go through
 every system in turn, so machine noise spreads over all of them. Figures are medians over rounds:
-decode tok/s (batch 1, 8-token prompt, 128 greedy tokens), first token after a 512-token prompt, decode
-tok/s after that prompt (128 tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s
+decode tok/s (batch 1, 8-token prompt, 128 greedy tokens), the worker's CPU time per token over that run (all
+its threads: with --threads 1 the work a token costs, the figure other processes on the machine move least;
+with more threads it counts their spinning too), first token after a 512-token prompt, decode tok/s after that
+prompt (128 tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s
 with each sampled setting of `edgelm bench --sample` (edgelm.runtime.bench.SAMPLED: OpenAI's defaults, top_p
 0.9, transformers' top_k 50, penalties), through each system's own sampler chain, and its ratio to the same
 worker's greedy rate. llama.cpp takes the settings as llama-cpp-python's generate() names them, with min_p
@@ -222,10 +224,13 @@ def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int, sa
     short, long = prompt_ids(8, vocab, eos), prompt_ids(512, vocab, eos)
     run = RUNNERS[kind](system, model_path, threads)  # run(prompt, n) -> (seconds to first token, seconds for the rest)
     run(short, 8)  # warm-up
+    cpu = time.process_time()
     first, rest = run(short, NEW_TOKENS)
+    cpu = time.process_time() - cpu  # every thread of this worker: the prefill of 8 tokens and NEW_TOKENS steps
     ttft, rest_long = run(long, NEW_TOKENS)
     figures = {
         "decode_tok_s": (NEW_TOKENS - 1) / rest,
+        "decode_cpu_ms": 1000 * cpu / NEW_TOKENS,
         "ttft_512_ms": 1000 * ttft,
         "decode_after_512_tok_s": (NEW_TOKENS - 1) / rest_long,
     }
@@ -490,18 +495,20 @@ def format_table(table: dict, failed: dict, args) -> str:
     pages = "every worker on glibc.malloc.hugetlb=1" if args.huge_pages else "default malloc"
     lines = [
         f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, {pages}, load average now {os.getloadavg()[0]:.2f}",
-        "| system | decode tok/s | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |",
-        "| --- | --- | --- | --- | --- |",
+        "| system | decode tok/s | decode CPU ms/token | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for system, row in table.items():
         lines.append(
-            f"| {system} | {row['decode_tok_s']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |"
+            f"| {system} | {row['decode_tok_s']:.1f} | {row['decode_cpu_ms']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |"
         )
     ratios = [("edgelm-fp32", "transformers-fp32", "decode_tok_s"), ("edgelm-fp32", "llama.cpp-f32", "decode_tok_s")]
     for cache in ("", "-kv8"):
         ratios += [
             (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_tok_s"),
             (f"edgelm-int4{cache}", "llama.cpp-q4_0", "decode_tok_s"),
+            (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_cpu_ms"),
+            (f"edgelm-int4{cache}", "llama.cpp-q4_0", "decode_cpu_ms"),
             (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_after_512_tok_s"),
             (f"edgelm-int8{cache}", "ct2-int8", "ttft_512_ms"),
             (f"edgelm-int8{cache}", "ct2-int8", "peak_rss_mb"),
@@ -510,8 +517,12 @@ def format_table(table: dict, failed: dict, args) -> str:
     for ours, peer, key in ratios:
         peers = [table[p][key] for p in (peer, peer + "-nofa") if p in table]  # llama.cpp at its best setting
         if ours in table and peers:
-            best = min(peers) if key in ("ttft_512_ms", "peak_rss_mb") else max(peers)
-            lines.append(f"{ours} / {peer} {key}: {table[ours][key] / best:.2f}x")
+            lower_is_better = key in ("ttft_512_ms", "peak_rss_mb", "decode_cpu_ms")
+            best = min(peers) if lower_is_better else max(peers)
+            if key == "decode_cpu_ms":  # as a speed: the peer's CPU per token over ours
+                lines.append(f"{ours} / {peer} decode per CPU second: {best / table[ours][key]:.2f}x")
+            else:
+                lines.append(f"{ours} / {peer} {key}: {table[ours][key] / best:.2f}x")
     for system, why in failed.items():
         lines.append(f"not measured: {system}: {why}")
     return "\n".join(lines)

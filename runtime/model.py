@@ -26,7 +26,7 @@ from .package_format import GENERATION_CONFIG, MANIFEST
 from .prefix_cache import PrefixCache, cache_bytes
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
-from .session import create_session, graph_io, release_freed_memory
+from .session import create_session, drop_mapped_pages, graph_io, release_freed_memory
 from .store import resolve_package
 
 
@@ -84,6 +84,7 @@ class Model:
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
         release_freed_memory()
+        drop_mapped_pages(package.folder)
 
     max_batch_tokens = MAX_BATCH_TOKENS  # rows x positions one call may decode; raise it on an instance to allow more
 

@@ -1,9 +1,11 @@
 """Create the onnxruntime session on the chosen device and learn the graph's inputs and outputs from it."""
 
 import ctypes
+import mmap
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import onnxruntime as ort
 
 from .errors import DeviceError, PackageError
@@ -147,3 +149,36 @@ def release_freed_memory() -> None:
         return
     if trim is not None:
         trim(0)
+
+
+def drop_mapped_pages(folder) -> int:
+    """Drop this process's resident pages of the file mappings inside `folder` that hold no written page
+    (Linux; elsewhere nothing to do). Returns how many mappings were advised.
+
+    onnxruntime maps large initializers from model.onnx.data and keeps some mapped after prepacking: an int4
+    graph's MatMulNBits scales (copied into the packed weights, never read again) and the 4-bit token table
+    that GatherBlockQuantized shares with the LM head. Prepacking read every one of those pages, so they stay
+    resident: 30 MB for SmolLM2-135M's shape. MADV_DONTNEED drops them from this process; a page a later step
+    reads (a token's row) comes back from the page cache on that read. onnxruntime maps them writable and
+    private, so a mapping with a page of its own (written, so no longer the file's: /proc/self/pagemap) is left
+    alone: dropping it would undo the write."""
+    madvise = getattr(ctypes.CDLL(None), "madvise", None) if os.path.exists("/proc/self/pagemap") else None
+    if madvise is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    madvise.argtypes, madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    inside, page = os.path.join(os.path.realpath(folder), ""), mmap.PAGESIZE
+    mappings = []  # (start, end) of the mappings of files inside the folder
+    with open("/proc/self/maps") as maps:  # "start-end perms offset dev inode path"
+        for line in maps:
+            fields = line.split(maxsplit=5) if inside in line else ()
+            if len(fields) == 6 and fields[5].startswith(inside):
+                mappings.append(tuple(int(address, 16) for address in fields[0].split("-")))
+    advised = 0
+    with open("/proc/self/pagemap", "rb") as pagemap:  # 8 bytes per page: bit 63 present, bit 61 the file's page
+        for start, end in mappings:
+            pagemap.seek(start // page * 8)
+            flags = np.frombuffer(pagemap.read((end - start) // page * 8), dtype=np.uint64)
+            if np.any((flags >> np.uint64(63)) & ~(flags >> np.uint64(61)) & np.uint64(1)):
+                continue  # a present page that is not the file's: written
+            advised += madvise(start, end - start, mmap.MADV_DONTNEED) == 0
+    return advised

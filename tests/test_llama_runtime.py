@@ -1,6 +1,8 @@
 """Llama and Qwen2 packages on the same runtime: greedy tokens equal transformers' from the CLI, the Python API
 (single prompts, a left-padded batch, prompts longer than one prefill chunk) and the server (completions and
-chat), and the cache sized by the key/value heads."""
+chat), the cache sized by the key/value heads, and the mapped int4 weight pages load() drops."""
+
+import os
 
 import pytest
 import torch
@@ -177,3 +179,50 @@ def test_chat_without_a_template_is_refused_in_one_line(llama_checkpoint, tmp_pa
     errors = [line for line in result.output.splitlines() if "Error" in line]
     assert result.exit_code != 0 and len(errors) == 1 and "has no chat template" in errors[0], result.output
     assert "Traceback" not in result.output
+
+
+def _resident_kb(path) -> int:
+    """This process's resident kB of its mappings of `path` (/proc/self/smaps)."""
+    resident, current = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                current = len(fields) == 6 and fields[5] == str(path.resolve())
+            elif current and fields[0] == "Rss:":
+                resident += int(fields[1])
+    return resident
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_int4_load_leaves_no_weight_pages_resident(qwen2_checkpoint, tmp_path, monkeypatch):
+    """onnxruntime keeps the int4 scales and the shared 4-bit token table mapped after prepacking them; load()
+    drops those pages (runtime/session.py, drop_mapped_pages), and the tokens come out the same."""
+    from edgelm.export.stages import export_model
+    from edgelm.runtime import model as model_module
+
+    folder = export_model(str(qwen2_checkpoint), tmp_path / "int4", quantize="int4", validate=False).path
+    model = load(folder)
+    assert _resident_kb(folder / "model.onnx.data") == 0
+    rows = [model.encode(p) for p in PROMPTS]
+    tokens = [c.token_ids for c in model.generate(rows, max_new_tokens=6)]
+    monkeypatch.setattr(model_module, "drop_mapped_pages", lambda folder: 0)
+    kept = load(folder)
+    assert _resident_kb(folder / "model.onnx.data") > 0  # what load() would hold without dropping them
+    assert [c.token_ids for c in kept.generate(rows, max_new_tokens=6)] == tokens
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="reads Linux's /proc/self/pagemap")
+def test_dropping_mapped_pages_keeps_a_written_mapping(tmp_path):
+    """A private mapping with a page written through it is left alone: dropping it would undo the write."""
+    import mmap
+
+    from edgelm.runtime.session import drop_mapped_pages
+
+    (tmp_path / "weights").write_bytes(bytes(4 * mmap.PAGESIZE))
+    with open(tmp_path / "weights", "r+b") as f:
+        clean, written = (mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE) for _ in range(2))
+    assert clean[:] == written[:]  # both resident now
+    written[5] = 7
+    assert drop_mapped_pages(tmp_path) == 1  # the clean one only
+    assert written[5] == 7 and clean[:] == bytes(4 * mmap.PAGESIZE)
