@@ -96,11 +96,16 @@ def _generate(model, rows, new_tokens, eos):
     return out[:, ids.shape[1] :].numpy()
 
 
-def _engine(graph, arch) -> Engine:
+def _engine(graph, arch, prepack: bool = True) -> Engine:
     """graph: ONNX bytes with the weights inside, or a ShippedGraph, whose model.onnx.data is not written yet:
-    its weights are handed to onnxruntime from memory."""
+    its weights are handed to onnxruntime from memory. prepack=False keeps onnxruntime from making its own
+    packed copy of every weight matrix (gpt2-xl's float32 ones are 6 GB, beside the arrays it was handed): the
+    float32 check multiplies by the arrays themselves, as fast for its few passes. The quantized graphs keep
+    prepacking, which selects the kernels the runtime runs (MatMulNBits' int8-activation one among them)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     embeddings = None
     if isinstance(graph, ShippedGraph):
         values = [ort.OrtValue.ortvalue_from_numpy(a) for a in graph.weights.values()]  # borrowed by the session
@@ -117,14 +122,22 @@ def _ours_greedy(engine, rows, new_tokens, arch):
     return np.stack(steps, axis=1)
 
 
-def _relative_error(ours, reference, mask):
-    real = mask.astype(bool)
-    return float(np.abs(ours[real] - reference[real]).max() / np.abs(reference[real]).max())
+def _relative_error(ours, reference, mask, positions_at_once: int = 64):
+    """max |ours - reference| / max |reference| over the real positions of [B, T, V] logits, a few positions at
+    a time: a 2,048-token case of a 128K vocabulary is 1 GB of logits, and each whole-array step would copy it."""
+    errors, scales = [], []  # np.max of these keeps a NaN, which must fail the check
+    for b in range(mask.shape[0]):
+        real = np.flatnonzero(mask[b])
+        for start in range(0, len(real), positions_at_once):
+            at = real[start : start + positions_at_once]
+            errors.append(np.abs(ours[b, at] - reference[b, at]).max())
+            scales.append(np.abs(reference[b, at]).max())
+    return float(np.max(errors) / np.max(scales))
 
 
 def check_fp32(graph, model, tokenizer, arch) -> dict:
     """Full logits, cache path and greedy tokens against PyTorch; raises ParityError past the tolerance."""
-    engine = _engine(graph, arch)
+    engine = _engine(graph, arch, prepack=False)
     report = {"tolerance": FP32_TOLERANCE, "cases": {}}
     for name, rows in validation_cases(tokenizer, arch).items():
         reference, mask = _torch_logits(model, rows)
