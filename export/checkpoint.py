@@ -259,19 +259,16 @@ def transposed(tensor) -> np.ndarray:
 
 
 def tensors(path: Path):
-    """(name, torch tensor) from one safetensors file or PyTorch .bin, read one at a time: a safetensors file
-    is mapped and each tensor copied out when asked for, so a reader that converts or places each one before the
-    next never holds the file twice (a 1B model's float32 weights are 5 GB). A .bin goes through torch's
-    weights-only loader, mapped where its format allows."""
+    """(name, torch tensor) from one safetensors file or PyTorch .bin, read one at a time, so a reader that
+    converts or places each one before the next never holds the file twice (a 1B model's float32 weights are
+    5 GB). A safetensors file is checked by the safetensors library, then each tensor is read from the file into
+    memory of its own: through a mapping of the file, every page read would stay counted in the process's
+    memory until the end. A .bin goes through torch's weights-only loader, mapped where its format allows."""
     import torch
 
     try:
         if path.name.endswith(".safetensors"):
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="pt") as handle:
-                for name in handle.keys():
-                    yield name, handle.get_tensor(name)
+            yield from _safetensors(path)
             return
         with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a file
             warnings.simplefilter("ignore")
@@ -294,6 +291,51 @@ def tensors(path: Path):
         raise ExportError(
             f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]})."
         ) from None
+
+
+# safetensors' dtype names -> torch's; a tensor of another dtype is refused
+SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def _safetensors(path: Path):
+    """A safetensors file's tensors in file order. safe_open validates the header (dtypes, shapes, byte
+    ranges inside the file and adding up); the ranges are then read from the header edgelm parses itself."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        names = set(handle.keys())
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(length))
+        for name, entry in sorted(
+            ((n, e) for n, e in header.items() if n in names), key=lambda item: item[1]["data_offsets"][0]
+        ):
+            dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise ExportError(
+                    f"cannot read weights {path}: tensor {name} is stored as {entry['dtype']}, which edgelm does "
+                    "not read; save the checkpoint in float32, float16 or bfloat16."
+                )
+            start, end = entry["data_offsets"]
+            raw = torch.empty(end - start, dtype=torch.uint8)
+            file.seek(8 + length + start)
+            if file.readinto(raw.numpy()) != end - start:
+                raise ExportError(f"cannot read weights {path}: the file is truncated; download it again.")
+            yield name, raw.view(getattr(torch, dtype)).reshape(entry["shape"])
 
 
 def _check_finite(name: str, weight: np.ndarray, path: Path) -> None:

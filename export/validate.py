@@ -98,17 +98,19 @@ def _generate(model, rows, new_tokens, eos):
 
 def _engine(graph, arch, prepack: bool = True) -> Engine:
     """graph: ONNX bytes with the weights inside, or a ShippedGraph, whose model.onnx.data is not written yet:
-    its weights are handed to onnxruntime from memory. prepack=False keeps onnxruntime from making its own
-    packed copy of every weight matrix (gpt2-xl's float32 ones are 6 GB, beside the arrays it was handed): the
-    float32 check multiplies by the arrays themselves, as fast for its few passes. The quantized graphs keep
-    prepacking, which selects the kernels the runtime runs (MatMulNBits' int8-activation one among them)."""
+    its weights are handed to onnxruntime from memory (it copies them into the session: onnxruntime 1.32 refuses
+    in-memory references in a model and reads an initializer given in place only where the graph holds it).
+
+    prepack=False keeps onnxruntime from packing every weight matrix for its kernels, a further copy held while
+    the session is made; the float32 check computes as fast without it for its few passes. The quantized graphs
+    keep prepacking, which selects the kernels the runtime runs (MatMulNBits' int8-activation one among them)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     embeddings = None
     if isinstance(graph, ShippedGraph):
-        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in graph.weights.values()]  # borrowed by the session
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in graph.weights.values()]
         options.add_external_initializers(list(graph.weights), values)
         graph, embeddings = graph.graph, graph.embeddings()
     session = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
@@ -132,7 +134,10 @@ def _relative_error(ours, reference, mask, positions_at_once: int = 64):
             at = real[start : start + positions_at_once]
             errors.append(np.abs(ours[b, at] - reference[b, at]).max())
             scales.append(np.abs(reference[b, at]).max())
-    return float(np.max(errors) / np.max(scales))
+    error, scale = float(np.max(errors)), float(np.max(scales))
+    if scale == 0:  # all-zero reference logits (a token whose embedding is zero): equal, or infinitely far
+        return 0.0 if error == 0 else float("inf")
+    return error / scale
 
 
 def check_fp32(graph, model, tokenizer, arch) -> dict:

@@ -4,9 +4,11 @@ copies of their own), and onnxruntime's float32 validation session makes no pack
 figures on gpt2-xl and Llama-3.2-1B shapes are in benchmarks/results/2026-11-30-large-exports.md."""
 
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 
 def _load(folder):
@@ -64,59 +66,61 @@ def test_llama_packing_gives_the_matrices_read_and_equals_packing_copies(untied_
     assert qkv.flags.c_contiguous and np.may_share_memory(qkv, loaded.weights["model.layers.1.self_attn.v_proj.weight"])
 
 
-def test_checkpoint_tensors_are_read_one_at_a_time(llama_checkpoint, monkeypatch):
-    """When the loader asks the safetensors file for a tensor, the one before it is already placed and gone."""
-    import safetensors
+def test_checkpoint_tensors_are_read_one_at_a_time(llama_checkpoint, monkeypatch, tmp_path):
+    """Each tensor is placed and gone before the file gives the next one, and none stays mapped from the file."""
+    import shutil
 
-    opened, alive_when_asked = safetensors.safe_open, []
+    from edgelm.export import checkpoint as checkpoint_module
+    from edgelm.export import llama_checkpoint as llama_module
 
-    class Watched:
-        def __init__(self, *args, **kwargs):
-            self.handle, self.previous = opened(*args, **kwargs), None
+    read, alive_when_asked = checkpoint_module.tensors, []
 
-        def __enter__(self):
-            self.handle.__enter__()
-            return self
+    def watched(path):
+        previous = None
+        for name, tensor in read(path):
+            alive_when_asked.append(previous is not None and previous() is not None)
+            previous = weakref.ref(tensor)
+            yield name, tensor
+            del tensor
 
-        def __exit__(self, *exc):
-            return self.handle.__exit__(*exc)
-
-        def keys(self):
-            return self.handle.keys()
-
-        def get_tensor(self, name):
-            alive_when_asked.append(self.previous is not None and self.previous() is not None)
-            tensor = self.handle.get_tensor(name)
-            self.previous = weakref.ref(tensor)
-            return tensor
-
-    monkeypatch.setattr(safetensors, "safe_open", Watched)
-    loaded = _load(llama_checkpoint)
+    monkeypatch.setattr(llama_module, "tensors", watched)
+    folder = shutil.copytree(llama_checkpoint, tmp_path / "copy")  # a file no other test has open
+    loaded = _load(folder)
     assert len(alive_when_asked) >= len(loaded.weights) and not any(alive_when_asked)
+    maps = open("/proc/self/maps").read() if Path("/proc/self/maps").exists() else ""
+    assert str(loaded.folder / "model.safetensors") not in maps
 
 
-def test_float32_validation_session_does_not_prepack(llama_checkpoint, monkeypatch):
-    """onnxruntime would otherwise hold a packed copy of every float32 matrix beside the arrays it was handed."""
+def test_float32_check_builds_its_session_without_prepacking(llama_checkpoint, monkeypatch):
+    """Prepacking would hold a packed copy of every float32 matrix while the session is made; without it the
+    session computes the same logits."""
     from edgelm.export import validate
     from edgelm.export.stages import _family
     from edgelm.export.weights_file import split_weights
 
-    loaded = _load(llama_checkpoint)
-    decoder = _family(loaded.arch).build_decoder(loaded.arch, loaded.weights, "none")
-    graph = split_weights(decoder.model.SerializeToString(), decoder.arrays)
-    created = []
+    asked, make_engine = [], validate._engine
 
     class Built(Exception):
         pass
 
-    def session(graph, sess_options, **kwargs):
-        created.append(sess_options.get_session_config_entry("session.disable_prepacking"))
-        raise Built  # the options are the point; nothing needs to run
+    def engine(graph, arch, **options):
+        asked.append(options)
+        raise Built  # what it asked for is the point; nothing needs to run
 
-    monkeypatch.setattr(validate.ort, "InferenceSession", session)
+    monkeypatch.setattr(validate, "_engine", engine)
     with pytest.raises(Built):
-        validate.check_fp32(graph, None, None, loaded.arch)
-    assert created == ["1"]
+        validate.check_fp32(None, None, None, None)
+    assert asked == [{"prepack": False}]
+
+    loaded = _load(llama_checkpoint)
+    decoder = _family(loaded.arch).build_decoder(loaded.arch, loaded.weights, "none")
+    graph = split_weights(decoder.model.SerializeToString(), decoder.arrays)
+    unpacked = make_engine(graph, loaded.arch, prepack=False)
+    assert unpacked.session.get_session_options().get_session_config_entry("session.disable_prepacking") == "1"
+    ids = np.array([[3, 5, 7]])
+    logits, _ = unpacked.forward(ids, np.ones_like(ids), np.arange(3)[None], unpacked.empty_past(1), logits_to_keep=0)
+    reference = _family(loaded.arch).reference_model(loaded)(input_ids=torch.from_numpy(ids)).logits.detach().numpy()
+    assert np.abs(logits - reference).max() <= 1e-5 * np.abs(reference).max()
 
 
 def test_relative_error_in_pieces_is_the_whole_arrays_figure():
@@ -133,3 +137,6 @@ def test_relative_error_in_pieces_is_the_whole_arrays_figure():
     assert _relative_error(ours, reference, mask, positions_at_once=16) == pytest.approx(float(whole), rel=1e-6)
     ours[0, 149, 3] = np.nan
     assert np.isnan(_relative_error(ours, reference, mask, positions_at_once=16))
+    zeros = np.zeros((1, 3, 7), np.float32)  # a token whose embedding is zero: both sides give zero logits
+    assert _relative_error(zeros, zeros, np.ones((1, 3))) == 0.0
+    assert _relative_error(zeros + 1e-3, zeros, np.ones((1, 3))) == float("inf")
