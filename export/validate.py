@@ -96,26 +96,58 @@ def _generate(model, rows, new_tokens, eos):
     return out[:, ids.shape[1] :].numpy()
 
 
-def _engine(graph, arch, prepack: bool = True) -> Engine:
+def _engine(graph, arch, in_place: bool = False) -> Engine:
     """graph: ONNX bytes with the weights inside, or a ShippedGraph, whose model.onnx.data is not written yet:
-    its weights are handed to onnxruntime from memory (it copies them into the session: onnxruntime 1.32 refuses
-    in-memory references in a model and reads an initializer given in place only where the graph holds it).
+    its weights are handed to onnxruntime from memory.
 
-    prepack=False keeps onnxruntime from packing every weight matrix for its kernels, a further copy held while
-    the session is made; the float32 check computes as fast without it for its few passes. The quantized graphs
-    keep prepacking, which selects the kernels the runtime runs (MatMulNBits' int8-activation one among them)."""
+    Handed over as external initializers, onnxruntime copies the weights into the session (and prepacks them);
+    onnxruntime 1.32 refuses in-memory references in a model, and reads an initializer given in place only where
+    the graph holds one. in_place=True, for the float32 check, computes on the arrays themselves instead: the
+    graph declares the weights as inputs and every run feeds them (gpt2-xl's float32 weights are 6 GB; the
+    check would hold them twice). The operators are the same; the quantized graphs keep initializers and
+    prepacking, which select the kernels the runtime runs (MatMulNBits' int8-activation one among them)."""
+    import onnx
+
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    if not prepack:
-        options.add_session_config_entry("session.disable_prepacking", "1")
-    embeddings = None
+    embeddings, fed = None, {}
     if isinstance(graph, ShippedGraph):
-        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in graph.weights.values()]
-        options.add_external_initializers(list(graph.weights), values)
-        graph, embeddings = graph.graph, graph.embeddings()
+        embeddings = graph.embeddings()
+        if in_place:
+            model = onnx.load_model_from_string(graph.graph)
+            for tensor in [t for t in model.graph.initializer if t.name in graph.weights]:
+                model.graph.initializer.remove(tensor)
+                model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims))
+            fed, graph = graph.weights, model.SerializeToString()
+        else:
+            values = [ort.OrtValue.ortvalue_from_numpy(a) for a in graph.weights.values()]
+            options.add_external_initializers(list(graph.weights), values)
+            graph = graph.graph
     session = ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
     io = graph_io(session, arch.n_layer, kv_cache_in_place=True)
-    return Engine(session, io, arch.kv_heads, arch.head_size, arch.vocab_size, "cpu", embeddings)
+    engine = Engine(session, io, arch.kv_heads, arch.head_size, arch.vocab_size, "cpu", embeddings)
+    if fed:
+        engine.runner = _Fed(engine.runner, fed)
+    return engine
+
+
+class _Fed:
+    """A runner (runtime/ort_fast_path.py: value, run, bind) that feeds `weights` {name: array} with every run,
+    borrowed: the arrays must outlive it."""
+
+    def __init__(self, runner, weights: dict):
+        self.runner = runner
+        self.weights = {name: runner.value(array) for name, array in weights.items()}
+
+    def value(self, array, device: str = "cpu"):
+        return self.runner.value(array, device)
+
+    def run(self, feeds: dict, output_names: list) -> list:
+        return self.runner.run(feeds | self.weights, output_names)
+
+    def bind(self, input_names: list, outputs: dict):
+        bound, weights = self.runner.bind([*input_names, *self.weights], outputs), list(self.weights.values())
+        return lambda inputs: bound([*inputs, *weights])
 
 
 def _ours_greedy(engine, rows, new_tokens, arch):
@@ -142,7 +174,7 @@ def _relative_error(ours, reference, mask, positions_at_once: int = 64):
 
 def check_fp32(graph, model, tokenizer, arch) -> dict:
     """Full logits, cache path and greedy tokens against PyTorch; raises ParityError past the tolerance."""
-    engine = _engine(graph, arch, prepack=False)
+    engine = _engine(graph, arch, in_place=True)
     report = {"tolerance": FP32_TOLERANCE, "cases": {}}
     for name, rows in validation_cases(tokenizer, arch).items():
         reference, mask = _torch_logits(model, rows)

@@ -91,9 +91,11 @@ def test_checkpoint_tensors_are_read_one_at_a_time(llama_checkpoint, monkeypatch
     assert str(loaded.folder / "model.safetensors") not in maps
 
 
-def test_float32_check_builds_its_session_without_prepacking(llama_checkpoint, monkeypatch):
-    """Prepacking would hold a packed copy of every float32 matrix while the session is made; without it the
-    session computes the same logits."""
+def test_float32_check_computes_on_the_arrays_in_place(llama_checkpoint, monkeypatch):
+    """Handed over as initializers, the weights would be copied into the session (and prepacked): the float32
+    check feeds them as inputs, and gets transformers' logits through both of the engine's paths."""
+    import onnx
+
     from edgelm.export import validate
     from edgelm.export.stages import _family
     from edgelm.export.weights_file import split_weights
@@ -110,17 +112,28 @@ def test_float32_check_builds_its_session_without_prepacking(llama_checkpoint, m
     monkeypatch.setattr(validate, "_engine", engine)
     with pytest.raises(Built):
         validate.check_fp32(None, None, None, None)
-    assert asked == [{"prepack": False}]
+    assert asked == [{"in_place": True}]
+    monkeypatch.undo()
 
     loaded = _load(llama_checkpoint)
     decoder = _family(loaded.arch).build_decoder(loaded.arch, loaded.weights, "none")
     graph = split_weights(decoder.model.SerializeToString(), decoder.arrays)
-    unpacked = make_engine(graph, loaded.arch, prepack=False)
-    assert unpacked.session.get_session_options().get_session_config_entry("session.disable_prepacking") == "1"
-    ids = np.array([[3, 5, 7]])
-    logits, _ = unpacked.forward(ids, np.ones_like(ids), np.arange(3)[None], unpacked.empty_past(1), logits_to_keep=0)
-    reference = _family(loaded.arch).reference_model(loaded)(input_ids=torch.from_numpy(ids)).logits.detach().numpy()
+    given, session_class = [], validate.ort.InferenceSession
+
+    def session(model, sess_options, **kwargs):
+        given.append([t.name for t in onnx.load_model_from_string(model).graph.initializer if t.name in graph.weights])
+        return session_class(model, sess_options=sess_options, **kwargs)
+
+    monkeypatch.setattr(validate.ort, "InferenceSession", session)
+    fed = make_engine(graph, loaded.arch, in_place=True)
+    assert given == [[]]
+    ids = np.array([[3, 5, 7, 9]])
+    model = _family(loaded.arch).reference_model(loaded)
+    reference = model(input_ids=torch.from_numpy(ids)).logits.detach().numpy()
+    logits, _ = fed.forward(ids, np.ones_like(ids), np.arange(4)[None], fed.empty_past(1), logits_to_keep=0)
     assert np.abs(logits - reference).max() <= 1e-5 * np.abs(reference).max()
+    steps = validate._ours_greedy(fed, [ids[0].tolist()], 4, loaded.arch)  # the bound decode path
+    assert steps.tolist() == validate._generate(model, [ids[0].tolist()], 4, loaded.arch.eos_token_id).tolist()
 
 
 def test_relative_error_in_pieces_is_the_whole_arrays_figure():
