@@ -29,8 +29,6 @@ SHARED_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "gpt2-tokeni
 
 
 def build(size: str, folder: Path, tokenizer: Path, seed: int = 0) -> None:
-    from safetensors.numpy import save_file
-
     width, layers, heads = SIZES[size]
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json"):
@@ -49,28 +47,45 @@ def build(size: str, folder: Path, tokenizer: Path, seed: int = 0) -> None:
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     rng = np.random.default_rng(seed)
-
-    def normal(*shape):
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-
-    tensors = {"transformer.wte.weight": normal(VOCAB, width), "transformer.wpe.weight": normal(POSITIONS, width)}
+    shapes = {"transformer.wte.weight": (VOCAB, width), "transformer.wpe.weight": (POSITIONS, width)}
     for i in range(layers):
         p = f"transformer.h.{i}."
         for norm in ("ln_1", "ln_2"):
-            tensors[f"{p}{norm}.weight"] = np.ones(width, np.float32)
-            tensors[f"{p}{norm}.bias"] = np.zeros(width, np.float32)
+            shapes[f"{p}{norm}.weight"] = shapes[f"{p}{norm}.bias"] = (width,)
         for name, shape in (
             ("attn.c_attn", (width, 3 * width)),
             ("attn.c_proj", (width, width)),
             ("mlp.c_fc", (width, 4 * width)),
             ("mlp.c_proj", (4 * width, width)),
         ):
-            tensors[p + name + ".weight"] = normal(*shape)
-            tensors[p + name + ".bias"] = normal(shape[1])
-    tensors["transformer.ln_f.weight"] = np.ones(width, np.float32)
-    tensors["transformer.ln_f.bias"] = np.zeros(width, np.float32)
-    save_file(tensors, str(folder / "model.safetensors"))
-    print(f"{size}: {sum(t.size for t in tensors.values()) / 1e6:.0f} M parameters in {folder}")
+            shapes[p + name + ".weight"], shapes[p + name + ".bias"] = shape, (shape[1],)
+    shapes["transformer.ln_f.weight"] = shapes["transformer.ln_f.bias"] = (width,)
+
+    def tensor(name, shape):
+        if name.endswith((".ln_1.weight", ".ln_2.weight", "ln_f.weight")):
+            return np.ones(shape, np.float32)
+        if name.endswith((".ln_1.bias", ".ln_2.bias", "ln_f.bias")):
+            return np.zeros(shape, np.float32)
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+
+    _write_safetensors(folder / "model.safetensors", shapes, tensor)
+    print(f"{size}: {sum(int(np.prod(s)) for s in shapes.values()) / 1e6:.0f} M parameters in {folder}")
+
+
+def _write_safetensors(path: Path, shapes: dict, tensor) -> None:
+    """A float32 safetensors file written one tensor at a time (the format: an 8-byte header length, a JSON
+    header of dtype, shape and byte offsets, then the data), so building gpt2-xl holds one tensor, not 6 GB."""
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 4 * int(np.prod(shape))
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as handle:
+        handle.write(len(text).to_bytes(8, "little") + text)
+        for name, shape in shapes.items():
+            handle.write(np.ascontiguousarray(tensor(name, shape), dtype="<f4").tobytes())
 
 
 def export(folder: Path, output: Path, quantize: str, validate: bool) -> None:

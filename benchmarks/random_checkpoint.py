@@ -1,6 +1,6 @@
 """Build a random-weight checkpoint of a published shape (benchmarks/configs/NAME.json) with GPT-2's tokenizer.
 
-    python benchmarks/random_checkpoint.py smollm2-135m [OUT]     # or qwen2.5-0.5b
+    python benchmarks/random_checkpoint.py smollm2-135m [OUT]     # or qwen2.5-0.5b, llama-3.2-1b
 
 Same size and speed as the real model, no hub needed. The tokenizer is GPT-2's from ../shared: llama.cpp's
 convert_hf_to_gguf.py recognises it (pre-tokenizer "gpt-2"), so every peer can load the checkpoint. Two numbers
@@ -8,7 +8,8 @@ change from the published config because of it, and results should say so:
 - a vocabulary smaller than GPT-2's 50,257 ids (SmolLM2's 49,152) is rounded up to 50,304, the next multiple of
   64: the converter refuses a tokenizer id >= vocab_size. (The embedding and the output matrix grow by 2.3%.)
   A larger one (Qwen2.5's 151,936) is kept: the converter pads the tokenizer's vocabulary with unused ids.
-- bos and eos become GPT-2's <|endoftext|> (50256).
+- bos and eos become GPT-2's <|endoftext|> (50256), and pad_token_id is left unset: transformers initialises the
+  pad token's embedding row to zeros, and with pad = bos a one-token prompt would give all-zero logits.
 Weights are drawn as transformers initialises them (normal, std initializer_range) and saved in float32.
 """
 
@@ -28,7 +29,8 @@ def config_of(name: str) -> dict:
     config = {k: v for k, v in json.loads((HERE / "configs" / f"{name}.json").read_text()).items() if k[0] != "_"}
     if config["vocab_size"] < GPT2_VOCAB:
         config["vocab_size"] = -(-GPT2_VOCAB // 64) * 64
-    config.update(bos_token_id=GPT2_EOS, eos_token_id=GPT2_EOS, pad_token_id=GPT2_EOS, torch_dtype="float32")
+    config.update(bos_token_id=GPT2_EOS, eos_token_id=GPT2_EOS, torch_dtype="float32")
+    config.pop("pad_token_id", None)  # transformers would initialise that token's embedding to zeros
     return config
 
 

@@ -226,40 +226,116 @@ def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray
             break
     else:
         raise ExportError(f"{folder} has no weights: expected one of {', '.join(WEIGHT_FILES)}.")
-    tensors = read_tensor_file(path)
     weights = {}
-    for key in list(tensors):
-        tensor = tensors.pop(key)  # converted one by one: a float16 checkpoint is never held twice
+    for key, tensor in tensors(path):  # converted one by one: a float16 checkpoint is never held twice
         if key.endswith((".attn.bias", ".attn.masked_bias")):
             continue  # causal-mask buffers of old checkpoints, not weights
         key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
-        weights[key] = tensor.detach().to(torch.float32).numpy()
+        if key == "transformer.wte.weight" and arch.tie_word_embeddings and tensor.ndim == 2:
+            weights[key] = transposed(tensor)  # the LM head multiplies by its transpose: stored that way, once
+        else:
+            weights[key] = tensor.detach().to(torch.float32).numpy()
         _check_finite(key, weights[key], path)
     _check_weights(weights, arch, path)
+    if arch.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)  # the same matrix as the embedding (checked): not held twice
     return weights, name
 
 
 def read_tensor_file(path: Path) -> dict:
     """name -> torch tensor from one safetensors file, or from a PyTorch .bin through torch's weights-only loader."""
+    return dict(tensors(path))
+
+
+def transposed(tensor) -> np.ndarray:
+    """A [V, C] tensor as float32, held as the transposed view of a C-contiguous [C, V] array: the matrix an LM
+    head multiplies by (x @ W^T), which the graph then stores without a copy of its own; a lookup of a row
+    reads it strided."""
+    import torch
+
+    buffer = np.empty(tensor.shape[::-1], dtype=np.float32)
+    torch.from_numpy(buffer).copy_(tensor.detach().T)  # converts and transposes in one pass
+    return buffer.T
+
+
+def tensors(path: Path):
+    """(name, torch tensor) from one safetensors file or PyTorch .bin, read one at a time, so a reader that
+    converts or places each one before the next never holds the file twice (a 1B model's float32 weights are
+    5 GB). A safetensors file is checked by the safetensors library, then each tensor is read from the file into
+    memory of its own: through a mapping of the file, every page read would stay counted in the process's
+    memory until the end. A .bin goes through torch's weights-only loader, mapped where its format allows."""
     import torch
 
     try:
         if path.name.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
+            yield from _safetensors(path)
+            return
         with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a file
             warnings.simplefilter("ignore")
-            return torch.load(str(path), map_location="cpu", weights_only=True)
+            try:
+                state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as error:
+                if "mmap" not in str(error):
+                    raise
+                state = torch.load(str(path), map_location="cpu", weights_only=True)  # the legacy format
+        for name in list(state):
+            yield name, state.pop(name)
     except pickle.UnpicklingError:  # torch's message suggests weights_only=False: exactly what must not be done
         raise ExportError(
             f"cannot read weights {path}: it holds pickled objects other than tensors, which could run code when "
             "loaded; edgelm loads only tensors. Get the checkpoint as model.safetensors from a source you trust."
         ) from None
+    except ExportError:
+        raise
     except Exception as error:  # safetensors and torch raise many types for a damaged file
         raise ExportError(
             f"cannot read weights {path}: the file is corrupt, truncated or unsafe to load ({type(error).__name__}: {str(error)[:200]})."
         ) from None
+
+
+# safetensors' dtype names -> torch's; a tensor of another dtype is refused
+SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def _safetensors(path: Path):
+    """A safetensors file's tensors in file order. safe_open validates the header (dtypes, shapes, byte
+    ranges inside the file and adding up); the ranges are then read from the header edgelm parses itself."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        names = set(handle.keys())
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(length))
+        for name, entry in sorted(
+            ((n, e) for n, e in header.items() if n in names), key=lambda item: item[1]["data_offsets"][0]
+        ):
+            dtype = SAFETENSORS_DTYPES.get(entry["dtype"])
+            if dtype is None:
+                raise ExportError(
+                    f"cannot read weights {path}: tensor {name} is stored as {entry['dtype']}, which edgelm does "
+                    "not read; save the checkpoint in float32, float16 or bfloat16."
+                )
+            start, end = entry["data_offsets"]
+            raw = torch.empty(end - start, dtype=torch.uint8)
+            file.seek(8 + length + start)
+            if file.readinto(raw.numpy()) != end - start:
+                raise ExportError(f"cannot read weights {path}: the file is truncated; download it again.")
+            yield name, raw.view(getattr(torch, dtype)).reshape(entry["shape"])
 
 
 def _check_finite(name: str, weight: np.ndarray, path: Path) -> None:

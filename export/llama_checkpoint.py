@@ -12,9 +12,9 @@ import numpy as np
 
 from edgelm.runtime.package_format import Architecture, FormatError, file_name
 
-from .checkpoint import _check_finite, read_tensor_file
+from .checkpoint import _check_finite, tensors, transposed
 from .errors import ExportError
-from .llama_graph import ROPE_TYPES
+from .llama_graph import PACKED, ROPE_TYPES
 
 # model_type -> transformers' own classes; any other name in `architectures` is code the checkpoint would ship
 FAMILIES = {
@@ -166,22 +166,66 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray], str]:
-    """The checkpoint's tensors as float32 NumPy arrays under LlamaForCausalLM's names, checked against arch."""
-    import torch
+    """The checkpoint's tensors as float32 NumPy arrays under LlamaForCausalLM's names, checked against arch.
 
+    Read one tensor at a time, each straight into the layout the graph multiplies by (so the export holds the
+    weights once, and the PyTorch reference reads the same memory): every projection into its column block of
+    the packed [in, out] matrix (llama_graph.PACKED), kept here as a [out, in] view of it; the matrix the LM head
+    multiplies by (the untied head, or the tied embedding) as the transposed view of a [C, V] array."""
     files = weight_files(folder)
-    weights = {}
+    places = _places(arch)
+    head = "model.embed_tokens.weight" if arch.tie_word_embeddings else "lm_head.weight"
+    packed, weights = {}, {}
     for path in files:
-        for key, tensor in read_tensor_file(path).items():
+        for key, tensor in tensors(path):
             if key.endswith("rotary_emb.inv_freq"):
                 continue  # a buffer old checkpoints saved; the graph bakes its own tables
             key = key if key.startswith(("model.", "lm_head.")) else "model." + key
-            weights[key] = tensor.detach().to(torch.float32).numpy()
+            if key == "lm_head.weight" and arch.tie_word_embeddings:
+                continue  # transformers ties it to the embedding whatever the file holds
+            if key in places and tuple(tensor.shape) == places[key][2]:
+                weights[key] = _place(tensor, *places[key], packed)
+            elif key == head and tensor.ndim == 2:
+                weights[key] = transposed(tensor)
+            else:
+                weights[key] = _float32(tensor)
+            del tensor  # before the next one is read
             _check_finite(key, weights[key], path)
     _check_weights(weights, arch, files[0] if len(files) == 1 else folder / SHARD_INDEX)
-    if arch.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)  # transformers ties it to the embedding whatever the file holds
     return weights, files[0].name if len(files) == 1 else SHARD_INDEX
+
+
+def _float32(tensor) -> np.ndarray:
+    import torch
+
+    return tensor.detach().to(torch.float32).numpy()
+
+
+def _places(arch: Architecture) -> dict:
+    """HF weight name -> (packed matrix name, its [in, out] shape, the part's [out, in] shape, first column)."""
+    shapes = expected_shapes(arch)
+    places = {}
+    for i in range(arch.n_layer):
+        p = f"model.layers.{i}."
+        for name, parts in PACKED:
+            shape = [shapes[p + part + ".weight"] for part in parts]
+            whole = (shape[0][1], sum(out for out, _ in shape))
+            column = 0
+            for part, (out, width) in zip(parts, shape):
+                places[p + part + ".weight"] = (p + name, whole, (out, width), column)
+                column += out
+    return places
+
+
+def _place(tensor, name: str, whole: tuple, shape: tuple, column: int, packed: dict) -> np.ndarray:
+    """Copy a [out, in] tensor (any float dtype) into its column block of packed[name]; returns the view of it."""
+    import torch
+
+    if name not in packed:
+        packed[name] = np.empty(whole, dtype=np.float32)
+    block = packed[name][:, column : column + shape[0]]
+    torch.from_numpy(block).copy_(tensor.detach().T)  # converts and transposes in one pass
+    return block.T
 
 
 def expected_shapes(arch: Architecture) -> dict:
@@ -225,7 +269,9 @@ def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:
 
 
 def reference_model(checkpoint):
-    """The same weights in transformers' LlamaForCausalLM / Qwen2ForCausalLM (float32, eager attention)."""
+    """The same weights in transformers' LlamaForCausalLM / Qwen2ForCausalLM (float32, eager attention). Built on
+    the meta device and given the checkpoint's own arrays (no random initialization, no second copy of the
+    weights: a 1B model's are 5 GB); only the rotary tables, computed at construction, are built for real."""
     import torch
     import transformers
 
@@ -234,19 +280,24 @@ def reference_model(checkpoint):
     try:
         config = config_class.from_dict(checkpoint.config)
         config._attn_implementation = "eager"
-        model = getattr(transformers, name)(config).eval()
+        with torch.device("meta"):
+            model = getattr(transformers, name)(config).eval()
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
     except (TypeError, ValueError, AttributeError, KeyError) as error:  # a setting transformers cannot take
         raise ExportError(
             f"transformers cannot build {name} from {checkpoint.folder / 'config.json'} "
             f"({type(error).__name__}: {str(error)[:200]}); fix or remove that setting."
         ) from None
-    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in checkpoint.weights.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    state = {k: torch.from_numpy(v) for k, v in checkpoint.weights.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise ExportError(f"the weights do not fit {name}: missing {missing[:3]}, unexpected {unexpected[:3]}.")
     if checkpoint.arch.tie_word_embeddings:
         model.tie_weights()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise ExportError(f"the weights do not fit {name}: {left[0]} was not given; the checkpoint is incomplete.")
     return model
 
 
