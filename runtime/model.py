@@ -17,7 +17,7 @@ from .generation_config import GenerationConfig
 from .embeddings import TokenEmbeddings
 from . import engine as engine_module
 from .engine import Engine
-from .errors import GenerationOptionError, PackageError, PromptError
+from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
 from .batch import MAX_BATCH_TOKENS, Batch, Stream
 from .chat_template import ChatTemplate
 from .onnxruntime_compat import check_installed
@@ -47,7 +47,9 @@ class Score:
 class Model:
     """A loaded package: tokenizer, onnxruntime session, and the generation defaults it ships."""
 
-    def __init__(self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0):
+    def __init__(
+        self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0, spinning=True
+    ):
         self.package, self.arch = package, package.arch
         prefix_cache_bytes = cache_bytes(prefix_cache_mb)  # a bad option fails before anything is read
         try:
@@ -58,7 +60,7 @@ class Model:
             raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {str(error)[:200]}") from None
         check_installed(package.min_onnxruntime, f"the package {package.folder}")  # before onnxruntime sees it
         quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
-        session, self.device = create_session(package.model_file, device, threads, quantized)
+        session, self.device = create_session(package.model_file, device, threads, quantized, spinning)
         _check_graph_shapes(session, package)
         graph = package.manifest.graph if package.manifest else None
         io = graph_io(session, self.arch.n_layer, bool(graph and graph.kv_cache_in_place))
@@ -330,7 +332,14 @@ def _generation_defaults(package: Package) -> GenerationConfig:
         ) from None
 
 
-def load(path=None, device: str = "auto", threads: int | None = None, verify: bool = True, prefix_cache_mb=0) -> Model:
+def load(
+    path=None,
+    device: str = "auto",
+    threads: int | None = None,
+    verify: bool = True,
+    prefix_cache_mb=0,
+    spinning: bool = True,
+) -> Model:
     """Open a package, check its files, and start a session on `device`. `path` is a package folder or the name of
     an installed package (edgelm list); None opens the default (store.resolve_package says which).
 
@@ -343,4 +352,6 @@ def load(path=None, device: str = "auto", threads: int | None = None, verify: bo
             f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"
         )
     cache_bytes(prefix_cache_mb)  # checked before the package is opened
-    return Model(open_package(resolve_package(path), verify=verify), device, threads, prefix_cache_mb)
+    if not isinstance(spinning, bool):
+        raise DeviceError(f"spinning must be True or False, got {str(spinning)[:40]}")
+    return Model(open_package(resolve_package(path), verify=verify), device, threads, prefix_cache_mb, spinning)

@@ -59,10 +59,12 @@ MAX_THREADS = 1024
 
 
 def create_session(
-    model_file, device: str = "auto", threads: int | None = None, quantized: bool = False
+    model_file, device: str = "auto", threads: int | None = None, quantized: bool = False, spinning: bool = True
 ) -> tuple[ort.InferenceSession, str]:
     """Returns the session and the device it really runs on ("cuda" or "cpu"). quantized: the graph's weights
-    are int8 or int4 (see choose_providers)."""
+    are int8 or int4 (see choose_providers). spinning: onnxruntime's worker threads spin between parallel
+    sections (fastest for one stream on cores of its own); False makes them sleep, which gives the cores back to
+    whatever shares them: a server's event loop, its clients (benchmarks/NOTES.md)."""
     warn_if_shadowed()
     providers = choose_providers(device, quantized)
     if device == "auto" and CPU not in providers[:1]:
@@ -84,9 +86,8 @@ def create_session(
             )
         options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    # Worker threads sleep between parallel sections instead of spinning: whatever shares the cores (a server's
-    # event loop and tokenizer, its clients, other processes) gets them back (benchmarks/NOTES.md).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         session = ort.InferenceSession(os.fspath(model_file), sess_options=options, providers=providers)
     except Exception as error:  # onnxruntime raises its own Fail/InvalidGraph/InvalidProtobuf types for a bad file

@@ -53,9 +53,9 @@ def test_load_tells_the_session_whether_the_weights_are_quantized(monkeypatch, t
     seen = []
     real = session.create_session
 
-    def spy(model_file, device="auto", threads=None, quantized=False):
+    def spy(model_file, device="auto", threads=None, quantized=False, spinning=True):
         seen.append(quantized)
-        return real(model_file, "cpu", threads, quantized)
+        return real(model_file, "cpu", threads, quantized, spinning)
 
     monkeypatch.setattr("edgelm.runtime.model.create_session", spy)
     rt.load(tiny_package)
@@ -199,3 +199,44 @@ def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, p
     assert timer.count == sum(products.values())
     seconds = timer.seconds(2, 3, repeats=1)  # a batch of 2 rows of 3 positions runs, and is timed
     assert isinstance(seconds, float) and np.isfinite(seconds) and seconds > 0
+
+
+def _spinning_entry(options) -> str | None:
+    try:
+        return options.get_session_config_entry("session.intra_op.allow_spinning")
+    except RuntimeError:  # not set: onnxruntime's default, spinning
+        return None
+
+
+def test_threads_spin_unless_the_caller_shares_its_cores(monkeypatch):
+    monkeypatch.setattr(session.ort, "get_available_providers", lambda: [CPU])
+    given = []
+
+    def fake_session(path, sess_options=None, providers=None):
+        given.append(sess_options)
+        return FakeSession([CPU])
+
+    monkeypatch.setattr(session.ort, "InferenceSession", fake_session)
+    session.create_session("model.onnx", "cpu")
+    session.create_session("model.onnx", "cpu", spinning=False)
+    assert [_spinning_entry(o) for o in given] == [None, "0"]
+
+
+def test_load_checks_spinning_and_serve_turns_it_off(tiny_package, monkeypatch):
+    from click.testing import CliRunner
+
+    from edgelm.runtime import PackageError, model
+    from edgelm.runtime.cli import main
+
+    with pytest.raises(DeviceError, match="spinning must be True or False"):
+        rt.load(tiny_package, spinning="no")
+    assert rt.load(tiny_package, spinning=False).generate("Hi", max_new_tokens=4).token_ids
+    asked = []
+
+    def spy(*args, **options):
+        asked.append(options)
+        raise PackageError("stopped before serving")
+
+    monkeypatch.setattr(model, "load", spy)
+    result = CliRunner().invoke(main, ["serve", str(tiny_package), "--port", "0"])
+    assert "stopped before serving" in result.output and asked[0]["spinning"] is False

@@ -206,7 +206,15 @@ def serve(
     if threads is None and device != "cuda" and max_batch == 0:
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
     try:
-        model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
+        # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
+        model = load(
+            package,
+            device=device,
+            threads=threads,
+            verify=not no_verify,
+            prefix_cache_mb=prefix_cache_mb,
+            spinning=False,
+        )
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
     limits = Limits(
