@@ -20,7 +20,7 @@ from edgelm.runtime.package_format import WEIGHTS_FILE, Architecture
 from . import graph as gpt2
 from .graph import EMBEDDINGS_OUTSIDE, OPSET, Decoder
 from .onnx_builder import FLOAT, INT8, INT64, MS_DOMAIN, GraphBuilder
-from .quantize import INT4_BLOCK, quantize_int4, quantize_int8
+from .quantize import quantize_int8
 
 ROPE_TYPES = ("default", "llama3")  # rope_scaling types baked at export; others change with the sequence length
 
@@ -206,77 +206,28 @@ def _skip_rms_norm(g, x, residual, weights, name, bias_name, arch):
 
 
 def _embedding_and_head(g, weights, recipe, arch):
-    """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]). A tied head is GPT-2's: one stored
-    matrix serves both (graph._tied_embedding; for int8 the runtime reads the token rows). An untied one keeps
-    two, and the graph looks tokens up itself (input_ids) for every recipe."""
+    """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]): GPT-2's (graph._embedding) for a tied
+    head, where one stored matrix serves both (for int8 the runtime reads the token rows), and for an untied one
+    in float32 and int4. An untied int8 head keeps two matrices, and the graph looks tokens up itself
+    (input_ids): its table serves no product, so a row Gather reads it in 8 bits."""
     table = weights["model.embed_tokens.weight"]  # [V, C]
-    if arch.tie_word_embeddings:
-        return gpt2._embedding(g, {"transformer.wte.weight": table}, recipe, tied=True)
-    head = weights["lm_head.weight"]  # [V, C]
-    if recipe == "none":
-        rows = g.weight("model.embed_tokens.weight", table)
-        head_t = g.weight("lm_head.weight_t", np.ascontiguousarray(head.T))
-        return (lambda ids: g.op("Gather", [rows, ids])), (lambda x, out: g.op("MatMul", [x, head_t], outputs=[out]))
-    if recipe == "int8":
-        # A row Gather reads the embedding: this table serves nothing else, so onnxruntime keeps it mapped once.
-        w = quantize_int8(np.ascontiguousarray(table.T), reduce_range=False)  # no product reads it: 8 bits
-        rows = g.weight("model.embed_tokens.weight_int8", np.ascontiguousarray(w.q.T))  # [V, C]
-        row_scale = g.weight("model.embed_tokens.weight_scale", w.scale[:, None])  # [V, 1]
-
-        def embed(ids):
-            return g.op(
-                "Mul", [g.op("Cast", [g.op("Gather", [rows, ids])], to=FLOAT), g.op("Gather", [row_scale, ids])]
-            )
-
-        head_w = quantize_int8(np.ascontiguousarray(head.T))  # [C, V], one scale per vocabulary entry
-
-        def lm_head(x, out):
-            inputs = [x, g.weight("lm_head.weight_int8", head_w.q), g.weight("lm_head.weight_scale", head_w.scale)]
-            inputs.append(g.weight("lm_head.weight_zero_point", np.zeros_like(head_w.scale, dtype=np.int8)))
-            return g.op("DynamicQuantizeMatMul", inputs, outputs=[out], domain=MS_DOMAIN)
-
-        return embed, lm_head
-    return _int4_lookup(g, table, "model.embed_tokens"), _int4_head(g, head, "lm_head")
-
-
-def _int4_lookup(g, table, name):
-    """GatherBlockQuantized over the 4-bit [V, C / 32, 16] table: rows [B, T, C]."""
-    w = quantize_int4(table)
-    packed, scale = g.weight(name + ".weight_int4", w.packed), g.weight(name + ".weight_scale", w.scale)
-    block_scale = g.op("Unsqueeze", [scale, g.const([2])])
+    tied = arch.tie_word_embeddings
+    if tied or recipe != "int8":
+        named = {"transformer.wte.weight": table} | ({} if tied else {"lm_head.weight": weights["lm_head.weight"]})
+        return gpt2._embedding(g, named, recipe, tied=tied)
+    # A row Gather reads the embedding: this table serves nothing else, so onnxruntime keeps it mapped once.
+    w = quantize_int8(np.ascontiguousarray(table.T), reduce_range=False)  # no product reads it: 8 bits
+    rows = g.weight("model.embed_tokens.weight_int8", np.ascontiguousarray(w.q.T))  # [V, C]
+    row_scale = g.weight("model.embed_tokens.weight_scale", w.scale[:, None])  # [V, 1]
 
     def embed(ids):
-        rows = g.op(
-            "GatherBlockQuantized",
-            [packed, ids, block_scale],
-            domain=MS_DOMAIN,
-            bits=4,
-            block_size=INT4_BLOCK,
-            gather_axis=0,
-            quantize_axis=2,
-        )
-        return g.op("Reshape", [rows, g.const([0, 0, table.shape[1]])])
+        return g.op("Mul", [g.op("Cast", [g.op("Gather", [rows, ids])], to=FLOAT), g.op("Gather", [row_scale, ids])])
 
-    return embed
-
-
-def _int4_head(g, head, name):
-    """MatMulNBits over the 4-bit head; head [V, C] is already its [N, K] layout."""
-    vocab, width = head.shape
-    w = quantize_int4(head)
-    packed, scale = g.weight(name + ".weight_int4", w.packed), g.weight(name + ".weight_scale", w.scale)
+    head_w = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
 
     def lm_head(x, out):
-        return g.op(
-            "MatMulNBits",
-            [x, packed, scale],
-            outputs=[out],
-            domain=MS_DOMAIN,
-            K=width,
-            N=vocab,
-            bits=4,
-            block_size=INT4_BLOCK,
-            accuracy_level=4,
-        )
+        inputs = [x, g.weight("lm_head.weight_int8", head_w.q), g.weight("lm_head.weight_scale", head_w.scale)]
+        inputs.append(g.weight("lm_head.weight_zero_point", np.zeros_like(head_w.scale, dtype=np.int8)))
+        return g.op("DynamicQuantizeMatMul", inputs, outputs=[out], domain=MS_DOMAIN)
 
-    return lm_head
+    return embed, lm_head
