@@ -71,6 +71,13 @@ def same(batched, alone) -> None:
             assert [e["logprob"] for e in b.logprobs] == pytest.approx([e["logprob"] for e in a.logprobs], abs=1e-5)
 
 
+def each_gets_what_it_gets_alone(model, jobs, options) -> None:
+    """Every job ends without an error, with what Model.generate gives its prompts alone under `options`."""
+    for job in jobs:
+        assert job.wait().error is None
+        same(job.batch.completions, model.generate(list(job.batch.prompts), **options))
+
+
 def test_requests_joining_at_different_steps_get_what_they_get_alone(model):
     scheduler = Scheduler(model, max_rows=6)
     scheduler.cache.column_step = 4  # capacities in steps of 4: the buffers grow, and compact as rows come and go
@@ -112,9 +119,7 @@ def test_a_stopped_job_leaves_at_once_and_the_others_go_on(model):
     try:
         assert str(stopped.wait().error) == "the client went away"
         assert len(stopped.pieces) < 20
-        for job in (kept, late):
-            assert job.wait().error is None
-            same(job.batch.completions, model.generate(list(job.batch.prompts), **options))
+        each_gets_what_it_gets_alone(model, (kept, late), options)
         assert late.boundaries < kept.boundaries + 3  # it joined when the slot was freed, not when `kept` ended
     finally:
         scheduler.close()
@@ -268,9 +273,7 @@ def test_requests_arriving_during_a_prefill_join_before_the_next_step(model, mon
     monkeypatch.setattr(scheduler.cache, "step", lambda ids: steps.append(len(ids)) or step(ids))
     scheduler.submit(jobs[0])
     try:
-        for job, prompt in zip(jobs, prompts):
-            assert job.wait().error is None
-            same(job.batch.completions, model.generate([prompt], **options))
+        each_gets_what_it_gets_alone(model, jobs, options)
     finally:
         scheduler.close()
     assert steps[:2] == [
@@ -300,9 +303,7 @@ def test_a_shared_prefill_picks_every_first_token_before_its_rows_join_and_grows
         scheduler._new.extend(jobs)
     scheduler._thread.start()
     try:
-        for job, prompt in zip(jobs, prompts):
-            assert job.wait().error is None
-            same(job.batch.completions, model.generate([prompt], **options))
+        each_gets_what_it_gets_alone(model, jobs, options)
     finally:
         scheduler.close()
     assert events[:10] == [1] * 5 + ["join"] * 5  # five first tokens, then five rows into the batch
