@@ -80,3 +80,13 @@ def build_checkpoint(
     model = GPT2LMHeadModel(config).eval()
     model.save_pretrained(folder, safe_serialization=safetensors)
     return folder
+
+
+def copy_with_config(checkpoint: Path, folder: Path, **changes) -> Path:
+    """A copy of `checkpoint` in `folder` whose config.json has `changes` over its own values."""
+    import shutil
+
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text()) | changes
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

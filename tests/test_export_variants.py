@@ -4,13 +4,13 @@ and one clear line for the ones edgelm refuses. Each is checked against transfor
 import json
 import math
 import re
-import shutil
 from dataclasses import replace
 
 import numpy as np
 import onnx
 import pytest
 
+from checkpoints import copy_with_config
 from edgelm.export.errors import ExportError
 
 VARIANT = {  # one checkpoint that changes every GPT-2 setting at once, so one validated export covers them
@@ -223,14 +223,6 @@ def test_untied_int4_has_a_head_of_its_own(variant_checkpoint, tmp_path):
     assert head.op_type == "MatMulNBits" and head.input[1] == "lm_head.weight_int4"
 
 
-def _config_folder(tmp_path, tiny_checkpoint, **change):
-    folder = tmp_path / "variant"
-    shutil.copytree(tiny_checkpoint, folder)
-    config = json.loads((folder / "config.json").read_text()) | change
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -246,7 +238,7 @@ def test_configs_edgelm_cannot_run_are_refused_in_one_line(tiny_checkpoint, tmp_
     from edgelm.export.checkpoint import load_checkpoint
 
     with pytest.raises(ExportError, match=re.escape(message)) as error:
-        load_checkpoint(str(_config_folder(tmp_path, tiny_checkpoint, **change)))
+        load_checkpoint(str(copy_with_config(tiny_checkpoint, tmp_path / "variant", **change)))
     assert "\n" not in str(error.value)
 
 
@@ -255,7 +247,7 @@ def test_a_head_that_config_ties_but_the_weights_do_not_is_refused(tiny_checkpoi
 
     from edgelm.export.checkpoint import load_checkpoint
 
-    folder = _config_folder(tmp_path, tiny_checkpoint)
+    folder = copy_with_config(tiny_checkpoint, tmp_path / "variant")
     tensors = load_file(folder / "model.safetensors")
     tensors["lm_head.weight"] = tensors["transformer.wte.weight"] + np.float32(0.5)
     save_file(tensors, folder / "model.safetensors")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from checkpoints import copy_with_config
 from edgelm.export.errors import ExportError
 from edgelm.runtime.cli import main
 from edgelm.runtime.package import open_package
@@ -175,14 +176,6 @@ def test_rope_tables_match_transformers_llama3_scaling():
     assert not np.allclose(plain[0], ours_cos)  # the scaling changed the long wavelengths
 
 
-def _copy(checkpoint, tmp_path, **config_changes):
-    folder = tmp_path / "ckpt"
-    shutil.copytree(checkpoint, folder)
-    config = json.loads((folder / "config.json").read_text()) | config_changes
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 def _refused(folder, tmp_path, message):
     """One clear line through the CLI (after the stage it reached), and nothing written."""
     result = CliRunner().invoke(main, ["export", str(folder), "-o", str(tmp_path / "out")])
@@ -193,7 +186,7 @@ def _refused(folder, tmp_path, message):
 
 
 def test_config_that_contradicts_its_weights(llama_checkpoint, tmp_path):
-    folder = _copy(llama_checkpoint, tmp_path, intermediate_size=256)
+    folder = copy_with_config(llama_checkpoint, tmp_path / "ckpt", intermediate_size=256)
     _refused(
         folder,
         tmp_path,
@@ -202,7 +195,9 @@ def test_config_that_contradicts_its_weights(llama_checkpoint, tmp_path):
 
 
 def test_config_without_the_biases_its_weights_have(qwen2_checkpoint, tmp_path):
-    folder = _copy(qwen2_checkpoint, tmp_path, model_type="llama", architectures=["LlamaForCausalLM"])
+    folder = copy_with_config(
+        qwen2_checkpoint, tmp_path / "ckpt", model_type="llama", architectures=["LlamaForCausalLM"]
+    )
     _refused(folder, tmp_path, "_proj.bias, which the config does not describe")
 
 
@@ -256,7 +251,7 @@ def test_sharded_checkpoint_loads_every_shard(llama_checkpoint, tmp_path):
     ],
 )
 def test_settings_the_graph_does_not_reproduce(llama_checkpoint, tmp_path, changes, message):
-    folder = _copy(llama_checkpoint, tmp_path, **changes)
+    folder = copy_with_config(llama_checkpoint, tmp_path / "ckpt", **changes)
     with pytest.raises(ExportError, match=None) as error:
         _export(folder, tmp_path / "out")
     assert message in str(error.value) and not (tmp_path / "out").exists()
