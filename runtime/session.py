@@ -67,7 +67,7 @@ def create_session(
     whatever shares them: a server's event loop, its clients (benchmarks/NOTES.md)."""
     warn_if_shadowed()
     providers = choose_providers(device, quantized)
-    if device == "auto" and CPU not in providers[:1]:
+    if device == "auto" and providers != [CPU]:
         # onnxruntime-gpu without a usable GPU logs errors through its process-wide logger before "auto" falls
         # back to the CPU, which is what auto means; --device cuda keeps that line, which names what is missing.
         ort.set_default_logger_severity(4)
