@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -220,7 +221,9 @@ def test_ctrl_d_or_ctrl_c_at_the_prompt_exits_cleanly(tiny_package, key):
         _read_until(process.stdout, b"> ")  # the answer, then the next prompt
         if key == "sigint":
             # A signal landing between input()'s prompt and its read() is only seen at the next one (CPython
-            # checks for signals when a read is interrupted), so it is sent again until the process ends.
+            # checks for signals when a read is interrupted): it is sent once the read has likely begun, and again
+            # if the process is still there 5 s later (sooner, it could land in the exit, where it kills).
+            time.sleep(0.5)
             for _ in range(12):
                 process.send_signal(signal.SIGINT)
                 try:

@@ -202,16 +202,17 @@ def test_failure_mid_export_leaves_no_package(tiny_checkpoint, tmp_path, monkeyp
     assert _no_package_left(tmp_path) == []
 
 
-def test_killed_export_leaves_no_package_and_is_swept(tiny_checkpoint, tmp_path):
-    """SIGKILL at the last moment (files written, before the rename): only a hidden partial folder remains,
-    and the next export to the same place removes it."""
+def test_killed_export_leaves_no_package_and_is_swept(tiny_checkpoint, tiny_package, tmp_path):
+    """SIGKILL at the last moment (the package's files written, before the manifest and the rename): only a hidden
+    partial folder remains, and the next export to the same place removes it."""
     script = (
         "import os, signal\n"
-        "from edgelm.export import writer\n"
-        "def die(self, manifest): os.kill(os.getpid(), signal.SIGKILL)\n"
-        "writer.PackageWriter.publish = die\n"
-        "from edgelm.export.stages import export_model\n"
-        f"export_model({str(tiny_checkpoint)!r}, {str(tmp_path / 'out')!r}, validate=False)\n"
+        "from pathlib import Path\n"
+        "from edgelm.export.writer import PackageWriter\n"
+        f"new = PackageWriter(Path({str(tmp_path / 'out')!r}))\n"
+        f"for path in sorted(Path({str(tiny_package)!r}).iterdir()):\n"
+        "    new.copy(path.name, path)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)  # where publish would begin\n"
     )
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
     assert killed.returncode == -9
@@ -306,7 +307,7 @@ class _NotFoundHub(BaseHTTPRequestHandler):
 
 def test_unknown_model_id(tmp_path, hub_settings):
     server = HTTPServer(("127.0.0.1", 0), _NotFoundHub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     hub_settings(tmp_path / "hf" / "hub", offline=False, endpoint=f"http://127.0.0.1:{server.server_port}")
     try:
         result = CliRunner().invoke(main, ["export", "someone/no-such-model", "-o", str(tmp_path / "out")])

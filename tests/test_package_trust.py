@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -329,15 +330,30 @@ HANGS = {
 }
 
 
+def invoke_with_timeout(*args, seconds: float = 120):
+    """The command in this process, in a thread given `seconds` to return: a hang fails the test, never hangs it."""
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(done=CliRunner().invoke(main, list(map(str, args)))))
+    worker.daemon = True  # one blocked for good (opening a FIFO) must not keep the test run alive
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"edgelm {args[0]} did not return within {seconds} s"
+    return result["done"]
+
+
 @pytest.mark.parametrize("craft", HANGS, ids=lambda craft: craft.__name__)
 def test_a_fifo_or_a_device_never_hangs_a_command(craft, tiny_package_int8, tmp_path):
-    """verify, generate and serve (which reads the manifest before it starts, for huge pages) all return."""
+    """verify, generate and serve (which reads the manifest before it starts, for huge pages) all return.
+    serve runs as its own process: the launcher reads the manifest before the command line is parsed."""
     folder = copy(tiny_package_int8, tmp_path)
     craft(folder)
-    for args in (["verify", folder], ["generate", "-m", folder, "hi"], ["serve", folder, "--port", "0"]):
-        done = run_with_timeout(*args)  # before: blocked forever opening the FIFO, or read /dev/zero forever
-        assert done.returncode != 0 and HANGS[craft] in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
+    for args in (["verify", folder], ["generate", "-m", folder, "hi"]):
+        done = invoke_with_timeout(*args)  # before: blocked forever opening the FIFO, or read /dev/zero forever
+        assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
+        assert HANGS[craft] in done.stderr and "Traceback" not in done.output, done.output
+    done = run_with_timeout("serve", folder, "--port", "0")
+    assert done.returncode != 0 and HANGS[craft] in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_a_format_2_package_from_the_previous_writer_still_loads(tiny_package, tmp_path):

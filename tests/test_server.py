@@ -6,10 +6,7 @@ output must not depend on HTTP, streaming, or what else the server is running.
 
 import dataclasses
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,11 +48,11 @@ def server(tiny_package, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gated(tiny_package):
-    """In this process: one slot, one place in the queue, a 1-second request timeout, and a model whose
+    """In this process: one slot, one place in the queue, a half-second request timeout, and a model whose
     decoder waits at a gate the test holds and releases."""
     model = load(tiny_package)
     engine = gate(model)
-    s = InProcessServer(model, Limits(max_tokens=50, request_timeout=1.0), max_batch=1, max_queue=0)
+    s = InProcessServer(model, Limits(max_tokens=50, request_timeout=0.5), max_batch=1, max_queue=0)
     s.engine = engine
     yield s
     engine.release()
@@ -421,22 +418,21 @@ def test_sigterm_mid_stream_exits_0_and_never_sends_broken_json(tiny_package, tm
 
 
 def test_serve_refuses_a_missing_package(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "serve", "-m", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert result.returncode == 1 and "no model package at" in result.stderr
+    from click.testing import CliRunner
+
+    from edgelm.runtime.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "-m", str(tmp_path / "nope")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "no model package at" in result.stderr and "Traceback" not in result.output
 
 
-def test_an_int8_package_serves_what_generate_gives(tiny_package_int8, tmp_path):
+def test_an_int8_package_serves_what_generate_gives(tiny_package_int8):
     """The int8 graph takes inputs_embeds, read by the runtime from model.onnx.data: a request alone in the batch
     gives what Model.generate gives, streamed or not. Rows decoded together share int8's per-pass activation
     scales, so after their first token (each prefilled alone) they may drift from their generate() result."""
     model = load(tiny_package_int8)
-    s = Server(tiny_package_int8, tmp_path)
+    s = InProcessServer(load(tiny_package_int8, spinning=False))  # a model of its own, loaded as serve loads it
     try:
         prompts = PROMPTS[:3]
         for prompt in prompts:
@@ -456,4 +452,4 @@ def test_an_int8_package_serves_what_generate_gives(tiny_package_int8, tmp_path)
         ]
         assert first == expected
     finally:
-        assert s.stop() == 0, s.log()
+        s.stop()

@@ -28,8 +28,8 @@ def model(tiny_package):
 
 @pytest.fixture(scope="module")
 def server(model):
-    """Default settings, but a 1-second read timeout and a small bound on the tokens one request holds."""
-    s = InProcessServer(model, Limits(max_tokens=50, read_timeout=1.0, max_batch_tokens=400), max_batch=1)
+    """Default settings, but a half-second read timeout and a small bound on the tokens one request holds."""
+    s = InProcessServer(model, Limits(max_tokens=50, read_timeout=0.5, max_batch_tokens=400), max_batch=1)
     yield s
     model.gated.release()
     s.stop()
