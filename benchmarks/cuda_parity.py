@@ -55,7 +55,7 @@ def compare(path: str) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         sys.exit(f"usage: {sys.argv[0]} PACKAGE [PACKAGE ...]")
     for path in sys.argv[1:]:
         try:

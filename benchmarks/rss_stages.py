@@ -50,4 +50,6 @@ def generate(package):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        sys.exit(__doc__)
     generate(sys.argv[1]) if "--generate" in sys.argv else main()
