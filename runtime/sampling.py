@@ -27,7 +27,7 @@ import numpy as np
 from . import nucleus, topk
 from .draw import FEW_ALIVE, Scratch, pick
 from .generation_config import GenerationConfig, check_token_ids
-from .tally import Tallies
+from .tally import SeenTally, Tallies
 
 NEG_INF = np.float32(-np.inf)
 __all__ = ["SamplerChain", "process_logits", "pick", "log_softmax", "top_logprobs"]  # pick: from draw.py
@@ -105,6 +105,20 @@ def _penalty_factor(penalty: float) -> np.float64:
     return np.float64(factor if factor > 0 else penalty)
 
 
+def _repeated(values: np.ndarray, factor: np.float64) -> np.ndarray:
+    # [n] float32 logits -> [n] float32 penalized: repetition_penalty's arithmetic, in float64, rounded once
+    score = values.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
+        penalized = np.where(score < 0, score * factor, score / factor)
+        return np.minimum(penalized, F32_MAX, out=np.empty(values.shape, np.float32))
+
+
+def _generated_offset(counts, frequency: float, presence: float):
+    # counts (an int, or an int64 array, each > 0) -> what frequency_presence_penalty subtracts, float64 (rounded
+    # to float32 by the caller): the one place its formula is written, for the direct filter and the chain's tally
+    return frequency * counts + presence
+
+
 @logits_filter(no_op=lambda penalty: penalty == 1.0, reads=SEEN_IDS)
 def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     """Penalize every token already seen in the row (prompt included): positive logits divided, negative multiplied.
@@ -115,10 +129,7 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     factor = _penalty_factor(penalty)
     for r, ids in enumerate(seen):
         ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
-        score = out[r, ids].astype(np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
-            penalized = np.where(score < 0, score * factor, score / factor)
-            out[r, ids] = np.minimum(penalized, F32_MAX)
+        out[r, ids] = _repeated(out[r, ids], factor)
     return out
 
 
@@ -130,7 +141,7 @@ def frequency_presence_penalty(out, generated: list, frequency_penalty: float, p
     """
     # [B, V] -> [B, V]
     for r, (ids, counts) in enumerate(generated):
-        out[r, ids] -= (frequency_penalty * counts + presence_penalty).astype(out.dtype)
+        out[r, ids] -= _generated_offset(counts, frequency_penalty, presence_penalty).astype(out.dtype)
     return out
 
 
@@ -284,6 +295,8 @@ def typical_p(out, mass: float):
 
 
 NEVER_BAN = (repetition_penalty, frequency_presence_penalty, temperature)  # move logits, never to -inf on purpose
+PENALTIES = (repetition_penalty, frequency_presence_penalty)  # applied together by the chain: the same ids
+READ_ONLY_LAST = (top_k, top_p)  # as the chain's last filter, only read: the chain draws from what they keep
 
 
 class SamplerChain:
@@ -291,6 +304,10 @@ class SamplerChain:
 
     Built once per request. Calling it takes the rows' raw logits [B, V], their seen ids (prompt and
     generated) and generated ids, and one random generator per row; it returns one token id per row.
+    The penalties, when active, are applied together (the generated ids are among the seen ones): one read and one
+    write of each row's seen ids, with the same arithmetic, in the same order, as the two filters one after the
+    other. When they are the only filters that write (the pick, or a last top_k or top_p, only reads), the chain
+    writes them into the caller's logits, picks, and writes the saved logits back, instead of copying the row.
     """
 
     def __init__(self, config: GenerationConfig, vocab_size: int):
@@ -314,31 +331,53 @@ class SamplerChain:
         self.dense = vocab_size > FEW_ALIVE and all(f in NEVER_BAN for f, _ in self.filters)
         self.scratch = Scratch()  # the arrays each step works in, kept for the next step
         self.seen_ids, self.generated_counts = Tallies(), Tallies()  # what the penalties read, kept up to date
+        active = dict(self.filters)
+        self.penalties = sum(f in PENALTIES for f in active)  # how many of the first filters are penalties
+        self.factor = _penalty_factor(*active[repetition_penalty]) if repetition_penalty in active else None
+        weigh = None
+        if frequency_presence_penalty in active:
+            weigh = functools.partial(
+                _generated_offset, **dict(zip(("frequency", "presence"), active[frequency_presence_penalty]))
+            )
+        self.seen_tallies = Tallies(functools.partial(SeenTally, weigh=weigh))
+        writers = self.filters[:-1] if self.filters and self.filters[-1][0] in READ_ONLY_LAST else self.filters
+        self.restores = bool(writers) and len(writers) == self.penalties  # penalties in place, then restored
 
     def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
         """seen[r], generated[r]: row r's ids lists. The chain follows each list object as it grows between calls
-        (the decode loop appends to it), so a list may only grow at its end; a new list object is counted anew."""
+        (the decode loop appends to it), so a list may only grow at its end; a new list object is counted anew.
+        The logits are as they were when it returns."""
         # [B, V] -> [B] int64
-        last, options = self.filters[-1] if self.filters else (None, ())
-        if last is top_p or last is top_k:  # draw from the tokens it keeps: no -inf written over the rest
-            out = logits
-            if len(self.filters) > 1:  # the filters before it work in place, on a copy; the last one only reads
-                out = self.scratch.get("logits", logits.shape, logits.dtype)
-                np.copyto(out, logits)
-                self._apply(out, self.filters[:-1], seen, generated)
-            if last is top_k:
-                return topk.draw_kept(out, options[0], rngs)
-            (p,) = options
-            if p >= nucleus.REJECT_FROM:
-                return nucleus.draw_from(out, p, rngs, self.scratch)
-            given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
-            return pick(out, self.do_sample, rngs, given, self.scratch)
-        if not self.filters:
-            return pick(logits, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
-        out = self.scratch.get("logits", logits.shape, logits.dtype)
-        np.copyto(out, logits)
-        out = self._apply(out, self.filters, seen, generated)
-        return pick(out, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
+        if self.restores and logits.flags.writeable:
+            saved = self._penalize(logits, seen, generated)
+            if saved is not None:
+                try:
+                    return self._pick(logits, self.filters[self.penalties :], rngs)
+                finally:
+                    for row, (ids, values) in zip(logits, saved):
+                        row.put(ids, values)
+        last = self.filters[-1][0] if self.filters else None
+        if len(self.filters) > (last in READ_ONLY_LAST):  # the filters before a last top_k or top_p write: a copy
+            out = self.scratch.get("logits", logits.shape, logits.dtype)
+            np.copyto(out, logits)
+            rest = self.filters[-1:] if last in READ_ONLY_LAST else []
+            return self._pick(
+                self._apply(out, self.filters[: len(self.filters) - len(rest)], seen, generated), rest, rngs
+            )
+        return self._pick(logits, self.filters, rngs)
+
+    def _pick(self, out, rest: list, rngs: list) -> np.ndarray:
+        # the pick after every filter but `rest`: nothing, or a last top_k or top_p, which only reads out
+        if not rest:
+            return pick(out, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
+        last, options = rest[0]
+        if last is top_k:  # draw from the tokens it keeps: no -inf written over the rest
+            return topk.draw_kept(out, options[0], rngs)
+        (p,) = options
+        if p >= nucleus.REJECT_FROM:
+            return nucleus.draw_from(out, p, rngs, self.scratch)
+        given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
+        return pick(out, self.do_sample, rngs, given, self.scratch)
 
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
         """The filtered logits: a copy, or the input itself when no filter is active."""
@@ -347,7 +386,25 @@ class SamplerChain:
             return logits
         return self._apply(logits.copy(), self.filters, seen, generated)
 
+    def _penalize(self, out, seen: list, generated: list) -> list | None:
+        """Both penalties (those active) on out in place; the logits they replaced, per row ([n] ids, [n] logits).
+        None, with out untouched, when a row's generated ids are not all among its seen ids."""
+        rows = self.seen_tallies.update(seen, generated)
+        if any(row is None for row in rows):
+            return None
+        saved = []
+        for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids]'s work, without its indexing machinery
+            values = row.take(ids)  # a copy: what the caller's logits get back
+            penalized = values if self.factor is None else _repeated(values, self.factor)
+            if offsets is not None:  # 0 for the ids never generated: x - 0 is x, -0 and -inf included
+                penalized = penalized - offsets
+            row.put(ids, penalized)
+            saved.append((ids, values))
+        return saved
+
     def _apply(self, out, filters, seen: list, generated: list) -> np.ndarray:
+        if filters and filters[0][0] in PENALTIES and self._penalize(out, seen, generated) is not None:
+            filters = filters[self.penalties :]
         for f, options in filters:
             if f.reads == COUNT:  # min_new_tokens: each row has its own count
                 for r, ids in enumerate(generated):
