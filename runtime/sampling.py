@@ -106,11 +106,12 @@ def _penalty_factor(penalty: float) -> np.float64:
 
 
 def _repeated(values: np.ndarray, factor: np.float64) -> np.ndarray:
-    # [n] float32 logits -> [n] float32 penalized: repetition_penalty's arithmetic, in float64, rounded once
+    # [n] float32 logits -> [n] float64 penalized, clipped at float32's largest: repetition_penalty's arithmetic,
+    # exact in float64 and rounded once by the caller's float32 store (under np.errstate(over="ignore",
+    # invalid="ignore"): below float32's range is -inf, and 0 * inf is computed in the branch np.where drops)
     score = values.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
-        penalized = np.where(score < 0, score * factor, score / factor)
-        return np.minimum(penalized, F32_MAX, out=np.empty(values.shape, np.float32))
+    penalized = np.where(score < 0, score * factor, score / factor)
+    return np.minimum(penalized, F32_MAX, out=penalized)
 
 
 def _generated_offset(counts, frequency: float, presence: float):
@@ -127,9 +128,10 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     """
     # [B, V] -> [B, V]
     factor = _penalty_factor(penalty)
-    for r, ids in enumerate(seen):
-        ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
-        out[r, ids] = _repeated(out[r, ids], factor)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r, ids in enumerate(seen):
+            ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
+            out[r, ids] = _repeated(out[r, ids], factor)
     return out
 
 
@@ -335,10 +337,9 @@ class SamplerChain:
         self.penalties = sum(f in PENALTIES for f in active)  # how many of the first filters are penalties
         self.factor = _penalty_factor(*active[repetition_penalty]) if repetition_penalty in active else None
         weigh = None
-        if frequency_presence_penalty in active:
-            weigh = functools.partial(
-                _generated_offset, **dict(zip(("frequency", "presence"), active[frequency_presence_penalty]))
-            )
+        if frequency_presence_penalty in active:  # each generated id's offset, kept up to date by its tally
+            frequency, presence = active[frequency_presence_penalty]
+            weigh = functools.partial(_generated_offset, frequency=frequency, presence=presence)
         self.seen_tallies = Tallies(functools.partial(SeenTally, weigh=weigh))
         writers = self.filters[:-1] if self.filters and self.filters[-1][0] in READ_ONLY_LAST else self.filters
         self.restores = bool(writers) and len(writers) == self.penalties  # penalties in place, then restored
@@ -388,18 +389,26 @@ class SamplerChain:
 
     def _penalize(self, out, seen: list, generated: list) -> list | None:
         """Both penalties (those active) on out in place; the logits they replaced, per row ([n] ids, [n] logits).
-        None, with out untouched, when a row's generated ids are not all among its seen ids."""
+        None, with out untouched, when a row's generated ids are not all among its seen ids, or out is not float32
+        (the logits' dtype in the graph contract; the fused arithmetic rounds to float32)."""
+        if out.dtype != np.float32:
+            return None
         rows = self.seen_tallies.update(seen, generated)
         if any(row is None for row in rows):
             return None
         saved = []
-        for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids]'s work, without its indexing machinery
-            values = row.take(ids)  # a copy: what the caller's logits get back
-            penalized = values if self.factor is None else _repeated(values, self.factor)
-            if offsets is not None:  # 0 for the ids never generated: x - 0 is x, -0 and -inf included
-                penalized = penalized - offsets
-            row.put(ids, penalized)
-            saved.append((ids, values))
+        with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
+            for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without its indexing machinery
+                values = row.take(ids)  # a copy: what the caller's logits get back
+                # offsets: 0 for the ids never generated (x - 0 is x, -0 and -inf included)
+                if self.factor is None:
+                    penalized = values - offsets
+                elif offsets is None:
+                    penalized = _repeated(values, self.factor)  # rounded to float32 by put, as by the filter's store
+                else:  # rounded to float32, then the float32 subtraction: the two filters' arithmetic, in their order
+                    penalized = np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
+                row.put(ids, penalized)
+                saved.append((ids, values))
         return saved
 
     def _apply(self, out, filters, seen: list, generated: list) -> np.ndarray:

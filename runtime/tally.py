@@ -28,6 +28,7 @@ class Tally:
         self.where: dict[int, int] = {}  # id -> its index in ids
         self.ids = np.empty(64, dtype=np.int64)
         self.counts = np.empty(64, dtype=np.int64)
+        self.views = self.ids[:0], self.counts[:0]
 
     def follows(self, source) -> bool:
         return self.source is source
@@ -52,7 +53,9 @@ class Tally:
                 self.counts[index] += 1
         self.length = len(source)
         self.last = source[-1] if self.length else None
-        return self.ids[:n], self.counts[:n]
+        if self.views[0].base is not self.ids or self.views[0].size != n:  # slicing costs, even for the same views
+            self.views = self.ids[:n], self.counts[:n]
+        return self.views
 
 
 class SeenTally:
@@ -69,6 +72,7 @@ class SeenTally:
         self.length, self.last, self.recounts = 0, None, None
         self.counts: dict[int, int] = {}  # index in the seen ids -> how often that id was generated
         self.values = np.zeros(self.seen.ids.size, dtype=np.float32)
+        self.view = self.values[:0]
 
     def follows(self, seen, generated) -> bool:
         return self.seen.source is seen and self.generated is generated
@@ -98,7 +102,9 @@ class SeenTally:
             values[index] = self.weigh(count)  # rounded to float32 as .astype(np.float32) rounds
         self.length = len(generated)
         self.last = generated[-1] if self.length else None
-        return ids, values[: ids.size]
+        if self.view.base is not values or self.view.size != ids.size:
+            self.view = values[: ids.size]
+        return ids, self.view
 
 
 class Tallies:

@@ -160,10 +160,10 @@ def penalty_rows(n_vocab, seed):
     # [4, n_vocab] with what the penalties must carry through: huge logits, -0, -inf, +inf and NaN among seen ids
     rng = np.random.default_rng(seed)
     logits = (rng.standard_normal((4, n_vocab)) * 3).astype(np.float32)
-    logits[1, :6] = [3e38, -3e38, -0.0, 0.0, -np.inf, np.inf]
+    logits[1, :7] = [3e38, -3e38, -0.0, 0.0, -np.inf, np.inf, -3.3e38]
     logits[2, :3] = [np.nan, 1e-45, -1e-45]
     seen = [list(rng.integers(0, 40, n)) for n in (12, 30, 5, 0)]
-    seen[1] += list(range(6))
+    seen[1] += list(range(7))
     seen[2] += [0, 1, 2]
     generated = [s[len(s) // 2 :] for s in seen]  # the first half of each row is its prompt: seen, not generated
     return logits, seen, generated
