@@ -113,12 +113,7 @@ def among(ids: np.ndarray, values: np.ndarray, peak: np.float32, u: float) -> in
     """One draw from softmax over the few tokens `ids` of a row (every other token is -inf): the first whose float64
     cumulative weight exceeds u * total. peak: the row's maximum, float32; u: uniform in [0, 1)."""
     # [n] ascending ids, [n] their float32 logits -> token id
-    return among_weights(ids, np.exp(values - peak).tolist(), u)  # the same float32 weights as weights() gives
-
-
-def among_weights(ids: np.ndarray, w: list, u: float) -> int:
-    """among, given the tokens' float32 weights exp(logit - peak) as Python floats (0 for a token never drawn)."""
-    # [n] ascending ids, [n] weights -> token id
+    w = np.exp(values - peak).tolist()  # the same float32 weights as weights() gives
     if not all(w):  # underflow to 0: such a token is never drawn
         ids, w = ids[np.flatnonzero(w)], [x for x in w if x]
     cdf = list(accumulate(w))  # np.cumsum's float64 sums

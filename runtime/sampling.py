@@ -14,8 +14,10 @@ parameter names and semantics of the matching transformers 4.57 logits processor
 +inf from finite logits (a value past float32's range upwards is clipped to its largest; downwards it is
 -inf, a probability of 0 either way). A removed token gets -inf. Called
 directly, a filter returns a new array unless called with inplace=True; the chain copies once and works in
-place. Pure NumPy: the random generators are passed in, one per row, never global. The pick lives in draw.py,
-top_p's machinery in nucleus.py, top_k's in topk.py; none sorts the vocabulary. When top_p or top_k is the last
+place, or, when the penalties are the only filters that write, applies them to the caller's logits and puts the
+replaced values back after the pick (see SamplerChain). Pure NumPy: the random generators are passed in, one
+per row, never global. The pick lives in draw.py, top_p's machinery in nucleus.py, top_k's in topk.py; none sorts
+the vocabulary. When top_p or top_k is the last
 filter, the chain draws from the tokens it keeps instead of writing -inf over the rest of the row.
 """
 

@@ -11,8 +11,6 @@ When top_k is the last filter of a sampler chain, the chain needs one token, not
 among the kept tokens directly, exactly as draw.pick would from the filtered row.
 """
 
-import math
-
 import numpy as np
 
 from . import draw
@@ -25,33 +23,30 @@ def kept(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ascending ids of every token top_k keeps in one row, each logit >= the k-th largest, and their logits."""
     # [V] float32, 0 < k < V -> ([m] int64, [m] float32), m >= k (ties with the k-th kept, as transformers keeps them)
     ids = candidates(row, k)
-    if ids is not None:
-        values = row[ids]
-        if not np.isnan(values.max()):  # np.max propagates NaN
-            kth = np.partition(values, values.size - k)[values.size - k]
-            keep = values >= kth
-            return ids[keep], values[keep]
-    kth = np.partition(row, row.size - k)[row.size - k]  # NaN sorts last: counted as the largest, and kept
-    ids = np.flatnonzero(~(row < kth))
-    return ids, row[ids]
+    if ids is None:
+        kth = np.partition(row, row.size - k)[row.size - k]  # NaN sorts last: counted as the largest, and kept
+        ids = np.flatnonzero(~(row < kth))
+        return ids, row[ids]
+    values = row[ids]
+    kth = np.partition(values, values.size - k)[values.size - k]
+    keep = values >= kth
+    return ids[keep], values[keep]
 
 
 def candidates(row: np.ndarray, k: int) -> np.ndarray | None:
-    """Ascending ids of a set of tokens that holds every token top_k keeps, and every NaN, found from block maxima;
-    None where the shortcut does not apply (fewer than k blocks even at MIN_BLOCK). A row holding NaN gives a set
-    that holds its NaN: callers look for one there, and partition such a row whole."""
+    """Ascending ids of a set of tokens that holds every token top_k keeps, found from block maxima; None where
+    the shortcut does not apply (fewer than k blocks even at MIN_BLOCK, or NaN in the row)."""
     # [V] float32 -> [m] int64, or None
     block = BLOCK
     while row.size // block < k and block > MIN_BLOCK:
         block //= 2
     whole = row.size // block
-    if whole < k:
+    if whole < k or np.isnan(row.max()):  # np.max propagates NaN
         return None
     # the maxima of any k disjoint groups of tokens are k distinct tokens: the tail past the last block may be left out
-    # (ufuncs and methods called directly: NumPy's Python wrappers cost microseconds each right after a model step)
-    maxima = np.maximum.reduce(row[: whole * block].reshape(whole, block), axis=1)  # [whole], a new array
-    maxima.partition(whole - k)  # NaN sorts last; a NaN bound keeps every token
-    return (~(row < maxima[whole - k])).nonzero()[0]  # NaN is not below the bound: kept, and seen by the caller
+    maxima = row[: whole * block].reshape(whole, block).max(axis=1)  # [whole]
+    bound = np.partition(maxima, whole - k)[whole - k]
+    return np.flatnonzero(row >= bound)
 
 
 def draw_kept(out: np.ndarray, k: int, rngs: list) -> np.ndarray:
@@ -62,22 +57,16 @@ def draw_kept(out: np.ndarray, k: int, rngs: list) -> np.ndarray:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, (row, rng) in enumerate(zip(out, rngs)):
-        ids = candidates(row, k) if k < row.size else None
-        if ids is not None and ids.size <= draw.FEW_ALIVE:
-            values = row[ids]
-            listed = values.tolist()
-            # pick's own path, for a row whose kept tokens are all finite: on Python floats past the one exp
-            # (each NumPy call costs tens of microseconds right after a model step)
-            if math.isfinite(sum(listed)):  # no NaN or infinity among the candidates
-                ordered = sorted(listed)
-                kth, peak = ordered[len(ordered) - k], ordered[-1]
-                w = np.exp(values - peak).tolist()  # peak, a float32 value, is subtracted in float32
-                w = [x if v >= kth else 0.0 for x, v in zip(w, listed)]  # the tokens top_k removes weigh nothing
-                picks[r] = draw.among_weights(ids, w, rng.random())
-                continue
-        filtered = row[None].copy()
+        ids = values = None
         if k < row.size:
             ids, values = kept(row, k)
+            peak = values.max()
+            # pick's own path, for a row with few tokens left, a finite maximum and no -inf among those kept
+            if ids.size <= draw.FEW_ALIVE and np.isfinite(peak) and values.min() > draw.NEG_INF:
+                picks[r] = draw.among(ids, values, peak, rng.random())
+                continue
+        filtered = row[None].copy()
+        if ids is not None:
             filtered[0] = draw.NEG_INF
             filtered[0, ids] = values
         picks[r] = draw.pick(filtered, True, [rng])[0]

@@ -6,6 +6,7 @@ counting each step's whole history. Each on the rows where a shortcut could go w
 -inf and NaN, all-equal rows, k at or past the number of blocks or the vocabulary.
 """
 
+import functools
 from dataclasses import replace
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from edgelm.runtime import draw, sampling, topk
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.tally import Tallies
+from edgelm.runtime.tally import SeenTally, Tallies
 
 V = 50_257
 
@@ -246,3 +247,23 @@ def test_top_k_draw_with_nan_or_infinity_in_the_tail_matches_the_pick():
     for seed in range(3):
         rngs = lambda: [np.random.default_rng([seed, r]) for r in range(2)]  # noqa: E731
         np.testing.assert_array_equal(chain(logits, [[]] * 2, [[]] * 2, rngs()), draw.pick(filtered, True, rngs()))
+
+
+def test_a_seen_tally_keeps_each_generated_ids_value_beside_its_seen_id():
+    weigh = lambda count: 0.1 * count + 1  # noqa: E731
+    tallies = Tallies(functools.partial(SeenTally, weigh=weigh))
+    seen, generated = [9, 8], []
+
+    def check():
+        ((ids, values),) = tallies.update([seen], [generated])
+        counted = {i: float(np.float32(weigh(generated.count(i)))) if i in generated else 0.0 for i in seen}
+        assert dict(zip(ids.tolist(), values.tolist())) == counted and len(ids) == len(counted)
+
+    for token in [*range(100), 8, 8, 5]:  # past the first capacity of the tally's arrays
+        seen.append(token)
+        generated.append(token)
+        check()
+    del seen[-2:], generated[-2:]  # shrunk: counted again
+    check()
+    generated.append(1000)  # generated, never seen: nothing to align its value with
+    assert tallies.update([seen], [generated]) == [None]
