@@ -16,19 +16,16 @@ class Tally:
 
     The list is followed as it grows: each update counts the ids appended since the last. A list that shrank, or
     whose last counted id changed, is counted again from the start (and `recounts` goes up by one).
-    counted=False keeps the distinct ids only (counts then gives nothing meaningful).
     """
 
-    def __init__(self, source, counted: bool = True):
+    def __init__(self, source):
         self.source = source  # held: its id() cannot be reused while this tally follows it
-        self.counted = counted
         self.length = 0
         self.last = None  # the last id counted, to notice a list rewritten in place
         self.recounts = 0
         self.where: dict[int, int] = {}  # id -> its index in ids
         self.ids = np.empty(64, dtype=np.int64)
         self.counts = np.empty(64, dtype=np.int64)
-        self.views = self.ids[:0], self.counts[:0]
 
     def follows(self, source) -> bool:
         return self.source is source
@@ -45,17 +42,12 @@ class Tally:
                 if n == self.ids.size:
                     self.ids = np.concatenate([self.ids, np.empty_like(self.ids)])
                     self.counts = np.concatenate([self.counts, np.empty_like(self.counts)])
-                self.ids[n] = token
+                self.ids[n], self.counts[n] = token, 0
                 n += 1
-                if self.counted:
-                    self.counts[index] = 0
-            if self.counted:
-                self.counts[index] += 1
+            self.counts[index] += 1
         self.length = len(source)
         self.last = source[-1] if self.length else None
-        if self.views[0].base is not self.ids or self.views[0].size != n:  # slicing costs, even for the same views
-            self.views = self.ids[:n], self.counts[:n]
-        return self.views
+        return self.ids[:n], self.counts[:n]
 
 
 class SeenTally:
@@ -68,11 +60,10 @@ class SeenTally:
     """
 
     def __init__(self, seen, generated, weigh=None):
-        self.seen, self.generated, self.weigh = Tally(seen, counted=False), generated, weigh
+        self.seen, self.generated, self.weigh = Tally(seen), generated, weigh
         self.length, self.last, self.recounts = 0, None, None
         self.counts: dict[int, int] = {}  # index in the seen ids -> how often that id was generated
         self.values = np.zeros(self.seen.ids.size, dtype=np.float32)
-        self.view = self.values[:0]
 
     def follows(self, seen, generated) -> bool:
         return self.seen.source is seen and self.generated is generated
@@ -102,9 +93,7 @@ class SeenTally:
             values[index] = self.weigh(count)  # rounded to float32 as .astype(np.float32) rounds
         self.length = len(generated)
         self.last = generated[-1] if self.length else None
-        if self.view.base is not values or self.view.size != ids.size:
-            self.view = values[: ids.size]
-        return ids, self.view
+        return ids, values[: ids.size]
 
 
 class Tallies:
