@@ -6,7 +6,9 @@ Two measurements, each interleaved so both samplers share every moment's noise:
 1. one sampler-chain call on a [1, V] row (V from the package), per setting of `edgelm bench --sample`, on a
    nearly flat row (random-weight checkpoints give those: the nucleus is most of the vocabulary) and a peaked
    one; medians of CPU time per call;
-2. decode tok/s at batch 1 through the engine with each sampler, per setting, and the ratio to greedy.
+2. decode tok/s at batch 1 through the engine with each sampler, per setting, and the ratio to greedy;
+3. with --alternate-steps, instead of 2: the two samplers take turns step by step inside the same decodes, so each
+   step's CPU time is compared with its neighbour's (finer than whole decodes when other work loads the machine).
 The other revision's sampler modules (SAMPLER_MODULES, those it has) are loaded from `git show` as a package of
 their own beside edgelm.runtime, whose other modules they share, so nothing is checked out.
 """
@@ -87,6 +89,41 @@ def timed_chain(module, steps: list):
     return Timed
 
 
+def alternate_steps(model, samplers: dict, args):
+    """Measurement 3: one decode per setting and round, its steps sampled by each sampler in turn."""
+    print(
+        f"\ndecode at batch 1, {args.tokens} new tokens, {args.runs} rounds, the samplers taking turns step by step: "
+        "the sampler's median CPU time per step inside the decode loop (ms)"
+    )
+    names, steps = list(samplers), {}
+
+    def taking_turns(key: str, first: int):
+        class Turns:
+            def __init__(self, config, vocab_size):
+                self.chains = [module.SamplerChain(config, vocab_size) for module in samplers.values()]
+                self.turn = first
+
+            def __call__(self, *args):
+                chain, self.turn = self.chains[self.turn % 2], self.turn + 1
+                started = time.thread_time_ns()
+                try:
+                    return chain(*args)
+                finally:
+                    steps.setdefault((names[(self.turn - 1) % 2], key), []).append(time.thread_time_ns() - started)
+
+        return Turns
+
+    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    for r in range(args.runs):
+        for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
+            engine.SamplerChain = taking_turns(key, r)  # which one goes first turns each round
+            _timed_tokens(model, [_prompt(model, 8, r)], args.tokens, options, seed=r)
+    engine.SamplerChain = current.SamplerChain
+    for key, label, _ in SAMPLED:
+        old, new = (np.median(steps[name, key]) / 1e6 for name in names)
+        print(f"  {label:<50} {names[0]}: {old:6.3f} ms   working tree: {new:6.3f} ms   ({new - old:+.3f})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package")
@@ -94,6 +131,9 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--calls-only", action="store_true", help="only measurement 1, the sampler calls alone")
+    parser.add_argument(
+        "--alternate-steps", action="store_true", help="measurement 3 instead of 2: the samplers take turns each step"
+    )
     args = parser.parse_args()
     before = sampling_at(args.rev)
     samplers = {args.rev: before, "working tree": current}
@@ -115,6 +155,9 @@ def main():
             print(f"  logits x{scale:<4} {label:<50} {old:7.3f} | {new:7.3f}  ({old / new:4.1f}x)")
 
     if args.calls_only:
+        return
+    if args.alternate_steps:
+        alternate_steps(model, samplers, args)
         return
     print(
         f"\ndecode at batch 1, {args.tokens} new tokens, medians of {args.runs} rounds: tok/s, ratio to greedy, and "

@@ -7,6 +7,7 @@ one short cumulative sum inside the chosen block. A row with few tokens above -i
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
 """
 
+import contextlib
 import math
 from bisect import bisect_right
 from itertools import accumulate
@@ -25,26 +26,30 @@ class Scratch:
     page faults every step (about 40 us for 200 KB, as much as the arithmetic done on it)."""
 
     def __init__(self):
-        self._arrays = {}
+        self._arrays = {}  # name -> ((shape, dtype), array)
 
     def get(self, name: str, shape: tuple, dtype, zeros: bool = False) -> np.ndarray:
         """The array kept under `name`, made again when the shape or dtype changed. Its contents are whatever was
         last written there (zeros when made with zeros=True, and wherever nobody writes)."""
-        array = self._arrays.get(name)
-        if array is None or array.shape != shape or array.dtype != dtype:
-            array = self._arrays[name] = (np.zeros if zeros else np.empty)(shape, dtype)
-        return array
+        kept = self._arrays.get(name)  # compared as given: np.dtype(dtype) every step would cost more than the rest
+        if kept is None or kept[0] != (shape, dtype):
+            kept = self._arrays[name] = ((shape, dtype), (np.zeros if zeros else np.empty)(shape, dtype))
+        return kept[1]
 
 
-def weights(logits: np.ndarray, scratch: Scratch | None = None, peak: np.ndarray | None = None) -> np.ndarray:
+def weights(
+    logits: np.ndarray, scratch: Scratch | None = None, peak: np.ndarray | None = None, finite: bool = False
+) -> np.ndarray:
     """exp(logit - row max) in float32, padded with zeros to whole blocks; 0 for -inf. peak: the row maxima [B],
-    when the caller has them."""
+    when the caller has them; finite: the caller has checked that they are all finite."""
     # [B, V] -> [B, n_blocks * BLOCK] float32 (a row of all -inf, or with +inf, gives NaN: callers skip it)
     shape = (logits.shape[0], -(-logits.shape[-1] // BLOCK) * BLOCK)
     padded = (scratch or Scratch()).get("weights", shape, np.float32, zeros=True)  # only [:, :V] is ever written
     w = padded[:, : logits.shape[-1]]
     peak = logits.max(axis=-1) if peak is None else peak
-    with np.errstate(invalid="ignore"):
+    # inf - inf is the only invalid operation here; the error state costs as much as the subtraction right after
+    # a model step, so a finite maximum goes without it (exp's underflow to 0 is ignored by default)
+    with contextlib.nullcontext() if finite else np.errstate(invalid="ignore"):
         np.subtract(logits, peak[:, None], out=w)
         np.exp(w, out=w)
     return padded
@@ -95,10 +100,11 @@ def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
     # pick's draw in as few operations as it takes (each costs more than its arithmetic right after a model step,
     # whose weights have pushed the sampler's code and data out of the caches); None when a row's maximum is not
     # finite, before any generator is used: pick's checks handle that row.
-    padded = weights(logits, scratch)
-    ends = [list(accumulate(sums)) for sums in block_sums(padded).tolist()]  # np.cumsum's float64 sums
-    if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # finite exactly when the row's maximum is
+    peak = logits.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
+    if not all(map(math.isfinite, peak.tolist())):
         return None
+    padded = weights(logits, scratch, peak, finite=True)
+    ends = [list(accumulate(sums)) for sums in block_sums(padded).tolist()]  # np.cumsum's float64 sums
     n_vocab = logits.shape[-1]
     return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in zip(padded, ends, rngs)], np.int64)
 

@@ -14,8 +14,10 @@ parameter names and semantics of the matching transformers 4.57 logits processor
 +inf from finite logits (a value past float32's range upwards is clipped to its largest; downwards it is
 -inf, a probability of 0 either way). A removed token gets -inf. Called
 directly, a filter returns a new array unless called with inplace=True; the chain copies once and works in
-place. Pure NumPy: the random generators are passed in, one per row, never global. The pick lives in draw.py,
-top_p's machinery in nucleus.py, top_k's in topk.py; none sorts the vocabulary. When top_p or top_k is the last
+place, or, when the penalties are the only filters that write, applies them to the caller's logits and puts the
+replaced values back after the pick (see SamplerChain). Pure NumPy: the random generators are passed in, one
+per row, never global. The pick lives in draw.py, top_p's machinery in nucleus.py, top_k's in topk.py; none sorts
+the vocabulary. When top_p or top_k is the last
 filter, the chain draws from the tokens it keeps instead of writing -inf over the rest of the row.
 """
 
@@ -27,7 +29,7 @@ import numpy as np
 from . import nucleus, topk
 from .draw import FEW_ALIVE, Scratch, pick
 from .generation_config import GenerationConfig, check_token_ids
-from .tally import Tallies
+from .tally import SeenTally, Tallies
 
 NEG_INF = np.float32(-np.inf)
 __all__ = ["SamplerChain", "process_logits", "pick", "log_softmax", "top_logprobs"]  # pick: from draw.py
@@ -105,6 +107,21 @@ def _penalty_factor(penalty: float) -> np.float64:
     return np.float64(factor if factor > 0 else penalty)
 
 
+def _repeated(values: np.ndarray, factor: np.float64) -> np.ndarray:
+    # [n] float32 logits -> [n] float64 penalized, clipped at float32's largest: repetition_penalty's arithmetic,
+    # exact in float64 and rounded once by the caller's float32 store (under np.errstate(over="ignore",
+    # invalid="ignore"): below float32's range is -inf, and 0 * inf is computed in the branch np.where drops)
+    score = values.astype(np.float64)
+    penalized = np.where(score < 0, score * factor, score / factor)
+    return np.minimum(penalized, F32_MAX, out=penalized)
+
+
+def _generated_offset(counts, frequency: float, presence: float):
+    # counts (an int, or an int64 array, each > 0) -> what frequency_presence_penalty subtracts, float64 (rounded
+    # to float32 by the caller): the one place its formula is written, for the direct filter and the chain's tally
+    return frequency * counts + presence
+
+
 @logits_filter(no_op=lambda penalty: penalty == 1.0, reads=SEEN_IDS)
 def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     """Penalize every token already seen in the row (prompt included): positive logits divided, negative multiplied.
@@ -113,12 +130,10 @@ def repetition_penalty(out, seen: list[np.ndarray], penalty: float):
     """
     # [B, V] -> [B, V]
     factor = _penalty_factor(penalty)
-    for r, ids in enumerate(seen):
-        ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
-        score = out[r, ids].astype(np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):  # invalid: 0 * inf in the branch np.where drops
-            penalized = np.where(score < 0, score * factor, score / factor)
-            out[r, ids] = np.minimum(penalized, F32_MAX)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r, ids in enumerate(seen):
+            ids = _ids(ids)  # repeats need no np.unique: every copy of an id is given the same new value
+            out[r, ids] = _repeated(out[r, ids], factor)
     return out
 
 
@@ -130,7 +145,7 @@ def frequency_presence_penalty(out, generated: list, frequency_penalty: float, p
     """
     # [B, V] -> [B, V]
     for r, (ids, counts) in enumerate(generated):
-        out[r, ids] -= (frequency_penalty * counts + presence_penalty).astype(out.dtype)
+        out[r, ids] -= _generated_offset(counts, frequency_penalty, presence_penalty).astype(out.dtype)
     return out
 
 
@@ -284,6 +299,8 @@ def typical_p(out, mass: float):
 
 
 NEVER_BAN = (repetition_penalty, frequency_presence_penalty, temperature)  # move logits, never to -inf on purpose
+PENALTIES = (repetition_penalty, frequency_presence_penalty)  # applied together by the chain: the same ids
+READ_ONLY_LAST = (top_k, top_p)  # as the chain's last filter, only read: the chain draws from what they keep
 
 
 class SamplerChain:
@@ -291,6 +308,10 @@ class SamplerChain:
 
     Built once per request. Calling it takes the rows' raw logits [B, V], their seen ids (prompt and
     generated) and generated ids, and one random generator per row; it returns one token id per row.
+    The penalties, when active, are applied together (the generated ids are among the seen ones): one read and one
+    write of each row's seen ids, with the same arithmetic, in the same order, as the two filters one after the
+    other. When they are the only filters that write (the pick, or a last top_k or top_p, only reads), the chain
+    writes them into the caller's logits, picks, and writes the saved logits back, instead of copying the row.
     """
 
     def __init__(self, config: GenerationConfig, vocab_size: int):
@@ -314,31 +335,52 @@ class SamplerChain:
         self.dense = vocab_size > FEW_ALIVE and all(f in NEVER_BAN for f, _ in self.filters)
         self.scratch = Scratch()  # the arrays each step works in, kept for the next step
         self.seen_ids, self.generated_counts = Tallies(), Tallies()  # what the penalties read, kept up to date
+        active = dict(self.filters)
+        self.penalties = sum(f in PENALTIES for f in active)  # how many of the first filters are penalties
+        self.factor = _penalty_factor(*active[repetition_penalty]) if repetition_penalty in active else None
+        weigh = None
+        if frequency_presence_penalty in active:  # each generated id's offset, kept up to date by its tally
+            frequency, presence = active[frequency_presence_penalty]
+            weigh = functools.partial(_generated_offset, frequency=frequency, presence=presence)
+        self.seen_tallies = Tallies(functools.partial(SeenTally, weigh=weigh))
+        writers = self.filters[:-1] if self.filters and self.filters[-1][0] in READ_ONLY_LAST else self.filters
+        self.restores = bool(writers) and len(writers) == self.penalties  # penalties in place, then restored
 
     def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
         """seen[r], generated[r]: row r's ids lists. The chain follows each list object as it grows between calls
-        (the decode loop appends to it), so a list may only grow at its end; a new list object is counted anew."""
+        (the decode loop appends to it), so a list may only grow at its end; a new list object is counted anew.
+        The logits are as they were when it returns."""
         # [B, V] -> [B] int64
-        last, options = self.filters[-1] if self.filters else (None, ())
-        if last is top_p or last is top_k:  # draw from the tokens it keeps: no -inf written over the rest
-            out = logits
-            if len(self.filters) > 1:  # the filters before it work in place, on a copy; the last one only reads
-                out = self.scratch.get("logits", logits.shape, logits.dtype)
-                np.copyto(out, logits)
-                self._apply(out, self.filters[:-1], seen, generated)
-            if last is top_k:
-                return topk.draw_kept(out, options[0], rngs)
-            (p,) = options
-            if p >= nucleus.REJECT_FROM:
-                return nucleus.draw_from(out, p, rngs, self.scratch)
-            given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
-            return pick(out, self.do_sample, rngs, given, self.scratch)
-        if not self.filters:
-            return pick(logits, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
-        out = self.scratch.get("logits", logits.shape, logits.dtype)
-        np.copyto(out, logits)
-        out = self._apply(out, self.filters, seen, generated)
-        return pick(out, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
+        if self.restores and logits.flags.writeable:
+            saved = self._penalize(logits, seen, generated)
+            if saved is not None:
+                try:
+                    return self._pick(logits, self.filters[self.penalties :], rngs)
+                finally:
+                    for row, (ids, values) in zip(logits, saved):
+                        row.put(ids, values)
+        last = self.filters[-1][0] if self.filters else None
+        if len(self.filters) > (last in READ_ONLY_LAST):  # the filters before a last top_k or top_p write: a copy
+            out = self.scratch.get("logits", logits.shape, logits.dtype)
+            np.copyto(out, logits)
+            rest = self.filters[-1:] if last in READ_ONLY_LAST else []
+            return self._pick(
+                self._apply(out, self.filters[: len(self.filters) - len(rest)], seen, generated), rest, rngs
+            )
+        return self._pick(logits, self.filters, rngs)
+
+    def _pick(self, out, rest: list, rngs: list) -> np.ndarray:
+        # the pick after every filter but `rest`: nothing, or a last top_k or top_p, which only reads out
+        if not rest:
+            return pick(out, self.do_sample, rngs, scratch=self.scratch, dense=self.dense)
+        last, options = rest[0]
+        if last is top_k:  # draw from the tokens it keeps: no -inf written over the rest
+            return topk.draw_kept(out, options[0], rngs)
+        (p,) = options
+        if p >= nucleus.REJECT_FROM:
+            return nucleus.draw_from(out, p, rngs, self.scratch)
+        given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
+        return pick(out, self.do_sample, rngs, given, self.scratch)
 
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
         """The filtered logits: a copy, or the input itself when no filter is active."""
@@ -347,7 +389,33 @@ class SamplerChain:
             return logits
         return self._apply(logits.copy(), self.filters, seen, generated)
 
+    def _penalize(self, out, seen: list, generated: list) -> list | None:
+        """Both penalties (those active) on out in place; the logits they replaced, per row ([n] ids, [n] logits).
+        None, with out untouched, when a row's generated ids are not all among its seen ids, or out is not float32
+        (the logits' dtype in the graph contract; the fused arithmetic rounds to float32)."""
+        if out.dtype != np.float32:
+            return None
+        rows = self.seen_tallies.update(seen, generated)
+        if any(row is None for row in rows):
+            return None
+        saved = []
+        with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
+            for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without its indexing machinery
+                values = row.take(ids)  # a copy: what the caller's logits get back
+                # offsets: 0 for the ids never generated (x - 0 is x, -0 and -inf included)
+                if self.factor is None:
+                    penalized = values - offsets
+                elif offsets is None:
+                    penalized = _repeated(values, self.factor)  # rounded to float32 by put, as by the filter's store
+                else:  # rounded to float32, then the float32 subtraction: the two filters' arithmetic, in their order
+                    penalized = np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
+                row.put(ids, penalized)
+                saved.append((ids, values))
+        return saved
+
     def _apply(self, out, filters, seen: list, generated: list) -> np.ndarray:
+        if filters and filters[0][0] in PENALTIES and self._penalize(out, seen, generated) is not None:
+            filters = filters[self.penalties :]
         for f, options in filters:
             if f.reads == COUNT:  # min_new_tokens: each row has its own count
                 for r, ids in enumerate(generated):

@@ -4,6 +4,8 @@ The repetition filters need, per row and per step, the set of ids seen (repetiti
 generated id (frequency and presence penalties). Recounting the whole history every step costs O(length) in
 list-to-array conversions and np.unique; a Tally follows one row's id list and counts only the ids appended since
 the step before, so a step costs O(1) in the history's length (and O(distinct ids) to apply the penalties).
+A SeenTally follows a row's seen and generated lists together: its seen ids, and aligned with them one value per id
+made from how often it was generated, so both penalties read and write the row at the same ids once.
 """
 
 import numpy as np
@@ -13,22 +15,26 @@ class Tally:
     """The distinct ids of one list of token ids (in order of first appearance) and how often each occurs.
 
     The list is followed as it grows: each update counts the ids appended since the last. A list that shrank, or
-    whose last counted id changed, is counted again from the start.
+    whose last counted id changed, is counted again from the start (and `recounts` goes up by one).
     """
 
     def __init__(self, source):
         self.source = source  # held: its id() cannot be reused while this tally follows it
         self.length = 0
         self.last = None  # the last id counted, to notice a list rewritten in place
+        self.recounts = 0
         self.where: dict[int, int] = {}  # id -> its index in ids
         self.ids = np.empty(64, dtype=np.int64)
         self.counts = np.empty(64, dtype=np.int64)
+
+    def follows(self, source) -> bool:
+        return self.source is source
 
     def update(self) -> tuple[np.ndarray, np.ndarray]:
         """([n] int64 distinct ids, [n] int64 counts) of the list as it is now; views, valid until the next update."""
         source = self.source
         if len(source) < self.length or (self.length and source[self.length - 1] != self.last):
-            self.length, self.where = 0, {}
+            self.length, self.where, self.recounts = 0, {}, self.recounts + 1
         n = len(self.where)
         for token in source[self.length :]:
             index = self.where.setdefault(int(token), n)
@@ -44,19 +50,69 @@ class Tally:
         return self.ids[:n], self.counts[:n]
 
 
+class SeenTally:
+    """One row's distinct seen ids (a Tally of its seen list) and, aligned with them, float32 weigh(count) for each
+    id generated `count` times, 0 for an id never generated; weigh=None keeps no values.
+
+    The generated list is followed as the seen list is (growing at its end; counted again when it shrank or its
+    last id changed, or when the seen list was). update gives None while a generated id is missing from the seen
+    ids: the values could not be aligned with them.
+    """
+
+    def __init__(self, seen, generated, weigh=None):
+        self.seen, self.generated, self.weigh = Tally(seen), generated, weigh
+        self.length, self.last, self.recounts = 0, None, None
+        self.counts: dict[int, int] = {}  # index in the seen ids -> how often that id was generated
+        self.values = np.zeros(self.seen.ids.size, dtype=np.float32)
+
+    def follows(self, seen, generated) -> bool:
+        return self.seen.source is seen and self.generated is generated
+
+    def update(self) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """([n] int64 distinct seen ids, [n] float32 values or None), views valid until the next update; or None."""
+        ids, _ = self.seen.update()
+        if self.weigh is None:
+            return ids, None
+        generated = self.generated
+        if (
+            self.recounts != self.seen.recounts
+            or len(generated) < self.length
+            or (self.length and generated[self.length - 1] != self.last)
+        ):
+            self.length, self.last, self.recounts, self.counts = 0, None, self.seen.recounts, {}
+            self.values[:] = 0
+        if self.values.size < self.seen.ids.size:
+            self.values = np.concatenate([self.values, np.zeros(self.seen.ids.size - self.values.size, np.float32)])
+        where, counts, values = self.seen.where, self.counts, self.values
+        for token in generated[self.length :]:
+            index = where.get(int(token))
+            if index is None:  # not a suffix of the seen list: count again from the start next time
+                self.recounts = None
+                return None
+            count = counts[index] = counts.get(index, 0) + 1
+            values[index] = self.weigh(count)  # rounded to float32 as .astype(np.float32) rounds
+        self.length = len(generated)
+        self.last = generated[-1] if self.length else None
+        return ids, values[: ids.size]
+
+
 class Tallies:
-    """One Tally per row list, for the lists of the latest call only (a finished row's is dropped)."""
+    """One tally per row list (or per row's pair of lists), for the rows of the latest call only (a finished row's
+    is dropped). make(*lists of one row) starts a tally: Tally by default."""
 
-    def __init__(self):
-        self.by_list: dict[int, Tally] = {}
+    def __init__(self, make=Tally):
+        self.make = make
+        self.by_list: dict[tuple, Tally] = {}  # the id() of each of a row's lists -> its tally
 
-    def update(self, lists: list) -> list[tuple[np.ndarray, np.ndarray]]:
-        # [B] id lists -> [B] (distinct ids, counts)
-        followed = {}
-        for ids in lists:
-            tally = followed.get(id(ids)) or self.by_list.get(id(ids))
-            if tally is None or tally.source is not ids:
-                tally = Tally(ids)
-            followed[id(ids)] = tally
+    def update(self, lists: list, *more: list) -> list:
+        # [B] id lists (, [B] id lists ...) -> [B] what each tally's update gives
+        followed, keys = {}, []
+        for row in zip(lists, *more):
+            key = tuple(map(id, row))
+            tally = followed.get(key) or self.by_list.get(key)
+            if tally is None or not tally.follows(*row):
+                tally = self.make(*row)
+            followed[key] = tally
+            keys.append(key)
         self.by_list = followed
-        return [followed[id(ids)].update() for ids in lists]
+        return [followed[key].update() for key in keys]

@@ -6,13 +6,16 @@ counting each step's whole history. Each on the rows where a shortcut could go w
 -inf and NaN, all-equal rows, k at or past the number of blocks or the vocabulary.
 """
 
+import functools
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from edgelm.runtime import draw, sampling, topk
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.tally import Tallies
+from edgelm.runtime.tally import SeenTally, Tallies
 
 V = 50_257
 
@@ -151,4 +154,116 @@ def test_tallies_count_every_id_and_drop_rows_no_longer_passed():
     a += [3] * 100  # past the first capacity of the tally's arrays
     ((ids, counts),) = tallies.update([a])
     assert dict(zip(ids.tolist(), counts.tolist())) == {5: 2, 3: 101}
-    assert list(tallies.by_list) == [id(a)]
+    assert list(tallies.by_list) == [(id(a),)]
+
+
+def penalty_rows(n_vocab, seed):
+    # [4, n_vocab] with what the penalties must carry through: huge logits, -0, -inf, +inf and NaN among seen ids
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((4, n_vocab)) * 3).astype(np.float32)
+    logits[1, :7] = [3e38, -3e38, -0.0, 0.0, -np.inf, np.inf, -3.3e38]
+    logits[2, :3] = [np.nan, 1e-45, -1e-45]
+    seen = [list(rng.integers(0, 40, n)) for n in (12, 30, 5, 0)]
+    seen[1] += list(range(7))
+    seen[2] += [0, 1, 2]
+    generated = [s[len(s) // 2 :] for s in seen]  # the first half of each row is its prompt: seen, not generated
+    return logits, seen, generated
+
+
+PENALTY_SETTINGS = [
+    {"repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5},
+    {"repetition_penalty": 0.7, "frequency_penalty": -2.0, "presence_penalty": 2.0},
+    {"repetition_penalty": 1e-42, "frequency_penalty": 0.3},  # below float32's range: stays float64
+    {"repetition_penalty": 1e300, "presence_penalty": -1.5},  # past float32's range
+    {"repetition_penalty": 1.3},
+    {"frequency_penalty": 1.25, "presence_penalty": -0.5},
+    {"presence_penalty": 0.5},
+]
+
+
+def sequential_penalties(logits, seen, generated, options):
+    out = sampling.repetition_penalty(logits, seen, options.get("repetition_penalty", 1.0))
+    return sampling.frequency_presence_penalty(
+        out, generated, options.get("frequency_penalty", 0.0), options.get("presence_penalty", 0.0)
+    )
+
+
+@pytest.mark.parametrize("options", PENALTY_SETTINGS)
+def test_the_chain_applies_both_penalties_at_once_bit_for_bit_as_one_after_the_other(options):
+    n_vocab = 64
+    logits, seen, generated = penalty_rows(n_vocab, seed=8)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, **options), n_vocab)
+    for step in range(6):  # the chain's tallies follow the rows as they grow
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = sequential_penalties(logits, seen, generated, options)
+        np.testing.assert_array_equal(chain.process(logits, seen, generated).view(np.uint32), expected.view(np.uint32))
+        for r, (s, g) in enumerate(zip(seen, generated)):
+            s.append(step * 7 % 50 + r)
+            g.append(s[-1])
+
+
+@pytest.mark.parametrize("options", PENALTY_SETTINGS[:2] + PENALTY_SETTINGS[-2:])
+@pytest.mark.parametrize("last", [{"top_k": 0}, {"top_k": 5}, {"top_k": 0, "top_p": 0.8}, {"top_k": 0, "top_p": 0.99}])
+def test_penalties_written_into_the_logits_draw_the_same_token_and_are_taken_back(options, last):
+    logits, seen, generated = penalty_rows(V, seed=9)
+    logits = logits[[0, 3]]  # finite rows: the pick handles the others by their own paths
+    seen, generated = [seen[0], seen[3]], [generated[0], generated[3]]
+    before = logits.copy()
+    config = GenerationConfig(do_sample=True, **options, **last)
+    chain = sampling.SamplerChain(config, V)
+    assert chain.restores
+    plain = sampling.SamplerChain(
+        replace(config, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0), V
+    )
+    for step in range(4):
+        penalized = sequential_penalties(logits, seen, generated, options)  # a copy
+        rngs = lambda: [np.random.default_rng([step, r]) for r in range(2)]  # noqa: E731
+        expected = plain(penalized, [[]] * 2, [[]] * 2, rngs())  # the same chain, penalties left out
+        tokens = chain(logits, seen, generated, rngs())
+        np.testing.assert_array_equal(tokens, expected)
+        np.testing.assert_array_equal(logits.view(np.uint32), before.view(np.uint32))  # the caller's raw logits
+        for s, g, token in zip(seen, generated, tokens.tolist()):
+            s.append(token)
+            g.append(token)
+
+
+def test_generated_ids_missing_from_the_seen_ones_get_the_filters_one_after_the_other():
+    logits = np.arange(8, dtype=np.float32)[None] - 3
+    options = {"repetition_penalty": 1.5, "frequency_penalty": 0.5, "presence_penalty": 0.25}
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, **options), 8)
+    seen, generated = [[1, 2, 1]], [[2, 5, 5]]  # 5 generated but never seen: the two filters differ in what they touch
+    expected = sequential_penalties(logits, seen, generated, options)
+    np.testing.assert_array_equal(chain.process(logits, seen, generated), expected)
+    rngs = lambda: [np.random.default_rng(3)]  # noqa: E731
+    np.testing.assert_array_equal(chain(logits, seen, generated, rngs()), draw.pick(expected, True, rngs()))
+    np.testing.assert_array_equal(logits, np.arange(8, dtype=np.float32)[None] - 3)
+
+
+def test_top_k_draw_with_nan_or_infinity_in_the_tail_matches_the_pick():
+    logits = hard_rows(V, seed=10)[[0, 1]]
+    logits[0, -1], logits[1, -2] = np.nan, -np.inf  # past the last whole block of the block maxima
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=50), V)
+    filtered = sampling.top_k(logits, 50)
+    for seed in range(3):
+        rngs = lambda: [np.random.default_rng([seed, r]) for r in range(2)]  # noqa: E731
+        np.testing.assert_array_equal(chain(logits, [[]] * 2, [[]] * 2, rngs()), draw.pick(filtered, True, rngs()))
+
+
+def test_a_seen_tally_keeps_each_generated_ids_value_beside_its_seen_id():
+    weigh = lambda count: 0.1 * count + 1  # noqa: E731
+    tallies = Tallies(functools.partial(SeenTally, weigh=weigh))
+    seen, generated = [9, 8], []
+
+    def check():
+        ((ids, values),) = tallies.update([seen], [generated])
+        counted = {i: float(np.float32(weigh(generated.count(i)))) if i in generated else 0.0 for i in seen}
+        assert dict(zip(ids.tolist(), values.tolist())) == counted and len(ids) == len(counted)
+
+    for token in [*range(100), 8, 8, 5]:  # past the first capacity of the tally's arrays
+        seen.append(token)
+        generated.append(token)
+        check()
+    del seen[-2:], generated[-2:]  # shrunk: counted again
+    check()
+    generated.append(1000)  # generated, never seen: nothing to align its value with
+    assert tallies.update([seen], [generated]) == [None]
