@@ -115,6 +115,29 @@ def _cut_in_order(logits, probs, ids, below, threshold):
     return float(logit), tied
 
 
+# How far below p the mass at or above a drawn token's logit must be for surely_kept to answer without keeps():
+# far above every rounding between the two (float32 weights and probabilities, float64 sums: under 1e-5 together).
+SURE_MARGIN = 1e-3
+
+
+def surely_kept(logits, weights, total: float, token: int, p: float) -> bool:
+    """True only where keeps() is true: the mass of the other tokens at or above the token's logit (ties counted
+    as above, whatever their ids) is under p - SURE_MARGIN of the row. False means: ask keeps(). Asked only for a
+    token of at least 1/SURE_TOKENS of the row's weight, which at most SURE_TOKENS tokens can be at or above: a
+    peaked row's draw is answered from a few weights instead of the whole row's probabilities; a flat row's token
+    goes straight to keeps()."""
+    # [V] float32 logits, [V] float32 exp(logit - max), their float64 sum, token id, top_p
+    weight = float(weights[token])
+    if weight * SURE_TOKENS < total:
+        return False
+    at_or_above = np.flatnonzero(logits >= logits[token])
+    mass = sum(weights[at_or_above].tolist()) - weight  # Python floats: float64
+    return mass < (p - SURE_MARGIN) * total
+
+
+SURE_TOKENS = 256  # the shortcut's largest gather: tokens at or above one of at least 1/SURE_TOKENS of the weight
+
+
 def keeps(logits, probs64, threshold, token: int, mask=None) -> bool:
     """Whether transformers' top-p cut (before min_tokens_to_keep) keeps `token`, in one pass over the row.
 
@@ -188,11 +211,14 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
-        w = padded[r, :n_vocab]
-        # float32 division (stored as float64): the probabilities transformers' cut sums
-        np.divide(w, w.sum(), out=probs64, dtype=np.float32)
+        w, probs_of = padded[r, :n_vocab], None
         for _ in range(_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
+            if surely_kept(out[r], w, ends[r][-1], token, p):
+                picks[r] = token
+                break
+            if probs_of is None:  # float32 division (stored as float64): the probabilities transformers' cut sums
+                probs_of = np.divide(w, w.sum(), out=probs64, dtype=np.float32)
             if keeps(out[r], probs64, threshold, token, mask):
                 picks[r] = token
                 break
