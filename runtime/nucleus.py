@@ -115,27 +115,33 @@ def _cut_in_order(logits, probs, ids, below, threshold):
     return float(logit), tied
 
 
-# How far below p the mass at or above a drawn token's logit must be for surely_kept to answer without keeps():
-# far above every rounding between the two (float32 weights and probabilities, float64 sums: under 1e-5 together).
+# How far from the cut a drawn token's mass must be for verdict() to answer without keeps(): far above every
+# rounding between the two (float32 weights and probabilities, float64 sums: under 1e-5 together).
 SURE_MARGIN = 1e-3
+SURE_TOKENS = 256  # verdict's largest gather: the tokens at or above one of at least 1/SURE_TOKENS of the weight
 
 
-def surely_kept(logits, weights, total: float, token: int, p: float) -> bool:
-    """True only where keeps() is true: the mass of the other tokens at or above the token's logit (ties counted
-    as above, whatever their ids) is under p - SURE_MARGIN of the row. False means: ask keeps(). Asked only for a
-    token of at least 1/SURE_TOKENS of the row's weight, which at most SURE_TOKENS tokens can be at or above: a
-    peaked row's draw is answered from a few weights instead of the whole row's probabilities; a flat row's token
-    goes straight to keeps()."""
-    # [V] float32 logits, [V] float32 exp(logit - max), their float64 sum, token id, top_p
-    weight = float(weights[token])
-    if weight * SURE_TOKENS < total:
+def verdict(logits, weights, total: float, token: int, p: float, work) -> bool | None:
+    """keeps()'s answer where the token is clearly inside or outside the cut, from the row's float32 weights; None
+    within SURE_MARGIN of it (then ask keeps(), which needs the row's probabilities).
+
+    From above, for a token of at least 1/SURE_TOKENS of the row's weight (at most SURE_TOKENS tokens are at or
+    above it): kept if the other tokens at or above its logit hold under p - SURE_MARGIN of the row. From below
+    (one pass): kept if the smaller logits hold over 1 - p + SURE_MARGIN; removed if the smaller logits and every
+    tie (the token included) hold under 1 - p - SURE_MARGIN."""
+    # [V] float32 logits, [V] float32 exp(logit - max), their float64 sum, token id, top_p, [V] float32 to work in
+    x, weight = logits[token], float(weights[token])
+    if weight * SURE_TOKENS >= total:
+        mass = sum(weights[np.flatnonzero(logits >= x)].tolist()) - weight  # Python floats: float64
+        if mass < (p - SURE_MARGIN) * total:
+            return True
+    np.multiply(weights, logits < x, out=work)
+    below = float(work.sum(dtype=np.float64))
+    if below > (1 - p + SURE_MARGIN) * total:
+        return True
+    if below + np.count_nonzero(logits == x) * weight < (1 - p - SURE_MARGIN) * total:
         return False
-    at_or_above = np.flatnonzero(logits >= logits[token])
-    mass = sum(weights[at_or_above].tolist()) - weight  # Python floats: float64
-    return mass < (p - SURE_MARGIN) * total
-
-
-SURE_TOKENS = 256  # the shortcut's largest gather: tokens at or above one of at least 1/SURE_TOKENS of the weight
+    return None
 
 
 def keeps(logits, probs64, threshold, token: int, mask=None) -> bool:
@@ -197,8 +203,9 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
 
     Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The
     nucleus holds at least p of the mass, so at p >= 0.5 under two draws are needed on average, each tested in
-    one pass over the row (keeps), where finding the cut takes a histogram and more. After _TRIES misses, the
-    row's cut is found and drawn from: the distribution stays exact either way.
+    one pass over the row's weights (verdict; keeps, on its probabilities, for a token at the cut), where finding
+    the cut takes a histogram and more. After _TRIES misses, the row's cut is found and drawn from: the
+    distribution stays exact either way.
     """
     # [B, V] -> [B] int64
     if len(rngs) != out.shape[0]:
@@ -209,17 +216,18 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
         return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
+    work = scratch.get("work", (n_vocab,), np.float32)
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
         w, probs_of = padded[r, :n_vocab], None
         for _ in range(_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
-            if surely_kept(out[r], w, ends[r][-1], token, p):
-                picks[r] = token
-                break
-            if probs_of is None:  # float32 division (stored as float64): the probabilities transformers' cut sums
-                probs_of = np.divide(w, w.sum(), out=probs64, dtype=np.float32)
-            if keeps(out[r], probs64, threshold, token, mask):
+            kept = verdict(out[r], w, ends[r][-1], token, p, work)
+            if kept is None:  # at the cut: keeps() on the probabilities transformers' cut sums
+                if probs_of is None:  # float32 division, stored as float64
+                    probs_of = np.divide(w, w.sum(), out=probs64, dtype=np.float32)
+                kept = keeps(out[r], probs64, threshold, token, mask)
+            if kept:
                 picks[r] = token
                 break
         else:
