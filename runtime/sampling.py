@@ -399,18 +399,23 @@ class SamplerChain:
         if any(row is None for row in rows):
             return None
         saved = []
-        with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
-            for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without its indexing machinery
-                values = row.take(ids)  # a copy: what the caller's logits get back
-                # offsets: 0 for the ids never generated (x - 0 is x, -0 and -inf included)
-                if self.factor is None:
-                    penalized = values - offsets
-                elif offsets is None:
-                    penalized = _repeated(values, self.factor)  # rounded to float32 by put, as by the filter's store
-                else:  # rounded to float32, then the float32 subtraction: the two filters' arithmetic, in their order
-                    penalized = np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
-                row.put(ids, penalized)
-                saved.append((ids, values))
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
+                for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without indexing machinery
+                    values = row.take(ids)  # a copy: what the caller's logits get back
+                    # offsets: 0 for the ids never generated (x - 0 is x, -0 and -inf included)
+                    if self.factor is None:
+                        penalized = values - offsets
+                    elif offsets is None:
+                        penalized = _repeated(values, self.factor)  # rounded to float32 by put, as by the filter
+                    else:  # rounded to float32, then the float32 subtraction: the two filters' arithmetic, in order
+                        penalized = np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
+                    row.put(ids, penalized)
+                    saved.append((ids, values))
+        except BaseException:  # an id past the vocabulary, say: the rows done so far get their logits back
+            for row, (ids, values) in zip(out, saved):
+                row.put(ids, values)
+            raise
         return saved
 
     def _apply(self, out, filters, seen: list, generated: list) -> np.ndarray:

@@ -203,8 +203,8 @@ def test_failure_mid_export_leaves_no_package(tiny_checkpoint, tmp_path, monkeyp
 
 
 def test_killed_export_leaves_no_package_and_is_swept(tiny_checkpoint, tiny_package, tmp_path):
-    """SIGKILL at the last moment (the package's files written, before the manifest and the rename): only a hidden
-    partial folder remains, and the next export to the same place removes it."""
+    """SIGKILL at the last moment (the package's files written, before publish checksums them and renames the
+    folder): only a hidden partial folder remains, and the next export to the same place removes it."""
     script = (
         "import os, signal\n"
         "from pathlib import Path\n"

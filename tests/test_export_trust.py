@@ -101,9 +101,11 @@ def test_json_written_by_the_export_is_never_nan(tmp_path):
 
 # --- code shipped with a checkpoint ------------------------------------------------------------------
 
+# The marker's path is written in whole: transformers imports a checkpoint's module from a copy in its own modules
+# cache, so a path relative to __file__ would land there, not in the checkpoint folder the tests look at.
 EVIL_TOKENIZER = (
     "import pathlib\n"
-    "pathlib.Path(__file__).with_name('RAN').touch()\n"
+    "pathlib.Path({marker!r}).touch()\n"
     "from transformers import GPT2TokenizerFast\n"
     "class EvilTokenizer(GPT2TokenizerFast):\n"
     "    pass\n"
@@ -117,7 +119,7 @@ def _with_tokenizer_code(checkpoint: Path, tmp_path: Path, keep_tokenizer_json: 
     config["tokenizer_class"] = "EvilTokenizer"
     config["auto_map"] = {"AutoTokenizer": ["evil_tok.EvilTokenizer", "evil_tok.EvilTokenizer"]}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    (folder / "evil_tok.py").write_text(EVIL_TOKENIZER)
+    (folder / "evil_tok.py").write_text(EVIL_TOKENIZER.format(marker=str(folder / "RAN")))
     if not keep_tokenizer_json:
         (folder / "tokenizer.json").unlink()
     return folder

@@ -227,6 +227,16 @@ def test_penalties_written_into_the_logits_draw_the_same_token_and_are_taken_bac
             g.append(token)
 
 
+def test_a_penalty_that_fails_on_a_later_row_gives_the_earlier_rows_their_logits_back():
+    logits = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    before = logits.copy()
+    config = GenerationConfig(do_sample=True, top_k=0, repetition_penalty=1.3, frequency_penalty=0.5)
+    chain = sampling.SamplerChain(config, 64)
+    with pytest.raises(IndexError):  # row 1 holds an id past the vocabulary
+        chain(logits, [[1, 2], [3, 69]], [[2], [69]], [np.random.default_rng(r) for r in range(2)])
+    np.testing.assert_array_equal(logits.view(np.uint32), before.view(np.uint32))
+
+
 def test_generated_ids_missing_from_the_seen_ones_get_the_filters_one_after_the_other():
     logits = np.arange(8, dtype=np.float32)[None] - 3
     options = {"repetition_penalty": 1.5, "frequency_penalty": 0.5, "presence_penalty": 0.25}

@@ -17,6 +17,7 @@ import pytest
 from server_harness import HTTP, InProcessServer, Server, complete, gate, stream_events, streamed_texts
 
 from edgelm.runtime import load
+from edgelm.runtime.prefix_cache import CLI_DEFAULT_MB
 from edgelm.runtime.server.app import jobs_for
 from edgelm.runtime.server.requests import Limits
 
@@ -48,11 +49,11 @@ def server(tiny_package, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gated(tiny_package):
-    """In this process: one slot, one place in the queue, a half-second request timeout, and a model whose
+    """In this process: one slot, one place in the queue, a 1-second request timeout, and a model whose
     decoder waits at a gate the test holds and releases."""
     model = load(tiny_package)
     engine = gate(model)
-    s = InProcessServer(model, Limits(max_tokens=50, request_timeout=0.5), max_batch=1, max_queue=0)
+    s = InProcessServer(model, Limits(max_tokens=50, request_timeout=1.0), max_batch=1, max_queue=0)
     s.engine = engine
     yield s
     engine.release()
@@ -432,7 +433,7 @@ def test_an_int8_package_serves_what_generate_gives(tiny_package_int8):
     gives what Model.generate gives, streamed or not. Rows decoded together share int8's per-pass activation
     scales, so after their first token (each prefilled alone) they may drift from their generate() result."""
     model = load(tiny_package_int8)
-    s = InProcessServer(load(tiny_package_int8, spinning=False))  # a model of its own, loaded as serve loads it
+    s = InProcessServer(load(tiny_package_int8, spinning=False, prefix_cache_mb=CLI_DEFAULT_MB))  # as serve loads it
     try:
         prompts = PROMPTS[:3]
         for prompt in prompts:
