@@ -104,7 +104,7 @@ def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
     if not all(map(math.isfinite, peak.tolist())):
         return None
     padded = weights(logits, scratch, peak, finite=True)
-    ends = [list(accumulate(sums)) for sums in block_sums(padded).tolist()]  # np.cumsum's float64 sums
+    ends = block_ends(padded)
     n_vocab = logits.shape[-1]
     return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in zip(padded, ends, rngs)], np.int64)
 
@@ -149,26 +149,25 @@ def block_sums(padded: np.ndarray) -> np.ndarray:
     return padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64)
 
 
-def block_ends(padded: np.ndarray) -> np.ndarray:
-    """The cumulative weight at the end of each block, float64."""
-    # [B, n_blocks * BLOCK] -> [B, n_blocks]
-    return np.cumsum(block_sums(padded), axis=-1)
+def block_ends(padded: np.ndarray) -> list[list[float]]:
+    """The cumulative weight at the end of each block, per row: np.cumsum's float64 sums, as Python floats (which
+    search reads in fewer NumPy calls, each of which costs tens of microseconds right after a model step has pushed
+    NumPy's code out of the caches)."""
+    # [B, n_blocks * BLOCK] -> B lists of n_blocks floats
+    return [list(accumulate(sums)) for sums in block_sums(padded).tolist()]
 
 
-def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int, ends: np.ndarray | None = None) -> np.ndarray:
+def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int) -> np.ndarray:
     """Per row, the first token whose cumulative weight exceeds u * total, as one float64 cumulative sum over the
     row would find it: a search over block_ends, then inside the one block (zero weights are never chosen)."""
-    # [B, n_blocks * BLOCK] weights, [B] uniform in [0, 1) (, [B, n_blocks] block_ends) -> [B] int64
-    ends = block_ends(padded) if ends is None else ends
+    # [B, n_blocks * BLOCK] weights, [B] uniform in [0, 1) -> [B] int64
+    ends = block_ends(padded)
     return np.array([search(row, row_ends, x, n_vocab) for row, row_ends, x in zip(padded, ends, u)], dtype=np.int64)
 
 
-def search(padded_row: np.ndarray, ends, u: float, n_vocab: int) -> int:
+def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
     """inverse_cdf for one row, given its block_ends (a row is searched again and again by rejection sampling)."""
-    # [n_blocks * BLOCK], [n_blocks] (array or list), uniform in [0, 1) -> token id
-    # In Python floats, which are float64: the same sums as np.cumsum's, in fewer NumPy calls (each of which costs
-    # tens of microseconds right after a model step has pushed NumPy's code out of the caches).
-    ends = ends.tolist() if isinstance(ends, np.ndarray) else ends
+    # [n_blocks * BLOCK], [n_blocks] floats, uniform in [0, 1) -> token id; in Python floats, which are float64
     target = u * ends[-1]
     block = min(bisect_right(ends, target), len(ends) - 1)  # np.searchsorted(side="right")
     offset, start = ends[block - 1] if block else 0.0, block * BLOCK

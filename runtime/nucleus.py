@@ -20,7 +20,6 @@ usual p (0.9, 0.95) and gives exactly the same distribution.
 """
 
 import math
-from itertools import accumulate
 
 import numpy as np
 
@@ -212,7 +211,7 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
     padded = draw.weights(out, scratch)
-    ends = [list(accumulate(sums)) for sums in draw.block_sums(padded).tolist()]  # draw.block_ends, as lists
+    ends = draw.block_ends(padded)
     if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
         return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)

@@ -357,8 +357,7 @@ class SamplerChain:
                 try:
                     return self._pick(logits, self.filters[self.penalties :], rngs)
                 finally:
-                    for row, (ids, values) in zip(logits, saved):
-                        row.put(ids, values)
+                    _put_back(logits, saved)
         last = self.filters[-1][0] if self.filters else None
         if len(self.filters) > (last in READ_ONLY_LAST):  # the filters before a last top_k or top_p write: a copy
             out = self.scratch.get("logits", logits.shape, logits.dtype)
@@ -413,8 +412,7 @@ class SamplerChain:
                     row.put(ids, penalized)
                     saved.append((ids, values))
         except BaseException:  # an id past the vocabulary, say: the rows done so far get their logits back
-            for row, (ids, values) in zip(out, saved):
-                row.put(ids, values)
+            _put_back(out, saved)
             raise
         return saved
 
@@ -434,6 +432,12 @@ class SamplerChain:
                 history = (seen,) if f.reads == SEEN else ()
             f.apply(out, *history, *options)
         return out
+
+
+def _put_back(out, saved: list) -> None:
+    """Write the logits _penalize saved back into the rows it changed (the first len(saved) rows of out)."""
+    for row, (ids, values) in zip(out, saved):
+        row.put(ids, values)
 
 
 def process_logits(logits, config: GenerationConfig, seen: list[np.ndarray], generated: list[np.ndarray]) -> np.ndarray:
