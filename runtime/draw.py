@@ -5,20 +5,26 @@ row's own generator. One float64 cumulative sum over the vocabulary is a sequent
 step's sampling budget on its own); the same token is found from 256-token block sums (float64, vectorised) and
 one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
+
+Graphs with sampling outputs (models/README.md) compute the weights and block sums themselves, in the step
+(Prepared): the draw then starts from them (float32 block sums, added up in float64) and makes no pass of its own.
 """
 
 import contextlib
 import math
 from bisect import bisect_right
+from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
 
 from .errors import GenerationOptionError
+from .package_format import SAMPLING_BLOCK
 
 NEG_INF = np.float32(-np.inf)
-BLOCK = 256  # tokens per block of the inverse-CDF search: about sqrt(V) for GPT-2's 50,257
+BLOCK = SAMPLING_BLOCK  # tokens per block of the inverse-CDF search, as the graph's sampling outputs have them
 FEW_ALIVE = 4096  # a row with at most this many tokens above -inf is summed over them only
+REJECTION_TRIES = 8  # draws a row gets in a rejection draw (top_p's, the penalties') before it is drawn exactly
 
 
 class Scratch:
@@ -35,6 +41,35 @@ class Scratch:
         if kept is None or kept[0] != (shape, dtype):
             kept = self._arrays[name] = ((shape, dtype), (np.zeros if zeros else np.empty)(shape, dtype))
         return kept[1]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A step's sampling outputs for the rows being sampled: weights [B, n_blocks * BLOCK] float32 (exp((logit - row
+    max) / temperature), 0 past the vocabulary), block_sums [B, n_blocks] float32, and the temperature each row's
+    were made at (B float32 values, as Python floats). The arrays are the decoder's, overwritten by its next pass:
+    a sampler may change them (the penalties do) until then."""
+
+    weights: np.ndarray
+    block_sums: np.ndarray
+    temperatures: tuple
+
+    def rows(self, index: list) -> "Prepared":
+        """These rows only (copies)."""
+        return Prepared(self.weights[index], self.block_sums[index], tuple(self.temperatures[i] for i in index))
+
+    def ends(self) -> list[list[float]] | None:
+        """block_ends of the weights, from the block sums; None when a row's total is not positive and finite (the
+        logits held NaN or +inf, or every token is banned): the caller computes from the logits instead."""
+        ends = [list(accumulate(sums)) for sums in self.block_sums.tolist()]
+        return ends if all(0 < row[-1] < math.inf for row in ends) else None
+
+
+def draw_prepared(prepared: Prepared, ends: list, rngs: list, n_vocab: int) -> np.ndarray:
+    """One draw per row from the prepared weights, given their ends (Prepared.ends)."""
+    # -> [B] int64
+    rows = zip(prepared.weights, ends, rngs)
+    return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in rows], dtype=np.int64)
 
 
 def weights(
@@ -177,6 +212,8 @@ def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
             token = start + i
             break
     if token >= min((block + 1) * BLOCK, n_vocab):
-        # the block's own sum and the one it was chosen by round differently: its last token with weight
-        token = int(np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)[-1])
+        # the block's own sum and the one it was chosen by round differently: its last token with weight (for
+        # weights that do not add up to their sums, from a damaged graph: the last token with weight before it)
+        weighted = np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)
+        token = int(weighted[-1]) if weighted.size else 0
     return token

@@ -11,13 +11,22 @@ step's present [B, KV, S + 1, D] becomes the next past (GrowingDecoder). With a 
 whole chunks a recent prompt had gets their rows copied in instead of computed (runtime/prefix_cache.py).
 """
 
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
 import onnxruntime as ort
 
 from . import ort_fast_path
+from .draw import Prepared
 from .generation_config import GenerationConfig
+from .package_format import (
+    SAMPLING_BLOCK,
+    SAMPLING_BLOCK_SUMS,
+    SAMPLING_TEMPERATURE,
+    SAMPLING_WEIGHTS,
+    sampling_blocks,
+)
 from .sampling import SamplerChain
 from .session import GraphIO
 
@@ -111,6 +120,12 @@ class GrowingDecoder:
         logits, self.past = self.engine.forward(input_ids, attention_mask, position_ids, self.past)
         return logits
 
+    def set_temperatures(self, temperatures) -> None:
+        pass  # no sampling outputs are fetched: the sampler computes from the logits
+
+    def prepared(self, rows: list | None = None) -> None:
+        return None
+
 
 class InPlaceDecoder:
     """One [B, KV, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
@@ -133,10 +148,35 @@ class InPlaceDecoder:
             "logits_to_keep",
             *engine._past_names,
         ]
-        # Each pass writes the logits and the new cache rows into these same arrays.
-        self._run = runner.bind(names, dict(zip(engine._output_names, [self.logits, *self.buffers])))
+        outputs = dict(zip(engine._output_names, [self.logits, *self.buffers]))
         self.keep_last_array = np.array(1, dtype=np.int64)
-        self.keep_last = runner.value(self.keep_last_array)  # borrows it: the array lives as long as the decoder
+        fixed = [self.keep_last_array]  # borrowed by OrtValues: the arrays live as long as the decoder
+        self.sampling = None  # the graph's sampling outputs, where it has them: a Prepared over these arrays
+        if engine.io.has_sampling:
+            blocks = sampling_blocks(engine.vocab_size)
+            weights = np.zeros((batch, 1, blocks * SAMPLING_BLOCK), dtype=np.float32)
+            sums = np.zeros((batch, 1, blocks), dtype=np.float32)
+            self.temperatures = np.ones((batch, 1), dtype=np.float32)  # fed each pass
+            outputs |= {SAMPLING_WEIGHTS: weights, SAMPLING_BLOCK_SUMS: sums}
+            names.append(SAMPLING_TEMPERATURE)
+            fixed.append(self.temperatures)
+            self.sampling = Prepared(weights[:, 0], sums[:, 0], (1.0,) * batch)
+        # Each pass writes the logits, the new cache rows (and the sampling outputs) into these same arrays.
+        self._run = runner.bind(names, outputs)
+        self.fixed = [runner.value(a) for a in fixed]
+
+    def set_temperatures(self, temperatures) -> None:
+        """The temperature of each row's sampling outputs from the next pass on (one for all rows, or [B] values;
+        1 for greedy rows)."""
+        if self.sampling is not None:
+            self.temperatures[:, 0] = temperatures
+            self.sampling = replace(self.sampling, temperatures=tuple(self.temperatures[:, 0].tolist()))
+
+    def prepared(self, rows: list | None = None) -> Prepared | None:
+        """The last pass's sampling outputs for `rows` (all when None), or None for a graph without them."""
+        if self.sampling is None or rows is None:
+            return self.sampling
+        return self.sampling.rows(rows)
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         width, new = attention_mask.shape[1], input_ids.shape[1]
@@ -171,7 +211,8 @@ class InPlaceDecoder:
             self.engine.token_input(input_ids),
             *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[: self.id_inputs - 1]),
         ]
-        self._run([*(self.engine.runner.value(a) for a in arrays), self.keep_last, *self.cache])
+        keep_last, *sampling = self.fixed
+        self._run([*(self.engine.runner.value(a) for a in arrays), keep_last, *self.cache, *sampling])
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -212,15 +253,19 @@ def decode_steps(
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
     decoder = engine.decoder(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
+    if sampler.prepared_temperature is not None:  # the graph's sampling outputs, where it has them, serve the pick
+        decoder.set_temperatures(sampler.prepared_temperature)
     logits = decoder.run(input_ids, attention_mask, position_ids)[:, -1, :]  # [B, V]
     for step in range(config.max_new_tokens):
         rows = [r for r in range(batch) if r not in finished]
         tokens = np.full(batch, -1, dtype=np.int64)
+        every = len(rows) == batch
         tokens[rows] = sampler(
-            logits if len(rows) == batch else logits[rows],
+            logits if every else logits[rows],
             [seen[r] for r in rows],
             [generated[r] for r in rows],
             [rngs[r] for r in rows],
+            decoder.prepared(None if every else rows),
         )
         for row in rows:
             seen[row].append(int(tokens[row]))

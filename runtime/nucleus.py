@@ -194,24 +194,27 @@ def cut(out, p: float, min_tokens_to_keep: int = 1, ban: bool = True, scratch: S
 
 
 REJECT_FROM = 0.5  # top_p at least this large, last in the chain: drawn by rejection (draw_from)
-_TRIES = 8  # draws a row gets before its cut is found and drawn from
 
 
-def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
+def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None = None) -> np.ndarray:
     """top_p then the pick, in one step, for p >= REJECT_FROM; the same distribution as cut() then draw.pick().
 
     Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The
     nucleus holds at least p of the mass, so at p >= 0.5 under two draws are needed on average, each tested in
     one pass over the row's weights (verdict; keeps, on its probabilities, for a token at the cut), where finding
-    the cut takes a histogram and more. After _TRIES misses, the row's cut is found and drawn from: the
-    distribution stays exact either way.
+    the cut takes a histogram and more. After draw.REJECTION_TRIES misses, the row's cut is found and drawn from: the
+    distribution stays exact either way. given: (weights, block ends) of `out` when the caller has them (a graph's
+    sampling outputs, draw.Prepared).
     """
     # [B, V] -> [B] int64
     if len(rngs) != out.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    padded = draw.weights(out, scratch)
-    ends = draw.block_ends(padded)
+    if given is None:
+        padded = draw.weights(out, scratch)
+        ends = draw.block_ends(padded)
+    else:
+        padded, ends = given
     if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
         return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
@@ -219,7 +222,7 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
         w, probs_of = padded[r, :n_vocab], None
-        for _ in range(_TRIES):
+        for _ in range(draw.REJECTION_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
             kept = verdict(out[r], w, ends[r][-1], token, p, work)
             if kept is None:  # at the cut: keeps() on the probabilities transformers' cut sums

@@ -22,12 +22,14 @@ filter, the chain draws from the tokens it keeps instead of writing -inf over th
 """
 
 import functools
+import math
 from dataclasses import replace
+from itertools import accumulate
 
 import numpy as np
 
 from . import nucleus, topk
-from .draw import FEW_ALIVE, Scratch, pick
+from .draw import BLOCK, FEW_ALIVE, REJECTION_TRIES, Prepared, Scratch, draw_prepared, pick, search
 from .generation_config import GenerationConfig, check_token_ids
 from .tally import SeenTally, Tallies
 
@@ -345,12 +347,30 @@ class SamplerChain:
         self.seen_tallies = Tallies(functools.partial(SeenTally, weigh=weigh))
         writers = self.filters[:-1] if self.filters and self.filters[-1][0] in READ_ONLY_LAST else self.filters
         self.restores = bool(writers) and len(writers) == self.penalties  # penalties in place, then restored
+        # A graph's sampling outputs (draw.Prepared) serve the pick when only the penalties and the temperature write
+        # before it and it is the plain draw or top_p's rejection draw: the temperature they must be made at, or None.
+        last_p = active[top_p][0] if self.filters and self.filters[-1][0] is top_p else None
+        body = self.filters[:-1] if last_p is not None else self.filters
+        plain_or_rejection = last_p is None or last_p >= nucleus.REJECT_FROM
+        in_range = np.finfo(np.float32).tiny < c.temperature < F32_MAX  # a float32 the graph divides by
+        serves = c.do_sample and in_range and plain_or_rejection and all(f in NEVER_BAN for f, _ in body)
+        self.prepared_temperature = float(np.float32(c.temperature)) if serves else None
+        self.top_p_last = last_p
+        # the penalties never raise a logit: the plain draw may keep or refuse the prepared weights' draws instead of
+        # reweighing them (_draw_penalized)
+        offsets = active.get(frequency_presence_penalty, (0, 0))
+        self.lowers = (self.factor is None or self.factor >= 1) and min(offsets) >= 0
 
-    def __call__(self, logits, seen: list, generated: list, rngs: list) -> np.ndarray:
+    def __call__(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared | None = None) -> np.ndarray:
         """seen[r], generated[r]: row r's ids lists. The chain follows each list object as it grows between calls
         (the decode loop appends to it), so a list may only grow at its end; a new list object is counted anew.
-        The logits are as they were when it returns."""
+        prepared: the graph's sampling outputs for these rows, when it has them (the chain uses them where they
+        serve, and may change them). The logits are as they were when it returns."""
         # [B, V] -> [B] int64
+        if prepared is not None and self.prepared_temperature is not None:
+            picks = self._pick_prepared(logits, seen, generated, rngs, prepared)
+            if picks is not None:
+                return picks
         if self.restores and logits.flags.writeable:
             saved = self._penalize(logits, seen, generated)
             if saved is not None:
@@ -381,12 +401,77 @@ class SamplerChain:
         given = nucleus.cut(out, p, ban=False, scratch=self.scratch)  # the pick reuses its exp(logits - max)
         return pick(out, self.do_sample, rngs, given, self.scratch)
 
+    def _pick_prepared(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared) -> np.ndarray | None:
+        """The pick from the graph's sampling outputs, the penalties' tokens reweighed; None, with no generator used
+        and the logits as they were, where they do not serve (made at another temperature, a row's total not
+        finite and positive, logits the penalties cannot be written into): the caller then computes as usual."""
+        if len(rngs) != logits.shape[0] or any(t != self.prepared_temperature for t in prepared.temperatures):
+            return None
+        if self.penalties and self.lowers and self.top_p_last is None:
+            return self._draw_penalized(logits, seen, generated, rngs, prepared)
+        saved = []
+        if self.penalties:
+            saved = self._penalize(logits, seen, generated) if logits.flags.writeable else None
+            if saved is None:
+                return None
+        try:
+            for row, (ids, values) in enumerate(saved):
+                _reweigh(prepared, row, ids, values, logits[row].take(ids))
+            ends = prepared.ends()
+            if ends is None:
+                return None
+            if self.top_p_last is None:
+                return draw_prepared(prepared, ends, rngs, logits.shape[-1])
+            out = logits
+            if self.prepared_temperature != 1:  # top_p's verdict compares the tempered logits
+                out = self.scratch.get("logits", logits.shape, logits.dtype)
+                np.copyto(out, logits)
+                temperature.apply(out, self.prepared_temperature)
+            return nucleus.draw_from(out, self.top_p_last, rngs, self.scratch, (prepared.weights, ends))
+        finally:
+            _put_back(logits, saved)
+
     def process(self, logits, seen: list, generated: list) -> np.ndarray:
         """The filtered logits: a copy, or the input itself when no filter is active."""
         # [B, V] -> [B, V]
         if not self.filters:
             return logits
         return self._apply(logits.copy(), self.filters, seen, generated)
+
+    def _draw_penalized(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared) -> np.ndarray | None:
+        """The plain draw after penalties that only lower logits, by rejection: draw from the prepared weights, and
+        keep a token the penalties changed with probability exp((penalized - logit) / t), the share of its weight they
+        leave (<= 1), else draw again. After REJECTION_TRIES misses, the row's weights are reweighed and drawn from:
+        the distribution is exact either way, and an unchanged token costs no second uniform. None where the prepared
+        weights do not serve (the generators may have been used): the caller computes from the logits."""
+        rows = self.seen_tallies.update(seen, generated)
+        ends = prepared.ends()
+        if ends is None or any(row is None for row in rows):
+            return None
+        n_vocab, picks = logits.shape[-1], []
+        for r, (rng, tally, (ids, offsets)) in enumerate(zip(rngs, self.seen_tallies.latest, rows)):
+            weights, t = prepared.weights[r], prepared.temperatures[r]
+            for _ in range(REJECTION_TRIES):
+                token = search(weights, ends[r], rng.random(), n_vocab)
+                index = tally.index(token)
+                if index is None:
+                    break
+                before = logits[r, token : token + 1]
+                with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
+                    after = self._penalized(before, None if offsets is None else offsets[index : index + 1])
+                change = float(after[0]) - float(before[0])
+                if change == 0 or rng.random() < math.exp(change / t):
+                    break
+            else:  # the penalized tokens hold most of the row: reweigh it
+                values = logits[r].take(ids)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    _reweigh(prepared, r, ids, values, self._penalized(values, offsets))
+                row_ends = list(accumulate(prepared.block_sums[r].tolist()))
+                if not 0 < row_ends[-1] < math.inf:
+                    return None
+                token = search(weights, row_ends, rng.random(), n_vocab)
+            picks.append(token)
+        return np.array(picks, dtype=np.int64)
 
     def _penalize(self, out, seen: list, generated: list) -> list | None:
         """Both penalties (those active) on out in place; the logits they replaced, per row ([n] ids, [n] logits).
@@ -402,19 +487,22 @@ class SamplerChain:
             with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
                 for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without indexing machinery
                     values = row.take(ids)  # a copy: what the caller's logits get back
-                    # offsets: 0 for the ids never generated (x - 0 is x, -0 and -inf included)
-                    if self.factor is None:
-                        penalized = values - offsets
-                    elif offsets is None:
-                        penalized = _repeated(values, self.factor)  # rounded to float32 by put, as by the filter
-                    else:  # rounded to float32, then the float32 subtraction: the two filters' arithmetic, in order
-                        penalized = np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
-                    row.put(ids, penalized)
+                    row.put(ids, self._penalized(values, offsets))
                     saved.append((ids, values))
         except BaseException:  # an id past the vocabulary, say: the rows done so far get their logits back
             _put_back(out, saved)
             raise
         return saved
+
+    def _penalized(self, values: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
+        """Both penalties (those active) on the logits `values` of seen ids, float32, with their offsets (0 for an id
+        never generated; None without the frequency and presence penalties), rounded to float32. Under np.errstate(over="ignore", invalid="ignore"): see _repeated."""
+        if self.factor is None:
+            return values - offsets  # x - 0 is x, -0 and -inf included
+        if offsets is None:
+            return _repeated(values, self.factor).astype(np.float32)
+        # rounded to float32, then the float32 subtraction: the two filters' arithmetic, in order
+        return np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
 
     def _apply(self, out, filters, seen: list, generated: list) -> np.ndarray:
         if filters and filters[0][0] in PENALTIES and self._penalize(out, seen, generated) is not None:
@@ -432,6 +520,25 @@ class SamplerChain:
                 history = (seen,) if f.reads == SEEN else ()
             f.apply(out, *history, *options)
         return out
+
+
+def _reweigh(prepared: Prepared, row: int, ids: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
+    """The penalties in one row of prepared weights: each token of `ids` weighed by exp((after - before) / t), its
+    logit's change at the row's temperature t, and the sums of the blocks they are in added up again. A change past
+    float32's range, or from -inf (-inf - -inf is NaN), leaves a total that Prepared.ends refuses: the chain then
+    computes from the logits."""
+    weights, t = prepared.weights[row], prepared.temperatures[row]
+    with np.errstate(over="ignore", invalid="ignore"):
+        change = np.subtract(after, before, dtype=np.float64)
+        if t != 1:
+            change /= t
+        weights.put(ids, weights.take(ids) * np.exp(change, out=change))
+    in_blocks = weights.reshape(-1, BLOCK)
+    if 4 * len(ids) > len(in_blocks):  # many blocks: all of them in one pass
+        np.sum(in_blocks, axis=1, out=prepared.block_sums[row])
+    else:  # each id's block (a block with several is summed again for each: the same sum)
+        blocks = ids // BLOCK
+        prepared.block_sums[row].put(blocks, in_blocks[blocks].sum(axis=1))
 
 
 def _put_back(out, saved: list) -> None:

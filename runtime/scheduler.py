@@ -130,8 +130,9 @@ class Scheduler:
     def _step(self) -> None:
         """Decode: one token for every row in the batch, then each job picks its rows' next ids."""
         rows = list(self.cache.rows)
+        temperatures = [row.entry.sampler.prepared_temperature or 1.0 for row in rows]
         try:
-            logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64))  # [n, V]
+            logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64), temperatures)  # [n, V]
         except BaseException as error:  # the pass itself failed: every job in it ends with that error
             for entry in dict.fromkeys(row.entry for row in rows):
                 self._end(entry, error)
@@ -139,8 +140,10 @@ class Scheduler:
         slots: dict = {}  # entry -> its rows' slots, in slot order
         for slot, row in enumerate(rows):
             slots.setdefault(row.entry, []).append(slot)
+        prepared = self.cache.prepared
         for entry, mine in slots.items():
-            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine])
+            mine_prepared = None if prepared is None else prepared.rows(mine)
+            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared)
         for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
             if self.cache.rows[slot].finished:
                 self.cache.leave(slot)
@@ -148,12 +151,12 @@ class Scheduler:
             if entry.unfinished == 0 and entry in self.entries:
                 self._end(entry, None)
 
-    def _pick(self, entry: Entry, rows: list, logits: np.ndarray) -> None:
-        """Pick `rows`' next ids from their logits [k, V] and hand each to the job's Batch (text, stop strings)."""
+    def _pick(self, entry: Entry, rows: list, logits: np.ndarray, prepared=None) -> None:
+        """Pick `rows`' next ids from their logits [k, V] (and the graph's sampling outputs for them, where it has
+        them) and hand each to the job's Batch (text, stop strings)."""
         batch, config = entry.batch, entry.batch.config
-        tokens = entry.sampler(
-            logits, [r.seen for r in rows], [r.generated for r in rows], [entry.rngs[r.index] for r in rows]
-        )
+        rngs = [entry.rngs[r.index] for r in rows]
+        tokens = entry.sampler(logits, [r.seen for r in rows], [r.generated for r in rows], rngs, prepared)
         logprobs = log_softmax(logits) if config.logprobs is not None else None
         for k, (row, token) in enumerate(zip(rows, tokens.tolist())):
             row.seen.append(token)

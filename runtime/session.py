@@ -11,6 +11,7 @@ import onnxruntime as ort
 from .errors import DeviceError, PackageError
 from .onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
 from .ort_fast_path import first_line
+from .package_format import SAMPLING_BLOCK_SUMS, SAMPLING_TEMPERATURE, SAMPLING_WEIGHTS
 
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"
@@ -33,6 +34,7 @@ class GraphIO:
     kv_cache_in_place: bool = False  # the package says past and present may share one preallocated buffer
     cache_dtype: str = "float32"  # "int8" for a graph with an int8 KV cache
     takes_embeddings: bool = False  # the graph's first input is inputs_embeds: the runtime looks tokens up
+    has_sampling: bool = False  # the sampling outputs and their temperature (package_format.SAMPLING_*)
 
 
 def cuda_available() -> bool:
@@ -118,16 +120,19 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
     input_types = {i.name: i.type for i in session.get_inputs()}
     inputs = set(input_types)
     outputs = {o.name for o in session.get_outputs()}
+    overridable = {i.name for i in session.get_overridable_initializers()}
     names = GraphIO(
         past_keys=tuple(f"past_key_values.{i}.key" for i in range(n_layer)),
         past_values=tuple(f"past_key_values.{i}.value" for i in range(n_layer)),
         present_keys=tuple(f"present.{i}.key" for i in range(n_layer)),
         present_values=tuple(f"present.{i}.value" for i in range(n_layer)),
         has_position_ids="position_ids" in inputs,
-        has_logits_to_keep="logits_to_keep" in inputs | {i.name for i in session.get_overridable_initializers()},
+        has_logits_to_keep="logits_to_keep" in inputs | overridable,
         kv_cache_in_place=kv_cache_in_place,
         cache_dtype=_CACHE_TYPES.get(input_types.get("past_key_values.0.key"), "float32"),
         takes_embeddings="inputs_embeds" in inputs,
+        has_sampling={SAMPLING_WEIGHTS, SAMPLING_BLOCK_SUMS} <= outputs
+        and SAMPLING_TEMPERATURE in inputs | overridable,
     )
     tokens = "inputs_embeds" if names.takes_embeddings else "input_ids"
     missing = [n for n in (tokens, "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]

@@ -34,6 +34,7 @@ class SlotCache:
         self.width = 0  # W: columns in use, the same for every row
         self.buffers: list | None = None
         self._decoders: dict = {}  # n -> a decoder over the first n rows of the buffers
+        self.prepared = None  # the last step's sampling outputs (a draw.Prepared), where the graph has them
 
     @property
     def capacity(self) -> int:
@@ -80,14 +81,19 @@ class SlotCache:
         if not self.rows:  # nothing left to decode: the memory goes now
             self.buffers, self._decoders, self.width = None, {}, 0
 
-    def step(self, token_ids: np.ndarray) -> np.ndarray:
-        """Feed one token per row ([n] int64, slot order); returns the logits [n, V], valid until the next step."""
+    def step(self, token_ids: np.ndarray, temperatures: list | None = None) -> np.ndarray:
+        """Feed one token per row ([n] int64, slot order); returns the logits [n, V], valid until the next step, as
+        `prepared` is: the graph's sampling outputs for the rows (made at `temperatures`, one per row; default 1),
+        or None for a graph without them."""
         n = len(self.rows)
         self._fit(n)
         lengths = np.asarray(self.lengths, dtype=np.int64)
         columns = np.arange(self.width + 1)
         attention_mask = (columns >= self.width - lengths[:, None]).astype(np.int64)  # [n, W + 1]
-        logits = self._decoder(n).run(token_ids.reshape(n, 1), attention_mask, lengths.reshape(n, 1))
+        decoder = self._decoder(n)
+        decoder.set_temperatures(1.0 if temperatures is None else temperatures)
+        logits = decoder.run(token_ids.reshape(n, 1), attention_mask, lengths.reshape(n, 1))
+        self.prepared = decoder.prepared()
         self.width += 1
         self.lengths = [length + 1 for length in self.lengths]
         return logits[:, -1, :]

@@ -68,6 +68,10 @@ class SeenTally:
     def follows(self, seen, generated) -> bool:
         return self.seen.source is seen and self.generated is generated
 
+    def index(self, token: int) -> int | None:
+        """Where `token` is among the seen ids (and their values) of the last update; None if it was not seen."""
+        return self.seen.where.get(token)
+
     def update(self) -> tuple[np.ndarray, np.ndarray | None] | None:
         """([n] int64 distinct seen ids, [n] float32 values or None), views valid until the next update; or None."""
         ids, _ = self.seen.update()
@@ -103,6 +107,7 @@ class Tallies:
     def __init__(self, make=Tally):
         self.make = make
         self.by_list: dict[tuple, Tally] = {}  # the id() of each of a row's lists -> its tally
+        self.latest: list = []  # the rows' tallies at the latest update, in row order
 
     def update(self, lists: list, *more: list) -> list:
         # [B] id lists (, [B] id lists ...) -> [B] what each tally's update gives
@@ -114,5 +119,5 @@ class Tallies:
                 tally = self.make(*row)
             followed[key] = tally
             keys.append(key)
-        self.by_list = followed
-        return [followed[key].update() for key in keys]
+        self.by_list, self.latest = followed, [followed[key] for key in keys]
+        return [tally.update() for tally in self.latest]

@@ -134,9 +134,8 @@ class GatedDecoder:
             raise self._gated.fail
         return self._decoder.run(*args)
 
-    @property
-    def buffers(self):  # the cache a batch-1 prefill leaves, copied into the running batch
-        return self._decoder.buffers
+    def __getattr__(self, name):  # the cache a batch-1 prefill leaves (buffers), the sampling outputs (prepared)
+        return getattr(self._decoder, name)
 
 
 def gate(model, free: int = 1) -> GatedEngine:

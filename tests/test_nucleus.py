@@ -11,6 +11,7 @@ import torch
 from transformers.generation import logits_process as hf
 
 from edgelm.runtime import nucleus, sampling
+from edgelm.runtime.draw import REJECTION_TRIES
 from edgelm.runtime.generation_config import GenerationConfig
 
 V = 50_257
@@ -184,9 +185,9 @@ def test_draws_are_the_same_with_and_without_the_shortcut(monkeypatch):
     assert with_shortcut.tolist() == without.tolist()
 
 
-@pytest.mark.parametrize("tries", [nucleus._TRIES, 0])  # 0: every row falls back to the cut at once
+@pytest.mark.parametrize("tries", [REJECTION_TRIES, 0])  # 0: every row falls back to the cut at once
 def test_rejection_draws_follow_the_nucleus_distribution(monkeypatch, tries):
-    monkeypatch.setattr(nucleus, "_TRIES", tries)
+    monkeypatch.setattr(nucleus.draw, "REJECTION_TRIES", tries)
     probs = np.array([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
     n = 3000
     logits = np.repeat(np.log(probs).astype(np.float32)[None, :], n, axis=0)

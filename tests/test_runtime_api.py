@@ -107,6 +107,9 @@ def count_passes(model, monkeypatch) -> list:
             calls.append(1)
             return self.inner.run(*args)
 
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
     monkeypatch.setattr(model.engine, "decoder", lambda *a, **k: Counted(make_decoder(*a, **k)))
     monkeypatch.setattr(model.engine, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
     return calls

@@ -57,6 +57,10 @@ CASES = [
     (["The quick"], dict(do_sample=True, seed=3, temperature=0.7, top_p=0.9, stop=["e"], max_new_tokens=30)),
     (["Émile a visité"], dict(do_sample=False, logprobs=3, max_new_tokens=6)),
     (["A"], dict(do_sample=True, seed=9, min_new_tokens=4, max_new_tokens=5)),
+    (
+        ["Hello there"],
+        dict(do_sample=True, seed=4, top_k=0, temperature=1.3, repetition_penalty=1.2, max_new_tokens=12),
+    ),
 ]
 
 
@@ -270,7 +274,7 @@ def test_requests_arriving_during_a_prefill_join_before_the_next_step(model, mon
         return decoder(batch, capacity, buffers=buffers)
 
     monkeypatch.setattr(scheduler.engine, "decoder", prefill_while_one_arrives)
-    monkeypatch.setattr(scheduler.cache, "step", lambda ids: steps.append(len(ids)) or step(ids))
+    monkeypatch.setattr(scheduler.cache, "step", lambda ids, *more: steps.append(len(ids)) or step(ids, *more))
     scheduler.submit(jobs[0])
     try:
         each_gets_what_it_gets_alone(model, jobs, options)

@@ -228,6 +228,12 @@ class GuardedDecoder:
         self._job.check()
         return self._decoder.run(*args)
 
+    def set_temperatures(self, temperatures) -> None:
+        self._decoder.set_temperatures(temperatures)
+
+    def prepared(self, rows: list | None = None):
+        return self._decoder.prepared(rows)
+
 
 class Jobs:
     """The slots, where jobs run (the scheduler's batch, else a pool of worker threads), and every job now

@@ -1,0 +1,207 @@
+"""The graph's sampling outputs (models/README.md) and the sampler's draws from them (draw.Prepared).
+
+The graph computes exp((logit - row max) / temperature) and its block sums in the step; the chain draws from them
+where only the penalties and the temperature write before the pick. These tests check the outputs against NumPy
+for every recipe and family, the draws against the exact distribution (the penalties' rejection draw) or draw for
+draw against the path that computes from the logits, and that anything the outputs cannot serve falls back.
+"""
+
+import numpy as np
+import pytest
+
+from edgelm.runtime import draw, sampling
+from edgelm.runtime.draw import BLOCK, Prepared
+from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.model import load
+from edgelm.runtime.package_format import sampling_blocks
+
+
+def prepared_from(logits, temperature=1.0) -> Prepared:
+    """What the graph computes, in NumPy: weights exp((logit - max) / t) padded to whole blocks, their block sums."""
+    rows, n_vocab = logits.shape
+    weights = np.zeros((rows, sampling_blocks(n_vocab) * BLOCK), dtype=np.float32)
+    with np.errstate(invalid="ignore"):
+        weights[:, :n_vocab] = np.exp((logits - logits.max(axis=-1, keepdims=True)) / np.float32(temperature))
+    sums = weights.reshape(rows, -1, BLOCK).sum(axis=-1, dtype=np.float32)
+    return Prepared(weights, sums, (float(np.float32(temperature)),) * rows)
+
+
+def peaked_rows(rows, n_vocab, seed, scale=3.0):
+    return (np.random.default_rng(seed).standard_normal((rows, n_vocab)) * scale).astype(np.float32)
+
+
+def chain_picks(options, logits, seen, generated, seeds, prepared=None):
+    """One pick per seed, as a decode loop's first step would make it (a fresh chain, one generator per row)."""
+    picks = []
+    for seed in seeds:
+        chain = sampling.SamplerChain(GenerationConfig(**options), logits.shape[-1])
+        rngs = [np.random.default_rng([seed, r]) for r in range(len(logits))]
+        given = None if prepared is None else prepared(logits)
+        picks.append(chain(logits, [list(s) for s in seen], [list(g) for g in generated], rngs, given).tolist())
+    return np.array(picks)
+
+
+# ---- the graph's outputs ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "package", ["tiny_package", "tiny_package_int8", "tiny_package_int4", "llama_package", "qwen2_package"]
+)
+def test_the_graph_computes_the_weights_and_block_sums_the_sampler_would(request, package):
+    model = load(request.getfixturevalue(package))
+    assert model.engine.io.has_sampling
+    decoder = model.engine.decoder(2, 16)
+    decoder.set_temperatures([1.0, 0.7])
+    ids = np.array([[5, 6, 7], [8, 9, 10]])
+    logits = decoder.run(ids, np.ones_like(ids), np.tile(np.arange(3), (2, 1)))[:, -1, :]
+    prepared = decoder.prepared()
+    expected = prepared_from(logits[:1]), prepared_from(logits[1:], 0.7)
+    weights = np.concatenate([e.weights for e in expected])
+    np.testing.assert_allclose(prepared.weights, weights, rtol=2e-6, atol=1e-30)
+    assert not prepared.weights[:, model.arch.vocab_size :].any()  # the padding weighs nothing
+    np.testing.assert_allclose(prepared.block_sums, np.concatenate([e.block_sums for e in expected]), rtol=1e-5)
+    assert prepared.temperatures == (1.0, float(np.float32(0.7)))
+
+
+def test_a_decoder_that_fetches_no_sampling_outputs_gives_none(tiny_package):
+    from edgelm.runtime.engine import GrowingDecoder  # the plain contract's decoder (optimum's graphs, CUDA)
+
+    growing = GrowingDecoder(load(tiny_package).engine, 1)
+    growing.set_temperatures(0.5)  # nothing to set
+    assert growing.prepared() is None and growing.prepared([0]) is None
+
+
+# ---- the plain draw and top_p's draw, draw for draw ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"do_sample": True, "top_k": 0},
+        {"do_sample": True, "top_k": 0, "temperature": 0.6},
+        {"do_sample": True, "top_k": 0, "top_p": 0.9},
+        {"do_sample": True, "top_k": 0, "top_p": 0.7, "temperature": 1.4},
+        {"do_sample": True, "top_k": 0, "top_p": 0.9, "repetition_penalty": 1.3, "presence_penalty": 0.4},
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.8},  # raises logits: reweighed, not rejected
+        {"do_sample": True, "top_k": 0, "presence_penalty": -1.0, "frequency_penalty": 0.5},
+    ],
+)
+@pytest.mark.parametrize("n_vocab", [300, 1000, 4096 + 17])
+def test_draws_from_prepared_weights_are_the_draws_from_the_logits(options, n_vocab):
+    logits = peaked_rows(2, n_vocab, seed=n_vocab)
+    seen = [[1, 2, 3, 2, 1, 40], [7, 7, 8]]
+    generated = [[2, 1, 40], [8]]
+    t = options.get("temperature", 1.0)
+    before = logits.copy()
+    ours = chain_picks(options, logits, seen, generated, range(300), lambda x: prepared_from(x, t))
+    plain = chain_picks(options, logits, seen, generated, range(300))
+    np.testing.assert_array_equal(logits, before)  # the caller's logits are as they were
+    # the same uniforms over weights that differ only in rounding (and the float32 block sums): the same tokens,
+    # but for a draw that lands within rounding of a boundary
+    assert (ours == plain).mean() >= 0.99
+
+
+def test_the_chain_uses_prepared_weights_only_where_they_serve():
+    logits = peaked_rows(1, 600, seed=1)
+    poisoned = prepared_from(logits)
+    poisoned.weights[:] = 0
+    poisoned.weights[0, 599] = 1  # a chain that read these would always pick 599
+    poisoned.block_sums[:] = poisoned.weights.reshape(1, -1, BLOCK).sum(axis=-1)
+    serves = [{"do_sample": True, "top_k": 0}, {"do_sample": True, "top_k": 0, "repetition_penalty": 1.2}]
+    ignores = [
+        {"do_sample": True, "top_k": 50},  # top_k draws from its kept tokens
+        {"do_sample": True, "top_k": 0, "min_p": 0.1},
+        {"do_sample": True, "top_k": 0, "top_p": 0.3},  # under nucleus.REJECT_FROM: the cut is found
+        {"do_sample": True, "top_k": 0, "logit_bias": {3: 2.0}},
+        {"do_sample": True, "top_k": 0, "temperature": 0.5},  # made at 1, asked at 0.5
+        {"do_sample": False},
+    ]
+    for options in serves:
+        assert set(chain_picks(options, logits, [[1]], [[]], range(20), lambda x: poisoned).ravel()) == {599}
+    for options in ignores:
+        plain = chain_picks(options, logits, [[1]], [[]], range(20))
+        np.testing.assert_array_equal(chain_picks(options, logits, [[1]], [[]], range(20), lambda x: poisoned), plain)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_rows_whose_prepared_total_is_not_finite_and_positive_are_computed_from_the_logits(bad):
+    logits = peaked_rows(2, 700, seed=2)
+    if bad == -np.inf:
+        logits[1, :] = -np.inf
+        logits[1, 5] = 0.0  # one token left
+    else:
+        logits[1, 10] = bad  # NaN counts as banned; a row with +inf picks among its +inf tokens
+    options = {"do_sample": True, "top_k": 0, "repetition_penalty": 1.1}
+    given = lambda x: prepared_from(x)  # noqa: E731
+    np.testing.assert_array_equal(
+        chain_picks(options, logits, [[1], [2]], [[], []], range(50), given),
+        chain_picks(options, logits, [[1], [2]], [[], []], range(50)),
+    )
+
+
+# ---- the penalties' rejection draw: the exact distribution -------------------------------------------------------
+
+
+def exact_probabilities(options, logits, seen, generated):
+    processed = sampling.process_logits(logits, GenerationConfig(**options), seen, generated)
+    return np.exp(sampling.log_softmax(processed)[0].astype(np.float64))
+
+
+@pytest.mark.parametrize("tries", [draw.REJECTION_TRIES, 0])  # 0: every row is reweighed at once
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 1.5},
+        {"do_sample": True, "top_k": 0, "frequency_penalty": 1.0, "presence_penalty": 0.5},
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 2.0, "frequency_penalty": 0.5, "temperature": 0.8},
+    ],
+)
+def test_the_penalties_rejection_draw_has_the_penalized_distribution(options, tries, monkeypatch):
+    monkeypatch.setattr(draw, "REJECTION_TRIES", tries)
+    monkeypatch.setattr(sampling, "REJECTION_TRIES", tries)
+    n_vocab = 40
+    logits = np.linspace(4, -4, n_vocab, dtype=np.float32)[None]  # the most likely tokens are the penalized ones
+    seen, generated = [[0, 1, 2, 1, 0, 3, 0]], [[0, 1, 0, 3, 0]]
+    t = options.get("temperature", 1.0)
+    chain = sampling.SamplerChain(GenerationConfig(**options), n_vocab)
+    rng, n = np.random.default_rng(0), 40_000
+    picks = [int(chain(logits, seen, generated, [rng], prepared_from(logits, t))[0]) for _ in range(n)]
+    frequency = np.bincount(picks, minlength=n_vocab) / n
+    expected = exact_probabilities(options, logits, seen, generated)
+    assert np.abs(frequency - expected).max() < 0.01  # 4 standard deviations of the largest cell's frequency
+    unpenalized = exact_probabilities({"do_sample": True, "top_k": 0, "temperature": t}, logits, seen, generated)
+    assert np.abs(frequency - unpenalized).max() > 0.05  # what a draw that ignored the penalties would miss by
+
+
+def test_the_rejection_draw_keeps_an_unchanged_token_with_one_uniform():
+    """A drawn token the penalties left alone (seen, but with no offset) costs no second uniform."""
+    logits = np.zeros((1, 512), dtype=np.float32)
+    options = {"do_sample": True, "top_k": 0, "presence_penalty": 1.0}
+    chain = sampling.SamplerChain(GenerationConfig(**options), 512)
+    rng = np.random.default_rng(3)
+    expected = np.random.default_rng(3)
+    seen = [list(range(512))]  # every token seen (in the prompt), none generated: nothing changes
+    for _ in range(20):
+        chain(logits, seen, [[]], [rng], prepared_from(logits))
+        expected.random()
+    assert rng.random() == expected.random()
+
+
+# ---- through the engine ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"do_sample": True, "top_k": 0},
+        {"do_sample": True, "top_k": 0, "temperature": 0.7, "top_p": 0.9},
+    ],
+)
+def test_generation_with_the_graphs_outputs_matches_generation_without_them(gpt2_vocab_package, options, monkeypatch):
+    from edgelm.runtime import engine
+
+    model = load(gpt2_vocab_package)
+    assert model.engine.io.has_sampling
+    texts = [model.generate("Hello there", max_new_tokens=12, seed=s, **options).text for s in range(4)]
+    monkeypatch.setattr(engine.InPlaceDecoder, "prepared", lambda self, rows=None: None)
+    assert [model.generate("Hello there", max_new_tokens=12, seed=s, **options).text for s in range(4)] == texts
