@@ -20,13 +20,7 @@ import onnxruntime as ort
 from . import ort_fast_path
 from .draw import Prepared
 from .generation_config import GenerationConfig
-from .package_format import (
-    SAMPLING_BLOCK,
-    SAMPLING_BLOCK_SUMS,
-    SAMPLING_TEMPERATURE,
-    SAMPLING_WEIGHTS,
-    sampling_blocks,
-)
+from .package_format import SAMPLING_BLOCK, SAMPLING_OUTPUTS, SAMPLING_TEMPERATURE, sampling_blocks
 from .sampling import SamplerChain
 from .session import GraphIO
 
@@ -150,32 +144,43 @@ class InPlaceDecoder:
         ]
         outputs = dict(zip(engine._output_names, [self.logits, *self.buffers]))
         self.keep_last_array = np.array(1, dtype=np.int64)
-        fixed = [self.keep_last_array]  # borrowed by OrtValues: the arrays live as long as the decoder
-        self.sampling = None  # the graph's sampling outputs, where it has them: a Prepared over these arrays
-        if engine.io.has_sampling:
+        self.keep_last = runner.value(self.keep_last_array)  # borrows it: the array lives as long as the decoder
+        # Each pass writes the logits and the new cache rows into these same arrays; with the graph's sampling
+        # outputs, the rows its temperature input has (runs[True]: every row, made at self.temperatures;
+        # runs[False]: none, for greedy passes, which then cost nothing more).
+        self.sampling, self.sampling_on = None, False
+        if not engine.io.has_sampling:
+            self.runs = {False: (runner.bind(names, outputs), [])}  # the run and the inputs after the cache
+        else:
             blocks = sampling_blocks(engine.vocab_size)
-            weights = np.zeros((batch, 1, blocks * SAMPLING_BLOCK), dtype=np.float32)
-            sums = np.zeros((batch, 1, blocks), dtype=np.float32)
-            self.temperatures = np.ones((batch, 1), dtype=np.float32)  # fed each pass
-            outputs |= {SAMPLING_WEIGHTS: weights, SAMPLING_BLOCK_SUMS: sums}
-            names.append(SAMPLING_TEMPERATURE)
-            fixed.append(self.temperatures)
+            self.temperatures = np.ones((batch, 1), dtype=np.float32)
+            self.held, self.runs = {}, {}  # on -> (weights, block sums, temperatures): arrays the OrtValues borrow
+            for on, rows in ((True, batch), (False, 0)):
+                held = self.held[on] = (
+                    np.zeros((rows, 1, blocks * SAMPLING_BLOCK), dtype=np.float32),
+                    np.zeros((rows, 1, blocks), dtype=np.float32),
+                    self.temperatures if on else np.ones((0, 1), dtype=np.float32),
+                )
+                bound = runner.bind([*names, SAMPLING_TEMPERATURE], outputs | dict(zip(SAMPLING_OUTPUTS, held)))
+                self.runs[on] = (bound, [runner.value(held[2])])
+            weights, sums, _ = self.held[True]
             self.sampling = Prepared(weights[:, 0], sums[:, 0], (1.0,) * batch)
-        # Each pass writes the logits, the new cache rows (and the sampling outputs) into these same arrays.
-        self._run = runner.bind(names, outputs)
-        self.fixed = [runner.value(a) for a in fixed]
 
     def set_temperatures(self, temperatures) -> None:
-        """The temperature of each row's sampling outputs from the next pass on (one for all rows, or [B] values;
-        1 for greedy rows)."""
-        if self.sampling is not None:
+        """Have the next passes make the sampling outputs at these temperatures (one for every row, or [B]; 1 for a
+        greedy row), or, with None, make none."""
+        if self.sampling is None:
+            return
+        self.sampling_on = temperatures is not None
+        if self.sampling_on:
             self.temperatures[:, 0] = temperatures
             self.sampling = replace(self.sampling, temperatures=tuple(self.temperatures[:, 0].tolist()))
 
     def prepared(self, rows: list | None = None) -> Prepared | None:
-        """The last pass's sampling outputs for `rows` (all when None), or None for a graph without them."""
-        if self.sampling is None or rows is None:
-            return self.sampling
+        """The last pass's sampling outputs for `rows` (all when None); None where the graph has none, or they are
+        off."""
+        if not self.sampling_on or rows is None:
+            return self.sampling if self.sampling_on else None
         return self.sampling.rows(rows)
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
@@ -211,8 +216,8 @@ class InPlaceDecoder:
             self.engine.token_input(input_ids),
             *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[: self.id_inputs - 1]),
         ]
-        keep_last, *sampling = self.fixed
-        self._run([*(self.engine.runner.value(a) for a in arrays), keep_last, *self.cache, *sampling])
+        run, temperature = self.runs[self.sampling_on]
+        run([*(self.engine.runner.value(a) for a in arrays), self.keep_last, *self.cache, *temperature])
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

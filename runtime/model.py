@@ -22,7 +22,7 @@ from .batch import MAX_BATCH_TOKENS, Batch, Stream
 from .chat_template import ChatTemplate
 from .onnxruntime_compat import check_installed
 from .package import Package, open_package
-from .package_format import GENERATION_CONFIG, MANIFEST
+from .package_format import GENERATION_CONFIG, MANIFEST, SAMPLING_BLOCK, SAMPLING_OUTPUTS, sampling_blocks
 from .prefix_cache import PrefixCache, cache_bytes
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
@@ -306,9 +306,22 @@ def _check_graph_shapes(session, package: Package) -> None:
         ),
         None,
     )
+    blocks = sampling_blocks(arch.vocab_size)
+    widths = dict(zip(SAMPLING_OUTPUTS, (blocks * SAMPLING_BLOCK, blocks)))  # the sampling outputs' last dimension
+    odd = next(
+        (
+            (o.name, o.shape, widths[o.name])
+            for o in session.get_outputs()
+            if o.name in widths
+            and (len(o.shape) != 3 or (isinstance(o.shape[-1], int) and o.shape[-1] != widths[o.name]))
+        ),
+        None,
+    )
     problem = (
         f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
         if isinstance(columns, int) and columns != arch.vocab_size
+        else f"gives {odd[0]} of shape {odd[1]}, not [rows, 1, {odd[2]}] for a vocabulary of {arch.vocab_size} entries"
+        if odd is not None
         else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
         if len(past) != 2 * arch.n_layer
         else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.kv_heads}, past, {arch.head_size}] as the package says"

@@ -48,11 +48,12 @@ HF_CONFIG = "config.json"  # the checkpoint's config: all an optimum folder is d
 ALIGN = 65536  # offsets of large tensors and of the token table: onnxruntime maps aligned external data
 TOKEN_ROWS, TOKEN_SCALE = "transformer.wte.weight_int8", "transformer.wte.weight_scale"  # + ".{part}"
 # The graph's sampling outputs (models/README.md): at the last position, exp((logit - row max) / temperature) padded
-# with zeros to whole blocks of SAMPLING_BLOCK tokens, and each block's sum; the temperature is an overridable
-# initializer, [B, 1], default 1. The sampler draws from them without a pass of its own over the vocabulary.
+# with zeros to whole blocks of SAMPLING_BLOCK tokens, and each block's sum, for the first R rows, R the rows of the
+# temperature (an overridable initializer, [R, 1], default [[1]]). The sampler draws from them without a pass of
+# its own over the vocabulary.
 SAMPLING_BLOCK = 256  # about sqrt(V) for GPT-2's 50,257: the draw searches the block sums, then one block
-SAMPLING_WEIGHTS, SAMPLING_BLOCK_SUMS = "sampling_weights", "sampling_block_sums"
-SAMPLING_TEMPERATURE = "sampling_temperature"
+SAMPLING_OUTPUTS = SAMPLING_WEIGHTS, SAMPLING_BLOCK_SUMS = "sampling_weights", "sampling_block_sums"
+SAMPLING_TEMPERATURE = "sampling_temperature"  # its rows are the rows made: [0, 1] makes none (greedy passes)
 
 
 def sampling_blocks(vocab_size: int) -> int:

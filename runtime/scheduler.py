@@ -130,7 +130,8 @@ class Scheduler:
     def _step(self) -> None:
         """Decode: one token for every row in the batch, then each job picks its rows' next ids."""
         rows = list(self.cache.rows)
-        temperatures = [row.entry.sampler.prepared_temperature or 1.0 for row in rows]
+        temperatures = [row.entry.sampler.prepared_temperature for row in rows]  # None: the row makes no use of them
+        temperatures = None if set(temperatures) == {None} else [t or 1.0 for t in temperatures]
         try:
             logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64), temperatures)  # [n, V]
         except BaseException as error:  # the pass itself failed: every job in it ends with that error

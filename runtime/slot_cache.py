@@ -83,15 +83,15 @@ class SlotCache:
 
     def step(self, token_ids: np.ndarray, temperatures: list | None = None) -> np.ndarray:
         """Feed one token per row ([n] int64, slot order); returns the logits [n, V], valid until the next step, as
-        `prepared` is: the graph's sampling outputs for the rows (made at `temperatures`, one per row; default 1),
-        or None for a graph without them."""
+        `prepared` is: the graph's sampling outputs for the rows, made at `temperatures` (one per row), or None
+        (without temperatures, or for a graph without them)."""
         n = len(self.rows)
         self._fit(n)
         lengths = np.asarray(self.lengths, dtype=np.int64)
         columns = np.arange(self.width + 1)
         attention_mask = (columns >= self.width - lengths[:, None]).astype(np.int64)  # [n, W + 1]
         decoder = self._decoder(n)
-        decoder.set_temperatures(1.0 if temperatures is None else temperatures)
+        decoder.set_temperatures(temperatures)
         logits = decoder.run(token_ids.reshape(n, 1), attention_mask, lengths.reshape(n, 1))
         self.prepared = decoder.prepared()
         self.width += 1

@@ -63,6 +63,39 @@ def test_the_graph_computes_the_weights_and_block_sums_the_sampler_would(request
     assert prepared.temperatures == (1.0, float(np.float32(0.7)))
 
 
+def test_greedy_passes_make_no_sampling_outputs(tiny_package):
+    engine = load(tiny_package).engine
+    ids = np.array([[5, 6], [8, 9]])
+    greedy, sampled = engine.decoder(2, 16), engine.decoder(2, 16)
+    sampled.set_temperatures(1.0)
+    logits = [d.run(ids, np.ones_like(ids), np.tile(np.arange(2), (2, 1))).copy() for d in (greedy, sampled)]
+    np.testing.assert_array_equal(*logits)  # the same logits either way
+    # greedy's pass made zero rows: its outputs are bound to [0, 1, ...] arrays, which any row would not fit
+    assert greedy.prepared() is None and greedy.held[False][0].shape == (0, 1, 512)
+    assert sampled.prepared().weights.shape == (2, 512) and sampled.prepared([1]).weights.shape == (1, 512)
+    sampled.set_temperatures(None)
+    assert sampled.prepared() is None
+
+
+def test_a_graph_whose_sampling_outputs_do_not_fit_the_vocabulary_is_refused(tiny_package, tmp_path):
+    import shutil
+
+    import onnx
+
+    from edgelm.runtime.errors import PackageError
+
+    folder = tmp_path / "package"
+    shutil.copytree(tiny_package, folder)
+    graph = onnx.load(folder / "model.onnx", load_external_data=False)
+    output = next(o for o in graph.graph.output if o.name == "sampling_weights")
+    output.type.tensor_type.shape.dim[-1].dim_value = 320  # the vocabulary, not whole blocks of it
+    onnx.save(graph, folder / "model.onnx")
+    with pytest.raises(
+        PackageError, match=r"gives sampling_weights of shape \['sampled', 1, 320\], not \[rows, 1, 512\]"
+    ):
+        load(folder, verify=False)
+
+
 def test_a_decoder_that_fetches_no_sampling_outputs_gives_none(tiny_package):
     from edgelm.runtime.engine import GrowingDecoder  # the plain contract's decoder (optimum's graphs, CUDA)
 
