@@ -133,7 +133,7 @@ def declare_outputs(g, arch, cache_type: int, kv_heads: int) -> None:
 
 def sampling_outputs(g, logits: str, vocab_size: int) -> None:
     """What the sampler's draw needs from the last position's logits, computed while they are in the caches with
-    onnxruntime's vectorised exp (a NumPy pass over them after the step costs ~5% of an int8 distilgpt2 step):
+    onnxruntime's vectorised exp, instead of a NumPy pass over them after the step (benchmarks/NOTES.md):
     weights exp((logit - row max) / temperature) [R, 1, n_blocks * SAMPLING_BLOCK], zero past the vocabulary, and
     each block's sum [R, 1, n_blocks], for the first R rows. The temperature [R, 1] is an overridable initializer,
     [[1]] by default; fed [0, 1], the outputs are empty and cost nothing (greedy passes)."""

@@ -18,7 +18,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from .errors import GenerationOptionError
+from .errors import GenerationOptionError, PackageError
 from .package_format import SAMPLING_BLOCK
 
 NEG_INF = np.float32(-np.inf)
@@ -55,21 +55,39 @@ class Prepared:
     temperatures: tuple
 
     def rows(self, index: list) -> "Prepared":
-        """These rows only (copies)."""
-        return Prepared(self.weights[index], self.block_sums[index], tuple(self.temperatures[i] for i in index))
+        """These rows only: views for consecutive rows (a scheduler job's), else copies."""
+        first = index[0] if index else 0
+        at = slice(first, first + len(index)) if list(index) == list(range(first, first + len(index))) else index
+        return Prepared(self.weights[at], self.block_sums[at], tuple(self.temperatures[i] for i in index))
 
     def ends(self) -> list[list[float]] | None:
-        """block_ends of the weights, from the block sums; None when a row's total is not positive and finite (the
-        logits held NaN or +inf, or every token is banned): the caller computes from the logits instead."""
-        ends = [list(accumulate(sums)) for sums in self.block_sums.tolist()]
-        return ends if all(0 < row[-1] < math.inf for row in ends) else None
+        """block_ends of the weights, from the block sums; None when a row's does not serve (row_ends)."""
+        ends = [self.row_ends(r) for r in range(len(self.block_sums))]
+        return None if None in ends else ends
+
+    def row_ends(self, row: int) -> list[float] | None:
+        """One row's block ends; None when its total is not finite and at least MIN_TOTAL (the logits held NaN or
+        +inf, every token is banned, or penalties left only weights too small for float32 to hold exactly): the
+        caller computes from the logits instead."""
+        ends = running_totals(self.block_sums[row].tolist())
+        return ends if MIN_TOTAL <= ends[-1] < math.inf else None
 
 
-def draw_prepared(prepared: Prepared, ends: list, rngs: list, n_vocab: int) -> np.ndarray:
-    """One draw per row from the prepared weights, given their ends (Prepared.ends)."""
-    # -> [B] int64
-    rows = zip(prepared.weights, ends, rngs)
-    return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in rows], dtype=np.int64)
+# The weights are relative to the row's largest logit before any penalty (weight 1): after penalties lower it, a
+# total this small would rest on weights that float32 holds inexactly (below 2**-126) or not at all, while at or
+# above it those hold under 1e-13 of it.
+MIN_TOTAL = 2.0**-64
+
+
+def running_totals(sums: list) -> list:
+    """np.cumsum's float64 sums, as Python floats."""
+    return list(accumulate(sums))
+
+
+def draw_rows(padded: np.ndarray, ends: list, rngs: list, n_vocab: int) -> np.ndarray:
+    """One draw per row from padded weights, given their block ends, with one uniform from each row's generator."""
+    # [B, n_blocks * BLOCK], B lists -> [B] int64
+    return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in zip(padded, ends, rngs)], np.int64)
 
 
 def weights(
@@ -139,9 +157,7 @@ def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
     if not all(map(math.isfinite, peak.tolist())):
         return None
     padded = weights(logits, scratch, peak, finite=True)
-    ends = block_ends(padded)
-    n_vocab = logits.shape[-1]
-    return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in zip(padded, ends, rngs)], np.int64)
+    return draw_rows(padded, block_ends(padded), rngs, logits.shape[-1])
 
 
 def among(ids: np.ndarray, values: np.ndarray, peak: np.float32, u: float) -> int:
@@ -189,7 +205,7 @@ def block_ends(padded: np.ndarray) -> list[list[float]]:
     search reads in fewer NumPy calls, each of which costs tens of microseconds right after a model step has pushed
     NumPy's code out of the caches)."""
     # [B, n_blocks * BLOCK] -> B lists of n_blocks floats
-    return [list(accumulate(sums)) for sums in block_sums(padded).tolist()]
+    return [running_totals(sums) for sums in block_sums(padded).tolist()]
 
 
 def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int) -> np.ndarray:
@@ -212,8 +228,12 @@ def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
             token = start + i
             break
     if token >= min((block + 1) * BLOCK, n_vocab):
-        # the block's own sum and the one it was chosen by round differently: its last token with weight (for
-        # weights that do not add up to their sums, from a damaged graph: the last token with weight before it)
+        # the block's own sum and the one it was chosen by round differently: its last token with weight
         weighted = np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)
-        token = int(weighted[-1]) if weighted.size else 0
+        if not weighted.size:  # only weights from a graph's sampling outputs can disagree with their sums so
+            raise PackageError(
+                "the graph's sampling_weights do not add up to its sampling_block_sums: the package is damaged; "
+                "export it again"
+            )
+        token = int(weighted[-1])
     return token

@@ -148,7 +148,7 @@ class InPlaceDecoder:
         # Each pass writes the logits and the new cache rows into these same arrays; with the graph's sampling
         # outputs, the rows its temperature input has (runs[True]: every row, made at self.temperatures;
         # runs[False]: none, for greedy passes, which then cost nothing more).
-        self.sampling, self.sampling_on = None, False
+        self.sampling, self.sampling_on, self.made = None, False, False  # made: the last pass made them
         if not engine.io.has_sampling:
             self.runs = {False: (runner.bind(names, outputs), [])}  # the run and the inputs after the cache
         else:
@@ -177,10 +177,10 @@ class InPlaceDecoder:
             self.sampling = replace(self.sampling, temperatures=tuple(self.temperatures[:, 0].tolist()))
 
     def prepared(self, rows: list | None = None) -> Prepared | None:
-        """The last pass's sampling outputs for `rows` (all when None); None where the graph has none, or they are
-        off."""
-        if not self.sampling_on or rows is None:
-            return self.sampling if self.sampling_on else None
+        """The last pass's sampling outputs for `rows` (all when None); None where the graph has none, or that pass
+        made none."""
+        if not self.made or rows is None:
+            return self.sampling if self.made else None
         return self.sampling.rows(rows)
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
@@ -217,7 +217,9 @@ class InPlaceDecoder:
             *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[: self.id_inputs - 1]),
         ]
         run, temperature = self.runs[self.sampling_on]
+        self.made = False  # until the pass has written them
         run([*(self.engine.runner.value(a) for a in arrays), self.keep_last, *self.cache, *temperature])
+        self.made = self.sampling_on
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -258,9 +260,12 @@ def decode_steps(
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
     decoder = engine.decoder(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
-    if sampler.prepared_temperature is not None:  # the graph's sampling outputs, where it has them, serve the pick
-        decoder.set_temperatures(sampler.prepared_temperature)
     logits = decoder.run(input_ids, attention_mask, position_ids)[:, -1, :]  # [B, V]
+    # From the first decode step on, the graph's sampling outputs (where it has them) serve the pick; the first
+    # token comes from the prompt's logits, as in a running batch (scheduler.py), so a seeded row draws the same
+    # tokens alone and there.
+    if sampler.prepared_temperature is not None:
+        decoder.set_temperatures(sampler.prepared_temperature)
     for step in range(config.max_new_tokens):
         rows = [r for r in range(batch) if r not in finished]
         tokens = np.full(batch, -1, dtype=np.int64)

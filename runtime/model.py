@@ -22,7 +22,14 @@ from .batch import MAX_BATCH_TOKENS, Batch, Stream
 from .chat_template import ChatTemplate
 from .onnxruntime_compat import check_installed
 from .package import Package, open_package
-from .package_format import GENERATION_CONFIG, MANIFEST, SAMPLING_BLOCK, SAMPLING_OUTPUTS, sampling_blocks
+from .package_format import (
+    GENERATION_CONFIG,
+    MANIFEST,
+    SAMPLING_BLOCK,
+    SAMPLING_OUTPUTS,
+    SAMPLING_TEMPERATURE,
+    sampling_blocks,
+)
 from .prefix_cache import PrefixCache, cache_bytes
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
@@ -308,19 +315,31 @@ def _check_graph_shapes(session, package: Package) -> None:
     )
     blocks = sampling_blocks(arch.vocab_size)
     widths = dict(zip(SAMPLING_OUTPUTS, (blocks * SAMPLING_BLOCK, blocks)))  # the sampling outputs' last dimension
+    temperature = [*session.get_inputs(), *session.get_overridable_initializers()]
     odd = next(
         (
-            (o.name, o.shape, widths[o.name])
+            (o.name, f"{o.type} {o.shape}", f"float32 [rows, 1, {widths[o.name]}]")
             for o in session.get_outputs()
             if o.name in widths
-            and (len(o.shape) != 3 or (isinstance(o.shape[-1], int) and o.shape[-1] != widths[o.name]))
+            and (
+                o.type != "tensor(float)"
+                or len(o.shape) != 3
+                or (isinstance(o.shape[-1], int) and o.shape[-1] != widths[o.name])
+            )
         ),
-        None,
+        next(
+            (
+                (i.name, f"{i.type} {i.shape}", "float32 [rows, 1]")
+                for i in temperature
+                if i.name == SAMPLING_TEMPERATURE and (i.type != "tensor(float)" or len(i.shape) != 2)
+            ),
+            None,
+        ),
     )
     problem = (
         f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
         if isinstance(columns, int) and columns != arch.vocab_size
-        else f"gives {odd[0]} of shape {odd[1]}, not [rows, 1, {odd[2]}] for a vocabulary of {arch.vocab_size} entries"
+        else f"has {odd[0]} of {odd[1]}, not {odd[2]} for a vocabulary of {arch.vocab_size} entries"
         if odd is not None
         else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
         if len(past) != 2 * arch.n_layer

@@ -24,12 +24,11 @@ filter, the chain draws from the tokens it keeps instead of writing -inf over th
 import functools
 import math
 from dataclasses import replace
-from itertools import accumulate
 
 import numpy as np
 
-from . import nucleus, topk
-from .draw import BLOCK, FEW_ALIVE, REJECTION_TRIES, Prepared, Scratch, draw_prepared, pick, search
+from . import draw, nucleus, topk
+from .draw import BLOCK, FEW_ALIVE, Prepared, Scratch, draw_rows, pick, search
 from .generation_config import GenerationConfig, check_token_ids
 from .tally import SeenTally, Tallies
 
@@ -352,14 +351,14 @@ class SamplerChain:
         last_p = active[top_p][0] if self.filters and self.filters[-1][0] is top_p else None
         body = self.filters[:-1] if last_p is not None else self.filters
         plain_or_rejection = last_p is None or last_p >= nucleus.REJECT_FROM
+        # The penalties never raise a logit: a weight the graph made 0 (far under the row's maximum) stays right,
+        # and the plain draw may keep or refuse the prepared weights' draws instead of reweighing (_draw_penalized).
+        offsets = active.get(frequency_presence_penalty, (0, 0))
+        lowers = (self.factor is None or self.factor >= 1) and min(offsets) >= 0
         in_range = np.finfo(np.float32).tiny < c.temperature < F32_MAX  # a float32 the graph divides by
-        serves = c.do_sample and in_range and plain_or_rejection and all(f in NEVER_BAN for f, _ in body)
+        serves = c.do_sample and in_range and lowers and plain_or_rejection and all(f in NEVER_BAN for f, _ in body)
         self.prepared_temperature = float(np.float32(c.temperature)) if serves else None
         self.top_p_last = last_p
-        # the penalties never raise a logit: the plain draw may keep or refuse the prepared weights' draws instead of
-        # reweighing them (_draw_penalized)
-        offsets = active.get(frequency_presence_penalty, (0, 0))
-        self.lowers = (self.factor is None or self.factor >= 1) and min(offsets) >= 0
 
     def __call__(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared | None = None) -> np.ndarray:
         """seen[r], generated[r]: row r's ids lists. The chain follows each list object as it grows between calls
@@ -402,12 +401,13 @@ class SamplerChain:
         return pick(out, self.do_sample, rngs, given, self.scratch)
 
     def _pick_prepared(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared) -> np.ndarray | None:
-        """The pick from the graph's sampling outputs, the penalties' tokens reweighed; None, with no generator used
-        and the logits as they were, where they do not serve (made at another temperature, a row's total not
-        finite and positive, logits the penalties cannot be written into): the caller then computes as usual."""
+        """The pick from the graph's sampling outputs, the penalties' tokens reweighed or their draws kept or refused;
+        None, with the logits as they were, where they do not serve (made at another temperature, a row's total
+        refused by Prepared.row_ends, logits the penalties cannot be written into): the caller then computes as
+        usual, from generators that may have been used."""
         if len(rngs) != logits.shape[0] or any(t != self.prepared_temperature for t in prepared.temperatures):
             return None
-        if self.penalties and self.lowers and self.top_p_last is None:
+        if self.penalties and self.top_p_last is None:
             return self._draw_penalized(logits, seen, generated, rngs, prepared)
         saved = []
         if self.penalties:
@@ -421,7 +421,7 @@ class SamplerChain:
             if ends is None:
                 return None
             if self.top_p_last is None:
-                return draw_prepared(prepared, ends, rngs, logits.shape[-1])
+                return draw_rows(prepared.weights, ends, rngs, logits.shape[-1])
             out = logits
             if self.prepared_temperature != 1:  # top_p's verdict compares the tempered logits
                 out = self.scratch.get("logits", logits.shape, logits.dtype)
@@ -439,11 +439,12 @@ class SamplerChain:
         return self._apply(logits.copy(), self.filters, seen, generated)
 
     def _draw_penalized(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared) -> np.ndarray | None:
-        """The plain draw after penalties that only lower logits, by rejection: draw from the prepared weights, and
-        keep a token the penalties changed with probability exp((penalized - logit) / t), the share of its weight they
-        leave (<= 1), else draw again. After REJECTION_TRIES misses, the row's weights are reweighed and drawn from:
-        the distribution is exact either way, and an unchanged token costs no second uniform. None where the prepared
-        weights do not serve (the generators may have been used): the caller computes from the logits."""
+        """The plain draw after the penalties (which only lower logits), by rejection: draw from the prepared
+        weights, and keep a token the penalties changed with probability exp((penalized - logit) / t), the share of
+        its weight they leave (<= 1), else draw again. After draw.REJECTION_TRIES misses, the row's weights are
+        reweighed and drawn from: the same distribution either way, and an unchanged token costs no second uniform.
+        None where the prepared weights do not serve (the generators may have been used): the caller computes from
+        the logits."""
         rows = self.seen_tallies.update(seen, generated)
         ends = prepared.ends()
         if ends is None or any(row is None for row in rows):
@@ -451,7 +452,7 @@ class SamplerChain:
         n_vocab, picks = logits.shape[-1], []
         for r, (rng, tally, (ids, offsets)) in enumerate(zip(rngs, self.seen_tallies.latest, rows)):
             weights, t = prepared.weights[r], prepared.temperatures[r]
-            for _ in range(REJECTION_TRIES):
+            for _ in range(draw.REJECTION_TRIES):
                 token = search(weights, ends[r], rng.random(), n_vocab)
                 index = tally.index(token)
                 if index is None:
@@ -466,8 +467,8 @@ class SamplerChain:
                 values = logits[r].take(ids)
                 with np.errstate(over="ignore", invalid="ignore"):
                     _reweigh(prepared, r, ids, values, self._penalized(values, offsets))
-                row_ends = list(accumulate(prepared.block_sums[r].tolist()))
-                if not 0 < row_ends[-1] < math.inf:
+                row_ends = prepared.row_ends(r)
+                if row_ends is None:
                     return None
                 token = search(weights, row_ends, rng.random(), n_vocab)
             picks.append(token)
@@ -524,9 +525,9 @@ class SamplerChain:
 
 def _reweigh(prepared: Prepared, row: int, ids: np.ndarray, before: np.ndarray, after: np.ndarray) -> None:
     """The penalties in one row of prepared weights: each token of `ids` weighed by exp((after - before) / t), its
-    logit's change at the row's temperature t, and the sums of the blocks they are in added up again. A change past
-    float32's range, or from -inf (-inf - -inf is NaN), leaves a total that Prepared.ends refuses: the chain then
-    computes from the logits."""
+    logit's change at the row's temperature t (<= 0: they only lower logits), and the sums of the blocks they are in
+    added up again. A change from -inf (-inf - -inf is NaN) leaves a total that Prepared.row_ends refuses: the chain
+    then computes from the logits."""
     weights, t = prepared.weights[row], prepared.temperatures[row]
     with np.errstate(over="ignore", invalid="ignore"):
         change = np.subtract(after, before, dtype=np.float64)

@@ -6,6 +6,8 @@ for every recipe and family, the draws against the exact distribution (the penal
 draw against the path that computes from the logits, and that anything the outputs cannot serve falls back.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -68,13 +70,17 @@ def test_greedy_passes_make_no_sampling_outputs(tiny_package):
     ids = np.array([[5, 6], [8, 9]])
     greedy, sampled = engine.decoder(2, 16), engine.decoder(2, 16)
     sampled.set_temperatures(1.0)
-    logits = [d.run(ids, np.ones_like(ids), np.tile(np.arange(2), (2, 1))).copy() for d in (greedy, sampled)]
-    np.testing.assert_array_equal(*logits)  # the same logits either way
+    run = lambda decoder: decoder.run(ids, np.ones_like(ids), np.tile(np.arange(2), (2, 1))).copy()  # noqa: E731
+    np.testing.assert_array_equal(run(greedy), run(sampled))  # the same logits either way
     # greedy's pass made zero rows: its outputs are bound to [0, 1, ...] arrays, which any row would not fit
     assert greedy.prepared() is None and greedy.held[False][0].shape == (0, 1, 512)
     assert sampled.prepared().weights.shape == (2, 512) and sampled.prepared([1]).weights.shape == (1, 512)
     sampled.set_temperatures(None)
+    assert sampled.prepared() is not None  # what the last pass made
+    run(sampled)
     assert sampled.prepared() is None
+    greedy.set_temperatures(0.5)
+    assert greedy.prepared() is None  # its last pass made none
 
 
 def test_a_graph_whose_sampling_outputs_do_not_fit_the_vocabulary_is_refused(tiny_package, tmp_path):
@@ -90,9 +96,15 @@ def test_a_graph_whose_sampling_outputs_do_not_fit_the_vocabulary_is_refused(tin
     output = next(o for o in graph.graph.output if o.name == "sampling_weights")
     output.type.tensor_type.shape.dim[-1].dim_value = 320  # the vocabulary, not whole blocks of it
     onnx.save(graph, folder / "model.onnx")
-    with pytest.raises(
-        PackageError, match=r"gives sampling_weights of shape \['sampled', 1, 320\], not \[rows, 1, 512\]"
-    ):
+    with pytest.raises(PackageError, match=re.escape("['sampled', 1, 320], not float32 [rows, 1, 512] for a vocab")):
+        load(folder, verify=False)
+    output.type.tensor_type.shape.dim[-1].dim_value = 512
+    sums = next(o for o in graph.graph.output if o.name == "sampling_block_sums")
+    next(n for n in graph.graph.node if n.output[0] == sums.name).output[0] = "float_sums"
+    graph.graph.node.append(onnx.helper.make_node("Cast", ["float_sums"], [sums.name], to=onnx.TensorProto.DOUBLE))
+    sums.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE  # a graph that runs, with sums of another type
+    onnx.save(graph, folder / "model.onnx")
+    with pytest.raises(PackageError, match=re.escape("has sampling_block_sums of tensor(double) ['sampled', 1, 2]")):
         load(folder, verify=False)
 
 
@@ -140,20 +152,47 @@ def test_the_chain_uses_prepared_weights_only_where_they_serve():
     poisoned.weights[:] = 0
     poisoned.weights[0, 599] = 1  # a chain that read these would always pick 599
     poisoned.block_sums[:] = poisoned.weights.reshape(1, -1, BLOCK).sum(axis=-1)
-    serves = [{"do_sample": True, "top_k": 0}, {"do_sample": True, "top_k": 0, "repetition_penalty": 1.2}]
+    serves = [
+        {"do_sample": True, "top_k": 0},
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 1.2},
+        {"do_sample": True, "top_k": 0, "temperature": 0.5},
+        {"do_sample": True, "top_k": 0, "top_p": 0.9},
+        {"do_sample": True, "top_k": 0, "top_p": 0.8, "temperature": 1.5, "frequency_penalty": 0.5},
+    ]
     ignores = [
         {"do_sample": True, "top_k": 50},  # top_k draws from its kept tokens
         {"do_sample": True, "top_k": 0, "min_p": 0.1},
         {"do_sample": True, "top_k": 0, "top_p": 0.3},  # under nucleus.REJECT_FROM: the cut is found
         {"do_sample": True, "top_k": 0, "logit_bias": {3: 2.0}},
-        {"do_sample": True, "top_k": 0, "temperature": 0.5},  # made at 1, asked at 0.5
+        {"do_sample": True, "top_k": 0, "repetition_penalty": 0.9},  # raises logits: a weight of 0 would not rise
+        {"do_sample": True, "top_k": 0, "presence_penalty": -0.5},
         {"do_sample": False},
     ]
+
+    def made_at(options):  # the poisoned outputs, as made at the temperature the request asks for
+        t = float(np.float32(options.get("temperature", 1.0)))
+        return lambda x: Prepared(poisoned.weights.copy(), poisoned.block_sums.copy(), (t,))
+
     for options in serves:
-        assert set(chain_picks(options, logits, [[1]], [[]], range(20), lambda x: poisoned).ravel()) == {599}
+        assert set(chain_picks(options, logits, [[1]], [[]], range(20), made_at(options)).ravel()) == {599}, options
+        made_elsewhere = {**options, "temperature": options.get("temperature", 1.0) * 2}  # made at t, asked at 2t
+        plain = chain_picks(made_elsewhere, logits, [[1]], [[]], range(20))
+        np.testing.assert_array_equal(
+            chain_picks(made_elsewhere, logits, [[1]], [[]], range(20), made_at(options)), plain
+        )
     for options in ignores:
         plain = chain_picks(options, logits, [[1]], [[]], range(20))
-        np.testing.assert_array_equal(chain_picks(options, logits, [[1]], [[]], range(20), lambda x: poisoned), plain)
+        np.testing.assert_array_equal(chain_picks(options, logits, [[1]], [[]], range(20), made_at(options)), plain)
+
+
+def test_weights_that_disagree_with_their_sums_are_a_damaged_package():
+    from edgelm.runtime.errors import PackageError
+
+    logits = peaked_rows(1, 600, seed=1)
+    damaged = prepared_from(logits)
+    damaged.weights[:] = -1.0  # every block sum still positive
+    with pytest.raises(PackageError, match="sampling_weights do not add up to its sampling_block_sums"):
+        chain_picks({"do_sample": True, "top_k": 0}, logits, [[1]], [[]], [0], lambda x: damaged)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -191,7 +230,6 @@ def exact_probabilities(options, logits, seen, generated):
 )
 def test_the_penalties_rejection_draw_has_the_penalized_distribution(options, tries, monkeypatch):
     monkeypatch.setattr(draw, "REJECTION_TRIES", tries)
-    monkeypatch.setattr(sampling, "REJECTION_TRIES", tries)
     n_vocab = 40
     logits = np.linspace(4, -4, n_vocab, dtype=np.float32)[None]  # the most likely tokens are the penalized ones
     seen, generated = [[0, 1, 2, 1, 0, 3, 0]], [[0, 1, 0, 3, 0]]
@@ -204,6 +242,28 @@ def test_the_penalties_rejection_draw_has_the_penalized_distribution(options, tr
     assert np.abs(frequency - expected).max() < 0.01  # 4 standard deviations of the largest cell's frequency
     unpenalized = exact_probabilities({"do_sample": True, "top_k": 0, "temperature": t}, logits, seen, generated)
     assert np.abs(frequency - unpenalized).max() > 0.05  # what a draw that ignored the penalties would miss by
+
+
+@pytest.mark.parametrize(
+    "logits, options, seen",
+    [
+        # the largest logit penalized far down at a low temperature: the rest of the row is under float32's range
+        # relative to it, so the graph's weights cannot say how the rest divides (from the logits instead)
+        ([20.0, 10.0, 9.9, 9.6], {"repetition_penalty": 3.0, "temperature": 0.1}, [0]),
+        ([10.0, 8.9], {"repetition_penalty": 0.89, "temperature": 0.01}, [0, 1]),  # raised: not served
+        ([10.0, 8.9], {"presence_penalty": -0.011, "frequency_penalty": 0.0, "temperature": 0.01}, [1]),
+    ],
+)
+def test_penalties_at_the_edge_of_float32_draw_from_the_penalized_distribution(logits, options, seen):
+    options = {"do_sample": True, "top_k": 0, **options}
+    row = np.zeros((1, 300), dtype=np.float32)
+    row[0, :] = -30.0
+    row[0, : len(logits)] = logits
+    chain = sampling.SamplerChain(GenerationConfig(**options), 300)
+    rng, n, t = np.random.default_rng(5), 20_000, options["temperature"]
+    picks = [int(chain(row, [list(seen)], [list(seen)], [rng], prepared_from(row, t))[0]) for _ in range(n)]
+    expected = exact_probabilities(options, row, [seen], [seen])
+    assert np.abs(np.bincount(picks, minlength=300) / n - expected).max() < 0.01
 
 
 def test_the_rejection_draw_keeps_an_unchanged_token_with_one_uniform():
@@ -235,6 +295,49 @@ def test_generation_with_the_graphs_outputs_matches_generation_without_them(gpt2
 
     model = load(gpt2_vocab_package)
     assert model.engine.io.has_sampling
+    served = count_served(monkeypatch)
     texts = [model.generate("Hello there", max_new_tokens=12, seed=s, **options).text for s in range(4)]
+    assert len(served) == 4 * 11  # every pick after the first (from the prompt's logits) drew from the outputs
     monkeypatch.setattr(engine.InPlaceDecoder, "prepared", lambda self, rows=None: None)
     assert [model.generate("Hello there", max_new_tokens=12, seed=s, **options).text for s in range(4)] == texts
+    assert len(served) == 4 * 11
+
+
+def count_served(monkeypatch) -> list:
+    """Each pick the graph's sampling outputs served appends to the list."""
+    served, serve = [], sampling.SamplerChain._pick_prepared
+
+    def counted(self, *args):
+        picks = serve(self, *args)
+        served.extend([] if picks is None else [1])
+        return picks
+
+    monkeypatch.setattr(sampling.SamplerChain, "_pick_prepared", counted)
+    return served
+
+
+def test_the_scheduler_serves_its_rows_from_the_graphs_outputs_at_each_rows_temperature(tiny_package, monkeypatch):
+    from test_scheduler import Job, each_gets_what_it_gets_alone
+
+    from edgelm.runtime.scheduler import Scheduler
+
+    model = load(tiny_package)
+    common = dict(do_sample=True, top_k=0, ignore_eos=True, max_new_tokens=6)
+    requests = [
+        ("Hi", dict(seed=1, temperature=0.5, **common)),
+        ("Hello", dict(seed=2, repetition_penalty=1.3, **common)),
+        ("Once", dict(seed=3, temperature=1.5, top_p=0.9, **common)),
+    ]
+    jobs = [Job(model.batch([prompt], **options)) for prompt, options in requests]
+    served = count_served(monkeypatch)
+    scheduler = Scheduler(model, max_rows=4)
+    try:
+        for job in jobs:
+            scheduler.submit(job)
+        for job in jobs:
+            assert job.wait().error is None
+    finally:
+        scheduler.close()
+    assert len(served) >= 3 * 4  # the steps after each row's first token (which its prefill's logits give)
+    for job, (_, options) in zip(jobs, requests):
+        each_gets_what_it_gets_alone(model, [job], options)
