@@ -6,8 +6,9 @@ step's sampling budget on its own); the same token is found from 256-token block
 one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
 
-Graphs with sampling outputs (models/README.md) compute the weights and block sums themselves, in the step
-(Prepared): the draw then starts from them (float32 block sums, added up in float64) and makes no pass of its own.
+Graphs with sampling outputs (models/README.md) compute the weights (as probabilities: the draw needs them only up
+to a common factor) and block sums themselves, in the step (Prepared): the draw then starts from them (float32
+block sums, added up in float64) and makes no pass of its own.
 """
 
 import contextlib
@@ -45,8 +46,8 @@ class Scratch:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A step's sampling outputs for the rows being sampled: weights [B, n_blocks * BLOCK] float32 (exp((logit - row
-    max) / temperature), 0 past the vocabulary), block_sums [B, n_blocks] float32, and the temperature each row's
+    """A step's sampling outputs for the rows being sampled: weights [B, n_blocks * BLOCK] float32 (softmax(logits /
+    temperature), 0 past the vocabulary), block_sums [B, n_blocks] float32, and the temperature each row's
     were made at (B float32 values, as Python floats). The arrays are the decoder's, overwritten by its next pass:
     a sampler may change them (the penalties do) until then."""
 
@@ -73,9 +74,9 @@ class Prepared:
         return ends if MIN_TOTAL <= ends[-1] < math.inf else None
 
 
-# The weights are relative to the row's largest logit before any penalty (weight 1): after penalties lower it, a
-# total this small would rest on weights that float32 holds inexactly (below 2**-126) or not at all, while at or
-# above it those hold under 1e-13 of it.
+# The weights are probabilities before any penalty (the largest at least 1/V): after penalties lower the likely
+# tokens, a total this small would rest on weights that float32 holds inexactly (below 2**-126) or not at all,
+# while at or above it those hold under 1e-13 of it.
 MIN_TOTAL = 2.0**-64
 
 

@@ -115,7 +115,8 @@ def _cut_in_order(logits, probs, ids, below, threshold):
 
 
 # How far from the cut a drawn token's mass must be for verdict() to answer without keeps(): far above every
-# rounding between the two (float32 weights and probabilities, float64 sums: under 1e-5 together).
+# rounding between the two (float32 weights and probabilities, keeps()'s float64 sums, verdict's float32 pairwise
+# sum of the mass below: under 1e-5 together).
 SURE_MARGIN = 1e-3
 SURE_TOKENS = 256  # verdict's largest gather: the tokens at or above one of at least 1/SURE_TOKENS of the weight
 
@@ -135,7 +136,7 @@ def verdict(logits, weights, total: float, token: int, p: float, work) -> bool |
         if mass < (p - SURE_MARGIN) * total:
             return True
     np.multiply(weights, logits < x, out=work)
-    below = float(work.sum(dtype=np.float64))
+    below = float(work.sum())  # float32, pairwise: within 1e-6 of the float64 sum, and a third faster
     if below > (1 - p + SURE_MARGIN) * total:
         return True
     if below + np.count_nonzero(logits == x) * weight < (1 - p - SURE_MARGIN) * total:

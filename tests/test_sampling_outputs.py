@@ -1,6 +1,6 @@
 """The graph's sampling outputs (models/README.md) and the sampler's draws from them (draw.Prepared).
 
-The graph computes exp((logit - row max) / temperature) and its block sums in the step; the chain draws from them
+The graph computes softmax(logits / temperature) and its block sums in the step; the chain draws from them
 where only the penalties and the temperature write before the pick. These tests check the outputs against NumPy
 for every recipe and family, the draws against the exact distribution (the penalties' rejection draw) or draw for
 draw against the path that computes from the logits, and that anything the outputs cannot serve falls back.
@@ -19,11 +19,13 @@ from edgelm.runtime.package_format import sampling_blocks
 
 
 def prepared_from(logits, temperature=1.0) -> Prepared:
-    """What the graph computes, in NumPy: weights exp((logit - max) / t) padded to whole blocks, their block sums."""
+    """What the graph computes, in NumPy: weights softmax(logits / t) padded to whole blocks, their block sums."""
     rows, n_vocab = logits.shape
     weights = np.zeros((rows, sampling_blocks(n_vocab) * BLOCK), dtype=np.float32)
     with np.errstate(invalid="ignore"):
-        weights[:, :n_vocab] = np.exp((logits - logits.max(axis=-1, keepdims=True)) / np.float32(temperature))
+        tempered = logits / np.float32(temperature)
+        e = np.exp(tempered - tempered.max(axis=-1, keepdims=True))
+        weights[:, :n_vocab] = e / e.sum(axis=-1, keepdims=True)
     sums = weights.reshape(rows, -1, BLOCK).sum(axis=-1, dtype=np.float32)
     return Prepared(weights, sums, (float(np.float32(temperature)),) * rows)
 
