@@ -31,18 +31,23 @@ def _median(values):
     return float(np.median(values))
 
 
-def _timed_tokens(model, prompts, new_tokens, options=None, seed=0):
+def _timed_tokens(model, prompts, new_tokens, options=None, seed=0, steps: list | None = None):
     """Run generation on token ids (greedy unless options say otherwise); returns (seconds to the first token,
-    seconds for the rest)."""
+    seconds for the rest). steps: a list to append the seconds between consecutive tokens to (the whole decode
+    loop per token: the graph's pass, the pick, the loop's own work)."""
     config = GenerationConfig(
         max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
     )
     rngs = [np.random.default_rng([seed, row]) for row in range(len(prompts))]
     started = time.perf_counter()
-    first = None
+    first = last = None
     for _ in decode_steps(model.engine, prompts, config, rngs, model.pad_id):
+        now = time.perf_counter()
         if first is None:
-            first = time.perf_counter()
+            first = now
+        elif steps is not None:
+            steps.append(now - last)
+        last = now
     return first - started, time.perf_counter() - first
 
 
@@ -250,21 +255,29 @@ SAMPLED = [
 
 def run_sample_bench(path, threads: int | None = None, device: str = "auto", runs: int = 3, new_tokens: int = 128):
     """Decode speed at batch 1 with each of SAMPLED's settings, in the same rounds (the order turns each round,
-    so no setting always follows another); ratios to greedy are medians of per-round ratios."""
+    so no setting always follows another); ratios to greedy are medians of per-round ratios. Two measures of the
+    same decodes: the whole decode's tokens per second, and one over the median time between tokens (the decode
+    loop's cost per token, which a few steps slowed by the machine's other work do not move)."""
     threads = threads or os.cpu_count()
     model = load(path, device=device, threads=threads)
     new_tokens = min(new_tokens, model.arch.n_positions - 8)
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
-    rates = {key: [] for key, _, _ in SAMPLED}
+    rates, step_rates = {key: [] for key, _, _ in SAMPLED}, {key: [] for key, _, _ in SAMPLED}
     for r in range(runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
-            rest = _timed_tokens(model, [_prompt(model, 8, r)], new_tokens, options, seed=r)[1]
+            steps = []
+            rest = _timed_tokens(model, [_prompt(model, 8, r)], new_tokens, options, seed=r, steps=steps)[1]
             rates[key].append((new_tokens - 1) / rest)
+            step_rates[key].append(1 / _median(steps))
     result = {"package": str(model.package.folder), "device": model.device, "threads": threads, "runs": runs}
     result["new_tokens"] = new_tokens
     for key, _, _ in SAMPLED:
         result[f"{key}_tok_s"] = _median(rates[key])
         result[f"{key}_over_greedy"] = _median([s / g for s, g in zip(rates[key], rates["greedy"])])
+        result[f"{key}_median_step_tok_s"] = _median(step_rates[key])
+        result[f"{key}_median_step_over_greedy"] = _median(
+            [s / g for s, g in zip(step_rates[key], step_rates["greedy"])]
+        )
     result["load_average"] = os.getloadavg()
     return result
 
@@ -272,9 +285,13 @@ def run_sample_bench(path, threads: int | None = None, device: str = "auto", run
 def format_sample_table(result: dict) -> str:
     lines = [
         f"{result['package']}  ({result['device']}, {result['threads']} threads, {result['new_tokens']} new tokens, "
-        f"medians of {result['runs']}, load average {result['load_average'][0]:.2f})"
+        f"medians of {result['runs']}, load average {result['load_average'][0]:.2f})",
+        f"  {'':<58} {'whole decode':>26}   {'median step':>26}",
     ]
     for key, label, _ in SAMPLED:
         rate, ratio = result[f"{key}_tok_s"], result[f"{key}_over_greedy"]
-        lines.append(f"  decode, {label:<50} {rate:7.1f} tok/s  {ratio:5.2f}x greedy")
+        step_rate, step_ratio = result[f"{key}_median_step_tok_s"], result[f"{key}_median_step_over_greedy"]
+        lines.append(
+            f"  decode, {label:<50} {rate:7.1f} tok/s  {ratio:5.2f}x greedy   {step_rate:7.1f} tok/s  {step_ratio:5.2f}x greedy"
+        )
     return "\n".join(lines)

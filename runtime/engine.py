@@ -29,6 +29,7 @@ from .session import GraphIO
 # first token 2-10% later (benchmarks/prefill_chunks.py). int8 graphs quantize activations per pass, so their
 # logits depend on the chunking: slightly closer to fp32 in chunks (KL 0.00035 against 0.00040).
 PREFILL_CHUNK = 128
+NO_ROWS = np.ones((0, 1), dtype=np.float32)  # a sampling temperature for no row: the graph makes no sampling outputs
 
 
 class Engine:
@@ -75,6 +76,8 @@ class Engine:
         }
         feeds = dict(zip(self._past_names, past))
         feeds.update({name: self.runner.value(a) for name, a in arrays.items()})
+        if self.io.has_sampling:  # these passes fetch no sampling outputs: the graph makes them for no row
+            feeds[SAMPLING_TEMPERATURE] = self.runner.value(NO_ROWS)
         outputs = self.runner.run(feeds, self._output_names)
         logits = outputs[0].numpy()
         if not self.io.has_logits_to_keep and logits_to_keep:
@@ -159,7 +162,7 @@ class InPlaceDecoder:
                 held = self.held[on] = (
                     np.zeros((rows, 1, blocks * SAMPLING_BLOCK), dtype=np.float32),
                     np.zeros((rows, 1, blocks), dtype=np.float32),
-                    self.temperatures if on else np.ones((0, 1), dtype=np.float32),
+                    self.temperatures if on else NO_ROWS,
                 )
                 bound = runner.bind([*names, SAMPLING_TEMPERATURE], outputs | dict(zip(SAMPLING_OUTPUTS, held)))
                 self.runs[on] = (bound, [runner.value(held[2])])

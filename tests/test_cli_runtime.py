@@ -368,10 +368,13 @@ def test_bench_sample_times_each_sampled_setting_against_greedy(tiny_package):
     assert figures["new_tokens"] == 56  # a 64-position model: 8 prompt tokens leave room for 56
     for key, _, _ in SAMPLED:
         assert figures[f"{key}_tok_s"] > 0 and figures[f"{key}_over_greedy"] > 0
-    assert figures["greedy_over_greedy"] == 1.0
+        assert figures[f"{key}_median_step_tok_s"] > 0 and figures[f"{key}_median_step_over_greedy"] > 0
+    assert figures["greedy_over_greedy"] == 1.0 and figures["greedy_median_step_over_greedy"] == 1.0
     table = format_sample_table(figures)  # what the command prints without --json
-    for label in ("top_p 0.9", "top_k 50, temperature 1 (transformers' defaults)", "x greedy"):
+    for label in ("top_p 0.9", "top_k 50, temperature 1 (transformers' defaults)", "x greedy", "median step"):
         assert label in table
+    top_p = next(line for line in table.splitlines() if "top_p 0.9" in line)
+    assert f"{figures['top_p_0.9_median_step_over_greedy']:5.2f}x greedy" in top_p
 
 
 def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():

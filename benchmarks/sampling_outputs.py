@@ -1,0 +1,78 @@
+"""The graph's sampling outputs against the sampler's own pass over the logits, on one package, in one process.
+
+    python benchmarks/sampling_outputs.py PKG [--rounds 5] [--tokens 128]
+
+PKG must have the sampling outputs (models/README.md). For each setting of `edgelm bench --sample`, decodes at
+batch 1 with the outputs made and used ("outputs") and with none made ("numpy": the sampler computes from the
+logits, as for a graph without them), interleaved within every round. Printed per setting and
+mode: the sampler chain's median time per step, the graph pass's median time per decode step, and the median
+time between tokens, with its ratio to greedy's (medians of per-round ratios).
+"""
+
+import argparse
+import time
+
+import numpy as np
+
+from edgelm.runtime import engine
+from edgelm.runtime.bench import SAMPLED, _prompt, _timed_tokens
+from edgelm.runtime.model import load
+from edgelm.runtime.sampling import SamplerChain
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("package")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+    model = load(args.package)
+    if not model.engine.io.has_sampling:
+        raise SystemExit(f"{args.package} has no sampling outputs: export it again with this edgelm")
+    chain_ns, pass_ns, current = {}, {}, {"key": ("warm-up", "outputs")}
+
+    class Timed(SamplerChain):
+        def __call__(self, *call):
+            started = time.perf_counter_ns()
+            try:
+                return super().__call__(*call)
+            finally:
+                chain_ns.setdefault(current["key"], []).append(time.perf_counter_ns() - started)
+
+    one_pass, set_temperatures = engine.InPlaceDecoder._pass, engine.InPlaceDecoder.set_temperatures
+
+    def timed_pass(self, input_ids, *rest):
+        started = time.perf_counter_ns()
+        one_pass(self, input_ids, *rest)
+        if input_ids.shape[1] == 1:  # decode steps only
+            pass_ns.setdefault(current["key"], []).append(time.perf_counter_ns() - started)
+
+    def outputs_or_none(self, temperatures):  # "numpy": the graph makes no outputs, as one without them
+        set_temperatures(self, temperatures if current["key"][1] == "outputs" else None)
+
+    engine.SamplerChain, engine.InPlaceDecoder._pass = Timed, timed_pass
+    engine.InPlaceDecoder.set_temperatures = outputs_or_none
+    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    steps = {}  # (setting, mode) -> median seconds between tokens, per round
+    for r in range(args.rounds):
+        for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
+            for mode in ("outputs", "numpy") if r % 2 == 0 else ("numpy", "outputs"):
+                current["key"], gaps = (key, mode), []
+                _timed_tokens(model, [_prompt(model, 8, r)], args.tokens, options, seed=r, steps=gaps)
+                steps.setdefault((key, mode), []).append(np.median(gaps))
+    print(
+        f"{args.package}: batch 1, {args.tokens} new tokens, {args.rounds} rounds; medians (sampler chain per step, "
+        "graph pass per decode step, time between tokens and its ratio to greedy's)"
+    )
+    for key, label, _ in SAMPLED:
+        for mode in ("numpy", "outputs"):
+            ratio = np.median(np.array(steps["greedy", mode]) / np.array(steps[key, mode]))
+            print(
+                f"  {label:<50} {mode:<8} chain {np.median(chain_ns[key, mode]) / 1e3:6.0f} us   pass "
+                f"{np.median(pass_ns[key, mode]) / 1e3:6.0f} us   step {np.median(steps[key, mode]) * 1e3:6.2f} ms "
+                f"{ratio:5.3f}x greedy"
+            )
+
+
+if __name__ == "__main__":
+    main()
