@@ -6,7 +6,9 @@ PKG must have the sampling outputs (models/README.md). For each setting of `edge
 batch 1 with the outputs made and used ("outputs") and with none made ("numpy": the sampler computes from the
 logits, as for a graph without them), interleaved within every round. Printed per setting and
 mode: the sampler chain's median time per step, the graph pass's median time per decode step, and the median
-time between tokens, with its ratio to greedy's (medians of per-round ratios).
+time between tokens, with its ratio to greedy's (medians of per-round ratios). Then the graph pass alone: the
+same decode pass (one token at one position, over the same cache) again and again, alternating between the
+outputs made for its row and made for none, and the difference of the medians.
 """
 
 import argparse
@@ -72,6 +74,28 @@ def main():
                 f"{np.median(pass_ns[key, mode]) / 1e3:6.0f} us   step {np.median(steps[key, mode]) * 1e3:6.2f} ms "
                 f"{ratio:5.3f}x greedy"
             )
+    engine.InPlaceDecoder._pass, engine.InPlaceDecoder.set_temperatures = one_pass, set_temperatures
+    made, none = pass_cost(model)
+    print(
+        f"one decode pass, median of 200 each: outputs made {made * 1e6:.0f} us, none {none * 1e6:.0f} us, "
+        f"+{(made - none) * 1e6:.0f} us"
+    )
+
+
+def pass_cost(model, passes: int = 400) -> tuple[float, float]:
+    """Median seconds of one decode pass with the sampling outputs made for its row, and made for none."""
+    decoder = model.engine.decoder(1, 16)
+    prompt = np.array([_prompt(model, 8)])
+    decoder.run(prompt, np.ones_like(prompt), np.arange(8)[None])
+    token, mask, position = np.array([[1]]), np.ones((1, 9), dtype=np.int64), np.array([[8]])
+    times = {True: [], False: []}
+    for i in range(passes):
+        made = i % 2 == 0
+        decoder.set_temperatures(1.0 if made else None)
+        started = time.perf_counter_ns()
+        decoder.run(token, mask, position)  # writes the same cache row each time
+        times[made].append(time.perf_counter_ns() - started)
+    return np.median(times[True]) / 1e9, np.median(times[False]) / 1e9
 
 
 if __name__ == "__main__":
