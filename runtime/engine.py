@@ -76,7 +76,8 @@ class Engine:
         }
         feeds = dict(zip(self._past_names, past))
         feeds.update({name: self.runner.value(a) for name, a in arrays.items()})
-        if self.io.has_sampling:  # these passes fetch no sampling outputs: the graph makes them for no row
+        if self.io.has_sampling and self.device == "cpu":  # these passes fetch no sampling outputs: make none
+            # (on CUDA the graph's default, one row, stays: its kernels are not run on empty tensors here)
             feeds[SAMPLING_TEMPERATURE] = self.runner.value(NO_ROWS)
         outputs = self.runner.run(feeds, self._output_names)
         logits = outputs[0].numpy()
