@@ -6,7 +6,9 @@ PKG must have the sampling outputs (models/README.md). For each setting of `edge
 batch 1 with the outputs made and used ("outputs") and with none made ("numpy": the sampler computes from the
 logits, as for a graph without them), interleaved within every round. Printed per setting and
 mode: the sampler chain's median time per step, the graph pass's median time per decode step, and the median
-time between tokens, with its ratio to greedy's (medians of per-round ratios). Then the graph pass alone: the
+time between tokens, with the speed ratio to greedy (greedy's median time over the setting's: medians of
+per-round ratios; below 1 is slower). For the penalties the two modes decode different tokens from the same
+seed: the draw from the outputs keeps or refuses a penalized token with a second uniform. Then the graph pass alone: the
 same decode pass (one token at one position, over the same cache) again and again, alternating between the
 outputs made for its row and made for none, and the difference of the medians.
 """

@@ -268,7 +268,7 @@ def run_sample_bench(path, threads: int | None = None, device: str = "auto", run
             steps = []
             rest = _timed_tokens(model, [_prompt(model, 8, r)], new_tokens, options, seed=r, steps=steps)[1]
             rates[key].append((new_tokens - 1) / rest)
-            step_rates[key].append(1 / _median(steps))
+            step_rates[key].append(1 / _median(steps) if steps else (new_tokens - 1) / rest)  # one token: none
     result = {"package": str(model.package.folder), "device": model.device, "threads": threads, "runs": runs}
     result["new_tokens"] = new_tokens
     for key, _, _ in SAMPLED:

@@ -175,7 +175,7 @@ class InPlaceDecoder:
         greedy row), or, with None, make none."""
         if self.sampling is None:
             return
-        self.sampling_on = temperatures is not None
+        self.sampling_on, self.made = temperatures is not None, False  # what the last pass made was made at others
         if self.sampling_on:
             self.temperatures[:, 0] = temperatures
             self.sampling = replace(self.sampling, temperatures=tuple(self.temperatures[:, 0].tolist()))

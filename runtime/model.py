@@ -313,33 +313,11 @@ def _check_graph_shapes(session, package: Package) -> None:
         ),
         None,
     )
-    blocks = sampling_blocks(arch.vocab_size)
-    widths = dict(zip(SAMPLING_OUTPUTS, (blocks * SAMPLING_BLOCK, blocks)))  # the sampling outputs' last dimension
-    temperature = [*session.get_inputs(), *session.get_overridable_initializers()]
-    odd = next(
-        (
-            (o.name, f"{o.type} {o.shape}", f"float32 [rows, 1, {widths[o.name]}]")
-            for o in session.get_outputs()
-            if o.name in widths
-            and (
-                o.type != "tensor(float)"
-                or len(o.shape) != 3
-                or (isinstance(o.shape[-1], int) and o.shape[-1] != widths[o.name])
-            )
-        ),
-        next(
-            (
-                (i.name, f"{i.type} {i.shape}", "float32 [rows, 1]")
-                for i in temperature
-                if i.name == SAMPLING_TEMPERATURE and (i.type != "tensor(float)" or len(i.shape) != 2)
-            ),
-            None,
-        ),
-    )
+    odd = _odd_sampling_tensor(session, arch.vocab_size)
     problem = (
         f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
         if isinstance(columns, int) and columns != arch.vocab_size
-        else f"has {odd[0]} of {odd[1]}, not {odd[2]} for a vocabulary of {arch.vocab_size} entries"
+        else odd
         if odd is not None
         else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
         if len(past) != 2 * arch.n_layer
@@ -349,6 +327,26 @@ def _check_graph_shapes(session, package: Package) -> None:
     )
     if problem:
         raise PackageError(f"{package.model_file} {problem}; the package is damaged. Export it again.")
+
+
+def _odd_sampling_tensor(session, vocab_size: int) -> str | None:
+    """What is wrong with the graph's sampling outputs or their temperature (models/README.md), or None: each a
+    float32 tensor of rank 3 ([rows, 1, width]) or, for the temperature, an overridable initializer [rows, 1],
+    rows left to the caller (a name, not a number)."""
+    blocks = sampling_blocks(vocab_size)
+    widths = dict(zip(SAMPLING_OUTPUTS, (blocks * SAMPLING_BLOCK, blocks)))
+    expected = {name: ["rows", 1, width] for name, width in widths.items()} | {SAMPLING_TEMPERATURE: ["rows", 1]}
+    tensors = [o for o in session.get_outputs() if o.name in widths]
+    tensors += [i for i in session.get_overridable_initializers() if i.name == SAMPLING_TEMPERATURE]
+    for tensor in tensors:
+        want = expected[tensor.name]
+        shape_ok = len(tensor.shape) == len(want) and not isinstance(tensor.shape[0], int)
+        shape_ok = shape_ok and all(d == w or not isinstance(d, int) for d, w in zip(tensor.shape[1:], want[1:]))
+        if tensor.type != "tensor(float)" or not shape_ok:
+            return f"has {tensor.name} of {tensor.type} {tensor.shape}, not float32 {want} for a vocabulary of {vocab_size} entries"
+    if any(i.name == SAMPLING_TEMPERATURE for i in session.get_inputs()):
+        return f"takes {SAMPLING_TEMPERATURE} as a required input, not an overridable initializer"
+    return None
 
 
 def _generation_defaults(package: Package) -> GenerationConfig:

@@ -405,7 +405,10 @@ class SamplerChain:
         None, with the logits as they were, where they do not serve (made at another temperature, a row's total
         refused by Prepared.row_ends, logits the penalties cannot be written into): the caller then computes as
         usual, from generators that may have been used."""
-        if len(rngs) != logits.shape[0] or any(t != self.prepared_temperature for t in prepared.temperatures):
+        rows = logits.shape[0]
+        if len(rngs) != rows or len(prepared.temperatures) != rows or len(prepared.weights) != rows:
+            return None
+        if any(t != self.prepared_temperature for t in prepared.temperatures):
             return None
         if self.penalties and self.top_p_last is None:
             return self._draw_penalized(logits, seen, generated, rngs, prepared)
@@ -497,7 +500,8 @@ class SamplerChain:
 
     def _penalized(self, values: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
         """Both penalties (those active) on the logits `values` of seen ids, float32, with their offsets (0 for an id
-        never generated; None without the frequency and presence penalties), rounded to float32. Under np.errstate(over="ignore", invalid="ignore"): see _repeated."""
+        never generated; None without the frequency and presence penalties), rounded to float32. Call it under
+        np.errstate(over="ignore", invalid="ignore"): see _repeated."""
         if self.factor is None:
             return values - offsets  # x - 0 is x, -0 and -inf included
         if offsets is None:
@@ -529,17 +533,17 @@ def _reweigh(prepared: Prepared, row: int, ids: np.ndarray, before: np.ndarray, 
     added up again. A change from -inf (-inf - -inf is NaN) leaves a total that Prepared.row_ends refuses: the chain
     then computes from the logits."""
     weights, t = prepared.weights[row], prepared.temperatures[row]
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # damaged weights (NaN, past float32's range): refused later
         change = np.subtract(after, before, dtype=np.float64)
         if t != 1:
             change /= t
         weights.put(ids, weights.take(ids) * np.exp(change, out=change))
-    in_blocks = weights.reshape(-1, BLOCK)
-    if 4 * len(ids) > len(in_blocks):  # many blocks: all of them in one pass
-        np.sum(in_blocks, axis=1, out=prepared.block_sums[row])
-    else:  # each id's block (a block with several is summed again for each: the same sum)
-        blocks = ids // BLOCK
-        prepared.block_sums[row].put(blocks, in_blocks[blocks].sum(axis=1))
+        in_blocks = weights.reshape(-1, BLOCK)
+        if 4 * len(ids) > len(in_blocks):  # many blocks: all of them in one pass
+            np.sum(in_blocks, axis=1, out=prepared.block_sums[row])
+        else:  # each id's block (a block with several is summed again for each: the same sum)
+            blocks = ids // BLOCK
+            prepared.block_sums[row].put(blocks, in_blocks[blocks].sum(axis=1))
 
 
 def _put_back(out, saved: list) -> None:

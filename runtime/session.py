@@ -131,7 +131,7 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
         kv_cache_in_place=kv_cache_in_place,
         cache_dtype=_CACHE_TYPES.get(input_types.get("past_key_values.0.key"), "float32"),
         takes_embeddings="inputs_embeds" in inputs,
-        has_sampling=set(SAMPLING_OUTPUTS) <= outputs and SAMPLING_TEMPERATURE in inputs | overridable,
+        has_sampling=set(SAMPLING_OUTPUTS) <= outputs and SAMPLING_TEMPERATURE in overridable,
     )
     tokens = "inputs_embeds" if names.takes_embeddings else "input_ids"
     missing = [n for n in (tokens, "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]

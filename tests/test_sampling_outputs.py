@@ -77,12 +77,47 @@ def test_greedy_passes_make_no_sampling_outputs(tiny_package):
     # greedy's pass made zero rows: its outputs are bound to [0, 1, ...] arrays, which any row would not fit
     assert greedy.prepared() is None and greedy.held[False][0].shape == (0, 1, 512)
     assert sampled.prepared().weights.shape == (2, 512) and sampled.prepared([1]).weights.shape == (1, 512)
+    sampled.set_temperatures(0.25)
+    assert sampled.prepared() is None  # the last pass's were made at 1: none until a pass makes them at 0.25
+    run(sampled)
+    assert sampled.prepared().temperatures == (0.25, 0.25)
     sampled.set_temperatures(None)
-    assert sampled.prepared() is not None  # what the last pass made
     run(sampled)
     assert sampled.prepared() is None
-    greedy.set_temperatures(0.5)
-    assert greedy.prepared() is None  # its last pass made none
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda g: _dims(g.output, "sampling_weights")[0].__setattr__("dim_value", 1), "has sampling_weights of"),
+        (lambda g: _dims(g.input, "sampling_temperature")[0].__setattr__("dim_value", 1), "has sampling_temperature"),
+        (
+            _required_temperature := lambda g: g.initializer.remove(
+                next(t for t in g.initializer if t.name == "sampling_temperature")
+            ),
+            "takes sampling_temperature as a required input",
+        ),
+    ],
+)
+def test_a_graph_whose_sampling_tensors_fix_what_the_runtime_chooses_is_refused(tiny_package, tmp_path, edit, message):
+    """Rows are the caller's to choose (a fixed count fails every other pass); the temperature must have a default."""
+    import shutil
+
+    import onnx
+
+    from edgelm.runtime.errors import PackageError
+
+    folder = tmp_path / "package"
+    shutil.copytree(tiny_package, folder)
+    graph = onnx.load(folder / "model.onnx", load_external_data=False)
+    edit(graph.graph)
+    onnx.save(graph, folder / "model.onnx")
+    with pytest.raises(PackageError, match=re.escape(message)):
+        load(folder, verify=False)
+
+
+def _dims(values, name):
+    return next(v for v in values if v.name == name).type.tensor_type.shape.dim
 
 
 def test_a_graph_whose_sampling_outputs_do_not_fit_the_vocabulary_is_refused(tiny_package, tmp_path):
@@ -98,7 +133,7 @@ def test_a_graph_whose_sampling_outputs_do_not_fit_the_vocabulary_is_refused(tin
     output = next(o for o in graph.graph.output if o.name == "sampling_weights")
     output.type.tensor_type.shape.dim[-1].dim_value = 320  # the vocabulary, not whole blocks of it
     onnx.save(graph, folder / "model.onnx")
-    with pytest.raises(PackageError, match=re.escape("['sampled', 1, 320], not float32 [rows, 1, 512] for a vocab")):
+    with pytest.raises(PackageError, match=re.escape("['sampled', 1, 320], not float32 ['rows', 1, 512] for a vocab")):
         load(folder, verify=False)
     output.type.tensor_type.shape.dim[-1].dim_value = 512
     sums = next(o for o in graph.graph.output if o.name == "sampling_block_sums")
@@ -108,14 +143,6 @@ def test_a_graph_whose_sampling_outputs_do_not_fit_the_vocabulary_is_refused(tin
     onnx.save(graph, folder / "model.onnx")
     with pytest.raises(PackageError, match=re.escape("has sampling_block_sums of tensor(double) ['sampled', 1, 2]")):
         load(folder, verify=False)
-
-
-def test_a_decoder_that_fetches_no_sampling_outputs_gives_none(tiny_package):
-    from edgelm.runtime.engine import GrowingDecoder  # the plain contract's decoder (optimum's graphs, CUDA)
-
-    growing = GrowingDecoder(load(tiny_package).engine, 1)
-    growing.set_temperatures(0.5)  # nothing to set
-    assert growing.prepared() is None and growing.prepared([0]) is None
 
 
 # ---- the plain draw and top_p's draw, draw for draw ---------------------------------------------------------------
