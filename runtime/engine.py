@@ -95,17 +95,30 @@ class Engine:
         """Whether decoders keep the cache in preallocated buffers the graph writes (InPlaceDecoder)."""
         return self.io.kv_cache_in_place and self.io.has_logits_to_keep and self.device == "cpu"
 
-    def decoder(self, batch: int, capacity: int, buffers: list | None = None):
+    def decoder(self, batch: int, capacity: int, buffers: list | None = None, sampling: tuple | None = None):
         """A decoder for `batch` rows of up to `capacity` positions: it owns their key/value cache (written in
         place when the graph and the device allow it) and runs the graph against it. Its
         run(input_ids, attention_mask, position_ids) takes the prompt, then each step, and returns the last
         position's logits [B, 1, V]. `buffers` (in-place only): the cache arrays to use, one
         [batch, H, capacity, D] per cache tensor, owned by the caller (a running batch's slots, slot_cache.py);
-        the prefix cache serves batch-1 decoders that own their buffers."""
+        the prefix cache serves batch-1 decoders that own their buffers. `sampling`: likewise the arrays for the
+        graph's sampling outputs (sampling_arrays(batch), or the first rows of larger ones)."""
         if self.writes_cache_in_place:
             prefix_cache = self.prefix_cache if batch == 1 and buffers is None else None
-            return InPlaceDecoder(self, batch, capacity, prefix_cache, buffers)
+            return InPlaceDecoder(self, batch, capacity, prefix_cache, buffers, sampling)
         return GrowingDecoder(self, batch)
+
+    def sampling_arrays(self, rows: int) -> tuple | None:
+        """Arrays for the graph's sampling outputs of `rows` rows: weights [rows, 1, n_blocks * SAMPLING_BLOCK],
+        block sums [rows, 1, n_blocks], temperatures [rows, 1] (fed); None for a graph without them."""
+        if not self.io.has_sampling:
+            return None
+        blocks = sampling_blocks(self.vocab_size)
+        return (
+            np.zeros((rows, 1, blocks * SAMPLING_BLOCK), dtype=np.float32),
+            np.zeros((rows, 1, blocks), dtype=np.float32),
+            np.ones((rows, 1), dtype=np.float32),
+        )
 
 
 class GrowingDecoder:
@@ -131,7 +144,15 @@ class InPlaceDecoder:
     back in one preallocated [B, 1, V] array, valid until the next run. With a prefix cache (batch 1), the prompt
     is prefilled in that cache's chunks, starting after the rows it restores, and its whole chunks are stored."""
 
-    def __init__(self, engine: Engine, batch: int, capacity: int, prefix_cache=None, buffers: list | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        batch: int,
+        capacity: int,
+        prefix_cache=None,
+        buffers: list | None = None,
+        sampling: tuple | None = None,
+    ):
         self.engine, runner = engine, engine.runner
         self.prefix_cache = prefix_cache
         shape = (batch, engine.kv_heads, capacity, engine.head_size)
@@ -156,15 +177,10 @@ class InPlaceDecoder:
         if not engine.io.has_sampling:
             self.runs = {False: (runner.bind(names, outputs), [])}  # the run and the inputs after the cache
         else:
-            blocks = sampling_blocks(engine.vocab_size)
-            self.temperatures = np.ones((batch, 1), dtype=np.float32)
-            self.held, self.runs = {}, {}  # on -> (weights, block sums, temperatures): arrays the OrtValues borrow
-            for on, rows in ((True, batch), (False, 0)):
-                held = self.held[on] = (
-                    np.zeros((rows, 1, blocks * SAMPLING_BLOCK), dtype=np.float32),
-                    np.zeros((rows, 1, blocks), dtype=np.float32),
-                    self.temperatures if on else NO_ROWS,
-                )
+            # on -> (weights, block sums, temperatures): arrays the OrtValues borrow
+            self.held = {True: sampling or engine.sampling_arrays(batch), False: engine.sampling_arrays(0)}
+            self.temperatures, self.runs = self.held[True][2], {}
+            for on, held in self.held.items():
                 bound = runner.bind([*names, SAMPLING_TEMPERATURE], outputs | dict(zip(SAMPLING_OUTPUTS, held)))
                 self.runs[on] = (bound, [runner.value(held[2])])
             weights, sums, _ = self.held[True]

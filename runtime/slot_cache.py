@@ -35,6 +35,7 @@ class SlotCache:
         self.buffers: list | None = None
         self._decoders: dict = {}  # n -> a decoder over the first n rows of the buffers
         self.prepared = None  # the last step's sampling outputs (a draw.Prepared), where the graph has them
+        self.sampling = None  # the arrays of those outputs for max rows; each decoder's are their first rows
 
     @property
     def capacity(self) -> int:
@@ -79,7 +80,7 @@ class SlotCache:
         self.rows.pop()
         self.lengths.pop()
         if not self.rows:  # nothing left to decode: the memory goes now
-            self.buffers, self._decoders, self.width = None, {}, 0
+            self.buffers, self.sampling, self._decoders, self.width = None, None, {}, 0
 
     def step(self, token_ids: np.ndarray, temperatures: list | None = None) -> np.ndarray:
         """Feed one token per row ([n] int64, slot order); returns the logits [n, V], valid until the next step, as
@@ -123,6 +124,7 @@ class SlotCache:
         # (what uninitialised memory may hold) would not be 0
         tensors = 2 * len(self.engine.io.past_keys)
         self.buffers = [np.zeros(shape, dtype=self.engine.io.cache_dtype) for _ in range(tensors)]
+        self.sampling = self.engine.sampling_arrays(row_capacity)  # one set for every decoder, as the buffers are
         if old is not None:
             for new, previous in zip(self.buffers, old):
                 new[:n, :, : self.width] = previous[:n, :, : self.width]
@@ -133,5 +135,6 @@ class SlotCache:
         contiguous block), made once per n while these buffers last."""
         if n not in self._decoders:
             views = [buffer[:n] for buffer in self.buffers]
-            self._decoders[n] = self.engine.decoder(n, self.capacity, buffers=views)
+            sampling = None if self.sampling is None else tuple(a[:n] for a in self.sampling)
+            self._decoders[n] = self.engine.decoder(n, self.capacity, buffers=views, sampling=sampling)
         return self._decoders[n]

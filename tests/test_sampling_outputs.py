@@ -370,3 +370,29 @@ def test_the_scheduler_serves_its_rows_from_the_graphs_outputs_at_each_rows_temp
     assert len(served) >= 3 * 4  # the steps after each row's first token (which its prefill's logits give)
     for job, (_, options) in zip(jobs, requests):
         each_gets_what_it_gets_alone(model, [job], options)
+
+
+def test_a_running_batchs_decoders_share_one_set_of_sampling_arrays(tiny_package):
+    """Each row count gets its own decoder; their sampling outputs are the first rows of the cache's arrays (as
+    their key/value buffers are), not arrays of their own: a batch of 16 would otherwise hold 16 sets."""
+    from edgelm.runtime.scheduler import Scheduler
+
+    model = load(tiny_package)
+    cache = Scheduler(model, max_rows=4).cache
+    for ids in ([5, 6, 7], [8], [9, 10]):
+        decoder = model.engine.decoder(1, len(ids))
+        prompt = np.asarray([ids])
+        decoder.run(prompt, np.ones_like(prompt), np.arange(len(ids))[None])
+        cache.join(ids, decoder.buffers, len(ids))
+    for n in (3, 2, 1):  # rows leave between steps: a decoder for each row count, over the same buffers
+        cache.step(np.full(n, 1), [0.5] * n)
+        assert cache.prepared.temperatures == (0.5,) * n and cache.prepared.weights.shape[0] == n
+        if n > 1:
+            cache.leave(0)
+    decoders = list(cache._decoders.values())
+    assert len(decoders) == 3
+    for decoder in decoders[1:]:
+        for shared, own in zip(decoders[0].held[True], decoder.held[True]):
+            assert np.shares_memory(shared, own)
+    cache.step(np.full(1, 1))  # no row samples: none made
+    assert cache.prepared is None
