@@ -266,12 +266,12 @@ def test_requests_arriving_during_a_prefill_join_before_the_next_step(model, mon
     arrivals, steps = iter(jobs[1:]), []
     decoder, step = scheduler.engine.decoder, scheduler.cache.step
 
-    def prefill_while_one_arrives(batch, capacity, buffers=None):
+    def prefill_while_one_arrives(batch, capacity, buffers=None, **options):
         if buffers is None:  # a joining row's prefill (the running batch's decoder gets the slots' buffers)
             arriving = next(arrivals, None)
             if arriving is not None:
                 scheduler.submit(arriving)
-        return decoder(batch, capacity, buffers=buffers)
+        return decoder(batch, capacity, buffers=buffers, **options)
 
     monkeypatch.setattr(scheduler.engine, "decoder", prefill_while_one_arrives)
     monkeypatch.setattr(scheduler.cache, "step", lambda ids, *more: steps.append(len(ids)) or step(ids, *more))
