@@ -264,11 +264,11 @@ def test_the_penalties_rejection_draw_has_the_penalized_distribution(options, tr
     seen, generated = [[0, 1, 2, 1, 0, 3, 0]], [[0, 1, 0, 3, 0]]
     t = options.get("temperature", 1.0)
     chain = sampling.SamplerChain(GenerationConfig(**options), n_vocab)
-    rng, n = np.random.default_rng(0), 40_000
+    rng, n = np.random.default_rng(0), 16_000
     picks = [int(chain(logits, seen, generated, [rng], prepared_from(logits, t))[0]) for _ in range(n)]
     frequency = np.bincount(picks, minlength=n_vocab) / n
     expected = exact_probabilities(options, logits, seen, generated)
-    assert np.abs(frequency - expected).max() < 0.01  # 4 standard deviations of the largest cell's frequency
+    assert np.abs(frequency - expected).max() < 0.015  # 4 standard deviations of the largest cell's frequency
     unpenalized = exact_probabilities({"do_sample": True, "top_k": 0, "temperature": t}, logits, seen, generated)
     assert np.abs(frequency - unpenalized).max() > 0.05  # what a draw that ignored the penalties would miss by
 
@@ -278,9 +278,11 @@ def test_the_penalties_rejection_draw_has_the_penalized_distribution(options, tr
     [
         # the largest logit penalized far down at a low temperature: the rest of the row is under float32's range
         # relative to it, so the graph's weights cannot say how the rest divides (from the logits instead)
-        ([20.0, 10.0, 9.9, 9.6], {"repetition_penalty": 3.0, "temperature": 0.1}, [0]),
-        ([10.0, 8.9], {"repetition_penalty": 0.89, "temperature": 0.01}, [0, 1]),  # raised: not served
-        ([10.0, 8.9], {"presence_penalty": -0.011, "frequency_penalty": 0.0, "temperature": 0.01}, [1]),
+        # (weights e**-102.5, e**-103.2, e**-103.9 of the largest: 2, 1 and 1 float32 steps above 0)
+        ([20.0, 9.75, 9.68, 9.61], {"repetition_penalty": 3.0, "temperature": 0.1}, [0]),
+        # a token raised to the largest logit from a weight the graph made 0 (e**-110): not served
+        ([10.0, 8.9], {"repetition_penalty": 0.89, "temperature": 0.01}, [1]),
+        ([10.0, 8.9], {"presence_penalty": -1.1, "temperature": 0.01}, [1]),
     ],
 )
 def test_penalties_at_the_edge_of_float32_draw_from_the_penalized_distribution(logits, options, seen):
@@ -289,10 +291,10 @@ def test_penalties_at_the_edge_of_float32_draw_from_the_penalized_distribution(l
     row[0, :] = -30.0
     row[0, : len(logits)] = logits
     chain = sampling.SamplerChain(GenerationConfig(**options), 300)
-    rng, n, t = np.random.default_rng(5), 20_000, options["temperature"]
+    rng, n, t = np.random.default_rng(5), 8_000, options["temperature"]
     picks = [int(chain(row, [list(seen)], [list(seen)], [rng], prepared_from(row, t))[0]) for _ in range(n)]
     expected = exact_probabilities(options, row, [seen], [seen])
-    assert np.abs(np.bincount(picks, minlength=300) / n - expected).max() < 0.01
+    assert np.abs(np.bincount(picks, minlength=300) / n - expected).max() < 0.02  # 4 standard deviations
 
 
 def test_the_rejection_draw_keeps_an_unchanged_token_with_one_uniform():
