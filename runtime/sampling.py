@@ -418,8 +418,8 @@ class SamplerChain:
             if saved is None:
                 return None
         try:
-            for row, (ids, values) in enumerate(saved):
-                _reweigh(prepared, row, ids, values, logits[row].take(ids))
+            for row, (ids, values, penalized) in enumerate(saved):
+                _reweigh(prepared, row, ids, values, penalized)
             ends = prepared.ends()
             if ends is None:
                 return None
@@ -478,7 +478,8 @@ class SamplerChain:
         return np.array(picks, dtype=np.int64)
 
     def _penalize(self, out, seen: list, generated: list) -> list | None:
-        """Both penalties (those active) on out in place; the logits they replaced, per row ([n] ids, [n] logits).
+        """Both penalties (those active) on out in place; per row, the logits they replaced and the ones they wrote
+        ([n] ids, [n] logits, [n] penalized).
         None, with out untouched, when a row's generated ids are not all among its seen ids, or out is not float32
         (the logits' dtype in the graph contract; the fused arithmetic rounds to float32)."""
         if out.dtype != np.float32:
@@ -491,8 +492,9 @@ class SamplerChain:
             with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
                 for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without indexing machinery
                     values = row.take(ids)  # a copy: what the caller's logits get back
-                    row.put(ids, self._penalized(values, offsets))
-                    saved.append((ids, values))
+                    penalized = self._penalized(values, offsets)
+                    row.put(ids, penalized)
+                    saved.append((ids, values, penalized))
         except BaseException:  # an id past the vocabulary, say: the rows done so far get their logits back
             _put_back(out, saved)
             raise
@@ -548,7 +550,7 @@ def _reweigh(prepared: Prepared, row: int, ids: np.ndarray, before: np.ndarray, 
 
 def _put_back(out, saved: list) -> None:
     """Write the logits _penalize saved back into the rows it changed (the first len(saved) rows of out)."""
-    for row, (ids, values) in zip(out, saved):
+    for row, (ids, values, _) in zip(out, saved):
         row.put(ids, values)
 
 
