@@ -25,6 +25,8 @@ from edgelm.runtime.package_format import (
     Validation,
     Weights,
 )
+from edgelm.runtime.errors import GenerationOptionError
+from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.onnxruntime_compat import graph_minimum
 from edgelm.runtime.store import check_name
 
@@ -114,6 +116,7 @@ def export_model(
     tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
     tokenizer = _tokenizer(tokenizer_json)
     arch = checkpoint.arch
+    generation_defaults = _generation_defaults(checkpoint)
     family = _family(arch)
     # The PyTorch reference (and transformers' import, most of a small export's time) only for what needs it.
     reference = family.reference_model(checkpoint) if validate or kv_cache == "int8" else None
@@ -157,8 +160,9 @@ def export_model(
                 writer.copy(name, checkpoint.folder / name)
         if tokenizer_config is not None:  # without auto_map, with the chat template
             writer.write_json("tokenizer_config.json", tokenizer_config)
-        if not (checkpoint.folder / GENERATION_CONFIG).exists():
-            writer.write_json(GENERATION_CONFIG, {"bos_token_id": arch.bos_token_id, "eos_token_id": arch.eos_token_id})
+        if generation_defaults is None:  # every end-of-text id config.json names (Llama 3's are a list)
+            eos = checkpoint.config.get("eos_token_id", arch.eos_token_id)
+            writer.write_json(GENERATION_CONFIG, {"bos_token_id": arch.bos_token_id, "eos_token_id": eos})
         manifest = writer.publish(
             Manifest(
                 name=package_name,
@@ -248,6 +252,33 @@ def _optimize(model) -> bytes:
         probe.graph.initializer.remove(tensor)
     onnx.checker.check_model(probe)
     return model.SerializeToString()
+
+
+def _generation_defaults(checkpoint) -> dict | None:
+    """The checkpoint's generation_config.json, checked as the runtime will read it (every end-of-text id in the
+    vocabulary, each setting in range), or None when it has none; ExportError before anything is written."""
+    path = checkpoint.folder / GENERATION_CONFIG
+    arch = checkpoint.arch
+    config = {"eos_token_id": checkpoint.config.get("eos_token_id", arch.eos_token_id)}
+    data = None
+    if path.exists():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+            raise ExportError(f"{path} is not readable JSON ({str(error)[:120]}); fix or remove it.") from None
+        if not isinstance(data, dict):
+            raise ExportError(
+                f"{path} holds a JSON {type(data).__name__}, not an object of settings; fix or remove it."
+            )
+        config = data
+    try:
+        GenerationConfig.from_generation_config_json(config, arch.eos_token_id, arch.pad_token_id, arch.vocab_size)
+    except (GenerationOptionError, TypeError, ValueError) as error:
+        where = path if data is not None else checkpoint.folder / "config.json"
+        raise ExportError(
+            f"{where} holds a generation setting edgelm cannot use: {str(error)[:200]}. Fix it."
+        ) from None
+    return data
 
 
 def _graph_section(shipped, kv_cache: str) -> Graph:

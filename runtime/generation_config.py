@@ -53,7 +53,9 @@ class GenerationConfig:
     seed: int | None = None  # same seed, prompt and options -> same tokens
     logprobs: int | None = None  # None: off; N >= 0: the chosen token's log-prob and the top-N alternatives
     truncate: bool = False  # prompt + max_new_tokens over the context: False raises, True drops the oldest tokens
-    eos_token_id: int | None = None  # from the package; None means never stop on a token
+    # from the package: generation stops at any of these ids (given as one id or a list, as transformers takes it;
+    # held as a tuple); None means never stop on a token
+    eos_token_id: tuple | None = None
     pad_token_id: int | None = None
     vocab_size: int | None = None  # from the package: every token id above must be below it (None: not checked)
 
@@ -84,10 +86,7 @@ class GenerationConfig:
         values = {k: v for k, v in data.items() if k in known and v is not None}
         if "max_new_tokens" not in values and isinstance(data.get("max_length"), int):
             values["max_new_tokens"] = max(1, data["max_length"])  # GPT-2 configs give max_length only
-        eos = values.pop("eos_token_id", eos_token_id)
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        values["eos_token_id"] = eos
+        values["eos_token_id"] = values.pop("eos_token_id", eos_token_id)  # one id or a list of them
         values["pad_token_id"] = values.pop("pad_token_id", pad_token_id)
         values.pop("num_return_sequences", None)
         values.pop("greedy_copies", None)  # the caller's choice (the server's), never a package's
@@ -160,6 +159,17 @@ def _normalized(c: GenerationConfig) -> dict:
         _need(_is_number(value), "logit_bias", f"logit_bias values must be finite numbers; {key!r} has {value!r:.40}")
         normalized[token] = float(value)
     out["logit_bias"] = normalized
+
+    eos = c.eos_token_id
+    if _is_int(eos):
+        eos = (eos,)
+    _need(
+        eos is None or (isinstance(eos, (list, tuple)) and all(_is_int(t) for t in eos)),
+        "eos_token_id",
+        f"eos_token_id must be a token id or a list of them, e.g. [128001, 128009], got {eos!r:.80}",
+    )
+    ids = tuple(dict.fromkeys(int(t) for t in eos or ()))  # in order, each once
+    out["eos_token_id"] = ids or None
     return out
 
 
@@ -233,10 +243,12 @@ def _check(c: GenerationConfig) -> None:
         "vocab_size",
         f"vocab_size must be an integer >= 1, got {c.vocab_size!r}",
     )
-    for name in ("eos_token_id", "pad_token_id"):
-        value = getattr(c, name)
-        _need(value is None or _is_int(value), name, f"{name} must be a token id (an integer), got {value!r}")
-        if value is not None:
-            check_token_ids(name, [value], c.vocab_size)
+    _need(
+        c.pad_token_id is None or _is_int(c.pad_token_id),
+        "pad_token_id",
+        f"pad_token_id must be a token id (an integer), got {c.pad_token_id!r}",
+    )
+    check_token_ids("pad_token_id", [] if c.pad_token_id is None else [c.pad_token_id], c.vocab_size)
+    check_token_ids("eos_token_id", c.eos_token_id or (), c.vocab_size)
     check_token_ids("logit_bias", c.logit_bias, c.vocab_size)
     check_token_ids("bad_words_ids", {t for word in c.bad_words_ids for t in word}, c.vocab_size)

@@ -196,14 +196,14 @@ def bad_words(out, seen: list[np.ndarray], bad_words_ids: tuple[tuple[int, ...],
 
 
 @logits_filter(no_op=lambda minimum, eos_token_id: minimum <= 0 or eos_token_id is None, reads=COUNT)
-def min_new_tokens(out, n_generated: int, min_new_tokens: int, eos_token_id: int | None):
-    """Ban end-of-text while fewer than min_new_tokens tokens have been generated.
+def min_new_tokens(out, n_generated: int, min_new_tokens: int, eos_token_id: tuple | None):
+    """Ban end-of-text (every eos id) while fewer than min_new_tokens tokens have been generated.
 
     transformers' MinNewTokensLengthLogitsProcessor. min_new_tokens=0 (or no eos id) is a no-op.
     """
     # [B, V] -> [B, V]
     if n_generated < min_new_tokens:
-        out[:, eos_token_id] = NEG_INF
+        out[:, list(eos_token_id)] = NEG_INF
     return out
 
 

@@ -43,7 +43,7 @@ class Entry:
         self.job, self.batch, config = job, job.batch, job.batch.config
         self.sampler = SamplerChain(config, vocab_size)
         self.rngs = self.batch.generators()
-        self.eos = None if config.ignore_eos else config.eos_token_id
+        self.eos = () if config.ignore_eos else config.eos_token_id or ()  # the ids that end the row
         self.waiting = deque(range(len(self.batch.rows)))  # rows not yet prefilled, in order
         self.unfinished = len(self.batch.rows)
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
@@ -162,7 +162,7 @@ class Scheduler:
         for k, (row, token) in enumerate(zip(rows, tokens.tolist())):
             row.seen.append(token)
             row.generated.append(token)
-            reason = "stop" if token == entry.eos else "length" if len(row.generated) == config.max_new_tokens else None
+            reason = "stop" if token in entry.eos else "length" if len(row.generated) == config.max_new_tokens else None
             text, reason = batch.take(row.index, token, None if logprobs is None else logprobs[k], reason)
             if text:
                 entry.job.piece(Piece(row.index, text))

@@ -69,7 +69,7 @@ def test_show_config_prints_the_settings_in_effect(tiny_package, model):
     assert settings["temperature"] == 0.7 and settings["top_k"] == 7 and settings["max_new_tokens"] == 9
     assert settings["do_sample"] is True  # a sampling option turns sampling on
     assert settings["stop"] == ["END"]
-    assert settings["eos_token_id"] == EOS
+    assert settings["eos_token_id"] == [EOS]
     assert settings["device"] == "cpu" and settings["package"] == str(tiny_package)
     greedy = json.loads(generate(tiny_package, "--show-config", "--temperature", 0.7, "--greedy").stdout)
     assert greedy["do_sample"] is False and greedy["temperature"] == 0.7

@@ -240,7 +240,7 @@ def test_a_prompt_that_fits_is_not_truncated(model):
 def test_settings_apply_options_over_package_defaults(model):
     settings = model.settings(temperature=0.5, top_k=7, stop="END")
     assert (settings.temperature, settings.top_k, settings.stop) == (0.5, 7, ("END",))
-    assert settings.eos_token_id == EOS
+    assert settings.eos_token_id == (EOS,)
     assert model.settings().max_new_tokens == model.defaults.max_new_tokens
 
 

@@ -108,15 +108,16 @@ def test_bad_words_by_hand():
     assert np.isfinite(out[:, :3]).all()
 
 
+@pytest.mark.parametrize("eos", [(7,), (7, 20)])
 @pytest.mark.parametrize("n_generated", [0, 2, 3, 5])
-def test_min_new_tokens_matches_transformers(n_generated):
+def test_min_new_tokens_matches_transformers(n_generated, eos):
     logits = random_logits(0, 50)
     prompt = 4
     ids = random_ids(0, 50, length=prompt + n_generated)
-    ours = sampling.min_new_tokens(logits, n_generated, 3, 7)
-    theirs = reference(hf.MinNewTokensLengthLogitsProcessor(prompt, 3, 7), logits, ids)
+    ours = sampling.min_new_tokens(logits, n_generated, 3, eos)
+    theirs = reference(hf.MinNewTokensLengthLogitsProcessor(prompt, 3, list(eos)), logits, ids)
     assert_same(ours, theirs)
-    assert np.isneginf(ours[:, 7]).all() == (n_generated < 3)
+    assert np.isneginf(ours[:, list(eos)]).all() == (n_generated < 3)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -312,7 +313,7 @@ def test_no_op_values_are_no_ops():
         sampling.logit_bias(logits, {}),
         sampling.no_repeat_ngram(logits, ids, 0),
         sampling.bad_words(logits, ids, ()),
-        sampling.min_new_tokens(logits, 0, 0, 5),
+        sampling.min_new_tokens(logits, 0, 0, (5,)),
         sampling.min_new_tokens(logits, 0, 10, None),
         sampling.temperature(logits, 1.0),
         sampling.top_k(logits, 0),
