@@ -119,27 +119,40 @@ def _cut_in_order(logits, probs, ids, below, threshold):
 # sum of the mass below: under 1e-5 together).
 SURE_MARGIN = 1e-3
 SURE_TOKENS = 256  # verdict's largest gather: the tokens at or above one of at least 1/SURE_TOKENS of the weight
+# The weights order the tokens as their logits do, up to rounding: float32 exp and its division by the total (a few
+# units in the last place, 1e-7 each), a penalty's float64 factor rounded to float32, a temperature divided in
+# float32 by the graph or by NumPy. A token whose weight is within this fraction of the drawn one's may be on
+# either side of it by logit, so verdict() counts it on whichever side makes its answer cautious.
+ORDER_SLACK = 1e-5
 
 
-def verdict(logits, weights, total: float, token: int, p: float, work) -> bool | None:
-    """keeps()'s answer where the token is clearly inside or outside the cut, from the row's float32 weights; None
-    within SURE_MARGIN of it (then ask keeps(), which needs the row's probabilities).
+def verdict(weights, total: float, token: int, p: float, work, flags) -> bool | None:
+    """keeps()'s answer where the token is clearly inside or outside the cut, from the row's float32 weights alone;
+    None within SURE_MARGIN of it (then ask keeps(), which needs the row's logits and probabilities).
 
-    From above, for a token of at least 1/SURE_TOKENS of the row's weight (at most SURE_TOKENS tokens are at or
-    above it): kept if the other tokens at or above its logit hold under p - SURE_MARGIN of the row. From below
-    (one pass): kept if the smaller logits hold over 1 - p + SURE_MARGIN; removed if the smaller logits and every
-    tie (the token included) hold under 1 - p - SURE_MARGIN."""
-    # [V] float32 logits, [V] float32 exp(logit - max), their float64 sum, token id, top_p, [V] float32 to work in
-    x, weight = logits[token], float(weights[token])
+    A larger weight means a larger logit, except between weights within ORDER_SLACK of each other, so every sum
+    below bounds the mass keeps() adds up from the side that keeps the answer right. From above, for a token of at
+    least 1/SURE_TOKENS of the row's weight (few tokens are at or above it): kept if the other tokens at or near
+    its weight hold under p - SURE_MARGIN of the row. From below (one pass): kept if the clearly smaller weights
+    hold over 1 - p + SURE_MARGIN; removed if every weight up to and near its own (the token and its ties included)
+    holds under 1 - p - SURE_MARGIN. Reading the weights only, not the logits too, saves a pass over memory that
+    the step has just left cold."""
+    # [V] float32 weights (exp(logit - max), or probabilities), their float64 sum, token id, top_p, [V] float32 and
+    # [V] bool to work in
+    weight = weights[token]
+    low, high = weight * np.float32(1 - ORDER_SLACK), weight * np.float32(1 + ORDER_SLACK)
     if weight * SURE_TOKENS >= total:
-        mass = sum(weights[np.flatnonzero(logits >= x)].tolist()) - weight  # Python floats: float64
+        np.greater_equal(weights, low, out=flags)
+        mass = sum(weights[np.flatnonzero(flags)].tolist()) - float(weight)  # Python floats: float64
         if mass < (p - SURE_MARGIN) * total:
             return True
-    np.multiply(weights, logits < x, out=work)
-    below = float(work.sum())  # float32, pairwise: within 1e-6 of the float64 sum, and a third faster
-    if below > (1 - p + SURE_MARGIN) * total:
+    np.less(weights, low, out=flags)
+    np.multiply(weights, flags, out=work)
+    if float(work.sum()) > (1 - p + SURE_MARGIN) * total:  # float32, pairwise: within 1e-6 of the float64 sum
         return True
-    if below + np.count_nonzero(logits == x) * weight < (1 - p - SURE_MARGIN) * total:
+    np.less_equal(weights, high, out=flags)
+    np.multiply(weights, flags, out=work)
+    if float(work.sum()) < (1 - p - SURE_MARGIN) * total:
         return False
     return None
 
@@ -197,7 +210,7 @@ def cut(out, p: float, min_tokens_to_keep: int = 1, ban: bool = True, scratch: S
 REJECT_FROM = 0.5  # top_p at least this large, last in the chain: drawn by rejection (draw_from)
 
 
-def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None = None) -> np.ndarray:
+def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None = None, row_of=None) -> np.ndarray:
     """top_p then the pick, in one step, for p >= REJECT_FROM; the same distribution as cut() then draw.pick().
 
     Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The
@@ -205,7 +218,9 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None =
     one pass over the row's weights (verdict; keeps, on its probabilities, for a token at the cut), where finding
     the cut takes a histogram and more. After draw.REJECTION_TRIES misses, the row's cut is found and drawn from: the
     distribution stays exact either way. given: (weights, block ends) of `out` when the caller has them (a graph's
-    sampling outputs, draw.Prepared).
+    sampling outputs, draw.Prepared). row_of(r): row r of the logits the cut is decided on, made only for a token at
+    the cut or a row out of tries, when `out` is not them (the weights were made at a temperature: the caller
+    divides one row by it, not the whole batch every step).
     """
     # [B, V] -> [B] int64
     if len(rngs) != out.shape[0]:
@@ -214,27 +229,27 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None =
     if given is None:
         padded = draw.weights(out, scratch)
         ends = draw.block_ends(padded)
+        if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
+            return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
     else:
-        padded, ends = given
-    if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
-        return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
+        padded, ends = given  # totals finite and positive (draw.Prepared.row_ends)
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
-    work = scratch.get("work", (n_vocab,), np.float32)
+    work, flags = scratch.get("work", (n_vocab,), np.float32), scratch.get("flags", (n_vocab,), bool)
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
         w, probs_of = padded[r, :n_vocab], None
         for _ in range(draw.REJECTION_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
-            kept = verdict(out[r], w, ends[r][-1], token, p, work)
+            kept = verdict(w, ends[r][-1], token, p, work, flags)
             if kept is None:  # at the cut: keeps() on the probabilities transformers' cut sums
                 if probs_of is None:  # float32 division, stored as float64
                     probs_of = np.divide(w, w.sum(), out=probs64, dtype=np.float32)
-                kept = keeps(out[r], probs64, threshold, token, mask)
+                kept = keeps(out[r] if row_of is None else row_of(r), probs64, threshold, token, mask)
             if kept:
                 picks[r] = token
                 break
         else:
-            row = out[r : r + 1].copy()
+            row = out[r : r + 1].copy() if row_of is None else row_of(r)[None]
             picks[r] = draw.inverse_cdf(cut(row, p, ban=False), np.array([rng.random()]), n_vocab)[0]
     return picks
 

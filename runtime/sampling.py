@@ -425,12 +425,12 @@ class SamplerChain:
                 return None
             if self.top_p_last is None:
                 return draw_rows(prepared.weights, ends, rngs, logits.shape[-1])
-            out = logits
-            if self.prepared_temperature != 1:  # top_p's verdict compares the tempered logits
-                out = self.scratch.get("logits", logits.shape, logits.dtype)
-                np.copyto(out, logits)
-                temperature.apply(out, self.prepared_temperature)
-            return nucleus.draw_from(out, self.top_p_last, rngs, self.scratch, (prepared.weights, ends))
+
+            def tempered(r):  # the cut, where the weights leave it open, is decided on the tempered logits
+                return temperature.apply(logits[r : r + 1].copy(), self.prepared_temperature)[0]
+
+            row_of = tempered if self.prepared_temperature != 1 else None
+            return nucleus.draw_from(logits, self.top_p_last, rngs, self.scratch, (prepared.weights, ends), row_of)
         finally:
             _put_back(logits, saved)
 

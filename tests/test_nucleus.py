@@ -158,7 +158,7 @@ def test_keeps_answers_for_each_token_what_the_cut_keeps(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_the_verdict_is_keeps_answer_or_none(seed):
     rng = np.random.default_rng(seed)
-    work = np.empty(600, dtype=np.float32)
+    work, flags = np.empty(600, dtype=np.float32), np.empty(600, dtype=bool)
     for scale in (0.05, 1.0, 4.0):
         logits = (rng.standard_normal(600) * scale).astype(np.float32)
         logits[::7] = np.round(logits[::7] * 4) / 4  # ties
@@ -169,11 +169,36 @@ def test_the_verdict_is_keeps_answer_or_none(seed):
         answered = {True: 0, False: 0}
         for p in (0.5, 0.8, 0.9, 0.95, 0.99, 0.999):
             for t in range(600):
-                said = nucleus.verdict(logits, w, total, t, p, work)
+                said = nucleus.verdict(w, total, t, p, work, flags)
                 if said is not None:
                     answered[said] += 1
                     assert said == nucleus.keeps(logits, probs64, np.float32(1 - p), t), (scale, p, t)
         assert min(answered.values()) > 100  # it answers, both ways
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_verdict_allows_for_weights_rounded_out_of_the_logits_order(seed):
+    # the graph's weights order tokens as their logits do only up to rounding: equal logits may get weights a few
+    # units in the last place apart, and a larger logit a weight a hair smaller. The verdict must still agree with
+    # keeps(), which orders by logit and sums the probabilities made from these weights.
+    rng = np.random.default_rng(seed)
+    work, flags = np.empty(600, dtype=np.float32), np.empty(600, dtype=bool)
+    answered = 0
+    for scale in (1.0, 4.0, 8.0):
+        logits = (rng.standard_normal(600) * scale).astype(np.float32)
+        logits[1::2] = logits[::2]  # every token has a tie
+        logits[2::4] = np.nextafter(logits[::4], np.float32(np.inf))  # and a neighbour one ulp above it
+        exact = np.exp(logits.astype(np.float64) - logits.max())
+        w = (exact * (1 + rng.uniform(-6e-7, 6e-7, 600))).astype(np.float32)  # out of order by a few ulps
+        total = float(w.astype(np.float64).sum())
+        probs64 = np.divide(w, w.sum(), dtype=np.float32).astype(np.float64)
+        for p in (0.5, 0.8, 0.9, 0.95, 0.99):
+            for t in range(600):
+                said = nucleus.verdict(w, total, t, p, work, flags)
+                if said is not None:
+                    answered += 1
+                    assert said == nucleus.keeps(logits, probs64, np.float32(1 - p), t), (scale, p, t)
+    assert answered > 5000
 
 
 def test_draws_are_the_same_with_and_without_the_shortcut(monkeypatch):

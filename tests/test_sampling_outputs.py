@@ -175,6 +175,25 @@ def test_draws_from_prepared_weights_are_the_draws_from_the_logits(options, n_vo
     assert (ours == plain).mean() >= 0.99
 
 
+@pytest.mark.parametrize("force", ["keeps", "the cut"])
+def test_top_p_at_a_temperature_decides_the_cut_on_the_tempered_row(monkeypatch, force):
+    # the verdict reads the weights only; a token at the cut (keeps) and a row out of tries (the cut found and drawn
+    # from) need the tempered logits, which the chain makes for that row alone
+    from edgelm.runtime import nucleus
+
+    if force == "keeps":
+        monkeypatch.setattr(nucleus, "verdict", lambda *args: None)
+    else:
+        monkeypatch.setattr(nucleus.draw, "REJECTION_TRIES", 0)
+    options = {"do_sample": True, "top_k": 0, "top_p": 0.8, "temperature": 1.5}
+    logits = peaked_rows(2, 1000, seed=5)
+    before = logits.copy()
+    ours = chain_picks(options, logits, [[1], [2]], [[], []], range(300), lambda x: prepared_from(x, 1.5))
+    plain = chain_picks(options, logits, [[1], [2]], [[], []], range(300))
+    np.testing.assert_array_equal(logits, before)
+    assert (ours == plain).mean() >= 0.99
+
+
 def test_the_chain_uses_prepared_weights_only_where_they_serve():
     logits = peaked_rows(1, 600, seed=1)
     poisoned = prepared_from(logits)
