@@ -215,6 +215,7 @@ class Architecture:
         )
 
 
+KV_CACHE_DTYPES = ("float32", "float16", "int8")  # the exporter writes float32 and int8
 FAMILY_FIELDS = (
     "n_kv_head",
     "norm",
@@ -354,8 +355,10 @@ class Graph:
         data = _object(where, data)
         tensors = lambda w, v: {n: TensorInfo.from_dict(t, f"{w}.{n}") for n, t in _object(w, v).items()}  # noqa: E731
         kv_cache = _get(where, data, "kv_cache", _object, None)
-        if kv_cache is not None and _get(f"{where}.kv_cache", kv_cache, "dtype", _str) not in ("float32", "int8"):
-            raise FormatError(f"{where}.kv_cache.dtype must be float32 or int8, got {_show(kv_cache['dtype'])}")
+        if kv_cache is not None and _get(f"{where}.kv_cache", kv_cache, "dtype", _str) not in KV_CACHE_DTYPES:
+            raise FormatError(
+                f"{where}.kv_cache.dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {_show(kv_cache['dtype'])}"
+            )
         graph = cls(
             file=_get(where, data, "file", file_name),
             inputs=_get(where, data, "inputs", tensors, {}),

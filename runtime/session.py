@@ -32,7 +32,7 @@ class GraphIO:
     has_position_ids: bool
     has_logits_to_keep: bool  # False for optimum graphs: they return logits for every position
     kv_cache_in_place: bool = False  # the package says past and present may share one preallocated buffer
-    cache_dtype: str = "float32"  # "int8" for a graph with an int8 KV cache
+    cache_dtype: str = "float32"  # "int8" or "float16" for a graph whose KV cache is
     takes_embeddings: bool = False  # the graph's first input is inputs_embeds: the runtime looks tokens up
     has_sampling: bool = False  # the sampling outputs and their temperature (package_format.SAMPLING_*)
 
@@ -113,7 +113,7 @@ def create_session(
     return session, running
 
 
-_CACHE_TYPES = {"tensor(float)": "float32", "tensor(int8)": "int8"}
+_CACHE_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(int8)": "int8"}
 
 
 def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: bool = False) -> GraphIO:
