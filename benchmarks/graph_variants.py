@@ -161,16 +161,23 @@ def main():
     parser.add_argument("--variant", choices=("kv-float16", "int8-nbits", "rotary-in-attention"), required=True)
     parser.add_argument("--block", type=int, default=64, help="int8-nbits: inputs per scale")
     args = parser.parse_args()
-    shutil.copytree(args.package, args.out)
     model = onnx.load(str(args.package / "model.onnx"), load_external_data=False)
     graph, data = model.graph, (args.package / "model.onnx.data").read_bytes()
+    ops = {node.op_type for node in graph.node}
+    needs = {"kv-float16": "RotaryEmbedding", "rotary-in-attention": "RotaryEmbedding"}.get(args.variant)
+    if needs and needs not in ops or args.variant == "int8-nbits" and "DynamicQuantizeMatMul" not in ops:
+        raise SystemExit(
+            f"{args.package} is not a graph {args.variant} applies to (a Llama-family package; int8 for int8-nbits)"
+        )
     if args.variant == "kv-float16":
         nodes, added = kv_float16(graph, data)
     elif args.variant == "int8-nbits":
         nodes, added, extra = int8_nbits(graph, data, args.block)
-        (args.out / "variant.data").write_bytes(extra)
     else:
         nodes, added = rotary_in_attention(graph, data)
+    shutil.copytree(args.package, args.out)
+    if args.variant == "int8-nbits":
+        (args.out / "variant.data").write_bytes(extra)
     graph.initializer.extend(added)
     del graph.value_info[:]  # the export's inferred types: some no longer hold
     del graph.node[:]

@@ -126,11 +126,12 @@ SURE_TOKENS = 256  # verdict's largest gather: the tokens at or above one of at 
 ORDER_SLACK = 1e-5
 
 
-def verdict(weights, total: float, token: int, p: float, work, flags) -> bool | None:
+def verdict(weights, total: float, token: int, p: float, work, flags, slack: float = ORDER_SLACK) -> bool | None:
     """keeps()'s answer where the token is clearly inside or outside the cut, from the row's float32 weights alone;
     None within SURE_MARGIN of it (then ask keeps(), which needs the row's logits and probabilities).
 
-    A larger weight means a larger logit, except between weights within ORDER_SLACK of each other, so every sum
+    A larger weight means a larger logit, except between weights within `slack` of each other (ORDER_SLACK, or
+    more where penalties reweighed the row at a temperature: sampling._reweigh_slack), so every sum
     below bounds the mass keeps() adds up from the side that keeps the answer right. From above, for a token of at
     least 1/SURE_TOKENS of the row's weight (few tokens are at or above it): kept if the other tokens at or near
     its weight hold under p - SURE_MARGIN of the row. From below (one pass): kept if the clearly smaller weights
@@ -140,7 +141,7 @@ def verdict(weights, total: float, token: int, p: float, work, flags) -> bool | 
     # [V] float32 weights (exp(logit - max), or probabilities), their float64 sum, token id, top_p, [V] float32 and
     # [V] bool to work in
     weight = weights[token]
-    low, high = weight * np.float32(1 - ORDER_SLACK), weight * np.float32(1 + ORDER_SLACK)
+    low, high = weight * np.float32(1 - slack), weight * np.float32(1 + slack)
     if weight * SURE_TOKENS >= total:
         np.greater_equal(weights, low, out=flags)
         mass = sum(weights[np.flatnonzero(flags)].tolist()) - float(weight)  # Python floats: float64
@@ -210,7 +211,9 @@ def cut(out, p: float, min_tokens_to_keep: int = 1, ban: bool = True, scratch: S
 REJECT_FROM = 0.5  # top_p at least this large, last in the chain: drawn by rejection (draw_from)
 
 
-def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None = None, row_of=None) -> np.ndarray:
+def draw_from(
+    out, p: float, rngs: list, scratch: Scratch, given: tuple | None = None, row_of=None, slack: float = ORDER_SLACK
+) -> np.ndarray:
     """top_p then the pick, in one step, for p >= REJECT_FROM; the same distribution as cut() then draw.pick().
 
     Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The
@@ -220,7 +223,8 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None =
     distribution stays exact either way. given: (weights, block ends) of `out` when the caller has them (a graph's
     sampling outputs, draw.Prepared). row_of(r): row r of the logits the cut is decided on, made only for a token at
     the cut or a row out of tries, when `out` is not them (the weights were made at a temperature: the caller
-    divides one row by it, not the whole batch every step).
+    divides one row by it, not the whole batch every step). slack: how far out of the logits' order the given
+    weights may be (verdict).
     """
     # [B, V] -> [B] int64
     if len(rngs) != out.shape[0]:
@@ -240,7 +244,7 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch, given: tuple | None =
         w, probs_of = padded[r, :n_vocab], None
         for _ in range(draw.REJECTION_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
-            kept = verdict(w, ends[r][-1], token, p, work, flags)
+            kept = verdict(w, ends[r][-1], token, p, work, flags, slack)
             if kept is None:  # at the cut: keeps() on the probabilities transformers' cut sums
                 if probs_of is None:  # float32 division, stored as float64
                     probs_of = np.divide(w, w.sum(), out=probs64, dtype=np.float32)

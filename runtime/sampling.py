@@ -426,11 +426,16 @@ class SamplerChain:
             if self.top_p_last is None:
                 return draw_rows(prepared.weights, ends, rngs, logits.shape[-1])
 
-            def tempered(r):  # the cut, where the weights leave it open, is decided on the tempered logits
-                return temperature.apply(logits[r : r + 1].copy(), self.prepared_temperature)[0]
+            t, row_of, slack = self.prepared_temperature, None, nucleus.ORDER_SLACK
+            if t != 1:
 
-            row_of = tempered if self.prepared_temperature != 1 else None
-            return nucleus.draw_from(logits, self.top_p_last, rngs, self.scratch, (prepared.weights, ends), row_of)
+                def row_of(r):  # the cut, where the weights leave it open, is decided on the tempered logits
+                    return temperature.apply(logits[r : r + 1].copy(), t)[0]
+
+                slack = max([slack] + [_reweigh_slack(values, penalized, t) for _, values, penalized in saved])
+            return nucleus.draw_from(
+                logits, self.top_p_last, rngs, self.scratch, (prepared.weights, ends), row_of, slack
+            )
         finally:
             _put_back(logits, saved)
 
@@ -546,6 +551,19 @@ def _reweigh(prepared: Prepared, row: int, ids: np.ndarray, before: np.ndarray, 
         else:  # each id's block (a block with several is summed again for each: the same sum)
             blocks = ids // BLOCK
             prepared.block_sums[row].put(blocks, in_blocks[blocks].sum(axis=1))
+
+
+def _reweigh_slack(values: np.ndarray, penalized: np.ndarray, t: float) -> float:
+    """How far out of the tempered logits' order _reweigh can leave a row's weights, as a fraction of a weight.
+
+    At a temperature the graph's weight of a penalized token is exp(float32(logit / t) + (penalized - logit) / t),
+    while the cut orders it by float32(penalized / t): the two exponents differ by up to one float32 spacing at
+    the larger of |logit / t| and |penalized / t| (1.5e-5 around 100), more than nucleus.ORDER_SLACK allows for."""
+    if not len(values):
+        return 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        largest = np.float32(max(np.abs(values).max(), np.abs(penalized).max()) / t)
+    return 4 * float(np.spacing(largest)) if np.isfinite(largest) else 1.0
 
 
 def _put_back(out, saved: list) -> None:

@@ -117,6 +117,7 @@ def test_export_keeps_the_list_of_generation_config_json(llama_checkpoint, tmp_p
         (None, lambda first: {"eos_token_id": [first, -1]}, "generation_config.json holds a generation setting"),
         (None, lambda first: {"eos_token_id": [str(first)]}, "eos_token_id must be a token id or a list"),
         (None, lambda first: {"top_p": 7}, "top_p must be in"),
+        (None, lambda first: {"temperature": 10**400}, "temperature must be a number"),
         (None, lambda first: [first], "not an object of settings"),
     ],
 )

@@ -250,6 +250,7 @@ def test_a_negative_token_table_offset_is_refused(tiny_package_int8, tmp_path):
         ({"eos_token_id": 10**6}, "eos_token_id"),
         ({"eos_token_id": [0, 10**6]}, "eos_token_id"),
         ({"eos_token_id": [0, "1"]}, "eos_token_id"),
+        ({"temperature": 10**400, "do_sample": True}, "temperature"),
         ({"max_new_tokens": [1]}, "max_new_tokens"),
         ({"logit_bias": {"x": 1.0}}, "logit_bias"),
         ({"bad_words_ids": [[10**6]]}, "bad_words_ids"),

@@ -74,6 +74,7 @@ def test_bad_lines_are_reported_by_number_and_the_rest_answered(tiny_package, mo
         b'{"prompt": "\xff\xfe"}',
         {"prompt": [1, 99999]},
         {"prompt": "a", "messages": []},
+        {"prompt": "a", "temperature": 10**400},  # past float's range: JSON allows it
         GOOD[2],
     ]
     source = write_lines(tmp_path / "prompts.jsonl", lines)
@@ -82,9 +83,9 @@ def test_bad_lines_are_reported_by_number_and_the_rest_answered(tiny_package, mo
                  "--batch-size", 4)  # fmt: skip
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
-    assert "9 of 11 lines failed (line 2, 3, 4, 5, 6, 7, 8, 9, 10)" in result.stderr
+    assert "10 of 12 lines failed (line 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)" in result.stderr
     out = {o["line"]: o for o in read_output(out_path)}
-    assert sorted(out) == list(range(1, 12))
+    assert sorted(out) == list(range(1, 13))
     errors = {n: o["error"] for n, o in out.items() if "error" in o}
     assert "not JSON" in errors[2]
     assert 'no "prompt"' in errors[3]
@@ -95,11 +96,12 @@ def test_bad_lines_are_reported_by_number_and_the_rest_answered(tiny_package, mo
     assert "not UTF-8" in errors[8]
     assert "outside the vocabulary" in errors[9]
     assert "both" in errors[10]
+    assert "temperature must be a number" in errors[11]
     for n in errors:
         assert f"line {n}: {errors[n]}" in result.stderr
     # the good lines shared batches with bad ones and are what they are alone
     assert out[1]["text"] == expected_text(model, GOOD[0]) and out[1]["id"] == "first"
-    assert out[11]["text"] == expected_text(model, GOOD[2]) and out[11]["id"] == 7
+    assert out[12]["text"] == expected_text(model, GOOD[2]) and out[12]["id"] == 7
 
 
 def test_a_killed_run_resumes_without_redoing_finished_lines(tiny_package, model, tmp_path):

@@ -194,6 +194,44 @@ def test_top_p_at_a_temperature_decides_the_cut_on_the_tempered_row(monkeypatch,
     assert (ours == plain).mean() >= 0.99
 
 
+def test_top_p_with_penalties_at_a_temperature_near_a_tie_at_the_cut():
+    # The graph's weight of a penalized token comes from float32(logit / t) plus the penalty's change in float64;
+    # the cut orders it by float32(penalized / t). Around |logit / t| = 128 the two differ by up to 1.5e-5, more
+    # than the verdict's own slack: here token 1 (penalized) and token 0 tie by the cut's order, their weights
+    # differ by 1.3e-5, and top_p is set so that token 1 is just kept. The draws must be the plain path's.
+    t, factor, rng = np.float32(0.7), 1.1, np.random.default_rng(0)
+    for _ in range(100_000):
+        original = np.float32(rng.uniform(-110, -80))
+        penalized = np.float32(np.float64(original) * np.float64(np.float32(factor)))
+        as_drawn = float(original / t) + (float(penalized) - float(original)) / float(t)
+        if float(penalized / t) - as_drawn < 1.25e-5:
+            continue
+        start = np.float32((penalized / t) * t)
+        tied = [np.float32(start + k * np.spacing(start)) for k in range(-3, 4)]
+        tied = [x for x in tied if x / t == penalized / t]
+        if tied:
+            break
+    else:
+        pytest.fail("no near-tie found")
+    top = float(penalized / t)
+    tempered = np.full(64, top - 60.0)
+    tempered[[0, 1]] = top
+    tempered[2:22] = top + np.log(0.048 / 20 / 0.05)
+    tempered[22:32] = top + np.log(0.852 / 10 / 0.05)
+    logits = (tempered * float(t)).astype(np.float32)
+    logits[0], logits[1] = tied[0], original
+    row = logits.copy()
+    row[1] = penalized
+    probs = np.exp(row / t - (row / t).max())
+    probs /= probs.sum()
+    top_p = float(1 - (probs[2:22].sum() + probs[1] + 0.0013))
+    options = dict(do_sample=True, top_k=0, top_p=top_p, temperature=float(t), repetition_penalty=factor)
+    plain = chain_picks(options, logits[None], [[1]], [[1]], range(1500))
+    ours = chain_picks(options, logits[None], [[1]], [[1]], range(1500), lambda x: prepared_from(x, float(t)))
+    assert (plain == 1).sum() > 20  # token 1 is kept by the exact cut...
+    np.testing.assert_array_equal(ours, plain)  # ...and drawn as often from the graph's weights
+
+
 def test_the_chain_uses_prepared_weights_only_where_they_serve():
     logits = peaked_rows(1, 600, seed=1)
     poisoned = prepared_from(logits)
