@@ -89,7 +89,9 @@ class Package:
 
     def describe(self) -> str:
         """What `edgelm info` prints."""
-        return describe(self.name, self.kind, self.folder, self.arch, self.manifest)
+        eos = self.generation_defaults.get("eos_token_id") if isinstance(self.generation_defaults, dict) else None
+        listed = isinstance(eos, list) and eos and all(isinstance(t, int) and not isinstance(t, bool) for t in eos)
+        return describe(self.name, self.kind, self.folder, self.arch, self.manifest, tuple(eos) if listed else None)
 
     def to_dict(self) -> dict:
         """The manifest as JSON (`edgelm info --json`); for an optimum folder, what was read from it."""

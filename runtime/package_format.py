@@ -175,13 +175,17 @@ class Manifest:
         }
 
 
-def describe(name: str, kind: str, folder, arch: Architecture, manifest: Manifest | None = None) -> str:
-    """What `edgelm info` prints about a package: architecture, weights, files and validation figures."""
+def describe(
+    name: str, kind: str, folder, arch: Architecture, manifest: Manifest | None = None, eos_ids: tuple | None = None
+) -> str:
+    """What `edgelm info` prints about a package: architecture, weights, files and validation figures. eos_ids: the
+    end-of-text ids generation_config.json lists, where it lists them (generation stops at any), else arch's."""
     a = arch
+    eos = ", ".join(map(str, eos_ids)) if eos_ids else a.eos_token_id
     lines = [
         f"{name}  ({kind} package at {folder})",
         f"  architecture  {a.model_type}: {a.n_layer} layers, {a.n_head} heads x {a.head_size}, width {a.n_embd}, "
-        f"{a.n_positions} positions, vocab {a.vocab_size}, eos {a.eos_token_id}",
+        f"{a.n_positions} positions, vocab {a.vocab_size}, eos {eos}",
     ]
     if a.model_type == "gpt2":
         head = "tied to the token embedding" if a.tie_word_embeddings else "a matrix of its own (untied)"

@@ -11,6 +11,7 @@ from edgelm.export.errors import ExportError
 from edgelm.export.stages import export_model
 from edgelm.runtime import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.package import open_package
 
 EOS = 0  # the tiny tokenizer's <|endoftext|>
 OTHER = 11  # a second end-of-text id in these tests
@@ -99,6 +100,7 @@ def test_export_keeps_every_end_of_text_id_of_config_json(llama_checkpoint, tmp_
     assert json.loads((package / "generation_config.json").read_text())["eos_token_id"] == [first, OTHER]
     model = rt.load(package)
     assert model.settings().eos_token_id == (first, OTHER)
+    assert f"eos {first}, {OTHER}" in open_package(package).describe()  # what `edgelm info` prints
     assert model.generate("Hello", max_new_tokens=6, logit_bias={OTHER: 100}).finish_reason == "stop"
 
 
