@@ -32,7 +32,7 @@ from edgelm.runtime.package import file_record
 MS = "com.microsoft"
 
 
-def kv_float16(graph, _data):
+def kv_float16(graph):
     for value in list(graph.input) + list(graph.output):
         if value.name.startswith(("past_key_values.", "present.")):
             value.type.tensor_type.elem_type = TensorProto.FLOAT16
@@ -120,7 +120,7 @@ def int8_nbits(graph, data, block):
     return nodes, added, b"".join(chunks)
 
 
-def rotary_in_attention(graph, _data):
+def rotary_in_attention(graph):
     producer = {out: node for node in graph.node for out in node.output}
     dropped = set()
     for node in graph.node:
@@ -162,7 +162,7 @@ def main():
     parser.add_argument("--block", type=int, default=64, help="int8-nbits: inputs per scale")
     args = parser.parse_args()
     model = onnx.load(str(args.package / "model.onnx"), load_external_data=False)
-    graph, data = model.graph, (args.package / "model.onnx.data").read_bytes()
+    graph = model.graph
     ops = {node.op_type for node in graph.node}
     needs = {"kv-float16": "RotaryEmbedding", "rotary-in-attention": "RotaryEmbedding"}.get(args.variant)
     if needs and needs not in ops or args.variant == "int8-nbits" and "DynamicQuantizeMatMul" not in ops:
@@ -170,11 +170,11 @@ def main():
             f"{args.package} is not a graph {args.variant} applies to (a Llama-family package; int8 for int8-nbits)"
         )
     if args.variant == "kv-float16":
-        nodes, added = kv_float16(graph, data)
+        nodes, added = kv_float16(graph)
     elif args.variant == "int8-nbits":
-        nodes, added, extra = int8_nbits(graph, data, args.block)
+        nodes, added, extra = int8_nbits(graph, (args.package / "model.onnx.data").read_bytes(), args.block)
     else:
-        nodes, added = rotary_in_attention(graph, data)
+        nodes, added = rotary_in_attention(graph)
     shutil.copytree(args.package, args.out)
     if args.variant == "int8-nbits":
         (args.out / "variant.data").write_bytes(extra)

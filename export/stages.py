@@ -160,9 +160,8 @@ def export_model(
                 writer.copy(name, checkpoint.folder / name)
         if tokenizer_config is not None:  # without auto_map, with the chat template
             writer.write_json("tokenizer_config.json", tokenizer_config)
-        if generation_defaults is None:  # every end-of-text id config.json names (Llama 3's are a list)
-            eos = checkpoint.config.get("eos_token_id", arch.eos_token_id)
-            writer.write_json(GENERATION_CONFIG, {"bos_token_id": arch.bos_token_id, "eos_token_id": eos})
+        if generation_defaults is not None:  # the checkpoint has none
+            writer.write_json(GENERATION_CONFIG, generation_defaults)
         manifest = writer.publish(
             Manifest(
                 name=package_name,
@@ -255,12 +254,11 @@ def _optimize(model) -> bytes:
 
 
 def _generation_defaults(checkpoint) -> dict | None:
-    """The checkpoint's generation_config.json, checked as the runtime will read it (every end-of-text id in the
-    vocabulary, each setting in range), or None when it has none; ExportError before anything is written."""
-    path = checkpoint.folder / GENERATION_CONFIG
-    arch = checkpoint.arch
-    config = {"eos_token_id": checkpoint.config.get("eos_token_id", arch.eos_token_id)}
-    data = None
+    """The generation_config.json to write when the checkpoint has none (its bos id and every end-of-text id
+    config.json names: Llama 3's are a list), else None (its own is copied). Either is checked as the runtime
+    will read it (every end-of-text id in the vocabulary, each setting in range): ExportError before anything is
+    written."""
+    path, arch = checkpoint.folder / GENERATION_CONFIG, checkpoint.arch
     if path.exists():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -270,15 +268,18 @@ def _generation_defaults(checkpoint) -> dict | None:
             raise ExportError(
                 f"{path} holds a JSON {type(data).__name__}, not an object of settings; fix or remove it."
             )
-        config = data
+        written, where = None, path
+    else:
+        eos = checkpoint.config.get("eos_token_id", arch.eos_token_id)
+        data = written = {"bos_token_id": arch.bos_token_id, "eos_token_id": eos}
+        where = checkpoint.folder / "config.json"
     try:
-        GenerationConfig.from_generation_config_json(config, arch.eos_token_id, arch.pad_token_id, arch.vocab_size)
+        GenerationConfig.from_generation_config_json(data, arch.eos_token_id, arch.pad_token_id, arch.vocab_size)
     except (GenerationOptionError, TypeError, ValueError) as error:
-        where = path if data is not None else checkpoint.folder / "config.json"
         raise ExportError(
             f"{where} holds a generation setting edgelm cannot use: {str(error)[:200]}. Fix it."
         ) from None
-    return data
+    return written
 
 
 def _graph_section(shipped, kv_cache: str) -> Graph:

@@ -276,7 +276,7 @@ def decode_steps(
     position_ids = position_ids_from_mask(attention_mask)
     seen = [list(p) for p in prompts]  # prompt + generated ids per row, for the repetition filters
     generated = [[] for _ in range(batch)]
-    eos = () if config.ignore_eos else config.eos_token_id or ()
+    eos = config.stop_ids
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
     decoder = engine.decoder(batch, capacity=input_ids.shape[1] + config.max_new_tokens)

@@ -64,6 +64,11 @@ class GenerationConfig:
             object.__setattr__(self, name, value)  # frozen: normalizing is part of construction
         _check(self)
 
+    @property
+    def stop_ids(self) -> tuple:
+        """The ids that end a row: every end-of-text id, none with ignore_eos."""
+        return () if self.ignore_eos else self.eos_token_id or ()
+
     def with_options(self, **options) -> "GenerationConfig":
         """A copy with the caller's options applied (None leaves an option as it is, except for the options
         whose None means "off"); unknown names and bad values raise GenerationOptionError."""

@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PackageError
+from .errors import GenerationOptionError, PackageError
+from .generation_config import GenerationConfig
 from .onnx_scan import ScanError, scan_model
 from .onnxruntime_compat import graph_minimum
 from .package_files import file_record, inside, read_bytes, read_json, sha256_of
@@ -90,8 +91,11 @@ class Package:
     def describe(self) -> str:
         """What `edgelm info` prints."""
         eos = self.generation_defaults.get("eos_token_id") if isinstance(self.generation_defaults, dict) else None
-        listed = isinstance(eos, list) and eos and all(isinstance(t, int) and not isinstance(t, bool) for t in eos)
-        return describe(self.name, self.kind, self.folder, self.arch, self.manifest, tuple(eos) if listed else None)
+        try:
+            ids = GenerationConfig(eos_token_id=eos).eos_token_id
+        except GenerationOptionError:  # a damaged file: `edgelm info` still describes the rest
+            ids = None
+        return describe(self.name, self.kind, self.folder, self.arch, self.manifest, ids)
 
     def to_dict(self) -> dict:
         """The manifest as JSON (`edgelm info --json`); for an optimum folder, what was read from it."""

@@ -43,7 +43,7 @@ class Entry:
         self.job, self.batch, config = job, job.batch, job.batch.config
         self.sampler = SamplerChain(config, vocab_size)
         self.rngs = self.batch.generators()
-        self.eos = () if config.ignore_eos else config.eos_token_id or ()  # the ids that end the row
+        self.eos = config.stop_ids
         self.waiting = deque(range(len(self.batch.rows)))  # rows not yet prefilled, in order
         self.unfinished = len(self.batch.rows)
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
