@@ -102,6 +102,8 @@ def alternate_steps(model, samplers: dict, args):
             def __init__(self, config, vocab_size):
                 self.chains = [module.SamplerChain(config, vocab_size) for module in samplers.values()]
                 self.turn = first
+                # the decode loop asks for the graph's sampling outputs when a chain can use them: both get them
+                self.prepared_temperature = getattr(self.chains[-1], "prepared_temperature", None)
 
             def __call__(self, *args):
                 chain, self.turn = self.chains[self.turn % 2], self.turn + 1

@@ -35,13 +35,9 @@ def _timed_tokens(model, prompts, new_tokens, options=None, seed=0, steps: list 
     """Run generation on token ids (greedy unless options say otherwise); returns (seconds to the first token,
     seconds for the rest). steps: a list to append the seconds between consecutive tokens to (the whole decode
     loop per token: the graph's pass, the pick, the loop's own work)."""
-    config = GenerationConfig(
-        max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
-    )
-    rngs = [np.random.default_rng([seed, row]) for row in range(len(prompts))]
     started = time.perf_counter()
     first = last = None
-    for _ in decode_steps(model.engine, prompts, config, rngs, model.pad_id):
+    for _ in _decode(model, prompts, new_tokens, options, seed):
         now = time.perf_counter()
         if first is None:
             first = now
@@ -49,6 +45,32 @@ def _timed_tokens(model, prompts, new_tokens, options=None, seed=0, steps: list 
             steps.append(now - last)
         last = now
     return first - started, time.perf_counter() - first
+
+
+def _decode(model, prompts, new_tokens, options=None, seed=0):
+    """decode_steps for exactly new_tokens tokens per row (greedy unless options say otherwise), seeded per row."""
+    config = GenerationConfig(
+        max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
+    )
+    rngs = [np.random.default_rng([seed, row]) for row in range(len(prompts))]
+    return decode_steps(model.engine, prompts, config, rngs, model.pad_id)
+
+
+def _lockstep_steps(model, prompt, new_tokens, settings: list, seed=0) -> dict:
+    """One decode of `prompt` per setting (key, options), the decodes taking turns step by step, the order turning
+    each step: {key: seconds of each step after the first token} (the graph's pass, the pick, the loop's own work).
+    Every setting's steps share each moment's load, which whole decodes run one after another do not."""
+    decodes = {}
+    for key, options in settings:
+        decodes[key] = _decode(model, [prompt], new_tokens, options, seed)
+        next(decodes[key])  # the prompt's pass and the first token
+    keys, steps = list(decodes), {key: [] for key in decodes}
+    for i in range(new_tokens - 1):
+        for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
+            started = time.perf_counter()
+            next(decodes[key])
+            steps[key].append(time.perf_counter() - started)
+    return steps
 
 
 def _prompt(model, length, seed=0):
@@ -254,21 +276,20 @@ SAMPLED = [
 
 
 def run_sample_bench(path, threads: int | None = None, device: str = "auto", runs: int = 3, new_tokens: int = 128):
-    """Decode speed at batch 1 with each of SAMPLED's settings, in the same rounds (the order turns each round,
-    so no setting always follows another); ratios to greedy are medians of per-round ratios. Two measures of the
-    same decodes: the whole decode's tokens per second, and one over the median time between tokens (the decode
-    loop's cost per token, which a few steps slowed by the machine's other work do not move)."""
+    """Decode speed at batch 1 with each of SAMPLED's settings: in each round one decode per setting, the decodes
+    taking turns step by step (_lockstep_steps), so a moment's load on the machine slows every setting alike;
+    ratios to greedy are medians of per-round ratios. Two measures of the same decodes: tokens per second over
+    the sum of the steps, and one over the median step (which a few steps slowed by other work do not move)."""
     threads = threads or os.cpu_count()
     model = load(path, device=device, threads=threads)
-    new_tokens = min(new_tokens, model.arch.n_positions - 8)
+    new_tokens = max(min(new_tokens, model.arch.n_positions - 8), 2)
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     rates, step_rates = {key: [] for key, _, _ in SAMPLED}, {key: [] for key, _, _ in SAMPLED}
     for r in range(runs):
-        for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
-            steps = []
-            rest = _timed_tokens(model, [_prompt(model, 8, r)], new_tokens, options, seed=r, steps=steps)[1]
-            rates[key].append((new_tokens - 1) / rest)
-            step_rates[key].append(1 / _median(steps) if steps else (new_tokens - 1) / rest)  # one token: none
+        settings = [(key, options) for key, _, options in SAMPLED]
+        for key, steps in _lockstep_steps(model, _prompt(model, 8, r), new_tokens, settings, seed=r).items():
+            rates[key].append(len(steps) / sum(steps))
+            step_rates[key].append(1 / _median(steps))
     result = {"package": str(model.package.folder), "device": model.device, "threads": threads, "runs": runs}
     result["new_tokens"] = new_tokens
     for key, _, _ in SAMPLED:
@@ -286,7 +307,7 @@ def format_sample_table(result: dict) -> str:
     lines = [
         f"{result['package']}  ({result['device']}, {result['threads']} threads, {result['new_tokens']} new tokens, "
         f"medians of {result['runs']}, load average {result['load_average'][0]:.2f})",
-        f"  {'':<58} {'whole decode':>26}   {'median step':>26}",
+        f"  {'':<58} {'all steps':>26}   {'median step':>26}",
     ]
     for key, label, _ in SAMPLED:
         rate, ratio = result[f"{key}_tok_s"], result[f"{key}_over_greedy"]

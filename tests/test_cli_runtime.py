@@ -377,6 +377,29 @@ def test_bench_sample_times_each_sampled_setting_against_greedy(tiny_package):
     assert f"{figures['top_p_0.9_median_step_over_greedy']:5.2f}x greedy" in top_p
 
 
+def test_the_sampled_settings_take_turns_step_by_step(monkeypatch):
+    # each setting's decode advances one step at a time, every setting once per turn, the first of a turn rotating,
+    # so a moment's load on the machine falls on every setting alike
+    from edgelm.runtime import bench
+
+    order = []
+
+    def decode(model, prompts, new_tokens, options, seed):
+        for step in range(new_tokens):
+            order.append((options["name"], step))
+            yield step
+
+    monkeypatch.setattr(bench, "_decode", decode)
+    settings = [(key, {"name": key}) for key in "abc"]
+    steps = bench._lockstep_steps(None, [1, 2], 5, settings)
+    assert {key: len(times) for key, times in steps.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(t >= 0 for times in steps.values() for t in times)
+    assert order[:3] == [("a", 0), ("b", 0), ("c", 0)]  # the prompt's pass, then turns
+    turns = [order[3 + 3 * i : 6 + 3 * i] for i in range(4)]
+    assert [[key for key, _ in turn] for turn in turns] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert all({step for _, step in turn} == {i + 1} for i, turn in enumerate(turns))
+
+
 def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():
     import numpy as np
     import onnxruntime as ort

@@ -233,3 +233,21 @@ def test_rejection_draws_on_a_flat_vocabulary_are_all_in_the_nucleus():
     for _ in range(3):
         picks = chain(logits, [[1]] * 6, [[]] * 6, rngs)
         assert np.isfinite(nucleus_rows[np.arange(6), picks]).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_mass_below_is_summed_over_prefixes_up_to_the_whole_row(seed):
+    # the prefixes' sums only ever grow: an answer from a part of the row is the whole row's, and the last prefix
+    # is the whole row (the smaller weights here sit at the end of the row, where only the whole row finds them)
+    rng = np.random.default_rng(seed)
+    w = np.exp(rng.standard_normal(1000)).astype(np.float32)
+    w[900:] *= np.float32(1e-3)
+    work, flags = np.empty(1000, dtype=np.float32), np.empty(1000, dtype=bool)
+    answers = []
+    for low in np.quantile(w, [0.05, 0.2, 0.5, 0.9, 0.99]).astype(np.float32):
+        below = float(w[w < low].astype(np.float64).sum())
+        for need in (below * 0.9, below * 0.999, below * 1.001, below * 1.1):
+            said = nucleus._mass_below_exceeds(w, low, need, work, flags)
+            assert said == (below > need), (low, need)
+            answers.append(said)
+    assert True in answers and False in answers
