@@ -302,7 +302,7 @@ def verify(package):
 @click.option(
     "--sample",
     is_flag=True,
-    help="Instead: decode speed with the common sampling settings against greedy, same rounds.",
+    help="Instead: decode speed with the common sampling settings against greedy, their decodes taking turns each step.",
 )
 def bench(package, runs, threads, device, as_json, sample):
     """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling; with
