@@ -97,6 +97,18 @@ class PrefixCache:
             while self.bytes > self.max_bytes:
                 self._evict(next(iter(self._recent)))
 
+    def stats(self) -> dict:
+        """What the cache holds and has saved, for a server's /health: its bound and the bytes stored (of key/value
+        rows), the blocks of `chunk` tokens, and the prompt tokens whose rows were copied in instead of computed."""
+        with self._lock:
+            return {
+                "max_bytes": self.max_bytes,
+                "bytes": self.bytes,
+                "blocks": len(self._recent),
+                "chunk_tokens": self.chunk,
+                "reused_tokens": self.reused_tokens,
+            }
+
     def clear(self) -> None:
         with self._lock:
             self._root.children.clear()

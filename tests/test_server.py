@@ -454,3 +454,26 @@ def test_an_int8_package_serves_what_generate_gives(tiny_package_int8):
         assert first == expected
     finally:
         s.stop()
+
+
+def test_health_shows_what_the_prefix_cache_holds_and_has_saved(tiny_package, monkeypatch):
+    from edgelm.runtime import engine
+
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 16)  # the tiny model's 64 positions hold prompts of two chunks
+    cached = InProcessServer(load(tiny_package, spinning=False, prefix_cache_mb=1))
+    plain = InProcessServer(load(tiny_package, spinning=False))
+    try:
+        assert plain.health()["prefix_cache"] is None
+        empty = cached.health()["prefix_cache"]
+        assert empty == {"max_bytes": 1 << 20, "bytes": 0, "blocks": 0, "chunk_tokens": 16, "reused_tokens": 0}
+        prompt = list(range(100, 140))  # 40 token ids: two whole chunks kept, reused by the same prompt again
+        answers = [
+            complete(cached, {"prompt": prompt, "max_tokens": 3, "temperature": 0}).json()["choices"][0]["text"]
+            for _ in range(2)
+        ]
+        assert answers[0] == answers[1]
+        held = cached.health()["prefix_cache"]
+        assert held["blocks"] == 2 and held["reused_tokens"] == 32 and 0 < held["bytes"] <= held["max_bytes"]
+    finally:
+        cached.stop()
+        plain.stop()

@@ -1,7 +1,8 @@
 """The HTTP layer: Starlette routes over one loaded Model, with the middleware of middleware.py around them.
 
-    GET  /health              {"status", "model", "active", "queued", and jobs ended so far by outcome:
-                              "finished", "cancelled", "timeout", "shutdown"}    (no API key needed)
+    GET  /health              {"status", "model", "active", "queued", jobs ended so far by outcome ("finished",
+                              "cancelled", "timeout", "shutdown"), and "prefix_cache": PrefixCache.stats() or
+                              null without one}                                  (no API key needed)
     GET  /v1/models           the loaded package as the one model (id: the first --model-name, else the package name)
     POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not; prompts as
                               text or token ids
@@ -64,9 +65,18 @@ def create_app(
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
 
+    prefix_cache = model.engine.prefix_cache
+
     async def health(request):
         return json_response(
-            {"status": "ok", "model": model_id, "active": jobs.slots.active, "queued": jobs.slots.queued, **jobs.ended}
+            {
+                "status": "ok",
+                "model": model_id,
+                "active": jobs.slots.active,
+                "queued": jobs.slots.queued,
+                **jobs.ended,
+                "prefix_cache": None if prefix_cache is None else prefix_cache.stats(),
+            }
         )
 
     async def models(request):
