@@ -102,8 +102,10 @@ def alternate_steps(model, samplers: dict, args):
             def __init__(self, config, vocab_size):
                 self.chains = [module.SamplerChain(config, vocab_size) for module in samplers.values()]
                 self.turn = first
-                # the decode loop asks for the graph's sampling outputs when a chain can use them: both get them
-                self.prepared_temperature = getattr(self.chains[-1], "prepared_temperature", None)
+                # the decode loop has the graph make its sampling outputs when the chain can use them: both chains
+                # get them where both can, neither where either cannot (each then computes from the logits)
+                made_at = {getattr(chain, "prepared_temperature", None) for chain in self.chains}
+                self.prepared_temperature = made_at.pop() if len(made_at) == 1 else None
 
             def __call__(self, *args):
                 chain, self.turn = self.chains[self.turn % 2], self.turn + 1

@@ -57,16 +57,19 @@ def _decode(model, prompts, new_tokens, options=None, seed=0):
 
 
 def _lockstep_steps(model, prompt, new_tokens, settings: list, seed=0) -> dict:
-    """One decode of `prompt` per setting (key, options), the decodes taking turns step by step, the order turning
-    each step: {key: seconds of each step after the first token} (the graph's pass, the pick, the loop's own work).
-    Every setting's steps share each moment's load, which whole decodes run one after another do not."""
+    """One decode of `prompt` per setting (key, options), the decodes taking turns step by step, in a new random
+    order each turn (seeded): {key: seconds of each step after the first token} (the graph's pass, the pick, the
+    loop's own work). Every setting's steps share each moment's load, which whole decodes run one after another do
+    not, and each follows every other setting about as often, so what a step leaves behind (caches, onnxruntime's
+    threads spinning or asleep) falls on all of them alike."""
     decodes = {}
     for key, options in settings:
         decodes[key] = _decode(model, [prompt], new_tokens, options, seed)
         next(decodes[key])  # the prompt's pass and the first token
     keys, steps = list(decodes), {key: [] for key in decodes}
     for i in range(new_tokens - 1):
-        for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
+        for k in np.random.default_rng([seed, i]).permutation(len(keys)).tolist():
+            key = keys[k]
             started = time.perf_counter()
             next(decodes[key])
             steps[key].append(time.perf_counter() - started)
@@ -277,12 +280,12 @@ SAMPLED = [
 
 def run_sample_bench(path, threads: int | None = None, device: str = "auto", runs: int = 3, new_tokens: int = 128):
     """Decode speed at batch 1 with each of SAMPLED's settings: in each round one decode per setting, the decodes
-    taking turns step by step (_lockstep_steps), so a moment's load on the machine slows every setting alike;
+    taking turns step by step in random orders (_lockstep_steps), so a moment's load slows every setting alike;
     ratios to greedy are medians of per-round ratios. Two measures of the same decodes: tokens per second over
     the sum of the steps, and one over the median step (which a few steps slowed by other work do not move)."""
     threads = threads or os.cpu_count()
     model = load(path, device=device, threads=threads)
-    new_tokens = max(min(new_tokens, model.arch.n_positions - 8), 2)
+    new_tokens = min(new_tokens, model.arch.n_positions - 8)
     _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
     rates, step_rates = {key: [] for key, _, _ in SAMPLED}, {key: [] for key, _, _ in SAMPLED}
     for r in range(runs):

@@ -130,14 +130,14 @@ def verdict(weights, total: float, token: int, p: float, work, flags, slack: flo
     """keeps()'s answer where the token is clearly inside or outside the cut, from the row's float32 weights alone;
     None within SURE_MARGIN of it (then ask keeps(), which needs the row's logits and probabilities).
 
-    A larger weight means a larger logit, except between weights within `slack` of each other (ORDER_SLACK, or
-    more where penalties reweighed the row at a temperature: sampling._reweigh_slack), so every sum
-    below bounds the mass keeps() adds up from the side that keeps the answer right. From above, for a token of at
-    least 1/SURE_TOKENS of the row's weight (few tokens are at or above it): kept if the other tokens at or near
-    its weight hold under p - SURE_MARGIN of the row. From below: kept if the clearly smaller weights hold over
-    1 - p + SURE_MARGIN (summed over ever longer prefixes of the row until they do); removed if every weight up to
-    and near its own (the token and its ties included) holds under 1 - p - SURE_MARGIN. Reading the weights only, not the logits too, saves a pass over memory that
-    the step has just left cold."""
+    A larger weight means a larger logit, except between weights within `slack` of each other (ORDER_SLACK, or more
+    where penalties reweighed the row at a temperature: sampling._reweigh_slack), so every sum below bounds the mass
+    keeps() adds up from the side that keeps the answer right. From above, for a token of at least 1/SURE_TOKENS of the
+    row's weight (few tokens are at or above it): kept if the other tokens at or near its weight hold under p -
+    SURE_MARGIN of the row. From below: kept if the clearly smaller weights hold over 1 - p + SURE_MARGIN (summed over
+    ever longer prefixes of the row until they do); removed if every weight up to and near its own (the token and its
+    ties included) holds under 1 - p - SURE_MARGIN. Reading the weights only, not the logits too, saves a pass over
+    memory that the step has just left cold."""
     # [V] float32 weights (exp(logit - max), or probabilities), their float64 sum, token id, top_p, [V] float32 and
     # [V] bool to work in
     weight = weights[token]
@@ -237,15 +237,15 @@ def draw_from(
 ) -> np.ndarray:
     """top_p then the pick, in one step, for p >= REJECT_FROM; the same distribution as cut() then draw.pick().
 
-    Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The
-    nucleus holds at least p of the mass, so at p >= 0.5 under two draws are needed on average, each tested in
-    a pass over part or all of the row's weights (verdict; keeps, on its probabilities, for a token at the cut), where
-    finding the cut takes a histogram and more. After draw.REJECTION_TRIES misses, the row's cut is found and drawn from: the
+    Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The nucleus
+    holds at least p of the mass, so at p >= 0.5 under two draws are needed on average, each tested in a pass over part
+    or all of the row's weights (verdict; keeps, on its probabilities, for a token at the cut), where finding the cut
+    takes a histogram and more. After draw.REJECTION_TRIES misses, the row's cut is found and drawn from: the
     distribution stays exact either way. given: (weights, block ends) of `out` when the caller has them (a graph's
-    sampling outputs, draw.Prepared). row_of(r): row r of the logits the cut is decided on, made only for a token at
-    the cut or a row out of tries, when `out` is not them (the weights were made at a temperature: the caller
-    divides one row by it, not the whole batch every step). slack: how far out of the logits' order the given
-    weights may be (verdict).
+    sampling outputs, draw.Prepared). row_of(r): row r of the logits the cut is decided on, made only for a token at the
+    cut or a row out of tries, when `out` is not them (the weights were made at a temperature: the caller divides one
+    row by it, not the whole batch every step). slack: how far out of the logits' order the given weights may be
+    (verdict).
     """
     # [B, V] -> [B] int64
     if len(rngs) != out.shape[0]:

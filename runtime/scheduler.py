@@ -42,6 +42,7 @@ class Entry:
     def __init__(self, job, vocab_size: int):
         self.job, self.batch, config = job, job.batch, job.batch.config
         self.sampler = SamplerChain(config, vocab_size)
+        self.front = self.sampler.prepared_temperature is not None  # its rows use the graph's sampling outputs
         self.rngs = self.batch.generators()
         self.eos = config.stop_ids
         self.waiting = deque(range(len(self.batch.rows)))  # rows not yet prefilled, in order
@@ -129,9 +130,9 @@ class Scheduler:
 
     def _step(self) -> None:
         """Decode: one token for every row in the batch, then each job picks its rows' next ids."""
-        rows = list(self.cache.rows)
-        temperatures = [row.entry.sampler.prepared_temperature for row in rows]  # None: the row makes no use of them
-        temperatures = None if set(temperatures) == {None} else [t or 1.0 for t in temperatures]
+        rows, front = list(self.cache.rows), self.cache.front
+        # the graph makes the sampling outputs of the rows that use them, the first `front` rows, and no others
+        temperatures = [row.entry.sampler.prepared_temperature for row in rows[:front]] or None
         try:
             logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64), temperatures)  # [n, V]
         except BaseException as error:  # the pass itself failed: every job in it ends with that error
@@ -143,7 +144,7 @@ class Scheduler:
             slots.setdefault(row.entry, []).append(slot)
         prepared = self.cache.prepared
         for entry, mine in slots.items():
-            mine_prepared = None if prepared is None else prepared.rows(mine)
+            mine_prepared = prepared.rows(mine) if prepared is not None and entry.front else None
             self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared)
         for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
             if self.cache.rows[slot].finished:
@@ -211,7 +212,7 @@ class Scheduler:
         row = Row(entry, index)
         self._pick(entry, [row], logits)
         if not row.finished:
-            self.cache.join(row, decoder.buffers, len(batch.rows[index]))
+            self.cache.join(row, decoder.buffers, len(batch.rows[index]), front=entry.front)
         if not entry.waiting or entry.waiting[0] // batch.config.num_return_sequences != prompt:
             entry.prefilled = None
 
@@ -250,7 +251,10 @@ class Scheduler:
                 self._end(entry, None)
         self.cache.reserve(len(self.cache.rows) + len(joining), width)
         for k, row in joining:
-            self.cache.join(row, decoder.buffers, len(prompts[k]), source_row=k, source_start=width - len(prompts[k]))
+            start = width - len(prompts[k])
+            self.cache.join(
+                row, decoder.buffers, len(prompts[k]), source_row=k, source_start=start, front=row.entry.front
+            )
 
     def _guard(self, entry: Entry, function, *args) -> bool:
         """Run function(*args) for `entry`; if it raises, end that job with the error. Whether it went well."""

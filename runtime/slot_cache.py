@@ -12,11 +12,14 @@ by the attention bias: export/graph.py's _cache_lengths), so the same graph runs
 exp(MASKED) = exactly 0 to a row's attention, whatever it holds, so a row's logits do not depend on its
 neighbours' positions (fp32 graphs; int8 graphs quantize activations per pass, over every row at once).
 
-A joining row is prefilled alone (batch 1) and its cache copied in at [W - L, W), after moving every row right
-when L > W. A leaving row's slot takes the last row, so a step runs the n rows in use, no more. When W + 1 would
-pass the capacity, or when every row leaves more than half of W masked, the columns all rows have masked are
-dropped (every row moves left); if that is not enough the buffers grow, doubling up to the model's context. The
-buffers go as soon as the batch is empty.
+A joining row is prefilled alone (batch 1) and its cache copied in at [W - L, W), after moving every row right when L >
+W. Rows that use the graph's sampling outputs ("front" rows) hold the first slots, the others the rest, so a step has
+the graph make those outputs for the first rows only: a front row joins at the first slot after the front rows (the row
+there, if any, moves to the end), a leaving front row's slot takes the last front row and that one's the last row, any
+other leaving row's slot the last row. A step runs the n rows in use, no more. When W + 1 would pass the capacity, or
+when every row leaves more than half of W masked, the columns all rows have masked are dropped (every row moves left);
+if that is not enough the buffers grow, doubling up to the model's context. The buffers go as soon as the batch is
+empty.
 """
 
 import numpy as np
@@ -31,6 +34,7 @@ class SlotCache:
         self.engine, self.max_rows, self.max_width = engine, max_rows, max_width
         self.rows: list = []  # the caller's row objects; slot i's cache is buffers[.][i]
         self.lengths: list = []  # positions each row holds (prompt + tokens fed so far)
+        self.front = 0  # rows[:front] are the front rows
         self.width = 0  # W: columns in use, the same for every row
         self.buffers: list | None = None
         self._decoders: dict = {}  # n -> a decoder over the first n rows of the buffers
@@ -45,10 +49,12 @@ class SlotCache:
     def free(self) -> int:
         return self.max_rows - len(self.rows)
 
-    def join(self, row, source: list, length: int, source_row: int = 0, source_start: int = 0) -> None:
+    def join(
+        self, row, source: list, length: int, source_row: int = 0, source_start: int = 0, front: bool = False
+    ) -> None:
         """Add `row`, whose `length` positions are in columns [source_start, source_start + length) of `source`'s
         row `source_row` (a prefill decoder's buffers, one per cache tensor: batch 1 from column 0, or a
-        left-padded batch)."""
+        left-padded batch); `front`: among the front rows."""
         if not self.free:
             raise ValueError(f"the running batch is full ({self.max_rows} rows)")
         self._fit(len(self.rows) + 1, joining=length)
@@ -58,10 +64,16 @@ class SlotCache:
                 buffer[:n, :, shift:length] = buffer[:n, :, : self.width]  # numpy copies overlapping ranges safely
             self.width = length
         slot, start = len(self.rows), self.width - length
-        for buffer, prefilled in zip(self.buffers, source):
-            buffer[slot, :, start : self.width] = prefilled[source_row, :, source_start : source_start + length]
         self.rows.append(row)
         self.lengths.append(length)
+        if front:
+            if self.front < slot:  # the first other row makes room at the end
+                self._move(self.front, slot)
+                slot = self.front
+            self.front += 1
+        for buffer, prefilled in zip(self.buffers, source):
+            buffer[slot, :, start : self.width] = prefilled[source_row, :, source_start : source_start + length]
+        self.rows[slot], self.lengths[slot] = row, length
 
     def reserve(self, rows: int, width: int) -> None:
         """Make room for `rows` rows and a joining row of `width` positions in one go: rows that join together
@@ -70,13 +82,16 @@ class SlotCache:
             self._fit(min(rows, self.max_rows), joining=width)
 
     def leave(self, slot: int) -> None:
-        """Free `slot` at once: the last row moves into it (its object too, in `rows`)."""
+        """Free `slot` at once: the last row moves into it (its object too, in `rows`); for a front row's slot, the
+        last front row does, and the last row into that one's."""
+        if slot < self.front:
+            self.front -= 1
+            if slot != self.front:
+                self._move(self.front, slot)
+                slot = self.front
         last = len(self.rows) - 1
         if slot != last:
-            start = self.width - self.lengths[last]
-            for buffer in self.buffers:
-                buffer[slot, :, start : self.width] = buffer[last, :, start : self.width]
-            self.rows[slot], self.lengths[slot] = self.rows[last], self.lengths[last]
+            self._move(last, slot)
         self.rows.pop()
         self.lengths.pop()
         if not self.rows:  # nothing left to decode: the memory goes now
@@ -84,8 +99,8 @@ class SlotCache:
 
     def step(self, token_ids: np.ndarray, temperatures: list | None = None) -> np.ndarray:
         """Feed one token per row ([n] int64, slot order); returns the logits [n, V], valid until the next step, as
-        `prepared` is: the graph's sampling outputs for the rows, made at `temperatures` (one per row), or None
-        (without temperatures, or for a graph without them)."""
+        `prepared` is: the graph's sampling outputs for the first rows, made at `temperatures` (one for each of the
+        front rows, say), or None (without temperatures, or for a graph without them)."""
         n = len(self.rows)
         self._fit(n)
         lengths = np.asarray(self.lengths, dtype=np.int64)
@@ -98,6 +113,13 @@ class SlotCache:
         self.width += 1
         self.lengths = [length + 1 for length in self.lengths]
         return logits[:, -1, :]
+
+    def _move(self, source: int, slot: int) -> None:
+        """Row `source` into `slot`: its positions' cache, its object and its length (`source` is then free)."""
+        start = self.width - self.lengths[source]
+        for buffer in self.buffers:
+            buffer[slot, :, start : self.width] = buffer[source, :, start : self.width]
+        self.rows[slot], self.lengths[slot] = self.rows[source], self.lengths[source]
 
     def _fit(self, rows: int, joining: int = 0) -> None:
         """Make the buffers hold `rows` rows and one more column than max(W, joining), a joining row's length:

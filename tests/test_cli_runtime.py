@@ -378,26 +378,34 @@ def test_bench_sample_times_each_sampled_setting_against_greedy(tiny_package):
 
 
 def test_the_sampled_settings_take_turns_step_by_step(monkeypatch):
-    # each setting's decode advances one step at a time, every setting once per turn, the first of a turn rotating,
-    # so a moment's load on the machine falls on every setting alike
+    # each setting's decode advances one step at a time, every setting once per turn, in orders where each follows
+    # every other about as often, and each step's time is credited to the setting that took it
     from edgelm.runtime import bench
 
-    order = []
+    order, clock = [], [0.0]
+    cost = {"a": 1.0, "b": 10.0, "c": 100.0}
 
     def decode(model, prompts, new_tokens, options, seed):
         for step in range(new_tokens):
             order.append((options["name"], step))
+            clock[0] += cost[options["name"]]
             yield step
 
     monkeypatch.setattr(bench, "_decode", decode)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
     settings = [(key, {"name": key}) for key in "abc"]
-    steps = bench._lockstep_steps(None, [1, 2], 5, settings)
-    assert {key: len(times) for key, times in steps.items()} == {"a": 4, "b": 4, "c": 4}
-    assert all(t >= 0 for times in steps.values() for t in times)
+    steps = bench._lockstep_steps(None, [1, 2], 301, settings)
+    assert steps == {key: [cost[key]] * 300 for key in "abc"}
     assert order[:3] == [("a", 0), ("b", 0), ("c", 0)]  # the prompt's pass, then turns
-    turns = [order[3 + 3 * i : 6 + 3 * i] for i in range(4)]
-    assert [[key for key, _ in turn] for turn in turns] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    turns = [order[3 + 3 * i : 6 + 3 * i] for i in range(300)]
+    assert all(sorted(key for key, _ in turn) == list("abc") for turn in turns)
     assert all({step for _, step in turn} == {i + 1} for i, turn in enumerate(turns))
+    keys = [key for key, _ in order[3:]]
+    follows = {(x, y): 0 for x in "abc" for y in "abc" if x != y}
+    for x, y in zip(keys, keys[1:]):
+        if x != y:
+            follows[x, y] += 1
+    assert min(follows.values()) > 0.6 * max(follows.values())  # no setting mostly follows one other
 
 
 def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():

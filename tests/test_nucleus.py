@@ -246,8 +246,14 @@ def test_the_mass_below_is_summed_over_prefixes_up_to_the_whole_row(seed):
     answers = []
     for low in np.quantile(w, [0.05, 0.2, 0.5, 0.9, 0.99]).astype(np.float32):
         below = float(w[w < low].astype(np.float64).sum())
-        for need in (below * 0.9, below * 0.999, below * 1.001, below * 1.1):
+        for need in (below * 0.1, below * 0.9, below * 0.999, below * 1.001, below * 1.1):  # 0.1: a prefix answers
             said = nucleus._mass_below_exceeds(w, low, need, work, flags)
             assert said == (below > need), (low, need)
             answers.append(said)
     assert True in answers and False in answers
+    for n in range(5):  # rows too short for every prefix to hold a token
+        row = np.arange(1, n + 1, dtype=np.float32)
+        for low in range(n + 2):
+            below = float(row[row < low].sum())
+            for need in (below - 0.5, below + 0.5):
+                assert nucleus._mass_below_exceeds(row, np.float32(low), need, work[:n], flags[:n]) == (below > need)
