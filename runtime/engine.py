@@ -11,7 +11,6 @@ step's present [B, KV, S + 1, D] becomes the next past (GrowingDecoder). With a 
 whole chunks a recent prompt had gets their rows copied in instead of computed (runtime/prefix_cache.py).
 """
 
-from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
@@ -171,30 +170,32 @@ class InPlaceDecoder:
         self.keep_last_array = np.array(1, dtype=np.int64)
         self.keep_last = runner.value(self.keep_last_array)  # borrows it: the array lives as long as the decoder
         # Each pass writes the logits and the new cache rows into these same arrays; with the graph's sampling
-        # outputs, the rows its temperature input has (runs[True]: every row, made at self.temperatures;
-        # runs[False]: none, for greedy passes, which then cost nothing more).
-        self.sampling, self.sampling_on, self.made = None, False, False  # made: the last pass made them
+        # outputs, for the first rows its temperature input has: runs[r] makes them for the first r rows, at
+        # self.temperatures' first r, and runs[0] for none (greedy passes, which then cost nothing more).
+        self.sampling, self.sampled, self.made = None, 0, False  # made: the last pass made them
+        self._names, self._outputs = names, outputs
         if not engine.io.has_sampling:
-            self.runs = {False: (runner.bind(names, outputs), [])}  # the run and the inputs after the cache
+            self.runs = {0: (runner.bind(names, outputs), [], None)}  # the run, the inputs after the cache, arrays
         else:
-            # on -> (weights, block sums, temperatures): arrays the OrtValues borrow
-            self.held = {True: sampling or engine.sampling_arrays(batch), False: engine.sampling_arrays(0)}
-            self.temperatures, self.runs = self.held[True][2], {}
-            for on, held in self.held.items():
-                bound = runner.bind([*names, SAMPLING_TEMPERATURE], outputs | dict(zip(SAMPLING_OUTPUTS, held)))
-                self.runs[on] = (bound, [runner.value(held[2])])
-            weights, sums, _ = self.held[True]
-            self.sampling = Prepared(weights[:, 0], sums[:, 0], (1.0,) * batch)
+            self.held = sampling or engine.sampling_arrays(batch)  # (weights, block sums, temperatures), every row
+            self.temperatures, self.runs = self.held[2], {}
+            self.sampling = Prepared(self.held[0][:, 0], self.held[1][:, 0], (1.0,) * batch)
 
     def set_temperatures(self, temperatures) -> None:
-        """Have the next passes make the sampling outputs at these temperatures (one for every row, or [B]; 1 for a
-        greedy row), or, with None, make none."""
+        """Have the next passes make the sampling outputs at these temperatures: one for every row, or a list for
+        the first len(list) rows (the rows after them greedy, or sampled without them); with None or [], none."""
         if self.sampling is None:
             return
-        self.sampling_on, self.made = temperatures is not None, False  # what the last pass made was made at others
-        if self.sampling_on:
-            self.temperatures[:, 0] = temperatures
-            self.sampling = replace(self.sampling, temperatures=tuple(self.temperatures[:, 0].tolist()))
+        self.made = False  # what the last pass made was made at others
+        if temperatures is None or np.ndim(temperatures) == 0:
+            temperatures = [] if temperatures is None else [temperatures] * len(self.temperatures)
+        if len(temperatures) > len(self.temperatures):
+            raise ValueError(f"{len(temperatures)} temperatures for a decoder of {len(self.temperatures)} rows")
+        self.sampled = rows = len(temperatures)
+        if rows:
+            self.temperatures[:rows, 0] = temperatures
+            made_at = tuple(self.temperatures[:rows, 0].tolist())
+            self.sampling = Prepared(self.held[0][:rows, 0], self.held[1][:rows, 0], made_at)
 
     def prepared(self, rows: list | None = None) -> Prepared | None:
         """The last pass's sampling outputs for `rows` (all when None); None where the graph has none, or that pass
@@ -217,6 +218,19 @@ class InPlaceDecoder:
             self.prefix_cache.store(input_ids[0], self.buffers)
         return self.logits
 
+    def _bind(self, rows: int) -> tuple:
+        """The run that makes the sampling outputs for the first `rows` rows (views of the first rows of the arrays,
+        which the OrtValues borrow: kept with it), bound once per number of rows."""
+        runner = self.engine.runner
+        held = tuple(a[:rows] for a in self.held) if rows else self.engine.sampling_arrays(0)
+        names = [*self._names, SAMPLING_TEMPERATURE]
+        self.runs[rows] = (
+            runner.bind(names, self._outputs | dict(zip(SAMPLING_OUTPUTS, held))),
+            [runner.value(held[2])],
+            held,
+        )
+        return self.runs[rows]
+
     def _cacheable(self, input_ids, attention_mask, position_ids) -> bool:
         """A prompt over an empty cache, one row, unpadded at positions 0..T-1: the only prefill a prefix cache
         knows the rows of (a decode step, a padded row and a batch go without it)."""
@@ -236,10 +250,10 @@ class InPlaceDecoder:
             self.engine.token_input(input_ids),
             *(np.ascontiguousarray(a, dtype=np.int64) for a in (attention_mask, position_ids)[: self.id_inputs - 1]),
         ]
-        run, temperature = self.runs[self.sampling_on]
+        run, temperature, _ = self.runs.get(self.sampled) or self._bind(self.sampled)
         self.made = False  # until the pass has written them
         run([*(self.engine.runner.value(a) for a in arrays), self.keep_last, *self.cache, *temperature])
-        self.made = self.sampling_on
+        self.made = self.sampled > 0
 
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

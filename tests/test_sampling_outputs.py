@@ -75,7 +75,7 @@ def test_greedy_passes_make_no_sampling_outputs(tiny_package):
     run = lambda decoder: decoder.run(ids, np.ones_like(ids), np.tile(np.arange(2), (2, 1))).copy()  # noqa: E731
     np.testing.assert_array_equal(run(greedy), run(sampled))  # the same logits either way
     # greedy's pass made zero rows: its outputs are bound to [0, 1, ...] arrays, which any row would not fit
-    assert greedy.prepared() is None and greedy.held[False][0].shape == (0, 1, 512)
+    assert greedy.prepared() is None and greedy.runs[0][2][0].shape == (0, 1, 512)
     assert sampled.prepared().weights.shape == (2, 512) and sampled.prepared([1]).weights.shape == (1, 512)
     sampled.set_temperatures(0.25)
     assert sampled.prepared() is None  # the last pass's were made at 1: none until a pass makes them at 0.25
@@ -84,6 +84,27 @@ def test_greedy_passes_make_no_sampling_outputs(tiny_package):
     sampled.set_temperatures(None)
     run(sampled)
     assert sampled.prepared() is None
+
+
+def test_a_pass_makes_the_sampling_outputs_of_its_first_rows_only(tiny_package):
+    # a running batch puts the rows that sample first: the graph makes their outputs, not the greedy rows' after them
+    engine = load(tiny_package).engine
+    ids = np.array([[5, 6], [8, 9], [3, 4]])
+    every, first = engine.decoder(3, 16), engine.decoder(3, 16)
+    every.set_temperatures([0.7, 0.7, 1.0])
+    first.set_temperatures([0.7])
+    run = lambda decoder: decoder.run(ids, np.ones_like(ids), np.tile(np.arange(2), (3, 1))).copy()  # noqa: E731
+    np.testing.assert_array_equal(run(every), run(first))
+    made = first.prepared()
+    assert made.weights.shape == (1, 512) and made.temperatures == (float(np.float32(0.7)),)
+    np.testing.assert_array_equal(made.weights, every.prepared([0]).weights)  # row 0's are the same either way
+    assert not first.held[0][1:].any()  # nothing written for the rows after it
+    assert first.prepared([0]).block_sums.shape == (1, 2)
+    with pytest.raises(ValueError, match="4 temperatures for a decoder of 3 rows"):
+        first.set_temperatures([1.0] * 4)
+    first.set_temperatures([])
+    run(first)
+    assert first.prepared() is None
 
 
 @pytest.mark.parametrize(
