@@ -39,10 +39,11 @@ JOIN_ROUNDS = 2
 class Entry:
     """A submitted job and its progress: its sampler, one generator per row, and the rows not yet in the batch."""
 
-    def __init__(self, job, vocab_size: int):
+    def __init__(self, job, vocab_size: int, sampling_outputs: bool = True):
         self.job, self.batch, config = job, job.batch, job.batch.config
         self.sampler = SamplerChain(config, vocab_size)
-        self.front = self.sampler.prepared_temperature is not None  # its rows use the graph's sampling outputs
+        # its rows use the graph's sampling outputs (sampling_outputs: the graph has them): they go first in the batch
+        self.front = sampling_outputs and self.sampler.prepared_temperature is not None
         self.rngs = self.batch.generators()
         self.eos = config.stop_ids
         self.waiting = deque(range(len(self.batch.rows)))  # rows not yet prefilled, in order
@@ -176,7 +177,7 @@ class Scheduler:
             if job.batch is None:  # start() did all of it
                 job.finish(None)
                 return
-            entry = Entry(job, self.vocab_size)
+            entry = Entry(job, self.vocab_size, self.engine.io.has_sampling)
             job.check()  # stopped while it waited in the queue
         except BaseException as error:
             _finish(job, error)

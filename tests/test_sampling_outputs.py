@@ -472,7 +472,7 @@ def test_a_running_batchs_decoders_share_one_set_of_sampling_arrays(tiny_package
     decoders = list(cache._decoders.values())
     assert len(decoders) == 3
     for decoder in decoders[1:]:
-        for shared, own in zip(decoders[0].held[True], decoder.held[True]):
+        for shared, own in zip(decoders[0].held, decoder.held):  # weights, block sums, temperatures
             assert np.shares_memory(shared, own)
     cache.step(np.full(1, 1))  # no row samples: none made
     assert cache.prepared is None
