@@ -63,17 +63,16 @@ class SlotCache:
             for buffer in self.buffers:
                 buffer[:n, :, shift:length] = buffer[:n, :, : self.width]  # numpy copies overlapping ranges safely
             self.width = length
-        slot, start = len(self.rows), self.width - length
+        last, start = len(self.rows), self.width - length
+        slot = self.front if front else last  # a front row takes the first other row's slot, which moves to the end
         self.rows.append(row)
         self.lengths.append(length)
-        if front:
-            if self.front < slot:  # the first other row makes room at the end
-                self._move(self.front, slot)
-                slot = self.front
-            self.front += 1
+        if slot != last:
+            self._move(slot, last)
         for buffer, prefilled in zip(self.buffers, source):
             buffer[slot, :, start : self.width] = prefilled[source_row, :, source_start : source_start + length]
         self.rows[slot], self.lengths[slot] = row, length
+        self.front += front
 
     def reserve(self, rows: int, width: int) -> None:
         """Make room for `rows` rows and a joining row of `width` positions in one go: rows that join together
