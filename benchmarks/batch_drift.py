@@ -1,4 +1,4 @@
-"""How much a row's logits depend on the other rows of a running batch (continuous batching, runtime/slot_cache.py).
+"""How much a row's logits depend on the other rows of a running batch (continuous batching, runtime/batching/slot_cache.py).
 
     python benchmarks/batch_drift.py PACKAGE [--rows 16] [--steps 32]
 
@@ -13,11 +13,10 @@ over every row at once, which this measures. A benchmark, not a test: nothing is
 import argparse
 
 import numpy as np
-
 from edgelm.runtime import load
-from edgelm.runtime.engine import decode_steps
+from edgelm.runtime.batching.slot_cache import SlotCache
+from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.sampling import log_softmax
-from edgelm.runtime.slot_cache import SlotCache
 
 PROMPTS = [
     "Hello, my name is",

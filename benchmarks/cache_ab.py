@@ -8,11 +8,10 @@ Both paths run the same package and prompts, interleaved; medians over rounds, 1
 import argparse
 import time
 
-import numpy as np
-
 import edgelm.runtime as edgelm
+import numpy as np
+from edgelm.runtime.engine.decode import GrowingDecoder, decode_steps
 from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.engine import GrowingDecoder, decode_steps
 
 NEW_TOKENS = 128
 

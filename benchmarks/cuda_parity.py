@@ -12,9 +12,8 @@ import json
 import sys
 import time
 
-import numpy as np
-
 import edgelm.runtime as rt
+import numpy as np
 
 PROMPTS = [
     "Hello, my name is",

@@ -12,7 +12,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from distilgpt2_checkpoint import build  # noqa: E402
-
 from edgelm.export.stages import export_model  # noqa: E402
 
 OUT = Path(__file__).parent / "out"

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from edgelm.runtime.package.open import file_record
 from onnx import TensorProto, helper, numpy_helper
-
-from edgelm.runtime.package import file_record
 
 MS = "com.microsoft"
 

@@ -4,7 +4,7 @@ or for none.
     python benchmarks/mixed_batch.py PACKAGE [--rows 16] [--sampled 8] [--steps 40]
 
 The scheduler puts the rows that use the graph's sampling outputs first and has the graph make them for those
-rows only (runtime/slot_cache.py); before, a batch where any row sampled had them made for every row. This fills a
+rows only (runtime/batching/slot_cache.py); before, a batch where any row sampled had them made for every row. This fills a
 SlotCache with --rows rows of 32-token prompts and times its step three ways, taking turns (the order turning each
 step): temperatures for the first --sampled rows, for all rows, and none (a greedy batch). Medians; a benchmark,
 not a test: nothing is asserted.
@@ -14,10 +14,9 @@ import argparse
 import time
 
 import numpy as np
-
 from edgelm.runtime import load
+from edgelm.runtime.batching.slot_cache import SlotCache
 from edgelm.runtime.bench import _prompt
-from edgelm.runtime.slot_cache import SlotCache
 
 
 def main():

@@ -11,9 +11,8 @@ ratios (B over A).
 import argparse
 import time
 
-import numpy as np
-
 import edgelm.runtime as edgelm
+import numpy as np
 from edgelm.runtime.bench import SETTLE_S, _cold_start, _prompt, _timed_tokens
 
 WORK = (

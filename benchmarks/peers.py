@@ -250,10 +250,9 @@ def _timed(stream):
 
 def _edgelm(system, path, threads):
     import edgelm.runtime as edgelm
-    from edgelm.runtime.generation_config import GenerationConfig
-    from edgelm.runtime.engine import decode_steps
-
     import numpy as np
+    from edgelm.runtime.engine.decode import decode_steps
+    from edgelm.runtime.generation_config import GenerationConfig
 
     model = edgelm.load(path, device="cpu", threads=threads)
 

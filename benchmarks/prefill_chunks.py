@@ -15,11 +15,10 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 import edgelm.runtime as edgelm
-from edgelm.runtime import engine
+import numpy as np
 from edgelm.runtime.bench import _prompt, _timed_tokens, peak_rss_mb
+from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.sampling import log_softmax
 
 CHUNKS = (64, 128, 256, 512)

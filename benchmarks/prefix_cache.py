@@ -22,11 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 import edgelm.runtime as edgelm
+import numpy as np
 from edgelm.runtime.bench import SETTLE_S, _prompt, _timed_tokens
-from edgelm.runtime.engine import decode_steps
+from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.generation_config import GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,7 +40,7 @@ def int8_package() -> Path:
     package = OUT / "pkg-int8"
     if not (package / "manifest.json").exists():
         checkpoint = build(OUT / "distilgpt2-random")
-        cli = "from edgelm.runtime.cli import main; main()"
+        cli = "from edgelm.runtime.cli.main import main; main()"
         export = [sys.executable, "-c", cli, "export", str(checkpoint), "-o", str(package), "--quantize", "int8"]
         subprocess.run(export, check=True)
     return package

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
-
 from edgelm.runtime.bench import SETTLE_S, ReadProbe, _prompt, _timed_tokens
+from edgelm.runtime.engine.session import create_session
 from edgelm.runtime.model import load
-from edgelm.runtime.session import create_session
+from onnx import TensorProto, helper
 
 PRODUCTS = {"MatMul", "DynamicQuantizeMatMul", "QGemm", "MatMulNBits", "DynamicQuantizeLinear"}
 PROMPT, CHUNK = 512, 128  # the first-token work: the prompt in the runtime's chunks, the LM head on one row each

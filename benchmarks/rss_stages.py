@@ -21,8 +21,8 @@ def main():
     package = sys.argv[1]
     print(f"{'python started':<34} {memory()}")
     import edgelm.runtime  # noqa: F401  (what every edgelm process imports)
-    from edgelm.runtime.package import open_package
-    from edgelm.runtime.session import create_session, release_freed_memory
+    from edgelm.runtime.engine.session import create_session, release_freed_memory
+    from edgelm.runtime.package.open import open_package
     from tokenizers import Tokenizer
 
     print(f"{'numpy, onnxruntime, edgelm imported':<34} {memory()}")

@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from edgelm.runtime import engine
 from edgelm.runtime import sampling as current
 from edgelm.runtime.bench import SAMPLED, _prompt, _timed_tokens
+from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.model import load
 
@@ -36,7 +35,7 @@ SAMPLER_MODULES = ("sampling", "draw", "nucleus", "topk", "tally")
 
 
 def sampling_at(rev: str):
-    """runtime/sampling.py as it is at `rev`, with the sampler modules it imports as they are there too."""
+    """runtime/sampling/chain.py as it is at `rev`, with the sampler modules it imports as they are there too."""
     import edgelm.runtime as runtime
 
     package = f"edgelm.runtime._at_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"

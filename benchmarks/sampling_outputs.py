@@ -17,9 +17,8 @@ import argparse
 import time
 
 import numpy as np
-
-from edgelm.runtime import engine
 from edgelm.runtime.bench import SAMPLED, _prompt, _timed_tokens
+from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.model import load
 from edgelm.runtime.sampling import SamplerChain
 

@@ -17,13 +17,13 @@ import threading
 import time
 
 from edgelm.runtime import load
-from edgelm.runtime.scheduler import Scheduler
+from edgelm.runtime.batching.scheduler import Scheduler
 
 PROMPTS = ["Hello, my name is", "The quick brown fox", "Once upon a time", "In the beginning", "import numpy as np"]
 
 
 class Job:
-    """The scheduler's job interface (runtime/scheduler.py), noting when its first text piece came."""
+    """The scheduler's job interface (runtime/batching/scheduler.py), noting when its first text piece came."""
 
     def __init__(self, batch):
         self.batch, self.first, self.error = batch, None, None

@@ -36,7 +36,7 @@ def start_server(package: str, serve_options: list) -> tuple[subprocess.Popen, s
     command = [
         sys.executable,
         "-c",
-        "from edgelm.runtime.cli import main; main()",
+        "from edgelm.runtime.cli.main import main; main()",
         "serve",
         package,
         "--port",

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from edgelm.runtime.package_format import Architecture
+from edgelm.runtime.package.format import Architecture
 
 from .activations import WEIGHTS as ACTIVATION_WEIGHTS
 from .activations import check_activation

@@ -3,7 +3,6 @@
 import time
 
 import click
-
 from edgelm.runtime.errors import EdgelmError
 
 
@@ -101,7 +100,7 @@ QUALITY_LINES = ("fp32 parity", "int8 quality", "int4 quality", "validation")  #
 
 def _quality_lines(package_folder) -> list:
     """The quantized package's measured quality (top-1 agreement, KL, perplexity change), as edgelm info shows it."""
-    from edgelm.runtime.package import open_package
+    from edgelm.runtime.package.open import open_package
 
     try:
         described = open_package(package_folder, verify=False).describe()

@@ -9,8 +9,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from edgelm.runtime.package_format import (
+from edgelm.runtime.package.format import (
     ALIGN,
     SAMPLING_BLOCK,
     SAMPLING_BLOCK_SUMS,
@@ -49,7 +48,7 @@ def build_decoder(
     g = GraphBuilder("edgelm_gpt2_decoder", WEIGHTS_FILE)
     H, D, C = arch.n_head, arch.head_size, arch.n_embd
     cache_type = INT8 if cache_scales else FLOAT
-    if recipe in EMBEDDINGS_OUTSIDE:  # the runtime looks the tokens up (runtime/embeddings.py)
+    if recipe in EMBEDDINGS_OUTSIDE:  # the runtime looks the tokens up (runtime/engine/embeddings.py)
         tokens = g.input("inputs_embeds", FLOAT, ["batch", "sequence", C])
     else:
         tokens = g.input("input_ids", INT64, ["batch", "sequence"])
@@ -288,7 +287,7 @@ def _embedding(g, weights, recipe, tied):
 
 def _embedding_int8(g, wte, head, tied):
     """One scale per vocabulary entry, the same for its embedding row and its logit column, stored as [V, C]
-    rows that the runtime reads itself (export/weights_file.py, runtime/embeddings.py). Tied, the LM head's
+    rows that the runtime reads itself (export/weights_file.py, runtime/engine/embeddings.py). Tied, the LM head's
     QGemm parts name those same rows; untied, the token rows are written for the runtime alone (no node reads
     them) and the LM head quantizes `lm_head.weight` the same way into parts of its own."""
     w = quantize_int8(np.ascontiguousarray(wte.T))  # per column of [C, V]: one scale per vocabulary entry

@@ -9,8 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-
-from edgelm.runtime.package_format import Architecture, FormatError, file_name
+from edgelm.runtime.package.format import Architecture, FormatError, file_name
 
 from .checkpoint import _check_finite, tensors, transposed
 from .errors import ExportError

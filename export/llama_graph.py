@@ -14,8 +14,7 @@ input instead, which counts real tokens only (transformers' rule), from cos/sin 
 import math
 
 import numpy as np
-
-from edgelm.runtime.package_format import WEIGHTS_FILE, Architecture
+from edgelm.runtime.package.format import WEIGHTS_FILE, Architecture
 
 from . import graph as gpt2
 from .graph import EMBEDDINGS_OUTSIDE, OPSET, Decoder
@@ -34,7 +33,9 @@ def build_decoder(
     g = GraphBuilder(f"edgelm_{arch.model_type}_decoder", WEIGHTS_FILE)
     H, KV, D, C = arch.n_head, arch.kv_heads, arch.head_size, arch.n_embd
     cache_type = INT8 if cache_scales else FLOAT
-    if recipe in EMBEDDINGS_OUTSIDE and arch.tie_word_embeddings:  # the runtime looks tokens up (runtime/embeddings.py)
+    if (
+        recipe in EMBEDDINGS_OUTSIDE and arch.tie_word_embeddings
+    ):  # the runtime looks tokens up (runtime/engine/embeddings.py)
         tokens = g.input("inputs_embeds", FLOAT, ["batch", "sequence", C])
     else:
         tokens = g.input("input_ids", INT64, ["batch", "sequence"])

@@ -12,8 +12,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-
-from edgelm.runtime.package_format import (
+from edgelm.runtime.engine.onnxruntime_compat import graph_minimum
+from edgelm.runtime.errors import GenerationOptionError
+from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.package.format import (
     GENERATION_CONFIG,
     GRAPH_FILE,
     HF_CONFIG,
@@ -25,10 +27,7 @@ from edgelm.runtime.package_format import (
     Validation,
     Weights,
 )
-from edgelm.runtime.errors import GenerationOptionError
-from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.onnxruntime_compat import graph_minimum
-from edgelm.runtime.store import check_name
+from edgelm.runtime.store.local import check_name
 
 from .checkpoint import load_checkpoint
 from .errors import ExportError
@@ -303,7 +302,7 @@ def _graph_section(shipped, kv_cache: str) -> Graph:
         weights_file=WEIGHTS_FILE,
         token_embeddings=shipped.token_embeddings,
         kv_cache=_kv_cache_description(kv_cache),
-        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/onnxruntime_compat.py
+        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/engine/onnxruntime_compat.py
     )
 
 
@@ -331,8 +330,8 @@ def _tokenizer(tokenizer_json: str):
 
 
 def _check_chat_template(source) -> None:
-    from edgelm.runtime.chat_template import compile_template
     from edgelm.runtime.errors import ChatError
+    from edgelm.runtime.text.chat_template import compile_template
 
     try:
         compile_template(source, "the chat template given")
@@ -395,7 +394,6 @@ def _reference_model(checkpoint):
     a parameter transformers keeps in another dtype (xielu's bfloat16) gets that dtype, as loading would give it."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()

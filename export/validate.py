@@ -10,10 +10,9 @@ import weakref
 
 import numpy as np
 import onnxruntime as ort
-
+from edgelm.runtime.engine.decode import Engine, decode_steps, left_pad, position_ids_from_mask
+from edgelm.runtime.engine.session import graph_io
 from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.engine import Engine, decode_steps, left_pad, position_ids_from_mask
-from edgelm.runtime.session import graph_io
 
 from .errors import ParityError
 from .weights_file import ShippedGraph
@@ -132,7 +131,7 @@ def _engine(graph, arch, in_place: bool = False) -> Engine:
 
 
 class _Fed:
-    """A runner (runtime/ort_fast_path.py: value, run, bind) that feeds `weights` {name: array} with every run,
+    """A runner (runtime/engine/fast_path.py: value, run, bind) that feeds `weights` {name: array} with every run,
     borrowed: the arrays must outlive it."""
 
     def __init__(self, runner, weights: dict):

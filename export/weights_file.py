@@ -6,7 +6,7 @@ weight once an op has prepacked it. For distilgpt2 int8 the load's own peak was 
 inside model.onnx and 202 MB with them mapped (benchmarks/NOTES.md).
 
 For graphs that take inputs_embeds (int8), the token rows come first in the file, in vocabulary order, and
-their scales right after: the runtime reads the rows it needs from there (runtime/embeddings.py). Tied, the
+their scales right after: the runtime reads the rows it needs from there (runtime/engine/embeddings.py). Tied, the
 LM head's QGemm parts name the same bytes and the matrix is stored once; untied, no node reads the rows and the
 LM head has parts of its own.
 """
@@ -14,9 +14,9 @@ LM head has parts of its own.
 from dataclasses import dataclass
 
 import numpy as np
+from edgelm.runtime.engine.embeddings import TokenEmbeddings
+from edgelm.runtime.package.format import ALIGN, TOKEN_ROWS, TOKEN_SCALE, WEIGHTS_FILE, Region, TokenTable
 
-from edgelm.runtime.embeddings import TokenEmbeddings
-from edgelm.runtime.package_format import ALIGN, TOKEN_ROWS, TOKEN_SCALE, WEIGHTS_FILE, Region, TokenTable
 from .errors import ExportError
 
 ALIGN_FROM = 1 << 20  # bytes: tensors this large start at an ALIGN boundary, so onnxruntime can map them

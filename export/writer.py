@@ -21,12 +21,11 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
-from dataclasses import replace
-
-from edgelm.runtime.package import file_record
-from edgelm.runtime.package_format import MANIFEST, FileRecord, FormatError, Manifest
+from edgelm.runtime.package.format import MANIFEST, FileRecord, FormatError, Manifest
+from edgelm.runtime.package.open import file_record
 
 from .errors import ExportError
 

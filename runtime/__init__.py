@@ -7,7 +7,7 @@
         print(piece, end="", flush=True)
 
 The other names are imported on first use, so that the `edgelm` command can decide to restart itself with
-huge pages (launch.py) before it pays for NumPy, onnxruntime and tokenizers.
+huge pages (cli/launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 """
 
 from .errors import (
@@ -22,14 +22,14 @@ from .errors import (
 )
 
 _LAZY = {
-    "ChatTemplate": "chat_template",
-    "Completion": "batch",
+    "ChatTemplate": "text.chat_template",
+    "Completion": "batching.batch",
     "GenerationConfig": "generation_config",
     "Model": "model",
     "Score": "model",
     "Stream": "model",
     "load": "model",
-    "pipeline": "text_pipeline",
+    "pipeline": "text.pipeline",
     "PromptFile": "prompt_file",
 }
 

@@ -3,7 +3,7 @@
     model = edgelm.runtime.load("models/distilgpt2")
     print(model.generate("Hello, my name is", max_new_tokens=20).text)
 
-A Model is immutable after load but for its prefix cache (load(..., prefix_cache_mb=N), runtime/prefix_cache.py),
+A Model is immutable after load but for its prefix cache (load(..., prefix_cache_mb=N), runtime/batching/prefix_cache.py),
 which guards itself; any number of threads may call it at once (each call keeps its own state).
 """
 
@@ -13,16 +13,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tokenizers import Tokenizer
 
-from .generation_config import GenerationConfig
-from .embeddings import TokenEmbeddings
-from . import engine as engine_module
-from .engine import Engine
+from .batching.batch import MAX_BATCH_TOKENS, Batch, Stream
+from .batching.prefix_cache import PrefixCache, cache_bytes
+from .engine import decode as engine_module
+from .engine.decode import Engine
+from .engine.embeddings import TokenEmbeddings
+from .engine.onnxruntime_compat import check_installed
+from .engine.session import create_session, drop_mapped_pages, graph_io, release_freed_memory
 from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
-from .batch import MAX_BATCH_TOKENS, Batch, Stream
-from .chat_template import ChatTemplate
-from .onnxruntime_compat import check_installed
-from .package import Package, open_package
-from .package_format import (
+from .generation_config import GenerationConfig
+from .package.format import (
     GENERATION_CONFIG,
     MANIFEST,
     SAMPLING_BLOCK,
@@ -30,11 +30,11 @@ from .package_format import (
     SAMPLING_TEMPERATURE,
     sampling_blocks,
 )
-from .prefix_cache import PrefixCache, cache_bytes
+from .package.open import Package, open_package
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
-from .session import create_session, drop_mapped_pages, graph_io, release_freed_memory
-from .store import resolve_package
+from .store.local import resolve_package
+from .text.chat_template import ChatTemplate
 
 
 @dataclass
@@ -376,7 +376,7 @@ def load(
     prefix_cache_mb: MiB of recent prompts' key/value rows to keep, so that a prompt starting with a recent
     prompt's first 128-token chunks skips computing them (a chat's history, a shared system prompt); outputs
     are identical with and without it. Off (0) by default: one prompt per process gains nothing from it, and it
-    holds up to that memory. Used on CPU at batch 1 (runtime/prefix_cache.py)."""
+    holds up to that memory. Used on CPU at batch 1 (runtime/batching/prefix_cache.py)."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise PackageError(
             f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"

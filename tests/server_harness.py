@@ -12,7 +12,6 @@ import time
 import weakref
 
 import httpx
-
 from edgelm.runtime.server.app import create_app
 from edgelm.runtime.server.requests import Limits
 from edgelm.runtime.server.uvicorn_server import server as uvicorn_server
@@ -57,7 +56,7 @@ class Server(Health):
         command = [
             sys.executable,
             "-c",
-            "from edgelm.runtime.cli import main; main()",
+            "from edgelm.runtime.cli.main import main; main()",
             "serve",
             "-m",
             str(package),

@@ -4,8 +4,7 @@ CLI through click's CliRunner."""
 from pathlib import Path
 
 from click.testing import CliRunner
-
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 
 
 def make_store(tmp_path, monkeypatch) -> Path:

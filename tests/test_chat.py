@@ -10,13 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime.chat_cli import _answer, fit_history
-from edgelm.runtime.chat_template import DEFAULT_STOP
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.chat import _answer, fit_history
+from edgelm.runtime.cli.main import main
+from edgelm.runtime.text.chat_template import DEFAULT_STOP
 
 EDGELM = Path(sys.executable).parent / "edgelm"
 TERSE = (  # a ChatML-like template short enough for the tiny model's 64-token context

@@ -5,9 +5,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-
-from edgelm.runtime.chat_template import DEFAULT_STOP, ChatTemplate, check_messages
 from edgelm.runtime.errors import ChatError
+from edgelm.runtime.text.chat_template import DEFAULT_STOP, ChatTemplate, check_messages
 
 CHATML = (  # Qwen2.5's shape: a default system message when none is given
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"

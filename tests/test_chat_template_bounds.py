@@ -8,11 +8,10 @@ import json
 import shutil
 import sys
 
-import pytest
-
 import edgelm.runtime as rt
-from edgelm.runtime.chat_template import ChatTemplate
+import pytest
 from edgelm.runtime.errors import ChatError
+from edgelm.runtime.text.chat_template import ChatTemplate
 
 HI = [{"role": "user", "content": "hi"}]
 CHATML = (

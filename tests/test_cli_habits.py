@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import click
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
 from edgelm.runtime import GenerationOptionError, PackageError
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 
 EDGELM = Path(sys.executable).parent / "edgelm"
 GREEDY_N = "Greedy methods without beam search do not support `num_return_sequences` different than 1 (got 3)"

@@ -7,13 +7,12 @@ import zipfile
 from pathlib import Path
 
 import click
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
 from edgelm.runtime import PackageError
-from edgelm.runtime.cli import main
-from edgelm.runtime.cli_package import HELP
+from edgelm.runtime.cli.main import main
+from edgelm.runtime.cli.options import HELP
 
 PACKAGE_COMMANDS = ("generate", "chat", "info", "verify", "bench", "serve", "pack")
 

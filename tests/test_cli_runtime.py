@@ -11,11 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 
 EOS = 0
 EDGELM = Path(sys.executable).parent / "edgelm"
@@ -411,7 +410,6 @@ def test_the_sampled_settings_take_turns_step_by_step(monkeypatch):
 def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():
     import numpy as np
     import onnxruntime as ort
-
     from edgelm.runtime.bench import READ_PROBE, ReadProbe
 
     probe = ort.InferenceSession(READ_PROBE, providers=["CPUExecutionProvider"])

@@ -3,12 +3,12 @@ loaded by the runtime, and the distilgpt2-shaped package sizes the export stage 
 
 import json
 
+import edgelm.runtime as rt
 import numpy as np
 import pytest
-
-import edgelm.runtime as rt
-from edgelm.runtime import DeviceError, session
-from edgelm.runtime.session import CPU, CUDA, CUDA_OPTIONS
+from edgelm.runtime import DeviceError
+from edgelm.runtime.engine import session
+from edgelm.runtime.engine.session import CPU, CUDA, CUDA_OPTIONS
 
 
 class FakeSession:
@@ -122,7 +122,6 @@ def test_distilgpt2_shaped_packages_fit_their_size_budget(shared_folder, tmp_pat
     if not (shared_folder / "distilgpt2-config.json").exists():
         pytest.skip(f"needs {shared_folder}/distilgpt2-config.json and gpt2-tokenizer (../shared is absent)")
     from distilgpt2_checkpoint import build
-
     from edgelm.export.stages import export_model
 
     checkpoint = build(tmp_path_factory.mktemp("distilgpt2") / "ckpt", shared_folder)
@@ -160,7 +159,7 @@ def test_loading_at_the_extended_optimization_level_loses_no_fusion(fixture, req
     extended, full = graphs.values()
     assert extended == full
     assert (
-        rt.session.create_session(model_file, "cpu")[0]._sess_options.graph_optimization_level
+        session.create_session(model_file, "cpu")[0]._sess_options.graph_optimization_level
         == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     )
 
@@ -224,9 +223,8 @@ def test_threads_spin_unless_the_caller_shares_its_cores(monkeypatch):
 
 def test_load_checks_spinning_and_serve_turns_it_off(tiny_package, monkeypatch):
     from click.testing import CliRunner
-
     from edgelm.runtime import PackageError, model
-    from edgelm.runtime.cli import main
+    from edgelm.runtime.cli.main import main
 
     with pytest.raises(DeviceError, match="spinning must be True or False"):
         rt.load(tiny_package, spinning="no")

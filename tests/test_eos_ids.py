@@ -4,14 +4,13 @@ any of them, min_new_tokens bans all of them, and the export keeps the whole lis
 import json
 import shutil
 
-import pytest
-
 import edgelm.runtime as rt
+import pytest
 from edgelm.export.errors import ExportError
 from edgelm.export.stages import export_model
 from edgelm.runtime import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.package import open_package
+from edgelm.runtime.package.open import open_package
 
 EOS = 0  # the tiny tokenizer's <|endoftext|>
 OTHER = 11  # a second end-of-text id in these tests
@@ -60,9 +59,8 @@ def test_generation_stops_at_any_end_of_text_id(model):
 
 
 def test_a_running_batch_stops_at_any_end_of_text_id(model):
+    from edgelm.runtime.batching.scheduler import Scheduler
     from test_scheduler import Job
-
-    from edgelm.runtime.scheduler import Scheduler
 
     options = dict(eos_token_id=[EOS, OTHER], logit_bias={OTHER: 100}, min_new_tokens=2, max_new_tokens=12)
     scheduler = Scheduler(model, max_rows=2)

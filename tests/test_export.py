@@ -6,8 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
-from edgelm.runtime.package import file_record
+from edgelm.runtime.package.open import file_record
 
 
 def _session(path):
@@ -157,8 +156,8 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     data = (tiny_package_int8 / section["file"]).read_bytes()
     stored = np.frombuffer(data, np.int8, count=rows.size, offset=section["rows"]["offset"]).reshape(rows.shape)
     np.testing.assert_array_equal(stored, rows)
-    from edgelm.runtime.embeddings import TokenEmbeddings
-    from edgelm.runtime.package import read_manifest
+    from edgelm.runtime.engine.embeddings import TokenEmbeddings
+    from edgelm.runtime.package.open import read_manifest
 
     lookup = TokenEmbeddings.open(
         tiny_package_int8 / section["file"], read_manifest(tiny_package_int8).graph.token_embeddings
@@ -167,8 +166,7 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     ids = np.array([[0, 5, 319], [7, 7, 1]])
     np.testing.assert_array_equal(lookup(ids), (rows[ids] * scale[ids][..., None]).astype(np.float32))
     from click.testing import CliRunner
-
-    from edgelm.runtime.cli import main
+    from edgelm.runtime.cli.main import main
 
     info = CliRunner().invoke(main, ["info", str(tiny_package_int8)])
     assert "token rows read from model.onnx.data by the runtime" in info.output
@@ -241,7 +239,7 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     from edgelm.export.checkpoint import load_checkpoint
     from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights
-    from edgelm.runtime.engine import position_ids_from_mask
+    from edgelm.runtime.engine.decode import position_ids_from_mask
 
     checkpoint = load_checkpoint(str(tiny_checkpoint))
     shipped = {}

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from edgelm.runtime.cli import main
 from edgelm.export.errors import ExportError
+from edgelm.runtime.cli.main import main
 
 HERE = Path(__file__).parent
 

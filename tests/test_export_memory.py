@@ -94,7 +94,6 @@ def test_float32_check_computes_on_the_arrays_in_place(llama_checkpoint, monkeyp
     """Handed over as initializers, the weights would be copied into the session (and prepacked): the float32
     check feeds them as inputs, and gets transformers' logits through both of the engine's paths."""
     import onnx
-
     from edgelm.export import validate
     from edgelm.export.stages import _family
     from edgelm.export.weights_file import split_weights

@@ -9,11 +9,10 @@ import shutil
 import warnings
 
 import pytest
-from store_support import invoke, make_store
-
 from edgelm.export.checkpoint import read_config, read_weights
 from edgelm.export.errors import ExportError
-from edgelm.runtime import store
+from edgelm.runtime.store import local as store
+from store_support import invoke, make_store
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from edgelm.export.errors import ExportError, ParityError
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 
 
 def _copy(checkpoint: Path, tmp_path: Path, name: str = "ckpt") -> Path:
@@ -78,7 +77,6 @@ def test_nan_parity_figure_fails_the_export(tiny_checkpoint, tmp_path, monkeypat
 
 def test_nan_quality_figure_fails_the_export(tiny_checkpoint, tmp_path, monkeypatch):
     import numpy as np
-
     from edgelm.export import validate
     from edgelm.export.stages import export_model
 
@@ -281,7 +279,7 @@ KILL_DURING_PUBLISH = """
 import json, os, signal
 from pathlib import Path
 from edgelm.export import writer
-from edgelm.runtime.package_format import MANIFEST, Manifest
+from edgelm.runtime.package.format import MANIFEST, Manifest
 
 out, source = Path({out!r}), Path({package!r})
 when = {when!r}
@@ -336,7 +334,7 @@ INTERRUPT_DURING_PUBLISH = """
 import os, signal, sys
 from pathlib import Path
 from edgelm.export import writer
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 
 out = Path({out!r})
 real_rename = os.rename

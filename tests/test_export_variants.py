@@ -9,7 +9,6 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
-
 from checkpoints import copy_with_config
 from edgelm.export.errors import ExportError
 
@@ -61,7 +60,7 @@ def _graph_logits(arch, weights, recipe, ids):
     from edgelm.export.graph import build_decoder
     from edgelm.export.validate import _cache_path_logits, _engine
     from edgelm.export.weights_file import split_weights
-    from edgelm.runtime.engine import position_ids_from_mask
+    from edgelm.runtime.engine.decode import position_ids_from_mask
 
     decoder = build_decoder(arch, weights, recipe)
     engine = _engine(split_weights(decoder.model.SerializeToString(), decoder.arrays), arch)
@@ -72,8 +71,7 @@ def _graph_logits(arch, weights, recipe, ids):
 
 def _torch_logits(model, ids, mask):
     import torch
-
-    from edgelm.runtime.engine import position_ids_from_mask
+    from edgelm.runtime.engine.decode import position_ids_from_mask
 
     with torch.no_grad():
         out = model(
@@ -91,10 +89,9 @@ def test_every_transformers_activation_maps_to_onnx_ops_exactly():
     """Each ACT2FN name against transformers' own module, on values from -30 to 30 (the tails included)."""
     import onnxruntime as ort
     import torch
-    from transformers.activations import ACT2CLS, ACT2FN
-
     from edgelm.export.activations import ACTIVATIONS, mlp_activation
     from edgelm.export.onnx_builder import FLOAT, GraphBuilder
+    from transformers.activations import ACT2CLS, ACT2FN
 
     assert set(ACTIVATIONS) == set(ACT2CLS), "transformers' activations changed: map the new ones"
     x = np.concatenate([np.linspace(-30, 30, 601), np.random.default_rng(0).normal(0, 3, 399)]).astype(np.float32)
@@ -186,9 +183,8 @@ def test_untied_int8_package_runs_and_says_what_it_is(validated_variant_int8_kv8
     """The runtime looks tokens up in the table written for it; its greedy tokens follow transformers'."""
     import edgelm.runtime as rt
     from click.testing import CliRunner
+    from edgelm.runtime.cli.main import main
     from transformers import GPT2LMHeadModel
-
-    from edgelm.runtime.cli import main
 
     model = rt.load(validated_variant_int8_kv8)
     ours = model.generate("The quick brown fox", max_new_tokens=4).token_ids
@@ -243,9 +239,8 @@ def test_configs_edgelm_cannot_run_are_refused_in_one_line(tiny_checkpoint, tmp_
 
 
 def test_a_head_that_config_ties_but_the_weights_do_not_is_refused(tiny_checkpoint, tmp_path):
-    from safetensors.numpy import load_file, save_file
-
     from edgelm.export.checkpoint import load_checkpoint
+    from safetensors.numpy import load_file, save_file
 
     folder = copy_with_config(tiny_checkpoint, tmp_path / "variant")
     tensors = load_file(folder / "model.safetensors")

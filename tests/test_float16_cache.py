@@ -5,11 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import edgelm.runtime as rt
 import numpy as np
 import pytest
-
-import edgelm.runtime as rt
-from edgelm.runtime.scheduler import Scheduler
+from edgelm.runtime.batching.scheduler import Scheduler
 
 VARIANTS = Path(__file__).resolve().parents[1] / "benchmarks" / "graph_variants.py"
 

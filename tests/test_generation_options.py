@@ -4,15 +4,16 @@ non-finite logits that still give an answer."""
 
 import json
 
+import edgelm.runtime as rt
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime import GenerationOptionError, PackageError, PromptError, engine, sampling
-from edgelm.runtime.cli import main
-from edgelm.runtime.engine import decode_steps
+from edgelm.runtime import GenerationOptionError, PackageError, PromptError, sampling
+from edgelm.runtime.cli.main import main
+from edgelm.runtime.engine import decode as engine
+from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.sampling import filters
 from test_runtime_api import count_passes
 
 PROMPT = "The quick brown fox"
@@ -67,7 +68,7 @@ def test_a_config_is_valid_by_construction():
 
 def test_no_range_check_runs_per_decode_step(model, monkeypatch):
     checked = []
-    monkeypatch.setattr(sampling, "check_token_ids", lambda *a: checked.append(a))
+    monkeypatch.setattr(filters, "check_token_ids", lambda *a: checked.append(a))
     model.generate(PROMPT, max_new_tokens=6, logit_bias={5: 3.0}, bad_words_ids=[[7]])
     assert checked == []  # the config checked its ids once; the chain does not check again
 

@@ -7,11 +7,10 @@ import shutil
 import subprocess
 import sys
 
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import DeviceError, GenerationOptionError, PackageError, PromptError
 
 
@@ -40,7 +39,7 @@ def test_a_command_line_prompt_that_is_not_utf8_gets_one_line(tiny_package):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="argv bytes are a POSIX notion")
 def test_a_non_utf8_argument_in_a_real_process_gets_one_line(tiny_package):
-    command = [sys.executable, "-c", "from edgelm.runtime.cli import main; main()", "generate"]
+    command = [sys.executable, "-c", "from edgelm.runtime.cli.main import main; main()", "generate"]
     done = subprocess.run(
         [*command, "-m", str(tiny_package), b"hi\xff\xfe", "--max-new-tokens", "2"], capture_output=True, timeout=120
     )

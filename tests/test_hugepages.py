@@ -1,5 +1,5 @@
 """Huge pages for the prepacked weights: when the `edgelm` command restarts itself with glibc's tunable, and
-that the restart is real (runtime/hugepages.py)."""
+that the restart is real (runtime/engine/hugepages.py)."""
 
 import json
 import os
@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from edgelm.runtime import hugepages
-from edgelm.runtime.hugepages import OPT_OUT, TUNABLE, environment_with_huge_pages
+from edgelm.runtime.engine import hugepages
+from edgelm.runtime.engine.hugepages import OPT_OUT, TUNABLE, environment_with_huge_pages
 
 GLIBC = ("glibc", (2, 36))
 
@@ -53,7 +52,7 @@ RESTART = (
     "import os, sys\n"
     "print('GLIBC_TUNABLES=' + os.environ.get('GLIBC_TUNABLES', ''), flush=True)\n"
     "sys.argv = ['edgelm', 'bench', sys.argv[1], '--runs', '1', '--threads', '1', '--json']\n"
-    "from edgelm.runtime.launch import command\n"
+    "from edgelm.runtime.cli.launch import command\n"
     "command()\n"
 )
 
@@ -96,7 +95,7 @@ def test_the_command_restarts_itself_once_with_the_tunable(fixture, opt_out, req
 
 
 def test_the_command_line_names_the_package_it_will_load(tiny_package_int8, tmp_path, monkeypatch):
-    from edgelm.runtime.launch import package_to_load
+    from edgelm.runtime.cli.launch import package_to_load
 
     monkeypatch.chdir(tmp_path)
     package = Path(tiny_package_int8)
@@ -126,8 +125,7 @@ def test_the_command_line_names_the_package_it_will_load(tiny_package_int8, tmp_
 def test_click_alone_never_restarts_its_host(tiny_package_int8):
     """In-process (click's runner, a program calling main) nothing may exec: only the command's launcher does."""
     from click.testing import CliRunner
-
-    from edgelm.runtime.cli import main
+    from edgelm.runtime.cli.main import main
 
     result = CliRunner().invoke(main, ["generate", "-m", str(tiny_package_int8), "--show-config"])
     assert result.exit_code == 0 and json.loads(result.output)["package"] == str(
@@ -137,7 +135,7 @@ def test_click_alone_never_restarts_its_host(tiny_package_int8):
 
 def test_the_command_imports_nothing_heavy_before_it_may_restart():
     """launch.py decides before click, NumPy, onnxruntime or tokenizers are imported: a restart costs a bare start."""
-    code = "import sys, edgelm.runtime.launch; print(sorted(m for m in ('numpy', 'onnxruntime', 'tokenizers', 'click') if m in sys.modules))"
+    code = "import sys, edgelm.runtime.cli.launch; print(sorted(m for m in ('numpy', 'onnxruntime', 'tokenizers', 'click') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
     import edgelm.runtime as rt

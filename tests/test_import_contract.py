@@ -1,9 +1,12 @@
-"""The import contract between edgelm's layers, read from the import statements themselves (ast), and checked
-again in a fresh process where reading cannot see everything (imports by computed names, lazy attributes):
+"""The import contract between edgelm's layers, as rules on import prefixes, read from the import statements
+themselves (ast), and checked again in a fresh process where reading cannot see everything (imports by computed
+names, lazy attributes):
 
-- the runtime never imports the export stage: only the command line names it, to load `edgelm export`;
-- the engine (runtime/engine.py and every runtime module it imports) never imports tokenizers: it works on ids;
-- the library (runtime/ apart from the command line) never imports click.
+- the runtime never imports the export stage: only the command line (edgelm.runtime.cli) names it, for
+  `edgelm export`;
+- only edgelm.runtime.cli imports click, and only edgelm.runtime.server imports starlette, uvicorn or pydantic;
+- the engine and the samplers (edgelm.runtime.engine, edgelm.runtime.sampling, and every runtime module they
+  import) never import tokenizers: they work on ids.
 """
 
 import ast
@@ -17,18 +20,16 @@ from pathlib import Path
 
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 PACKAGE = "edgelm.runtime"
-ENGINE = "edgelm.runtime.engine"
-# The command line: the only modules that may import click, and name the export stage (lazily, for `edgelm export`).
-COMMAND_LINE = {
-    "edgelm.runtime.cli",
-    "edgelm.runtime.cli_package",
-    "edgelm.runtime.launch",
-    "edgelm.runtime.chat_cli",
-    "edgelm.runtime.store_cli",
-    "edgelm.runtime.prompt_file_cli",
-    "edgelm.runtime.server.cli",
-}
+COMMAND_LINE = f"{PACKAGE}.cli"  # the only subpackage that may import click, and name the export stage
+SERVER = f"{PACKAGE}.server"  # the only one that may import the server extra's libraries
+SERVER_LIBRARIES = {"starlette", "uvicorn", "pydantic"}
+ON_IDS = (f"{PACKAGE}.engine", f"{PACKAGE}.sampling")  # the layers below text: never tokenizers
+ENGINE = f"{PACKAGE}.engine.decode"
 EXPORT_NAME = re.compile(r"edgelm\.export(\.\w+)*(:\w+)?")
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
 
 
 def modules(root: Path) -> dict:
@@ -88,24 +89,28 @@ def runtime_imports_of_export(root: Path) -> dict:
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and EXPORT_NAME.fullmatch(node.value)
         }
-        if imported or (named and name not in COMMAND_LINE):
+        if imported or (named and not within(name, COMMAND_LINE)):
             offenders[name] = sorted(imported | named)
     return offenders
 
 
 def engine_imports_of_tokenizers(root: Path) -> dict:
     tree = modules(root)
+    below_text = set().union(*(closure(name, tree) for name in tree if any(within(name, p) for p in ON_IDS)))
+    return {name: "tokenizers" for name in below_text if "tokenizers" in top_level(imports(name, tree[name]))}
+
+
+def imports_outside(root: Path, libraries: set, owner: str) -> dict:
+    """Modules outside `owner` that import any of `libraries`."""
     return {
-        name: "tokenizers" for name in closure(ENGINE, tree) if "tokenizers" in top_level(imports(name, tree[name]))
+        name: sorted(found)
+        for name, path in modules(root).items()
+        if not within(name, owner) and (found := top_level(imports(name, path)) & libraries)
     }
 
 
 def library_imports_of_click(root: Path) -> dict:
-    return {
-        name: "click"
-        for name, path in modules(root).items()
-        if name not in COMMAND_LINE and "click" in top_level(imports(name, path))
-    }
+    return {name: "click" for name in imports_outside(root, {"click"}, COMMAND_LINE)}
 
 
 def test_the_runtime_never_imports_the_export_stage():
@@ -115,30 +120,38 @@ def test_the_runtime_never_imports_the_export_stage():
 def test_the_engine_never_imports_tokenizers():
     tree = modules(RUNTIME)
     engine = closure(ENGINE, tree)
-    assert {ENGINE, PACKAGE, "edgelm.runtime.sampling"} <= engine  # the walk follows relative imports
-    assert "edgelm.runtime.model" not in engine and "edgelm.runtime.text_stream" not in engine
+    assert {ENGINE, PACKAGE, "edgelm.runtime.sampling.chain"} <= engine  # the walk follows relative imports
+    assert "edgelm.runtime.model" not in engine and not any(within(n, f"{PACKAGE}.text") for n in engine)
     assert engine_imports_of_tokenizers(RUNTIME) == {}
 
 
 def test_the_library_never_imports_click():
-    assert "click" in top_level(imports("edgelm.runtime.cli", RUNTIME / "cli.py"))  # what the check looks for
+    assert "click" in top_level(imports(f"{COMMAND_LINE}.main", RUNTIME / "cli" / "main.py"))  # what it looks for
     assert library_imports_of_click(RUNTIME) == {}
+
+
+def test_only_the_server_imports_the_server_libraries():
+    assert {"starlette"} <= top_level(imports(f"{SERVER}.app", RUNTIME / "server" / "app.py"))
+    assert imports_outside(RUNTIME, SERVER_LIBRARIES, SERVER) == {}
 
 
 def test_each_check_finds_a_forbidden_import_added_anywhere(tmp_path):
     """A copy of runtime/ with one forbidden import hidden in a function of each kind of module fails each check."""
     root = shutil.copytree(RUNTIME, tmp_path / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(root / "sampling.py", "a") as sampling:  # imported by the engine
+    with open(root / "sampling" / "chain.py", "a") as sampling:  # imported by the engine
         sampling.write("\n\ndef _hidden():\n    from tokenizers import Tokenizer\n")
     with open(root / "model.py", "a") as model:
         model.write("\n\ndef _hidden():\n    import click.testing\n    from ..export import stages\n")
-    with open(root / "session.py", "a") as session:
+    with open(root / "engine" / "session.py", "a") as session:
         session.write("\n\ndef _hidden():\n    __import__('edgelm.export.stages')\n")
-    assert engine_imports_of_tokenizers(root) == {"edgelm.runtime.sampling": "tokenizers"}
+    assert engine_imports_of_tokenizers(root) == {"edgelm.runtime.sampling.chain": "tokenizers"}
+    with open(root / "batching" / "scheduler.py", "a") as scheduler:
+        scheduler.write("\n\ndef _hidden():\n    import starlette.responses\n")
     assert library_imports_of_click(root) == {"edgelm.runtime.model": "click"}
+    assert imports_outside(root, SERVER_LIBRARIES, SERVER) == {"edgelm.runtime.batching.scheduler": ["starlette"]}
     assert runtime_imports_of_export(root) == {
         "edgelm.runtime.model": ["edgelm.export", "edgelm.export.stages"],
-        "edgelm.runtime.session": ["edgelm.export.stages"],
+        "edgelm.runtime.engine.session": ["edgelm.export.stages"],
     }
 
 
@@ -160,9 +173,7 @@ def loaded_by(code: str, *args) -> set:
 def test_using_the_library_loads_neither_the_export_stage_nor_click(tiny_package):
     """Every library module imported, a package loaded and run: what lazy attributes and computed imports pull in."""
     library = sorted(
-        n
-        for n in modules(RUNTIME)
-        if n not in COMMAND_LINE and not n.startswith((f"{PACKAGE}.server", f"{PACKAGE}._pyinstaller"))
+        n for n in modules(RUNTIME) if not any(within(n, p) for p in (COMMAND_LINE, SERVER, f"{PACKAGE}._pyinstaller"))
     )
     loaded = loaded_by(
         f"""
@@ -191,7 +202,7 @@ def test_the_runtime_commands_load_the_export_stage_only_for_edgelm_export(tiny_
     loaded = loaded_by(
         """
         import sys
-        from edgelm.runtime.cli import main
+        from edgelm.runtime.cli.main import main
 
         for args in (["generate", "-m", sys.argv[1], "Hi", "--max-new-tokens", "3"], ["info", sys.argv[1]],
                      ["verify", sys.argv[1]]):

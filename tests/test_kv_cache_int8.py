@@ -3,22 +3,20 @@ quality report, and the runtime's cache paths with int8 buffers."""
 
 import json
 
+import edgelm.runtime as rt
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
-
-import edgelm.runtime as rt
 from edgelm.export.errors import ExportError
+from onnx import TensorProto
 
 
 def test_scales_give_headroom_over_the_largest_key_and_value_per_channel(tiny_checkpoint, reference_model):
     """Checked against transformers' own cache (past_key_values), not against the hook that computes them."""
     import torch
-    from tokenizers import Tokenizer
-
     from edgelm.export.calibrate import HEADROOM, calibration_rows, kv_cache_scales
-    from edgelm.runtime.package_format import Architecture
+    from edgelm.runtime.package.format import Architecture
+    from tokenizers import Tokenizer
 
     arch = Architecture.from_hf_config(json.loads((tiny_checkpoint / "config.json").read_text()))
     tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
@@ -63,8 +61,8 @@ def test_the_quality_report_measures_the_cache_path(validated_package_int8, vali
 
 
 def test_the_runtime_decodes_into_int8_buffers_and_both_cache_paths_agree(tiny_package_int8_kv8, monkeypatch):
-    from edgelm.runtime import engine as engine_module
-    from edgelm.runtime.engine import GrowingDecoder, InPlaceDecoder, left_pad, position_ids_from_mask
+    from edgelm.runtime.engine import decode as engine_module
+    from edgelm.runtime.engine.decode import GrowingDecoder, InPlaceDecoder, left_pad, position_ids_from_mask
 
     model = rt.load(tiny_package_int8_kv8)
     assert model.engine.io.cache_dtype == "int8"
@@ -102,8 +100,7 @@ def test_an_int8_cache_needs_quantized_weights(tiny_checkpoint, tmp_path):
 
 def test_the_export_command_takes_the_kv_cache_option(tiny_checkpoint, tmp_path):
     from click.testing import CliRunner
-
-    from edgelm.runtime.cli import main
+    from edgelm.runtime.cli.main import main
 
     refused = CliRunner().invoke(
         main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "a"), "--kv-cache", "int8"]

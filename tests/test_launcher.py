@@ -1,4 +1,4 @@
-"""One entry point: `edgelm` and `python -m edgelm.runtime.cli` both go through the launcher (runtime/launch.py),
+"""One entry point: `edgelm` and `python -m edgelm.runtime.cli` both go through the launcher (runtime/cli/launch.py),
 huge-page restart included, and the restart says so in one debug line on the "edgelm" logger."""
 
 import json
@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from edgelm.runtime import hugepages
-from edgelm.runtime.hugepages import OPT_OUT, TUNABLE, environment_with_huge_pages
+from edgelm.runtime.engine import hugepages
+from edgelm.runtime.engine.hugepages import OPT_OUT, TUNABLE, environment_with_huge_pages
 
 # Runs at every interpreter start of the child (through PYTHONPATH), the restarted one included: it reports the
 # tunable each start saw and shows the "edgelm" logger's debug lines.

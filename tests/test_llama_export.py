@@ -7,12 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-
 from checkpoints import copy_with_config
+from click.testing import CliRunner
 from edgelm.export.errors import ExportError
-from edgelm.runtime.cli import main
-from edgelm.runtime.package import open_package
+from edgelm.runtime.cli.main import main
+from edgelm.runtime.package.open import open_package
 
 
 def _export(checkpoint, output, **options):
@@ -64,10 +63,9 @@ def test_qwen2_package_has_its_biases_and_one_kv_head(qwen2_package):
 def test_untied_head_greedy_equals_transformers(tmp_path):
     """Untied head, ungrouped key/value heads of size 24 (the fp32 gate itself: the slow test below)."""
     import torch
-    from transformers import LlamaForCausalLM
-
     from edgelm.runtime import load
     from llama_checkpoints import build_llama_checkpoint
+    from transformers import LlamaForCausalLM
 
     checkpoint = build_llama_checkpoint(tmp_path / "untied", "llama-untied", seed=2)
     manifest = _export(checkpoint, tmp_path / "fp32", validate=False).manifest
@@ -156,12 +154,11 @@ def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
 def test_rope_tables_match_transformers_llama3_scaling():
     """The baked cos/sin tables equal what transformers' rotary module computes at run time, scaling included."""
     import torch
+    from edgelm.export.llama_graph import rope_tables
+    from edgelm.runtime.package.format import Architecture
+    from llama_checkpoints import LLAMA3_ROPE
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    from edgelm.export.llama_graph import rope_tables
-    from edgelm.runtime.package_format import Architecture
-    from llama_checkpoints import LLAMA3_ROPE
 
     config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=256, rope_scaling=LLAMA3_ROPE)
     arch = Architecture(
@@ -215,9 +212,8 @@ def test_sharded_checkpoint_with_a_missing_shard(llama_checkpoint, tmp_path):
 
 def test_sharded_checkpoint_loads_every_shard(llama_checkpoint, tmp_path):
     """Shards listed by model.safetensors.index.json are read as one state dict."""
-    from safetensors.numpy import load_file, save_file
-
     from edgelm.export.checkpoint import load_checkpoint
+    from safetensors.numpy import load_file, save_file
 
     folder = tmp_path / "ckpt"
     shutil.copytree(llama_checkpoint, folder)

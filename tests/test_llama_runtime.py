@@ -7,11 +7,11 @@ import os
 import pytest
 import torch
 from click.testing import CliRunner
-from server_harness import HTTP, InProcessServer
-
-from edgelm.runtime import engine, load
-from edgelm.runtime.cli import main
+from edgelm.runtime import load
+from edgelm.runtime.cli.main import main
+from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.server.requests import Limits
+from server_harness import HTTP, InProcessServer
 
 FAMILIES = ["llama", "qwen2"]
 PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "import numpy as np\n"]
@@ -197,7 +197,7 @@ def _resident_kb(path) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
 def test_int4_load_leaves_no_weight_pages_resident(qwen2_checkpoint, tmp_path, monkeypatch):
     """onnxruntime keeps the int4 scales and the shared 4-bit token table mapped after prepacking them; load()
-    drops those pages (runtime/session.py, drop_mapped_pages), and the tokens come out the same."""
+    drops those pages (runtime/engine/session.py, drop_mapped_pages), and the tokens come out the same."""
     from edgelm.export.stages import export_model
     from edgelm.runtime import model as model_module
 
@@ -217,7 +217,7 @@ def test_dropping_mapped_pages_keeps_a_written_mapping(tmp_path):
     """A private mapping with a page written through it is left alone: dropping it would undo the write."""
     import mmap
 
-    from edgelm.runtime.session import drop_mapped_pages
+    from edgelm.runtime.engine.session import drop_mapped_pages
 
     (tmp_path / "weights").write_bytes(bytes(4 * mmap.PAGESIZE))
     with open(tmp_path / "weights", "r+b") as f:

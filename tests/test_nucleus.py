@@ -8,11 +8,11 @@ most of the vocabulary, ties at the cut, cuts that land exactly on 1 - p, rows w
 import numpy as np
 import pytest
 import torch
-from transformers.generation import logits_process as hf
-
-from edgelm.runtime import nucleus, sampling
-from edgelm.runtime.draw import REJECTION_TRIES
+from edgelm.runtime import sampling
 from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.sampling import nucleus
+from edgelm.runtime.sampling.draw import REJECTION_TRIES
+from transformers.generation import logits_process as hf
 
 V = 50_257
 

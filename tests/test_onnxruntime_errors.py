@@ -6,14 +6,13 @@ import shutil
 import subprocess
 import sys
 
+import edgelm.runtime as rt
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import InferenceError, PackageError
-from edgelm.runtime.package import file_record
+from edgelm.runtime.package.open import file_record
 
 
 def record_files(folder, *names) -> None:

@@ -11,14 +11,14 @@ import shutil
 from importlib import metadata
 from pathlib import Path
 
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime import DeviceError, PackageError, onnxruntime_compat, session
-from edgelm.runtime.cli import main
-from edgelm.runtime.package import open_package
-from edgelm.runtime.session import CPU, CUDA
+from edgelm.runtime import DeviceError, PackageError
+from edgelm.runtime.cli.main import main
+from edgelm.runtime.engine import onnxruntime_compat, session
+from edgelm.runtime.engine.session import CPU, CUDA
+from edgelm.runtime.package.open import open_package
 
 ROOT = Path(__file__).resolve().parents[1]
 PREBUILT_NAMES = {

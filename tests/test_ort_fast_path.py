@@ -1,15 +1,14 @@
-"""onnxruntime's private Python API, the decode loop's fast path (runtime/ort_fast_path.py): every private name
+"""onnxruntime's private Python API, the decode loop's fast path (runtime/engine/fast_path.py): every private name
 is there and gives what the public API gives, and without it the public IO binding gives the same tokens."""
 
+import edgelm.runtime as rt
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-import edgelm.runtime as rt
-from edgelm.runtime import ort_fast_path
+from edgelm.runtime.engine import fast_path as ort_fast_path
+from edgelm.runtime.engine.fast_path import BindingRunner, PrivateRunner, private_api_missing, runner
 from edgelm.runtime.errors import InferenceError
-from edgelm.runtime.ort_fast_path import BindingRunner, PrivateRunner, private_api_missing, runner
+from onnx import TensorProto, helper, numpy_helper
 
 PRIVATE = [True, False]  # the fast path, then the public IO binding
 
@@ -59,7 +58,7 @@ def test_this_onnxruntime_has_every_private_name_the_fast_path_uses(tiny_graph):
     missing = private_api_missing(tiny_graph)
     assert not missing, (
         f"onnxruntime {ort.__version__} no longer has {missing}: edgelm now runs through the slower public IO "
-        "binding. Adapt runtime/ort_fast_path.py's PrivateRunner to the new names."
+        "binding. Adapt runtime/engine/fast_path.py's PrivateRunner to the new names."
     )
     assert isinstance(runner(tiny_graph), PrivateRunner)  # the fast path is the default
 

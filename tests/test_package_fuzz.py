@@ -7,12 +7,11 @@ import json
 import random
 import shutil
 
-import pytest
-
 import edgelm.runtime as rt
-from edgelm.runtime import hugepages
+import pytest
+from edgelm.runtime.engine import hugepages
 from edgelm.runtime.errors import PackageError
-from edgelm.runtime.package import open_package
+from edgelm.runtime.package.open import open_package
 
 DEEP = "__deep__"  # replaced by a list nested this deep in the written text (json.dumps itself would recurse)
 DEPTH = 100_000

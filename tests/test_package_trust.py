@@ -11,13 +11,12 @@ import sys
 import threading
 from pathlib import Path
 
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import PackageError
-from edgelm.runtime.package import open_package
+from edgelm.runtime.package.open import open_package
 
 EDGELM = Path(sys.executable).parent / "edgelm"
 SECRET = b"a file outside the package, 41 bytes long"

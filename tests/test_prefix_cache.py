@@ -3,16 +3,15 @@ same bits as without the cache (fp32, int8 weights, int8 KV cache); memory is bo
 
 import threading
 
+import edgelm.runtime as rt
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
-from edgelm.runtime import engine
-from edgelm.runtime.engine import decode_steps
+from edgelm.runtime.batching.prefix_cache import PrefixCache
+from edgelm.runtime.engine import decode as engine
+from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.errors import EdgelmError, GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.prefix_cache import PrefixCache
 
 CHUNK = 16  # the tiny model has 64 positions: prompts of two and three chunks
 
@@ -148,8 +147,8 @@ def test_a_bad_prefix_cache_size_is_refused_before_the_package_is_read(tmp_path,
 
 def test_serve_and_chat_pass_the_size_and_refuse_a_negative_one(monkeypatch):
     from edgelm.runtime import model as model_module
-    from edgelm.runtime.chat_cli import chat
-    from edgelm.runtime.server.cli import serve
+    from edgelm.runtime.cli.chat import chat
+    from edgelm.runtime.cli.serve import serve
 
     asked = []
 

@@ -5,14 +5,13 @@ refused, nothing written ever lost, and the progress bar silent where stderr is 
 import io
 import json
 
+import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-
-import edgelm.runtime as rt
 from edgelm.runtime import prompt_file
-from edgelm.runtime.cli import main
+from edgelm.runtime.cli.main import main
+from edgelm.runtime.cli.prompt_file import progress_bar
 from edgelm.runtime.prompt_file import PromptFile
-from edgelm.runtime.prompt_file_cli import progress_bar
 
 GOOD = [
     {"prompt": "The quick brown", "id": "first"},

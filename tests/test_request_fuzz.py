@@ -11,13 +11,12 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
-from edgelm.runtime.batch import Completion
+from edgelm.runtime.batching.batch import Completion
 from edgelm.runtime.errors import EdgelmError
 from edgelm.runtime.server.app import create_app
 from edgelm.runtime.server.requests import Limits
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 FUZZ = settings(
     max_examples=120,

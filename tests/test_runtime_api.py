@@ -6,11 +6,10 @@ import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import onnxruntime as ort
-import numpy as np
-import pytest
-
 import edgelm.runtime as rt
+import numpy as np
+import onnxruntime as ort
+import pytest
 from edgelm.runtime import DeviceError, GenerationOptionError, PackageError, PromptError
 
 EOS = 0

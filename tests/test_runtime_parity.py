@@ -6,11 +6,10 @@ manifest's measured top-1 agreement promises.
 
 import json
 
+import edgelm.runtime as rt
 import numpy as np
 import pytest
 import torch
-
-import edgelm.runtime as rt
 from edgelm.runtime import GenerationOptionError
 
 EOS = 0  # the tiny tokenizer's <|endoftext|>, also GPT-2's start token
@@ -123,9 +122,8 @@ def test_greedy_until_end_of_text_equals_transformers(model, reference_model):
 def other_shape(tmp_path_factory):
     """3 layers, 2 heads, width 48: the runtime reads the shape from the package, nothing is hard-coded."""
     from checkpoints import build_checkpoint
-    from transformers import GPT2LMHeadModel
-
     from edgelm.export.stages import export_model
+    from transformers import GPT2LMHeadModel
 
     folder = build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-3x2x48", n_layer=3, n_head=2, n_embd=48, seed=7)
     package = export_model(str(folder), tmp_path_factory.mktemp("pkg") / "tiny-3x2x48", validate=False).path
@@ -298,9 +296,8 @@ def test_in_place_cache_equals_the_growing_cache(tiny_package, monkeypatch):
     chunks at batch 1), gives the logits of the plain contract, where the whole prompt is one pass and every
     present becomes the next past, for a padded batch too."""
     import numpy as np
-
-    from edgelm.runtime import engine as engine_module
-    from edgelm.runtime.engine import GrowingDecoder, InPlaceDecoder, left_pad, position_ids_from_mask
+    from edgelm.runtime.engine import decode as engine_module
+    from edgelm.runtime.engine.decode import GrowingDecoder, InPlaceDecoder, left_pad, position_ids_from_mask
 
     model = rt.load(tiny_package)
     assert model.engine.io.kv_cache_in_place

@@ -3,11 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from transformers.generation import logits_process as hf
-
 from edgelm.runtime import sampling
-from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.errors import GenerationOptionError
+from edgelm.runtime.generation_config import GenerationConfig
+from transformers.generation import logits_process as hf
 
 SEEDS = [0, 1, 2, 3]
 VOCABS = [50, 257, 1000]

@@ -10,12 +10,12 @@ import re
 
 import numpy as np
 import pytest
-
-from edgelm.runtime import draw, sampling
-from edgelm.runtime.draw import BLOCK, Prepared
+from edgelm.runtime import sampling
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.model import load
-from edgelm.runtime.package_format import sampling_blocks
+from edgelm.runtime.package.format import sampling_blocks
+from edgelm.runtime.sampling import draw
+from edgelm.runtime.sampling.draw import BLOCK, Prepared
 
 
 def prepared_from(logits, temperature=1.0) -> Prepared:
@@ -125,7 +125,6 @@ def test_a_graph_whose_sampling_tensors_fix_what_the_runtime_chooses_is_refused(
     import shutil
 
     import onnx
-
     from edgelm.runtime.errors import PackageError
 
     folder = tmp_path / "package"
@@ -145,7 +144,6 @@ def test_a_graph_whose_sampling_outputs_do_not_fit_the_vocabulary_is_refused(tin
     import shutil
 
     import onnx
-
     from edgelm.runtime.errors import PackageError
 
     folder = tmp_path / "package"
@@ -200,7 +198,7 @@ def test_draws_from_prepared_weights_are_the_draws_from_the_logits(options, n_vo
 def test_top_p_at_a_temperature_decides_the_cut_on_the_tempered_row(monkeypatch, force):
     # the verdict reads the weights only; a token at the cut (keeps) and a row out of tries (the cut found and drawn
     # from) need the tempered logits, which the chain makes for that row alone
-    from edgelm.runtime import nucleus
+    from edgelm.runtime.sampling import nucleus
 
     if force == "keeps":
         monkeypatch.setattr(nucleus, "verdict", lambda *args: None)
@@ -400,7 +398,7 @@ def test_the_rejection_draw_keeps_an_unchanged_token_with_one_uniform():
     ],
 )
 def test_generation_with_the_graphs_outputs_matches_generation_without_them(gpt2_vocab_package, options, monkeypatch):
-    from edgelm.runtime import engine
+    from edgelm.runtime.engine import decode as engine
 
     model = load(gpt2_vocab_package)
     assert model.engine.io.has_sampling
@@ -426,9 +424,8 @@ def count_served(monkeypatch) -> list:
 
 
 def test_the_scheduler_serves_its_rows_from_the_graphs_outputs_at_each_rows_temperature(tiny_package, monkeypatch):
+    from edgelm.runtime.batching.scheduler import Scheduler
     from test_scheduler import Job, each_gets_what_it_gets_alone
-
-    from edgelm.runtime.scheduler import Scheduler
 
     model = load(tiny_package)
     common = dict(do_sample=True, top_k=0, ignore_eos=True, max_new_tokens=6)
@@ -455,7 +452,7 @@ def test_the_scheduler_serves_its_rows_from_the_graphs_outputs_at_each_rows_temp
 def test_a_running_batchs_decoders_share_one_set_of_sampling_arrays(tiny_package):
     """Each row count gets its own decoder; their sampling outputs are the first rows of the cache's arrays (as
     their key/value buffers are), not arrays of their own: a batch of 16 would otherwise hold 16 sets."""
-    from edgelm.runtime.scheduler import Scheduler
+    from edgelm.runtime.batching.scheduler import Scheduler
 
     model = load(tiny_package)
     cache = Scheduler(model, max_rows=4).cache

@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
-from edgelm.runtime import draw, sampling, topk
+from edgelm.runtime import sampling
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.tally import SeenTally, Tallies
+from edgelm.runtime.sampling import draw, topk
+from edgelm.runtime.sampling.tally import SeenTally, Tallies
 
 V = 50_257
 

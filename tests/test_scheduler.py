@@ -1,14 +1,13 @@
-"""Continuous batching (runtime/scheduler.py, runtime/slot_cache.py) on the tiny fp32 package: requests that
+"""Continuous batching (runtime/batching/scheduler.py, runtime/batching/slot_cache.py) on the tiny fp32 package: requests that
 join and leave one running batch at different steps each get exactly what Model.generate gives them alone."""
 
 import threading
 
 import numpy as np
 import pytest
-
 from edgelm.runtime import load
-from edgelm.runtime import scheduler as scheduler_module
-from edgelm.runtime.scheduler import Scheduler
+from edgelm.runtime.batching import scheduler as scheduler_module
+from edgelm.runtime.batching.scheduler import Scheduler
 
 
 class Job:

@@ -14,12 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from server_harness import HTTP, InProcessServer, Server, complete, gate, stream_events, streamed_texts
-
 from edgelm.runtime import load
-from edgelm.runtime.prefix_cache import CLI_DEFAULT_MB
+from edgelm.runtime.batching.prefix_cache import CLI_DEFAULT_MB
 from edgelm.runtime.server.app import jobs_for
 from edgelm.runtime.server.requests import Limits
+from server_harness import HTTP, InProcessServer, Server, complete, gate, stream_events, streamed_texts
 
 KEY = "sekret"
 PROMPTS = ["Hello", "The quick brown fox", "Once upon a time", "import numpy as np\n", ""]
@@ -420,8 +419,7 @@ def test_sigterm_mid_stream_exits_0_and_never_sends_broken_json(tiny_package, tm
 
 def test_serve_refuses_a_missing_package(tmp_path):
     from click.testing import CliRunner
-
-    from edgelm.runtime.cli import main
+    from edgelm.runtime.cli.main import main
 
     result = CliRunner().invoke(main, ["serve", "-m", str(tmp_path / "nope")])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
@@ -457,7 +455,7 @@ def test_an_int8_package_serves_what_generate_gives(tiny_package_int8):
 
 
 def test_health_shows_what_the_prefix_cache_holds_and_has_saved(tiny_package, monkeypatch):
-    from edgelm.runtime import engine
+    from edgelm.runtime.engine import decode as engine
 
     monkeypatch.setattr(engine, "PREFILL_CHUNK", 16)  # the tiny model's 64 positions hold prompts of two chunks
     cached = InProcessServer(load(tiny_package, spinning=False, prefix_cache_mb=1))

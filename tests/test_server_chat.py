@@ -8,11 +8,10 @@ import json
 import httpx
 import openai
 import pytest
-from server_harness import HTTP, InProcessServer, gate
-
 from edgelm.runtime import load
-from edgelm.runtime.chat_template import ChatTemplate
 from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.text.chat_template import ChatTemplate
+from server_harness import HTTP, InProcessServer, gate
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]
 

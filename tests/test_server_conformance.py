@@ -13,11 +13,10 @@ import httpx
 import openai
 import pytest
 from click.testing import CliRunner
-from server_harness import HTTP, InProcessServer, Server, complete, stream_events, streamed_texts
-
 from edgelm.runtime import load
-from edgelm.runtime.server.cli import serve
+from edgelm.runtime.cli.serve import serve
 from edgelm.runtime.server.requests import Limits
+from server_harness import HTTP, InProcessServer, Server, complete, stream_events, streamed_texts
 
 KEY = "sekret"
 IDS = [40, 69, 76, 76, 79]  # any ids of the tiny vocabulary (320 tokens)

@@ -42,7 +42,7 @@ def test_only_runtime_server_imports_the_server_extra():
 
 def test_the_runtime_works_without_the_server_extra(tiny_package):
     code = BLOCKER + textwrap.dedent("""
-        from edgelm.runtime.cli import main
+        from edgelm.runtime.cli.main import main
         import edgelm.runtime as rt
 
         print(rt.load(sys.argv[1]).generate("Hi", max_new_tokens=3).completion_tokens)

@@ -15,9 +15,8 @@ Model.score and Model.generate in this process.
 from operator import itemgetter
 
 import pytest
-from server_harness import HTTP, InProcessServer
-
 from edgelm.runtime import load
+from server_harness import HTTP, InProcessServer
 
 NAME = "edgelm-local"
 PAIRS = [  # (context, continuation) as an lm-eval task gives them

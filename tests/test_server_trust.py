@@ -9,11 +9,10 @@ import time
 
 import httpx
 import pytest
-from server_harness import HTTP, InProcessServer, RawConnection, complete, gate, stream_events
-
 from edgelm.runtime import load
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.server.requests import Limits
+from server_harness import HTTP, InProcessServer, RawConnection, complete, gate, stream_events
 
 KEY = "clé-ключ-🔑"
 HELD = {"prompt": "The quick", "max_tokens": 40, "ignore_eos": True, "temperature": 0, "echo": True}

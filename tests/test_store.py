@@ -6,11 +6,10 @@ import os
 import shutil
 
 import pytest
-from store_support import assert_clean_failure, invoke, listing, make_store
-
-from edgelm.runtime import store as st
 from edgelm.runtime.errors import PackageError, StoreError
-from edgelm.runtime.package import open_package
+from edgelm.runtime.package.open import open_package
+from edgelm.runtime.store import local as st
+from store_support import assert_clean_failure, invoke, listing, make_store
 
 
 @pytest.fixture

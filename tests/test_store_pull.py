@@ -4,11 +4,10 @@ against its manifest; every bad repo refused with one line, leaving the store as
 import json
 
 import pytest
+from edgelm.runtime.package.open import open_package
+from edgelm.runtime.store import local as store_module
 from fake_hub import FakeHub
 from store_support import assert_clean_failure, invoke, listing, make_store
-
-from edgelm.runtime import store as store_module
-from edgelm.runtime.package import open_package
 
 HUB_EXTRAS = {"README.md": b"# tiny\n", ".gitattributes": b"*.data filter=lfs\n"}
 
@@ -153,7 +152,7 @@ def test_too_little_disk_space(tiny_package, hub, store, monkeypatch):
 
 
 def test_pull_library_call_returns_what_it_installed(tiny_package, hub, store):
-    from edgelm.runtime.hub import pull
+    from edgelm.runtime.store.hub import pull
 
     hub.add_folder("owner/tiny", tiny_package)
     installed = pull("owner/tiny", name="lib")

@@ -4,10 +4,9 @@ import random
 
 import pytest
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers, trainers
-
 from edgelm.runtime.errors import GenerationOptionError
-from edgelm.runtime.text_stream import TextStream
+from edgelm.runtime.text.stream import TextStream
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 REPLACEMENT_CHAR = "\ufffd"
 

@@ -85,7 +85,7 @@ def test_cli_runs_without_torch(tiny_package):
     done = run_blocked(
         """
         import sys
-        from edgelm.runtime.cli import main
+        from edgelm.runtime.cli.main import main
 
         for args in (["generate", "-m", sys.argv[1], "The quick brown", "--max-new-tokens", "6"],
                      ["info", sys.argv[1]], ["verify", sys.argv[1]], ["--help"]):
@@ -110,7 +110,7 @@ def test_export_without_torch_says_what_to_install(tmp_path):
     done = run_blocked(
         """
         import sys
-        from edgelm.runtime.cli import main
+        from edgelm.runtime.cli.main import main
 
         try:
             main(["export", sys.argv[1], "-o", sys.argv[2]], prog_name="edgelm")

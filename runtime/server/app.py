@@ -29,8 +29,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..batching.scheduler import Scheduler
 from ..errors import EdgelmError
-from ..scheduler import Scheduler
 from . import requests, responses
 from .bodies import json_response, read_json
 from .chat import chat_endpoint
@@ -171,7 +171,7 @@ def create_app(
 
 
 def jobs_for(model, max_batch: int, max_concurrency: int, max_queue: int) -> Jobs:
-    """Continuous batching (runtime/scheduler.py) where the engine can run it, else a worker thread per request."""
+    """Continuous batching (runtime/batching/scheduler.py) where the engine can run it, else a worker thread per request."""
     if max_batch > 0 and batches_continuously(model):
         return Jobs(max_batch, max_queue, Scheduler(model, max_batch))
     return Jobs(max_concurrency, max_queue)

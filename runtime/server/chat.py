@@ -10,7 +10,6 @@ at fault), then it waits for a slot and runs as a Job: the same queue, limits, d
 import asyncio
 import time
 
-
 from ..errors import ChatError, EdgelmError
 from . import chat_responses as shapes
 from .bodies import json_response, read_json

@@ -21,9 +21,9 @@ from .errors import ApiError
 from .requests import (
     OPENAI_DEFAULTS,
     PASSTHROUGH,
-    SamplingBody,
     Limits,
     ModelNames,
+    SamplingBody,
     _logit_bias,
     _validate,
     check_tokens_held,

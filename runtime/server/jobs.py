@@ -2,7 +2,7 @@
 
     request -> Slots.acquire() (FIFO; 429 when the queue is full; 408 at the deadline)
             -> Job: its Work (start, the Batch's pieces, done) runs in the model's thread: the scheduler's
-               running batch (runtime/scheduler.py: continuous batching, CPU with an in-place cache), else a
+               running batch (runtime/batching/scheduler.py: continuous batching, CPU with an in-place cache), else a
                worker thread of its own; pieces cross to the event loop through an asyncio.Queue
                (loop.call_soon_threadsafe) -> the response reads them
             -> the job ends (done, error, stopped) -> the slot passes to the oldest waiter
@@ -94,7 +94,7 @@ class Work:
 class Job:
     """One request's Work. Iterate it (on the event loop) for the (kind, value) events the work emits, then
     ("error", exception) if it failed. `on_end` runs on the loop once the job is over. The model's thread calls
-    start(), piece() per text piece and finish() (the scheduler's job interface, runtime/scheduler.py), or run()
+    start(), piece() per text piece and finish() (the scheduler's job interface, runtime/batching/scheduler.py), or run()
     does all of it in a worker thread."""
 
     def __init__(self, work: Work, on_end, deadline: float):

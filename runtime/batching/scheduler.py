@@ -1,0 +1,287 @@
+"""Continuous batching: one thread owns the model's session and one running batch; requests join and leave it
+between steps, each with its own options, random generators, stop strings and length.
+
+    submit(job) -> arrival order -> (step boundary) job.start(); each row of job.batch prefilled alone
+    (batch 1, the engine's usual path, where the prefix cache serves; one-prompt jobs with a short prompt that
+    arrive together share one left-padded pass), its first token picked, its cache copied into a free slot
+    (slot_cache.py); jobs that arrive meanwhile join too, up to JOIN_ROUNDS rounds -> one forward pass for
+    every row in the batch -> each job picks its own rows' tokens
+    (its SamplerChain, each row's generator) -> text pieces (Batch.take, job.piece) -> a finished row frees
+    its slot at once -> a job whose rows have all finished ends (job.finish)
+
+A job is any object with: `batch` (a runtime Batch; None once start() has done all the work, as a scoring
+request does), start() (called first, in this thread), check() (raises to stop the job: called at every step
+boundary while it waits or runs), piece(Piece), and finish(error) (None: batch.completions is ready; else why
+it ended). Rows join in arrival order as slots free up, so no request waits behind a later one. Whatever
+shares its batch, a greedy or seeded row of an fp32 graph gets the tokens it gets alone (its logits equal to
+rounding); int8 graphs quantize activations per pass, over all rows at once, so theirs may differ a little
+(benchmarks/batch_drift.py measures both).
+"""
+
+import threading
+from collections import deque
+
+import numpy as np
+
+from ..engine.decode import PREFILL_CHUNK as CHUNK
+from ..engine.decode import left_pad, position_ids_from_mask
+from ..sampling import SamplerChain, log_softmax
+from .batch import Piece
+from .slot_cache import SlotCache
+
+# Rounds of joins one step boundary may run. Requests that arrive while rows are prefilled (clients sending as
+# their previous answers end, all at once) join in the next round, before the next decode step: their first
+# token waits for one more prefill, not for a step of the rows just joined as well. The running rows' next
+# token waits for at most this many rounds of prefills.
+JOIN_ROUNDS = 2
+
+
+class Entry:
+    """A submitted job and its progress: its sampler, one generator per row, and the rows not yet in the batch."""
+
+    def __init__(self, job, vocab_size: int, sampling_outputs: bool = True):
+        self.job, self.batch, config = job, job.batch, job.batch.config
+        self.sampler = SamplerChain(config, vocab_size)
+        # its rows use the graph's sampling outputs (sampling_outputs: the graph has them): they go first in the batch
+        self.front = sampling_outputs and self.sampler.prepared_temperature is not None
+        self.rngs = self.batch.generators()
+        self.eos = config.stop_ids
+        self.waiting = deque(range(len(self.batch.rows)))  # rows not yet prefilled, in order
+        self.unfinished = len(self.batch.rows)
+        self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
+
+
+class Row:
+    """One row of a job in the running batch."""
+
+    __slots__ = ("entry", "index", "seen", "generated", "next_token", "finished")
+
+    def __init__(self, entry: Entry, index: int):
+        self.entry, self.index = entry, index
+        self.seen = list(entry.batch.rows[index])  # prompt and generated ids, for the repetition filters
+        self.generated: list = []
+        self.next_token = -1  # fed at the next step
+        self.finished = False
+
+
+class Scheduler:
+    """Runs submitted jobs in one running batch of up to `max_rows` rows on `model`, in a thread of its own."""
+
+    def __init__(self, model, max_rows: int):
+        self.engine, self.vocab_size = model.engine, model.arch.vocab_size
+        self.cache = SlotCache(model.engine, max_rows, model.arch.n_positions)
+        self.entries: list = []  # running or waiting jobs, in arrival order (this thread only)
+        self._new: deque = deque()
+        self._wake = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="edgelm-batch", daemon=True)  # started by submit
+
+    def submit(self, job) -> None:
+        """Queue `job`; it starts at the next step boundary (from any thread)."""
+        with self._wake:
+            if self._closing:
+                raise RuntimeError("the scheduler is closed: make a new one")
+            self._new.append(job)
+            self._wake.notify()
+            if not self._thread.is_alive():
+                self._thread.start()
+
+    def close(self) -> None:
+        """Take no more jobs, let the submitted ones run to their end (stop them first to end sooner), and wait."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while self._wait():
+            try:
+                self._boundary()  # its locals go when it returns: an idle thread holds no job's objects
+            except BaseException as error:  # a fault of the scheduler itself: every job ends with it, none hangs
+                entries, self.entries = self.entries, []
+                self.cache = SlotCache(self.engine, self.cache.max_rows, self.cache.max_width)
+                for entry in entries:
+                    _finish(entry.job, error)
+
+    def _wait(self) -> bool:
+        """Until there is work (True) or the scheduler is closed and has none left (False)."""
+        with self._wake:
+            while not (self._new or self.entries or self._closing):
+                self._wake.wait()
+            return bool(self._new or self.entries)
+
+    def _boundary(self) -> None:
+        """Between two steps: stop the jobs that must stop, start new ones, fill free slots, then step. Jobs that
+        arrive while those rows are prefilled join before the step too, in up to JOIN_ROUNDS rounds in all."""
+        for entry in list(self.entries):
+            self._guard(entry, entry.job.check)
+        for _ in range(JOIN_ROUNDS):
+            with self._wake:
+                new, self._new = self._new, deque()
+            for job in new:
+                self._start(job)
+            self._join()
+            # nothing arrived that could join now: the batch steps (read without the lock: a job that arrives
+            # just after this waits for the next boundary)
+            if not (self._new and self.cache.free):
+                break
+        if self.cache.rows:
+            self._step()
+
+    def _step(self) -> None:
+        """Decode: one token for every row in the batch, then each job picks its rows' next ids."""
+        rows, front = list(self.cache.rows), self.cache.front
+        # the graph makes the sampling outputs of the rows that use them, the first `front` rows, and no others
+        temperatures = [row.entry.sampler.prepared_temperature for row in rows[:front]] or None
+        try:
+            logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64), temperatures)  # [n, V]
+        except BaseException as error:  # the pass itself failed: every job in it ends with that error
+            for entry in dict.fromkeys(row.entry for row in rows):
+                self._end(entry, error)
+            return
+        slots: dict = {}  # entry -> its rows' slots, in slot order
+        for slot, row in enumerate(rows):
+            slots.setdefault(row.entry, []).append(slot)
+        prepared = self.cache.prepared
+        for entry, mine in slots.items():
+            mine_prepared = prepared.rows(mine) if prepared is not None and entry.front else None
+            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared)
+        for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
+            if self.cache.rows[slot].finished:
+                self.cache.leave(slot)
+        for entry in slots:
+            if entry.unfinished == 0 and entry in self.entries:
+                self._end(entry, None)
+
+    def _pick(self, entry: Entry, rows: list, logits: np.ndarray, prepared=None) -> None:
+        """Pick `rows`' next ids from their logits [k, V] (and the graph's sampling outputs for them, where it has
+        them) and hand each to the job's Batch (text, stop strings)."""
+        batch, config = entry.batch, entry.batch.config
+        rngs = [entry.rngs[r.index] for r in rows]
+        tokens = entry.sampler(logits, [r.seen for r in rows], [r.generated for r in rows], rngs, prepared)
+        logprobs = log_softmax(logits) if config.logprobs is not None else None
+        for k, (row, token) in enumerate(zip(rows, tokens.tolist())):
+            row.seen.append(token)
+            row.generated.append(token)
+            reason = "stop" if token in entry.eos else "length" if len(row.generated) == config.max_new_tokens else None
+            text, reason = batch.take(row.index, token, None if logprobs is None else logprobs[k], reason)
+            if text:
+                entry.job.piece(Piece(row.index, text))
+            row.next_token, row.finished = token, reason is not None
+            entry.unfinished -= row.finished
+
+    def _start(self, job) -> None:
+        try:
+            job.start()
+            if job.batch is None:  # start() did all of it
+                job.finish(None)
+                return
+            entry = Entry(job, self.vocab_size, self.engine.io.has_sampling)
+            job.check()  # stopped while it waited in the queue
+        except BaseException as error:
+            _finish(job, error)
+            return
+        self.entries.append(entry)
+
+    def _join(self) -> None:
+        """Prefill waiting rows into free slots, strictly in arrival order."""
+        together = self._short_arrivals()
+        if len(together) > 1:
+            self._prefill_together(together)
+        for entry in list(self.entries):
+            while entry.waiting and self.cache.free:
+                if not self._guard(entry, self._prefill, entry, entry.waiting.popleft()):
+                    break
+            if entry.unfinished == 0 and entry in self.entries:  # every row finished at its first token
+                self._end(entry, None)
+            if not self.cache.free:
+                return
+
+    def _prefill(self, entry: Entry, index: int) -> None:
+        """Row `index` of the job: its prompt through a batch-1 decoder (once for a prompt's n rows), its first
+        token picked from the last position's logits, then (unless that finished it) into a slot."""
+        batch = entry.batch
+        prompt = index // batch.config.num_return_sequences
+        if entry.prefilled is None or entry.prefilled[0] != prompt:
+            entry.prefilled = None  # the previous prompt's decoder goes first
+            ids = np.asarray([batch.rows[index]], dtype=np.int64)
+            decoder = self.engine.decoder(1, ids.shape[1])
+            logits = decoder.run(ids, np.ones_like(ids), np.arange(ids.shape[1])[None])[:, -1, :].copy()
+            entry.prefilled = (prompt, decoder, logits)
+        _, decoder, logits = entry.prefilled
+        row = Row(entry, index)
+        self._pick(entry, [row], logits)
+        if not row.finished:
+            self.cache.join(row, decoder.buffers, len(batch.rows[index]), front=entry.front)
+        if not entry.waiting or entry.waiting[0] // batch.config.num_return_sequences != prompt:
+            entry.prefilled = None
+
+    def _short_arrivals(self) -> list:
+        """The jobs at the head of the queue that wait with one short prompt each (under one prefill chunk: nothing
+        the prefix cache could reuse or keep), as many as there are free slots: requests that arrive together
+        are prefilled in one pass, so the last of them does not wait for the others' prefills one by one."""
+        together = []
+        for entry in self.entries:
+            if not entry.waiting:
+                continue
+            if len(together) == self.cache.free or len(entry.batch.rows) != 1 or len(entry.batch.rows[0]) >= CHUNK:
+                break
+            together.append(entry)
+        return together
+
+    def _prefill_together(self, entries: list) -> None:
+        """One left-padded prefill pass for `entries`' single rows; each picks its first token, then (all their
+        first pieces sent) those it did not finish join slots, the cache grown for all of them at once."""
+        prompts = [entry.batch.rows[0] for entry in entries]
+        input_ids, attention_mask = left_pad(prompts, 0)  # padding is masked: any id serves
+        width = input_ids.shape[1]
+        try:
+            decoder = self.engine.decoder(len(prompts), width)
+            logits = decoder.run(input_ids, attention_mask, position_ids_from_mask(attention_mask))[:, -1, :]
+        except BaseException as error:  # the pass failed: each of its jobs ends with that error
+            for entry in entries:
+                self._end(entry, error)
+            return
+        joining = []  # (k, row): the rows that go on
+        for k, entry in enumerate(entries):
+            row = Row(entry, entry.waiting.popleft())
+            if self._guard(entry, self._pick, entry, [row], logits[k : k + 1]) and not row.finished:
+                joining.append((k, row))
+            if entry.unfinished == 0 and entry in self.entries:
+                self._end(entry, None)
+        self.cache.reserve(len(self.cache.rows) + len(joining), width)
+        for k, row in joining:
+            start = width - len(prompts[k])
+            self.cache.join(
+                row, decoder.buffers, len(prompts[k]), source_row=k, source_start=start, front=row.entry.front
+            )
+
+    def _guard(self, entry: Entry, function, *args) -> bool:
+        """Run function(*args) for `entry`; if it raises, end that job with the error. Whether it went well."""
+        try:
+            function(*args)
+            return True
+        except BaseException as error:
+            self._end(entry, error)
+            return False
+
+    def _end(self, entry: Entry, error: BaseException | None) -> None:
+        """Take the job's rows out of the batch and hand it its end: completions, or the error."""
+        for slot in reversed(range(len(self.cache.rows))):
+            if self.cache.rows[slot].entry is entry:
+                self.cache.leave(slot)
+        if entry in self.entries:
+            self.entries.remove(entry)
+        entry.prefilled = None
+        if error is None:
+            entry.batch.collect()
+        _finish(entry.job, error)
+
+
+def _finish(job, error: BaseException | None) -> None:
+    try:
+        job.finish(error)
+    finally:
+        if error is not None:  # its traceback holds this thread's frames, and they the batch: let them go now
+            error.__traceback__ = None

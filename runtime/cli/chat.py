@@ -1,0 +1,171 @@
+"""`edgelm chat`: a conversation in the terminal, rendered by the package's chat template.
+
+At a terminal it prompts, streams each answer, and keeps the history: Ctrl-C during an answer stops that answer
+(what was printed stays in the history), Ctrl-C or Ctrl-D at the prompt ends the conversation. With stdin not a
+terminal, each line is one user message and each answer is printed on its own line, so scripts can pipe lines in.
+When the conversation no longer fits the model's context, its oldest turns are dropped (never the system message).
+"""
+
+import sys
+
+import click
+
+from ..batching.prefix_cache import CLI_DEFAULT_MB
+from ..errors import EdgelmError, PromptError
+from ..generation_config import sampling_implied
+from .main import generate
+
+# generate's options that mean the same in a conversation; they are declared once, on generate
+SHARED_OPTIONS = (
+    "package",
+    "max_new_tokens",
+    "min_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop",
+    "seed",
+    "device",
+    "threads",
+    "no_verify",
+)
+
+
+@click.command()
+@click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
+@click.option(
+    "--prefix-cache-mb",
+    default=CLI_DEFAULT_MB,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="MiB of the conversation's key/value rows kept between turns, so each turn computes only what is new "
+    "since the last one (in whole 128-token chunks); the answers are the same. 0 turns it off.",
+)
+def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options):
+    """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
+
+    \b
+    edgelm chat -m models/distilgpt2 --system "You are terse."
+    printf 'Hello\\nWhat is ONNX?\\n' | edgelm chat --max-new-tokens 40
+    """
+    from ..model import load
+
+    options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
+    history = [{"role": "system", "content": system}] if system else []
+    try:
+        model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
+        config = model.settings(**options)
+        model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
+    except EdgelmError as error:
+        raise click.ClickException(str(error)) from None
+    interactive = sys.stdin.isatty()
+    if interactive:
+        click.echo(
+            f"Chatting with {model.package.name}. Ctrl-C stops an answer; Ctrl-D or Ctrl-C here quits.", err=True
+        )
+    said_dropped = False
+    for line in _user_lines(interactive):
+        if not line.strip():
+            continue
+        try:
+            history, dropped = fit_history(model, [*history, {"role": "user", "content": line}], config)
+        except EdgelmError as error:
+            click.echo(f"Error: {error}", err=True)
+            continue
+        if dropped and not said_dropped:
+            click.echo(
+                f"(The oldest turns no longer fit the model's {model.arch.n_positions}-token context: they are dropped"
+                f"{', the system message is kept' if system else ''}.)",
+                err=True,
+            )
+            said_dropped = True
+        answer = _answer(model, history, config)
+        if answer is None:
+            history.pop()  # nothing came back: the question goes too, so the turns still alternate
+        else:
+            history.append({"role": "assistant", "content": answer})
+
+
+def fit_history(model, messages: list, config) -> tuple[list, int]:
+    """The messages with their oldest turns dropped until the rendered conversation and max_new_tokens fit the
+    context, and how many messages went. The system message and the last user message always stay."""
+    room = model.arch.n_positions - config.max_new_tokens
+    kept, first = list(messages), 1 if messages and messages[0]["role"] == "system" else 0
+    while True:
+        length = len(model.encode(model.chat_template.render(kept), add_special_tokens=False))
+        if length <= room:
+            return kept, len(messages) - len(kept)
+        later_users = [i for i in range(first + 1, len(kept)) if kept[i]["role"] == "user"]
+        if not later_users:
+            raise PromptError(
+                f"this message is {length} tokens with the conversation's template and max_new_tokens is "
+                f"{config.max_new_tokens}: more than the model's {model.arch.n_positions}-token context. "
+                "Send a shorter message or lower --max-new-tokens."
+            )
+        kept = kept[:first] + kept[later_users[0] :]  # one turn: a user message and the answers after it
+
+
+def _answer(model, history: list, config) -> str | None:
+    """Stream the assistant's reply to the terminal; the text shown (None if nothing was)."""
+    shown, stream = [], None
+    try:
+        stream = model.chat_stream(history, config)
+        for piece in stream:
+            piece = piece if shown else piece.lstrip()  # the default template's answers begin with a space
+            if piece:
+                shown.append(piece)
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        if stream is not None:
+            stream.close()
+    except EdgelmError as error:
+        click.echo(f"{chr(10) if shown else ''}Error: {error}", err=True)
+        return None
+    click.echo()
+    text = "".join(shown).strip()
+    return text or None
+
+
+def _user_lines(interactive: bool):
+    """User messages: prompted lines at a terminal, else stdin's lines. Ends quietly at Ctrl-D or Ctrl-C."""
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and arrow-key history for input())
+        except ImportError:
+            pass
+    number = 0
+    while True:
+        try:
+            if interactive:
+                line = input("> ")
+            else:
+                raw = sys.stdin.buffer.readline()
+                if not raw:
+                    return
+                number += 1
+                line = _decode(raw, number)
+        except (EOFError, KeyboardInterrupt):
+            if interactive:
+                click.echo()
+            return
+        yield line.rstrip("\r\n")
+
+
+def _decode(raw: bytes, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise click.ClickException(
+            f"line {number} of stdin is not valid UTF-8 (byte 0x{raw[error.start]:02x}); convert it first, e.g. iconv -t UTF-8."
+        ) from None
+
+
+chat.params.extend(p for p in generate.params if p.name in SHARED_OPTIONS)

@@ -1,0 +1,53 @@
+"""The `edgelm` command's entry point, and `python -m edgelm.runtime.cli`'s: restart with huge pages where that
+helps (hugepages.py), then run the command (cli.py).
+
+It decides before click, NumPy, onnxruntime and tokenizers are imported, but a restart still costs a second
+interpreter start, which the faster decode pays back only over many tokens (benchmarks/NOTES.md). So only the
+long-running commands restart: `serve`, and `bench` (which measures what serve gets). `generate` does not; give
+it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs."""
+
+import sys
+
+from ..engine.hugepages import restart_with_huge_pages
+from ..errors import EdgelmError
+
+RESTARTING_COMMANDS = ("serve", "bench")  # long-running: the restart's start-up is paid back many times
+MODEL_OPTIONS = ("-m", "--model")  # cli_package.py's option
+
+
+def package_to_load(args: list[str]):
+    """The package folder a serve or bench command line will load, read without parsing it (click is not imported
+    yet): the value of -m/--model, else the first argument that names a package (a package folder or an installed
+    name), else the default, each resolved as the command will (store.resolve_package). None for the other
+    commands, and where nothing resolves (the command itself then says why)."""
+    if not args or args[0] not in RESTARTING_COMMANDS:
+        return None
+    from ..store.local import names_a_package, resolve_package
+
+    given = None
+    for i, arg in enumerate(args[1:], 1):
+        if arg == "--":
+            break
+        if arg in MODEL_OPTIONS and i + 1 < len(args):
+            given = args[i + 1]
+        elif arg.startswith("--model="):
+            given = arg.partition("=")[2]
+        elif arg.startswith("-m") and not arg.startswith("--") and len(arg) > 2:
+            given = arg[2:]
+    if given is None:
+        given = next((arg for arg in args[1:] if not arg.startswith("-") and names_a_package(arg)), None)
+    try:
+        return resolve_package(given)
+    except EdgelmError:
+        return None
+
+
+def command(main=None):
+    """Run the command line in sys.argv; `main` is the click group when the caller has it imported already."""
+    package = package_to_load(sys.argv[1:])
+    if package is not None:
+        restart_with_huge_pages(package)
+    if main is None:
+        from .main import main
+
+    main()

@@ -1,0 +1,318 @@
+"""The `edgelm` command. Thin: parse options, call one library function, print. Errors become one line."""
+
+import json
+import sys
+
+import click
+
+from ..errors import EdgelmError
+from ..generation_config import sampling_implied
+from .options import device_option, package_option, package_option_or_argument
+from .prompt_file import check_file_options, file_options, run_file
+from .store import COMMANDS as STORE_COMMANDS
+
+LAZY_COMMANDS = {
+    "chat": "edgelm.runtime.cli.chat:chat",
+    "export": "edgelm.export.cli:export",
+    "serve": "edgelm.runtime.cli.serve:serve",
+    **STORE_COMMANDS,  # pull, list, rm, default, pack, install
+}  # heavy stages import only when asked for
+
+
+class EdgelmGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            module, attr = LAZY_COMMANDS[name].split(":")
+            return getattr(__import__(module, fromlist=[attr]), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=EdgelmGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgelm")
+def main():
+    """Ship a GPT-2-family model as an ONNX package and run it without PyTorch.
+
+    \b
+    edgelm export distilgpt2                  # hub id or local folder -> models/distilgpt2
+    edgelm generate "Hello, my name is"       # stream a completion from the default package
+    edgelm generate -m NAME_OR_PATH "Hello"   # -m names the package, the same in every command
+    echo "Once upon a time" | edgelm generate # piped text is the prompt
+    """
+
+
+def _fail(error: EdgelmError):
+    raise click.ClickException(str(error))
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@package_option
+@click.option("--max-new-tokens", type=int, help="Stop after this many new tokens.")
+@click.option("--min-new-tokens", type=int, help="Do not end before this many new tokens.")
+@click.option(
+    "--do-sample/--greedy",
+    default=None,
+    help="Sample, or pick the most likely token. Sampling options below turn sampling on unless --greedy is given.",
+)
+@click.option("--temperature", type=float, help="Divide logits by this: below 1 sharpens, above 1 flattens (sampling).")
+@click.option("--top-k", type=int, help="Keep the k most likely tokens; 0 turns it off (transformers' default 50).")
+@click.option("--top-p", type=float, help="Nucleus sampling mass in (0, 1].")
+@click.option("--min-p", type=float, help="Drop tokens below min-p x p(most likely).")
+@click.option("--typical-p", type=float, help="Locally typical sampling mass in (0, 1].")
+@click.option("--repetition-penalty", type=float, help="Penalise every token already seen (1.0 = off).")
+@click.option("--no-repeat-ngram-size", type=int, help="Never repeat an n-gram of this size.")
+@click.option("--frequency-penalty", type=float, help="OpenAI-style, per occurrence in the output, in [-2, 2].")
+@click.option("--presence-penalty", type=float, help="OpenAI-style, once per token present in the output, in [-2, 2].")
+@click.option(
+    "--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS", help="Add BIAS to token ID's logit (repeatable)."
+)
+@click.option("--ban", multiple=True, metavar="TEXT", help="Never generate this word or token sequence (repeatable).")
+@click.option("--stop", multiple=True, help="End when this text appears; it is not printed (repeatable).")
+@click.option("--ignore-eos", is_flag=True, default=None, help="Keep going past end-of-text.")
+@click.option(
+    "-n", "--num-return-sequences", type=int, help="Completions for the prompt; above 1 needs sampling (--do-sample)."
+)
+@click.option("--seed", type=int, help="Same seed, prompt and options give the same text.")
+@click.option("--logprobs", type=int, help="Include the chosen and top-N tokens' log-probs (with --json).")
+@click.option(
+    "--truncate",
+    is_flag=True,
+    default=None,
+    help="Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.",
+)
+@device_option
+@click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
+@click.option("--show-config", is_flag=True, help="Print the settings in effect and exit.")
+@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+@file_options
+def generate(
+    prompt,
+    package,
+    device,
+    threads,
+    as_json,
+    show_config,
+    no_verify,
+    logit_bias,
+    ban,
+    input_path,
+    output_path,
+    batch_size,
+    overwrite,
+    quiet,
+    **options,
+):
+    """Complete PROMPT and stream it to stdout. With no PROMPT, piped stdin is the prompt ('-' reads stdin too);
+    '' asks for unconditional text. The package is given with -m (an installed name or a folder).
+
+    \b
+    edgelm generate -m distilgpt2 "Hello, my name is" --max-new-tokens 30
+    git log -1 --format=%B | edgelm generate --do-sample -n 3
+    edgelm generate --input prompts.jsonl --output results.jsonl --max-new-tokens 30
+
+    --input: one JSON object per line, {"prompt": "..."} or {"messages": [...]}, with an optional "id" and any
+    generation option by its Python name ({"prompt": "Hi", "max_new_tokens": 5, "stop": ["."]}) over the
+    options given here. Each output line names its input "line" (and "id"); a line that cannot be run gets an
+    "error" and the rest go on. Rerunning the same command resumes an interrupted output.
+    """
+    from ..model import load
+
+    from_file = check_file_options(prompt, input_path, output_path, json=as_json)
+    prompt = None if from_file else _prompt(prompt, package)
+    options = {k: v for k, v in options.items() if v is not None}
+    if options.get("stop") == ():
+        options.pop("stop")
+    options = sampling_implied(options)
+    try:
+        if logit_bias:
+            options["logit_bias"] = _parse_bias(logit_bias)
+        model = load(package, device=device, threads=threads, verify=not no_verify)
+        if ban:
+            options["bad_words_ids"] = [model.encode(w) for w in ban] + [
+                model.encode(" " + w) for w in ban if not w.startswith(" ")
+            ]
+        settings = model.settings(**options)
+        if show_config:
+            click.echo(
+                json.dumps(
+                    {"package": str(model.package.folder), "device": model.device, **settings.__dict__},
+                    indent=2,
+                    default=str,
+                )
+            )
+            return
+        if from_file:
+            return run_file(model, input_path, output_path, "generate", batch_size, overwrite, quiet, config=settings)
+        if as_json or settings.num_return_sequences > 1:
+            completions = model.generate([prompt], settings)
+            if as_json:
+                click.echo(
+                    json.dumps(
+                        [c.to_dict() for c in completions] if len(completions) > 1 else completions[0].to_dict(),
+                        indent=2,
+                        ensure_ascii=False,
+                    )
+                )
+            else:
+                click.echo("\n---\n".join(c.text for c in completions))
+            return
+        _stream(model.stream(prompt, settings))
+    except EdgelmError as error:
+        _fail(error)
+
+
+def _stream(stream):
+    """Print pieces as they come; Ctrl-C keeps what was printed and exits 130."""
+    try:
+        for piece in stream:
+            click.echo(piece, nl=False)
+            sys.stdout.flush()
+        click.echo()
+    except KeyboardInterrupt:
+        stream.close()
+        click.echo()
+        sys.exit(130)
+
+
+def _prompt(prompt: str | None, package: str | None, command: str = "generate") -> str:
+    """The prompt to complete: the argument, else piped stdin. A terminal with no prompt, or a prompt that names a
+    package while -m is absent, is a usage error (never a wait on the keyboard, never the wrong model)."""
+    if prompt == "-":
+        return _read_stdin()
+    if prompt is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise click.UsageError(
+                f"no prompt: give one (edgelm {command} \"Hello\"), pipe one in (echo Hello | edgelm {command}), "
+                "give a file of them with --input, or pass '' for unconditional text."
+            )
+        return _read_stdin()
+    if package is None:
+        from ..store.local import names_a_package
+
+        if names_a_package(prompt):
+            raise click.UsageError(
+                f"{prompt!r} is a model package, not a prompt: name the package with -m, e.g. "
+                f"edgelm {command} -m {prompt} \"Hello\" (with -m given, any text is taken as the prompt)."
+            )
+    return prompt
+
+
+def _read_stdin() -> str:
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise click.ClickException(
+            f"stdin is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); convert it first, e.g. iconv -t UTF-8."
+        ) from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _parse_bias(items) -> dict:
+    bias = {}
+    for item in items:
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is not ID=BIAS, e.g. 50256=-100", param_hint="--logit-bias") from None
+    return bias
+
+
+@main.command()
+@click.argument("text", required=False)
+@package_option
+@click.option("--top-logprobs", type=click.IntRange(min=0), help="Also give each token's N most likely tokens.")
+@device_option
+@click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+@file_options
+def score(
+    text, package, top_logprobs, device, threads, no_verify, input_path, output_path, batch_size, overwrite, quiet
+):
+    """Print each token's log-probability of TEXT and its perplexity, as JSON. With no TEXT, piped stdin is the
+    text; --input scores a file of {"text": "..."} lines (optionally "id" and "top_logprobs") into --output.
+
+    \b
+    edgelm score -m distilgpt2 "The quick brown fox"
+    edgelm score --input texts.jsonl --output scores.jsonl
+    """
+    from ..model import load
+    from ..prompt_file import score_records
+
+    from_file = check_file_options(text, input_path, output_path)
+    text = None if from_file else _prompt(text, package, "score")
+    try:
+        model = load(package, device=device, threads=threads, verify=not no_verify)
+        if from_file:
+            return run_file(
+                model, input_path, output_path, "score", batch_size, overwrite, quiet, top_logprobs=top_logprobs
+            )
+        (answer,) = score_records(model, [{"text": text, "top_logprobs": top_logprobs}])
+    except EdgelmError as error:
+        _fail(error)
+    if "error" in answer:
+        raise click.ClickException(answer["error"])
+    click.echo(json.dumps(answer, indent=2, ensure_ascii=False))
+
+
+@main.command()
+@package_option_or_argument
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest.")
+def info(package, as_json):
+    """Show a package's architecture, weights, sizes and validation figures (NAME_OR_PATH is the same as -m)."""
+    from ..package.open import open_package
+    from ..store.local import resolve_package
+
+    try:
+        pkg = open_package(resolve_package(package), verify=False)
+    except EdgelmError as error:
+        _fail(error)
+    click.echo(json.dumps(pkg.to_dict(), indent=2) if as_json else pkg.describe())
+
+
+@main.command()
+@package_option_or_argument
+def verify(package):
+    """Check every file of a package against the sizes and sha256 in its manifest (NAME_OR_PATH is the same as -m)."""
+    from ..package.open import open_package
+    from ..store.local import resolve_package
+
+    try:
+        pkg = open_package(resolve_package(package), verify=True)
+    except EdgelmError as error:
+        _fail(error)
+    click.echo(
+        f"OK: {len(pkg.manifest.files)} files of {pkg.folder} match their sha256"
+        if pkg.manifest
+        else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify"
+    )
+
+
+@main.command()
+@package_option_or_argument
+@click.option("--runs", type=int, default=3, show_default=True, help="Repeats per figure (medians are reported).")
+@click.option("--threads", type=click.IntRange(min=1), help="onnxruntime intra-op threads (default: all cores).")
+@device_option
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option(
+    "--sample",
+    is_flag=True,
+    help="Instead: decode speed with the common sampling settings against greedy, their decodes taking turns each step.",
+)
+def bench(package, runs, threads, device, as_json, sample):
+    """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling; with
+    --sample, decode speed under the common sampling settings against greedy (NAME_OR_PATH is the same as -m)."""
+    from ..bench import format_sample_table, format_table, run_bench, run_sample_bench
+
+    if runs < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--runs")
+    try:
+        result = (run_sample_bench if sample else run_bench)(package, threads=threads, device=device, runs=runs)
+    except EdgelmError as error:
+        _fail(error)
+    click.echo(json.dumps(result, indent=2) if as_json else (format_sample_table if sample else format_table)(result))

@@ -1,0 +1,261 @@
+"""`edgelm serve`: load a package once and answer OpenAI-style HTTP requests with it (needs edgelm[server])."""
+
+import logging
+import os
+
+import click
+
+from ..batching.prefix_cache import CLI_DEFAULT_MB
+from ..errors import EdgelmError
+from .options import device_option, package_option_or_argument
+
+
+@click.command()
+@package_option_or_argument
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; 0.0.0.0 exposes the server to the network.",
+)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@device_option
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    help="onnxruntime threads (default: every core for the running batch; cores / --max-concurrency with --max-batch 0).",
+)
+@click.option(
+    "--api-key", envvar="EDGELM_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/ (also $EDGELM_API_KEY)."
+)
+@click.option(
+    "--max-batch",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Continuous batching: rows (prompts x n) decoded together in one running batch, requests joining and "
+    "leaving it between steps; up to this many requests run at once, the rest wait in a FIFO queue. Used on the "
+    "CPU with an edgelm package (its cache updated in place); 0 turns it off.",
+)
+@click.option(
+    "--max-concurrency",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Without continuous batching (--max-batch 0, CUDA, other graphs): requests running at once, each "
+    "decoding alone in a thread of its own; the rest wait in a FIFO queue.",
+)
+@click.option(
+    "--max-queue",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Requests waiting for a place in the batch (or a thread); more get 429.",
+)
+@click.option(
+    "--max-tokens-limit",
+    type=click.IntRange(min=1),
+    help="Largest max_tokens a request may ask for (default: the model's context).",
+)
+@click.option(
+    "--max-n", default=8, show_default=True, type=click.IntRange(min=1), help="Largest n (completions per prompt)."
+)
+@click.option(
+    "--max-prompts",
+    default=32,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Most prompts in one request (--max-batch-tokens bounds what they may hold).",
+)
+@click.option(
+    "--max-body-bytes",
+    default=1_000_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest request body; more gets 413.",
+)
+@click.option(
+    "--request-timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request may take, queue included: then 408 (or an error event ending the stream).",
+)
+@click.option(
+    "--max-batch-tokens",
+    default=32_768,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Tokens one request may hold: prompts x n x (prompt + max_tokens); more gets 400.",
+)
+@click.option(
+    "--read-timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a client has to send a request's headers, and again its body; then the connection is closed.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="HOST",
+    help="Also accept this name in the Host header (repeatable; '*' accepts any). Default: 127.0.0.1, localhost, [::1] and --host.",
+)
+@click.option(
+    "--allow-origin",
+    "allow_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let web pages from this origin call the server, e.g. http://localhost:3000 (repeatable; '*' for any). Default: none (no CORS).",
+)
+@click.option(
+    "--model-name",
+    "model_names",
+    multiple=True,
+    metavar="NAME",
+    help="A name requests may give as `model` (repeatable); the first is the id /v1/models lists. The package's name is always accepted.",
+)
+@click.option(
+    "--accept-any-model",
+    is_flag=True,
+    help="Answer requests whatever `model` they name (llama-server's behaviour); without it an unknown name gets 404.",
+)
+@click.option(
+    "--shutdown-timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="On SIGINT/SIGTERM, seconds running requests get to finish before they are stopped.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="The server's logging level.",
+)
+@click.option(
+    "--prefix-cache-mb",
+    default=CLI_DEFAULT_MB,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="MiB of recent prompts' key/value rows kept, so a prompt that starts like a recent one (a chat's history, "
+    "a shared system prompt) skips recomputing that start; outputs are the same. 0 turns it off.",
+)
+@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+def serve(
+    package,
+    host,
+    port,
+    device,
+    threads,
+    api_key,
+    max_batch,
+    max_concurrency,
+    max_queue,
+    max_tokens_limit,
+    max_n,
+    max_prompts,
+    max_body_bytes,
+    request_timeout,
+    max_batch_tokens,
+    read_timeout,
+    allow_hosts,
+    allow_origins,
+    model_names,
+    accept_any_model,
+    shutdown_timeout,
+    log_level,
+    prefix_cache_mb,
+    no_verify,
+):
+    """Serve a package (-m NAME_OR_PATH, or NAME_OR_PATH alone; default: as for every command) over an
+    OpenAI-compatible HTTP API.
+
+    \b
+    POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...); text or token-id prompts
+    POST /v1/chat/completions  OpenAI chat (stream, logprobs, n, stop, seed, ...), by the package's chat template
+    POST /v1/score        per-token log-probs and perplexity of {"text": ...}
+    POST /tokenize, /detokenize   {"content": ...} <-> {"tokens": [...]} (llama-server's shapes)
+    GET  /v1/models, /health
+
+    Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
+    transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
+    ignore_eos, truncate) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
+    greedy request gives what `edgelm generate` gives (with int8 weights, nearly always: their activation scales
+    span the batch). Streamed log-probs come with the text chunk their tokens print in.
+    Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
+    Binds to 127.0.0.1 unless --host says otherwise. Takes only JSON bodies, only Host names it is known
+    by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
+    """
+    try:
+        from ..server.app import create_app
+        from ..server.requests import Limits
+        from ..server.uvicorn_server import run
+    except ImportError as error:
+        raise click.ClickException(
+            f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'"
+        ) from None
+    from ..model import load
+
+    if any(not name.strip() for name in model_names):
+        raise click.BadParameter("a model name must not be empty", param_hint="--model-name")
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if threads is None and device != "cuda" and max_batch == 0:
+        threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
+    try:
+        # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
+        model = load(
+            package,
+            device=device,
+            threads=threads,
+            verify=not no_verify,
+            prefix_cache_mb=prefix_cache_mb,
+            spinning=False,
+        )
+    except EdgelmError as error:
+        raise click.ClickException(str(error)) from None
+    limits = Limits(
+        max_tokens_limit or model.arch.n_positions,
+        max_n,
+        max_prompts,
+        max_body_bytes,
+        request_timeout,
+        max_batch_tokens,
+        read_timeout,
+    )
+    app = create_app(
+        model,
+        limits,
+        max_concurrency,
+        max_queue,
+        api_key,
+        host,
+        allow_hosts,
+        allow_origins,
+        model_names,
+        accept_any_model,
+        max_batch,
+    )
+    names = app.names
+    also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
+    click.echo(  # the name clients pass as `model`, whatever the log level
+        f"edgelm serve: model {names.id!r}"
+        + (f" (also answers to {also})" if also else "")
+        + f" at http://{host}:{port}/v1",
+        err=True,
+    )
+    logging.getLogger("edgelm.server").info(
+        "serving %s on %s (%s, onnxruntime threads: %s) at http://%s:%d/v1",
+        model.package.name,
+        model.device,
+        f"one running batch of up to {max_batch} rows"
+        if app.jobs.scheduler is not None
+        else f"{max_concurrency} requests at once, each alone",
+        threads or "all",
+        host,
+        port,
+    )
+    run(app, host, port, log_level, shutdown_timeout)

@@ -1,0 +1,87 @@
+"""The token-embedding lookup for graphs that take `inputs_embeds` (int8 packages): rows are read from the
+package's weights file as tokens come, so the [V, C] table is never resident in this process.
+
+Why outside the graph: the tied matrix serves the LM head and the lookup. onnxruntime keeps an initializer
+that a plain Gather reads next to the copy it prepacks for the LM head, so an in-graph lookup holds the table
+twice (38.6 MB more for distilgpt2 int8). The LM head names the same bytes of model.onnx.data as ONNX external
+data: one copy on disk, one prepacked copy in memory, and a few rows read per step here. An untied model's
+LM head is a matrix of its own; its token rows are read the same way, and no node of the graph reads them.
+
+The manifest's graph.token_embeddings (package_format.TokenTable) says where: int8 rows [V, C] at `rows.offset` and one float32 scale
+per row [V] at `scale.offset`; an embedding is row * scale.
+"""
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PackageError
+from ..package.files import open_regular
+from ..package.format import TokenTable
+
+
+class TokenEmbeddings:
+    """ids (any integer shape) -> float32 embeddings (shape + [C])."""
+
+    def __init__(self, read_row, scale: np.ndarray, width: int):
+        self._read_row, self.scale, self.width = read_row, scale, width
+
+    @classmethod
+    def from_arrays(cls, rows: np.ndarray, scale: np.ndarray) -> "TokenEmbeddings":
+        """In memory (the export's validation runs the graph before any file exists)."""
+
+        def read_row(token, out):
+            out[:] = rows[token]
+
+        return cls(read_row, np.asarray(scale, dtype=np.float32), rows.shape[1])
+
+    @classmethod
+    def open(cls, path: Path, table: TokenTable) -> "TokenEmbeddings":
+        """The rows and scales of `table` (checked against the format already) in the file at `path`."""
+        vocab_size, width = table.rows.shape
+        handle = open_regular(path)
+        try:
+            if os.fstat(handle.fileno()).st_size < max(r.offset + r.nbytes for r in (table.rows, table.scale)):
+                raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
+            handle.seek(table.scale.offset)
+            scale_values = np.frombuffer(handle.read(table.scale.nbytes), dtype=np.float32)
+        except OSError as error:
+            handle.close()
+            raise PackageError(f"cannot read {path}: {error.strerror}. Export the package again.") from None
+        except PackageError:
+            handle.close()
+            raise
+        if scale_values.size != vocab_size:
+            handle.close()
+            raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
+        return cls(_row_reader(handle, path, table.rows.offset, width), scale_values, width)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        flat = np.asarray(ids, dtype=np.int64).reshape(-1)
+        rows = np.empty((flat.size, self.width), dtype=np.int8)
+        for k, token in enumerate(flat.tolist()):
+            self._read_row(token, rows[k])
+        return (rows * self.scale[flat, None]).astype(np.float32).reshape(*np.shape(ids), self.width)
+
+
+def _row_reader(handle, path: Path, offset: int, width: int):
+    """read_row(token, out): positioned reads, safe from any number of threads."""
+    if hasattr(os, "preadv"):
+        fd = handle.fileno()
+
+        def read_row(token, out):
+            if os.preadv(fd, [out], offset + token * width) != width:
+                raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
+    else:  # Windows: no positioned reads in os; one lock around seek + read
+        lock = threading.Lock()
+
+        def read_row(token, out):
+            with lock:
+                handle.seek(offset + token * width)
+                if handle.readinto(out) != width:
+                    raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
+
+    read_row.handle = handle  # keeps the file open as long as the reader lives
+    return read_row

@@ -1,0 +1,131 @@
+"""Which onnxruntime runs a package, and which onnxruntime is installed.
+
+The oldest onnxruntime a graph needs follows from the operators and attributes it uses. `OPERATOR_MINIMUM`
+is measured, not read from release notes: tiny packages of every recipe, each loaded and run (greedy, sampled,
+a padded batch, scoring) on every onnxruntime release from 1.20 to 1.32, against the newest release's tokens
+(`benchmarks/onnxruntime_matrix.sh` repeats the check for the oldest and newest supported releases):
+
+    recipe                  1.20-1.21  1.22     1.23-1.24  1.25-1.26        1.27              1.28-1.32
+    float32, int8 weights   refused    runs     runs       runs             runs              runs
+    int4 weights            refused    refused  runs       runs             runs              runs
+    int8 KV cache           refused    refused  refused    fails at 1st run wrong for batch>1 runs
+
+`edgelm export` writes the result into the manifest (graph.min_onnxruntime); the loader checks it before
+creating a session, and works it out from the graph itself for a package whose manifest predates the field.
+
+Standard library only, so `edgelm export` and the launcher can use it without loading onnxruntime; logging and
+importlib.metadata are imported where they are used (the launcher reads the table before its restart).
+"""
+
+import re
+
+from ..errors import DeviceError, PackageError
+
+# (operator, attribute or None for the operator itself) -> (oldest onnxruntime, what needs it). 1.21's
+# GroupQueryAttention takes 9 inputs at most; edgelm's passes its attention bias as the 11th.
+OPERATOR_MINIMUM = {
+    ("GroupQueryAttention", None): ("1.22", "GroupQueryAttention with an attention_bias input"),
+    ("GatherBlockQuantized", "bits"): ("1.23", "the int4 token lookup (GatherBlockQuantized's bits attribute)"),
+    ("GroupQueryAttention", "kv_cache_bit_width"): ("1.28", "the int8 KV cache"),  # 1.25-1.27: see the table above
+}
+OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the float32 package's: pyproject's minimum
+CPU_WHEEL, GPU_WHEEL = "onnxruntime", "onnxruntime-gpu"
+# Distributions that all install the same `onnxruntime` import package: two of them overwrite each other's files.
+DISTRIBUTIONS = (CPU_WHEEL, GPU_WHEEL, "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn")
+REINSTALL_GPU = f"pip uninstall -y {CPU_WHEEL} {GPU_WHEEL} && pip install '{GPU_WHEEL}>={OLDEST_SUPPORTED}'"
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'1.22.1', '1.23.0.dev20250101', '1.22.0+cu124' -> (1, 22, 1) / (1, 23, 0) / (1, 22, 0)."""
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def graph_minimum(uses) -> str | None:
+    """The oldest onnxruntime that runs a graph using `uses`, (operator, attribute or None) pairs; None when
+    the graph uses nothing in the table."""
+    needed = [OPERATOR_MINIMUM[use][0] for use in set(uses) if use in OPERATOR_MINIMUM]
+    return max(needed, key=version_tuple) if needed else None
+
+
+def reason(minimum: str) -> str:
+    """Why a graph needs `minimum`: the table's words for that version."""
+    return next((why for version, why in OPERATOR_MINIMUM.values() if version == minimum), "the operators it uses")
+
+
+def installed_version() -> str:
+    """The version of the onnxruntime Python imports (not of whichever distribution's metadata is found)."""
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def installed_distributions() -> list[str]:
+    """The onnxruntime distributions pip has installed; more than one means one shadows the other."""
+    from importlib import metadata
+
+    found = []
+    for name in DISTRIBUTIONS:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+def installed_wheel() -> str:
+    """The distribution to upgrade: the one installed, or the CPU wheel when there are none or several."""
+    found = installed_distributions()
+    return found[0] if len(found) == 1 else CPU_WHEEL
+
+
+def check_installed(minimum: str | None, what) -> None:
+    """Refuse, before any session is created, an onnxruntime older than the package needs."""
+    if minimum is None:
+        return
+    installed = installed_version()
+    if version_tuple(installed) >= version_tuple(minimum):
+        return
+    raise PackageError(
+        f"{what} needs onnxruntime {minimum} or newer for {reason(minimum)}; this is onnxruntime {installed}. "
+        f"Install a newer one: pip install -U '{installed_wheel()}>={minimum}'"
+    )
+
+
+def shadowing_message() -> str | None:
+    """What to say when two onnxruntime distributions share one import package, else None."""
+    found = installed_distributions()
+    if len(found) < 2:
+        return None
+    return (
+        f"{' and '.join(found)} are both installed; they write the same `onnxruntime` folder, so which one "
+        f"Python imports depends on install order. Keep one. For CUDA: {REINSTALL_GPU}"
+    )
+
+
+_warned = False
+
+
+def warn_if_shadowed() -> None:
+    """Log the clash once per process (through `logging`: the library never prints)."""
+    global _warned
+    message = shadowing_message()
+    if message and not _warned:
+        import logging
+
+        _warned = True
+        logging.getLogger("edgelm").warning(message)
+
+
+def cuda_missing_error() -> DeviceError:
+    """The error for --device cuda where the imported onnxruntime has no CUDA provider, naming the cause."""
+    clash = shadowing_message()
+    if clash is not None:
+        return DeviceError(
+            f"device 'cuda' was asked for, but the onnxruntime Python imports has no CUDA provider: {clash}"
+        )
+    return DeviceError(
+        "device 'cuda' was asked for, but this onnxruntime has no CUDA provider. On a machine with an NVIDIA GPU, "
+        f"replace the CPU wheel with the GPU one ({REINSTALL_GPU}), or use --device cpu."
+    )

@@ -1,0 +1,212 @@
+"""Read a model package folder: the manifest, its checksums, and everything the engine needs to know.
+
+Two kinds of folder load:
+- an edgelm package (manifest.json written by `edgelm export`), checked against the format (package_format.py)
+  and file by file against its sizes and sha256;
+- a plain folder from `optimum-cli export onnx --task text-generation-with-past` (model.onnx, config.json,
+  tokenizer.json), whose input and output names are read from the graph itself.
+
+A package is untrusted input: every file is opened through package_files.py (inside the folder, regular,
+bounded), and every file the runtime reads must be listed in the manifest, the graph's external data included.
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..engine.onnxruntime_compat import graph_minimum
+from ..errors import GenerationOptionError, PackageError
+from ..generation_config import GenerationConfig
+from .files import file_record, inside, read_bytes, read_json, sha256_of
+from .format import (
+    GENERATION_CONFIG,
+    GRAPH_FILE,
+    HF_CONFIG,
+    MANIFEST,
+    MAX_JSON_BYTES,
+    MAX_MANIFEST_BYTES,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    Architecture,
+    FormatError,
+    Manifest,
+    describe,
+    file_name,
+)
+from .graph_scan import ScanError, scan_model
+
+DEFAULT_PACKAGE = Path("models") / "distilgpt2"  # what every command and load() open when given no folder
+DAMAGED = "The manifest is damaged or was not written by edgelm export; export the package again."
+
+__all__ = ["DEFAULT_PACKAGE", "Package", "file_record", "open_package", "sha256_of", "verify_files"]
+
+
+@dataclass(frozen=True)
+class Package:
+    """A loadable model folder, described by its own files."""
+
+    folder: Path
+    arch: Architecture
+    model_file: Path
+    tokenizer_file: Path
+    generation_defaults: dict  # the package's generation_config.json
+    manifest: Manifest | None = None  # None for an optimum folder
+    kind: str = "edgelm"  # "edgelm" or "optimum"
+    weights_file: Path | None = None  # the graph's external data, where it has one
+    verified: bool = False  # every listed file had its recorded size and sha256 when the folder was opened
+    min_onnxruntime: str | None = None  # the oldest onnxruntime that runs the graph: the manifest's, else the graph's
+
+    @property
+    def name(self) -> str:
+        return (self.manifest.name if self.manifest else "") or self.folder.name
+
+    @property
+    def weight_bytes(self) -> int:
+        """The graph's bytes on disk: model.onnx, and its external weights file where it has one."""
+        return sum(p.stat().st_size for p in (self.model_file, self.weights_file) if p is not None)
+
+    def read_limit(self, path: Path) -> int:
+        """The most bytes the runtime reads from one of the package's files: its recorded size."""
+        if self.manifest is not None and self.verified:
+            record = self.manifest.files.get(path.name)
+            if record is None:  # a link inside the folder to a file the manifest does not list
+                raise PackageError(
+                    f"{path} is not one of the files the manifest lists (a link inside the package leads to it); "
+                    "a package reads only its listed files. Export it again."
+                )
+            return record.size
+        return MAX_JSON_BYTES
+
+    def path(self, name: str) -> Path:
+        """The real path of one of the package's files, refused unless it is a regular file inside the folder."""
+        return inside(self.folder, name)
+
+    def tokenizer_text(self) -> str:
+        data = read_bytes(self.tokenizer_file, self.read_limit(self.tokenizer_file))
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PackageError(f"{self.tokenizer_file} is not UTF-8 text; the package is damaged.") from None
+
+    def describe(self) -> str:
+        """What `edgelm info` prints."""
+        eos = self.generation_defaults.get("eos_token_id") if isinstance(self.generation_defaults, dict) else None
+        try:
+            ids = GenerationConfig(eos_token_id=eos).eos_token_id
+        except GenerationOptionError:  # a damaged file: `edgelm info` still describes the rest
+            ids = None
+        return describe(self.name, self.kind, self.folder, self.arch, self.manifest, ids)
+
+    def to_dict(self) -> dict:
+        """The manifest as JSON (`edgelm info --json`); for an optimum folder, what was read from it."""
+        return self.manifest.to_dict() if self.manifest else {"kind": self.kind, "architecture": self.arch.to_dict()}
+
+
+def open_package(path, verify: bool = True) -> Package:
+    """Read a package folder; with verify, refuse it unless every listed file has its recorded size and sha256.
+    Without verify the checksums are skipped, never the format, the paths or the file types."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise PackageError(f"no model package at {folder}. Make one with: edgelm export distilgpt2 -o {folder}")
+    if not folder.is_dir():
+        raise PackageError(f"{folder} is a file; a model package is a folder (made by edgelm export).")
+    if not (folder / MANIFEST).exists() and not (folder / MANIFEST).is_symlink():
+        if (folder / GRAPH_FILE).exists() and (folder / HF_CONFIG).exists():
+            return _open_optimum_folder(folder)
+        raise PackageError(
+            f"{folder} is not a model package: it has no {MANIFEST} (and is not an optimum ONNX export). Make one with: edgelm export MODEL -o {folder}"
+        )
+    manifest = read_manifest(folder)
+    if verify:
+        verify_files(folder, manifest)  # every listed path is checked (inside, regular) before any is read
+    else:  # no checksums, but no listed path may lead out of the folder or to a FIFO or device either
+        for name in manifest.files:
+            if os.path.lexists(folder / name):
+                inside(folder, name)
+    paths = {name: inside(folder, name) for name in manifest.required_files().values()}
+    arch = manifest.architecture
+    model_file = paths[manifest.graph.file]
+    uses = _check_graph(model_file, arch, lambda name: name in manifest.files, f"{folder / MANIFEST} does not list it")
+    generation = read_json(
+        paths[GENERATION_CONFIG], manifest.files[GENERATION_CONFIG].size if verify else MAX_JSON_BYTES
+    )
+    weights = paths.get(manifest.graph.weights_file) if manifest.graph.weights_file else None
+    minimum = manifest.graph.min_onnxruntime or graph_minimum(uses)  # a manifest from before the field: the graph's
+    tokenizer = paths[manifest.tokenizer]
+    return Package(folder, arch, model_file, tokenizer, generation, manifest, "edgelm", weights, verify, minimum)
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """The folder's manifest.json, checked against the format; PackageError naming the first field that is wrong."""
+    path = inside(folder, MANIFEST)
+    try:
+        return Manifest.from_dict(read_json(path, MAX_MANIFEST_BYTES))
+    except FormatError as error:
+        raise PackageError(
+            f"{folder / MANIFEST}: {error}. {DAMAGED if error.advice is None else error.advice}".rstrip()
+        ) from None
+
+
+def verify_files(folder: Path, manifest: Manifest) -> None:
+    """Raise PackageError naming the first file that is missing, resized or altered."""
+    for name, record in manifest.files.items():
+        path = inside(folder, name)
+        size = path.stat().st_size
+        if size != record.size:
+            raise PackageError(
+                f"{folder / name} has {size} bytes but the manifest records {record.size}: the file is truncated or replaced. Export it again."
+            )
+        if sha256_of(path, record.size) != record.sha256:
+            raise PackageError(
+                f"{folder / name} does not match its sha256 in the manifest: the file was altered. Export it again."
+            )
+
+
+def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str) -> set:
+    """The graph reads only listed files, and its position table covers the architecture's n_positions.
+    Returns the operators and attributes it uses (onnx_scan.GraphFacts.uses)."""
+    try:
+        facts = scan_model(model_file)
+    except ScanError:
+        return set()  # not a model this scan reads: onnxruntime refuses it at load with its own message
+    for location in sorted(facts.external_files):
+        if not listed(location):
+            raise PackageError(
+                f"{model_file} reads its weights from {location!r}, but {unlisted}; a package's graph may only read the package's own files. Export it again."
+            )
+    if facts.position_rows is not None and arch.n_positions > facts.position_rows:
+        raise PackageError(
+            f"the package says n_positions is {arch.n_positions} but its graph has {facts.position_rows} positions; the manifest is damaged. Export the package again."
+        )
+    return facts.uses
+
+
+def _open_optimum_folder(folder: Path) -> Package:
+    config = read_json(inside(folder, HF_CONFIG), MAX_JSON_BYTES)
+    if config.get("model_type") != "gpt2":
+        raise PackageError(
+            f"{folder} holds a {str(config.get('model_type'))[:40]!r} model; edgelm runs GPT-2-family decoders."
+        )
+    if not (folder / TOKENIZER_FILE).exists():
+        raise PackageError(f"{folder} has no tokenizer.json; save the fast tokenizer next to model.onnx.")
+    try:
+        arch = Architecture.from_hf_config(config)
+    except FormatError as error:
+        raise PackageError(f"{folder / HF_CONFIG}: {error}. Export the model again.") from None
+    model_file, tokenizer_file = inside(folder, GRAPH_FILE), inside(folder, TOKENIZER_FILE)
+    has_defaults = (folder / GENERATION_CONFIG).exists() or (folder / GENERATION_CONFIG).is_symlink()
+    generation = read_json(inside(folder, GENERATION_CONFIG), MAX_JSON_BYTES) if has_defaults else {}
+
+    def regular_file_here(name: str) -> bool:
+        try:
+            return inside(folder, file_name("location", name)) is not None
+        except (FormatError, PackageError):
+            return False
+
+    def absent_or_regular_here(name: str) -> bool:  # an absent one: onnxruntime says it is missing
+        return regular_file_here(name) or not ((folder / name).exists() or (folder / name).is_symlink())
+
+    uses = _check_graph(model_file, arch, absent_or_regular_here, "that is not a regular file of the folder")
+    weights = inside(folder, WEIGHTS_FILE) if regular_file_here(WEIGHTS_FILE) else None
+    minimum = graph_minimum(uses)
+    return Package(folder, arch, model_file, tokenizer_file, generation, None, "optimum", weights, False, minimum)

@@ -1,0 +1,240 @@
+"""The picker at the end of the sampler chain: argmax, or one draw per row from softmax(logits).
+
+A draw is the inverse CDF: the first token whose cumulative weight exceeds u * total, for one uniform u from the
+row's own generator. One float64 cumulative sum over the vocabulary is a sequential pass (a quarter of a greedy
+step's sampling budget on its own); the same token is found from 256-token block sums (float64, vectorised) and
+one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
+Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
+
+Graphs with sampling outputs (models/README.md) compute the weights (as probabilities: the draw needs them only up
+to a common factor) and block sums themselves, in the step (Prepared): the draw then starts from them (float32
+block sums, added up in float64) and makes no pass of its own.
+"""
+
+import contextlib
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import accumulate
+
+import numpy as np
+
+from ..errors import GenerationOptionError, PackageError
+from ..package.format import SAMPLING_BLOCK
+
+NEG_INF = np.float32(-np.inf)
+BLOCK = SAMPLING_BLOCK  # tokens per block of the inverse-CDF search, as the graph's sampling outputs have them
+FEW_ALIVE = 4096  # a row with at most this many tokens above -inf is summed over them only
+REJECTION_TRIES = 8  # draws a row gets in a rejection draw (top_p's, the penalties') before it is drawn exactly
+
+
+class Scratch:
+    """Arrays reused from one step to the next by a SamplerChain. A fresh array the size of the vocabulary costs
+    page faults every step (about 40 us for 200 KB, as much as the arithmetic done on it)."""
+
+    def __init__(self):
+        self._arrays = {}  # name -> ((shape, dtype), array)
+
+    def get(self, name: str, shape: tuple, dtype, zeros: bool = False) -> np.ndarray:
+        """The array kept under `name`, made again when the shape or dtype changed. Its contents are whatever was
+        last written there (zeros when made with zeros=True, and wherever nobody writes)."""
+        kept = self._arrays.get(name)  # compared as given: np.dtype(dtype) every step would cost more than the rest
+        if kept is None or kept[0] != (shape, dtype):
+            kept = self._arrays[name] = ((shape, dtype), (np.zeros if zeros else np.empty)(shape, dtype))
+        return kept[1]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A step's sampling outputs for the rows being sampled: weights [B, n_blocks * BLOCK] float32 (softmax(logits /
+    temperature), 0 past the vocabulary), block_sums [B, n_blocks] float32, and the temperature each row's
+    were made at (B float32 values, as Python floats). The arrays are the decoder's, overwritten by its next pass:
+    a sampler may change them (the penalties do) until then."""
+
+    weights: np.ndarray
+    block_sums: np.ndarray
+    temperatures: tuple
+
+    def rows(self, index: list) -> "Prepared":
+        """These rows only: views for consecutive rows (a scheduler job's), else copies."""
+        first = index[0] if index else 0
+        at = slice(first, first + len(index)) if list(index) == list(range(first, first + len(index))) else index
+        return Prepared(self.weights[at], self.block_sums[at], tuple(self.temperatures[i] for i in index))
+
+    def ends(self) -> list[list[float]] | None:
+        """block_ends of the weights, from the block sums; None when a row's does not serve (row_ends)."""
+        ends = [self.row_ends(r) for r in range(len(self.block_sums))]
+        return None if None in ends else ends
+
+    def row_ends(self, row: int) -> list[float] | None:
+        """One row's block ends; None when its total is not finite and at least MIN_TOTAL (the logits held NaN or
+        +inf, every token is banned, or penalties left only weights too small for float32 to hold exactly): the
+        caller computes from the logits instead."""
+        ends = running_totals(self.block_sums[row].tolist())
+        return ends if MIN_TOTAL <= ends[-1] < math.inf else None
+
+
+# The weights are probabilities before any penalty (the largest at least 1/V): after penalties lower the likely
+# tokens, a total this small would rest on weights that float32 holds inexactly (below 2**-126) or not at all,
+# while at or above it those hold under 1e-13 of it.
+MIN_TOTAL = 2.0**-64
+
+
+def running_totals(sums: list) -> list:
+    """np.cumsum's float64 sums, as Python floats."""
+    return list(accumulate(sums))
+
+
+def draw_rows(padded: np.ndarray, ends: list, rngs: list, n_vocab: int) -> np.ndarray:
+    """One draw per row from padded weights, given their block ends, with one uniform from each row's generator."""
+    # [B, n_blocks * BLOCK], B lists -> [B] int64
+    return np.array([search(row, e, rng.random(), n_vocab) for row, e, rng in zip(padded, ends, rngs)], np.int64)
+
+
+def weights(
+    logits: np.ndarray, scratch: Scratch | None = None, peak: np.ndarray | None = None, finite: bool = False
+) -> np.ndarray:
+    """exp(logit - row max) in float32, padded with zeros to whole blocks; 0 for -inf. peak: the row maxima [B],
+    when the caller has them; finite: the caller has checked that they are all finite."""
+    # [B, V] -> [B, n_blocks * BLOCK] float32 (a row of all -inf, or with +inf, gives NaN: callers skip it)
+    shape = (logits.shape[0], -(-logits.shape[-1] // BLOCK) * BLOCK)
+    padded = (scratch or Scratch()).get("weights", shape, np.float32, zeros=True)  # only [:, :V] is ever written
+    w = padded[:, : logits.shape[-1]]
+    peak = logits.max(axis=-1) if peak is None else peak
+    # inf - inf is the only invalid operation here; the error state costs as much as the subtraction right after
+    # a model step, so a finite maximum goes without it (exp's underflow to 0 is ignored by default)
+    with contextlib.nullcontext() if finite else np.errstate(invalid="ignore"):
+        np.subtract(logits, peak[:, None], out=w)
+        np.exp(w, out=w)
+    return padded
+
+
+def pick(
+    logits, do_sample: bool, rngs: list, given_weights=None, scratch: Scratch | None = None, dense: bool = False
+) -> np.ndarray:
+    """Choose one token per row: argmax, or one draw from softmax(logits) with that row's own generator.
+
+    Robust to non-finite logits (a model or filter gone past float32's range): NaN counts as banned, and a
+    row holding +inf picks among its +inf tokens only, each equally likely (the limit of its distribution).
+    given_weights: weights(logits) when the caller has them already (top_p computes them). dense: no filter has
+    banned tokens, so no row is looked at for having few tokens left (a speed hint: the same token either way).
+    """
+    # [B, V] -> [B] int64
+    if do_sample and dense and given_weights is None and len(rngs) == logits.shape[0]:
+        picks = _draw_dense(logits, rngs, scratch)
+        if picks is not None:
+            return picks
+    cleaned, best, peak = checked(logits)
+    if not do_sample:
+        return best.astype(np.int64)
+    if len(rngs) != logits.shape[0]:
+        raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {logits.shape[0]} rows")
+    logits, given_weights = (logits, given_weights) if cleaned is None else (cleaned, None)
+    u = np.array([rng.random() for rng in rngs])  # one uniform draw per row and step
+    if given_weights is not None:
+        return inverse_cdf(given_weights, u, logits.shape[-1])
+    sparse = np.zeros(logits.shape[0], dtype=bool)
+    if logits.shape[-1] > FEW_ALIVE:  # a row can only be sparse if it holds -inf: one reduction says it does not
+        banned = np.flatnonzero(logits.min(axis=-1) == NEG_INF)
+        sparse[banned] = [np.count_nonzero(logits[r] != NEG_INF) <= FEW_ALIVE for r in banned]
+    else:
+        sparse[:] = True
+    picks = np.empty(logits.shape[0], dtype=np.int64)
+    for r in np.flatnonzero(sparse):  # after top_k: exp and sum over the few tokens left only
+        ids = np.flatnonzero(logits[r] != NEG_INF)
+        picks[r] = among(ids, logits[r, ids], peak[r], u[r])
+    dense = np.flatnonzero(~sparse)
+    if dense.size:
+        dense_rows = logits if dense.size == len(picks) else logits[dense]
+        picks[dense] = inverse_cdf(weights(dense_rows, scratch, peak[dense]), u[dense], logits.shape[-1])
+    return picks
+
+
+def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
+    # pick's draw in as few operations as it takes (each costs more than its arithmetic right after a model step,
+    # whose weights have pushed the sampler's code and data out of the caches); None when a row's maximum is not
+    # finite, before any generator is used: pick's checks handle that row.
+    peak = logits.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
+    if not all(map(math.isfinite, peak.tolist())):
+        return None
+    padded = weights(logits, scratch, peak, finite=True)
+    return draw_rows(padded, block_ends(padded), rngs, logits.shape[-1])
+
+
+def among(ids: np.ndarray, values: np.ndarray, peak: np.float32, u: float) -> int:
+    """One draw from softmax over the few tokens `ids` of a row (every other token is -inf): the first whose float64
+    cumulative weight exceeds u * total. peak: the row's maximum, float32; u: uniform in [0, 1)."""
+    # [n] ascending ids, [n] their float32 logits -> token id
+    w = np.exp(values - peak).tolist()  # the same float32 weights as weights() gives
+    if not all(w):  # underflow to 0: such a token is never drawn
+        ids, w = ids[np.flatnonzero(w)], [x for x in w if x]
+    cdf = list(accumulate(w))  # np.cumsum's float64 sums
+    return int(ids[min(bisect_right(cdf, u * cdf[-1]), len(ids) - 1)])
+
+
+def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """(cleaned logits or None, argmax [B], max [B]); raises GenerationOptionError for a row with nothing left.
+
+    NaN counts as banned; a row holding +inf keeps its +inf tokens only, at 0 (each equally likely). The cleaned
+    copy is None when every row's maximum is finite: the logits are fine as they are.
+    """
+    rows = np.arange(logits.shape[0])
+    best = logits.argmax(axis=-1)
+    peak, cleaned = logits[rows, best], None
+    if not np.isfinite(peak).all():  # NaN propagates to the argmax: one check covers both
+        cleaned = np.where(np.isnan(logits), NEG_INF, logits)
+        infinite = np.isposinf(cleaned).any(axis=-1)
+        cleaned[infinite] = np.where(np.isposinf(cleaned[infinite]), 0, NEG_INF)
+        best = cleaned.argmax(axis=-1)
+        peak = cleaned[rows, best]
+    dead = np.flatnonzero(peak == NEG_INF)
+    if dead.size:
+        raise GenerationOptionError(
+            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"
+        )
+    return cleaned, best, peak
+
+
+def block_sums(padded: np.ndarray) -> np.ndarray:
+    """The weight of each block, float64."""
+    # [B, n_blocks * BLOCK] -> [B, n_blocks]
+    return padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64)
+
+
+def block_ends(padded: np.ndarray) -> list[list[float]]:
+    """The cumulative weight at the end of each block, per row: np.cumsum's float64 sums, as Python floats (which
+    search reads in fewer NumPy calls, each of which costs tens of microseconds right after a model step has pushed
+    NumPy's code out of the caches)."""
+    # [B, n_blocks * BLOCK] -> B lists of n_blocks floats
+    return [running_totals(sums) for sums in block_sums(padded).tolist()]
+
+
+def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int) -> np.ndarray:
+    """Per row, the first token whose cumulative weight exceeds u * total, as one float64 cumulative sum over the
+    row would find it: a search over block_ends, then inside the one block (zero weights are never chosen)."""
+    # [B, n_blocks * BLOCK] weights, [B] uniform in [0, 1) -> [B] int64
+    ends = block_ends(padded)
+    return np.array([search(row, row_ends, x, n_vocab) for row, row_ends, x in zip(padded, ends, u)], dtype=np.int64)
+
+
+def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
+    """inverse_cdf for one row, given its block_ends (a row is searched again and again by rejection sampling)."""
+    # [n_blocks * BLOCK], [n_blocks] floats, uniform in [0, 1) -> token id; in Python floats, which are float64
+    target = u * ends[-1]
+    block = min(bisect_right(ends, target), len(ends) - 1)  # np.searchsorted(side="right")
+    offset, start = ends[block - 1] if block else 0.0, block * BLOCK
+    token = start + BLOCK
+    for i, inner in enumerate(accumulate(padded_row[start : start + BLOCK].tolist())):
+        if inner + offset > target:
+            token = start + i
+            break
+    if token >= min((block + 1) * BLOCK, n_vocab):
+        # the block's own sum and the one it was chosen by round differently: its last token with weight
+        weighted = np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)
+        if not weighted.size:  # only weights from a graph's sampling outputs can disagree with their sums so
+            raise PackageError(
+                "the graph's sampling_weights do not add up to its sampling_block_sums: the package is damaged; "
+                "export it again"
+            )
+        token = int(weighted[-1])
+    return token

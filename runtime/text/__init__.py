@@ -1,0 +1,1 @@
+"""Text above the engine: streaming detokenization, chat templates and their bounds, and pipeline()."""

@@ -1,0 +1,352 @@
+"""Chat templates: a conversation (a list of {"role", "content"} messages) in, one prompt string out.
+
+A package's template is the `chat_template` of its tokenizer_config.json, rendered the way transformers'
+`apply_chat_template` renders it, so a prompt made here equals the one transformers makes:
+- Jinja2 in an `ImmutableSandboxedEnvironment` with trim_blocks and lstrip_blocks, the loop controls
+  (`break`, `continue`) and the `{% generation %}` tag (a pass-through here);
+- globals `raise_exception(message)` and `strftime_now(format)`; a `tojson` filter that does not escape HTML;
+- variables `messages`, `tools` and `documents` (None), `add_generation_prompt`, and the special tokens
+  (`bos_token`, `eos_token`, ..., `additional_special_tokens`) as strings.
+
+A package without a template gets DEFAULT_TEMPLATE, plain lines a base model continues naturally:
+
+    System: You are terse.
+    User: Hello!
+    Assistant:
+
+with DEFAULT_STOP ending the answer where the model starts the next turn itself.
+
+Messages come from callers and HTTP requests; the template comes from the package. The sandbox keeps a
+template away from Python's internals, and a render is bounded (template size, `*` and `**` results, output
+length). Every refusal is a ChatError whose `param` names the field at fault ("messages[1].role").
+"""
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from ..errors import ChatError
+from .chat_bounds import MAX_PROMPT_CHARS, Budget, bound_filters, bounded_join, check_widths
+
+ROLES = ("system", "user", "assistant")  # "developer" (OpenAI's newer name for system) is read as "system"
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+DEFAULT_STOP = ("\nUser:", "\nSystem:")  # the default template's turns begin on a new line
+MAX_TEMPLATE_CHARS = 200_000  # real templates are 1-20 kB
+MAX_CONFIG_BYTES = 16 << 20  # tokenizer_config.json with a large added_tokens_decoder
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+PROBE = "\u2063edgelm-end-of-turn\u2063"  # an assistant answer no template changes, to find what follows one
+
+
+class ChatTemplate:
+    """A compiled chat template with the special tokens it is rendered with. Safe to share between threads."""
+
+    def __init__(self, source, special_tokens: dict | None = None, origin: str = "the chat template"):
+        self.source = source  # as found in the package: checked at first use, so a bad one fails chat, not load
+        self.special_tokens = dict(special_tokens or {})
+        self.origin = origin  # where the template came from, for error messages
+        self.is_default = source is DEFAULT_TEMPLATE
+        self._compiled = None  # (jinja Template, whether it reads content parts); built on first render
+        self._stop = None
+
+    @classmethod
+    def default(cls, special_tokens: dict | None = None) -> "ChatTemplate":
+        return cls(DEFAULT_TEMPLATE, special_tokens, "edgelm's default chat template")
+
+    @classmethod
+    def from_package(cls, package) -> "ChatTemplate":
+        """The package's template, or the default one. Never raises: a damaged file fails at chat time."""
+        name = "tokenizer_config.json"
+        listed = name in package.manifest.files if package.manifest else True
+        path = package.folder / name
+        if not listed or not path.is_file() or path.is_symlink():
+            return cls.default() if _base_model(package) else cls(_Broken(NO_TEMPLATE.format(path=path)), origin=name)
+        origin = f"the chat template in {path}"
+        try:
+            if path.stat().st_size > MAX_CONFIG_BYTES:
+                raise ValueError(f"it is over {MAX_CONFIG_BYTES >> 20} MB")
+            config = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(config, dict):
+                raise ValueError("it does not hold a JSON object")
+        except (OSError, ValueError, RecursionError) as error:
+            return cls(_Broken(f"cannot read {path}: {error}"), origin=origin)
+        if config.get("chat_template") is None:
+            if not _base_model(package):  # an instruction-tuned family: the default's plain lines would mislead it
+                return cls(_Broken(NO_TEMPLATE.format(path=path)), origin=origin)
+            return cls.default(special_tokens_of(config, _special_tokens_map(package.folder, package.manifest)))
+        source = config["chat_template"]
+        if isinstance(source, list):  # named templates, as transformers saves several: it renders "default"
+            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+            source = named.get("default", _Broken(f"{path} lists named chat templates but none called 'default'"))
+        return cls(source, special_tokens_of(config, _special_tokens_map(package.folder, package.manifest)), origin)
+
+    def render(self, messages, add_generation_prompt: bool = True) -> str:
+        """The prompt for `messages`, ending with the assistant's turn opened when add_generation_prompt."""
+        template, reads_parts = self._template()
+        checked = check_messages(messages, keep_parts=reads_parts)
+        variables = {
+            **self.special_tokens,
+            "messages": checked,
+            "tools": None,
+            "documents": None,
+            "add_generation_prompt": bool(add_generation_prompt),
+        }
+        out, size = [], 0
+        try:
+            with Budget():
+                for piece in template.generate(**variables):
+                    size += len(piece)
+                    if size > MAX_PROMPT_CHARS:
+                        raise ChatError(
+                            f"the conversation renders to over {MAX_PROMPT_CHARS} characters; send fewer or shorter messages",
+                            "messages",
+                        )
+                    out.append(piece)
+        except ChatError:
+            raise
+        except Exception as error:  # Jinja errors, raise_exception(), sandbox refusals, Python errors inside
+            raise ChatError(f"{self.origin} cannot render these messages: {_one_line(error)}", "messages") from None
+        return "".join(out)
+
+    @property
+    def stop(self) -> tuple:
+        """Stop strings that end an answer: DEFAULT_STOP for the default template; for a package's, the text it
+        puts right after an assistant message (ChatML's "<|im_end|>"), up to the first whitespace, if any."""
+        if self._stop is None:
+            if self.is_default:
+                self._stop = DEFAULT_STOP
+            else:
+                try:
+                    probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE}]
+                    after = self.render(probe, add_generation_prompt=False).partition(PROBE)[2].split()
+                except ChatError:
+                    after = []
+                self._stop = (after[0],) if after else ()
+        return self._stop
+
+    def _template(self):
+        if self._compiled is None:
+            if isinstance(self.source, _Broken):
+                raise ChatError(f"{self.source}; set a template with: edgelm export --chat-template FILE")
+            self._compiled = compile_template(self.source, self.origin)
+        return self._compiled
+
+
+def compile_template(source, origin: str = "the chat template"):
+    """(jinja Template, whether it loops over a message's content parts); ChatError if it is no template."""
+    if not isinstance(source, str):
+        raise ChatError(
+            f"{origin} is a {type(source).__name__}, not a string; set one with: edgelm export --chat-template FILE"
+        )
+    if len(source) > MAX_TEMPLATE_CHARS:
+        raise ChatError(f"{origin} is {len(source)} characters, over the {MAX_TEMPLATE_CHARS} allowed")
+    import jinja2
+
+    environment = _environment()
+    try:
+        tree = environment.parse(source)
+        template = environment.from_string(tree)
+        template.root_render_func.__globals__["str_join"] = bounded_join  # `~`, which no sandbox hook sees
+        return template, _reads_parts(tree)
+    except jinja2.TemplateError as error:
+        raise ChatError(f"{origin} is not a valid Jinja template: {_one_line(error)}") from None
+
+
+def check_messages(messages, keep_parts: bool = False) -> list:
+    """Validated copies of the messages: {"role", "content"} (and "name" if given). Content given as OpenAI's
+    text parts stays a list for templates that loop over parts, and is otherwise joined with newlines."""
+    if not isinstance(messages, (list, tuple)):
+        raise ChatError(f"messages must be a list of messages, got {type(messages).__name__}", "messages")
+    if not messages:
+        raise ChatError("messages is empty; give at least one message", "messages")
+    checked = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise ChatError(f"{where} must be an object with role and content, got {type(message).__name__}", where)
+        role = message.get("role")
+        role = "system" if role == "developer" else role
+        if role not in ROLES:
+            raise ChatError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        content = _content(message.get("content"), f"{where}.content", keep_parts)
+        copy = {"role": role, "content": content}
+        if message.get("name") is not None:
+            if not isinstance(message["name"], str):
+                raise ChatError(f"{where}.name must be a string", f"{where}.name")
+            copy["name"] = message["name"]
+        checked.append(copy)
+    return checked
+
+
+def special_tokens_of(config: dict, special_tokens_map: dict | None = None) -> dict:
+    """The special tokens transformers passes a template (its `special_tokens_map`), as strings, from
+    tokenizer_config.json; a legacy config (no added_tokens_decoder) takes special_tokens_map.json's over it."""
+    merged = dict(config)
+    if "added_tokens_decoder" not in config:
+        merged.update({k: v for k, v in (special_tokens_map or {}).items() if v})
+    extra = merged.get("extra_special_tokens")
+    names = SPECIAL_TOKENS + tuple(extra) if isinstance(extra, dict) else SPECIAL_TOKENS
+    if isinstance(extra, dict):
+        merged.update(extra)
+    tokens = {}
+    for name in names:
+        value = _token_text(merged.get(name))
+        if value:
+            tokens[name] = value
+    listed = merged.get("additional_special_tokens")
+    if isinstance(listed, list) and listed:
+        tokens["additional_special_tokens"] = [t for t in map(_token_text, listed) if t is not None]
+    return tokens
+
+
+def _content(content, where: str, keep_parts: bool):
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ChatError(
+                    f'{where}[{j}] must be a text part {{"type": "text", "text": "..."}}; edgelm reads text only',
+                    f"{where}[{j}]",
+                )
+        parts = [{"type": "text", "text": part["text"]} for part in content]
+        return parts if keep_parts else "\n".join(part["text"] for part in parts)
+    raise ChatError(
+        f'{where} must be a string or a list of text parts [{{"type": "text", "text": "..."}}], got {type(content).__name__}',
+        where,
+    )
+
+
+def _token_text(value):
+    """A special token as transformers' special_tokens_map shows it: a string, or an AddedToken's content."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens_map(folder: Path, manifest: dict) -> dict:
+    name = "special_tokens_map.json"
+    path = folder / name
+    if (manifest and name not in manifest.files) or not path.is_file() or path.is_symlink():
+        return {}
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _reads_parts(tree) -> bool:
+    """Whether the template loops over a message's content (`for part in message['content']`, directly or
+    through a variable set from it), as templates written for OpenAI-style content parts do."""
+    from jinja2 import nodes
+
+    def is_content(node):
+        return (
+            isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        ) or (isinstance(node, nodes.Getattr) and node.attr == "content")
+
+    aliases = {
+        a.target.name for a in tree.find_all(nodes.Assign) if isinstance(a.target, nodes.Name) and is_content(a.node)
+    }
+    return any(
+        is_content(loop.iter) or (isinstance(loop.iter, nodes.Name) and loop.iter.name in aliases)
+        for loop in tree.find_all(nodes.For)
+    )
+
+
+def _environment():
+    """The Jinja environment transformers renders chat templates in, with bounds on runaway operators."""
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """`{% generation %}...{% endgeneration %}` marks the assistant's tokens for training; it renders as its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    class Environment(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["*", "**", "+", "%"])
+
+        def wrap_str_format(self, value):
+            """str.format / format_map as the sandbox wraps them, refusing a width past the prompt limit first,
+            written in the format string or passed as an argument ('{:>{w}}'.format(x, w=...))."""
+            wrapped = super().wrap_str_format(value)
+            if wrapped is None:
+                return None
+
+            def bounded(*args, **kwargs):
+                check_widths(value.__self__, SecurityError)
+                values = [*args, *kwargs.values(), *(args[0].values() if args and isinstance(args[0], dict) else ())]
+                if any(isinstance(v, int) and abs(v) > MAX_PROMPT_CHARS for v in values):
+                    raise SecurityError("a width passed to a format string of the template makes a value too large")
+                return wrapped(*args, **kwargs)
+
+            return bounded
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "%" and isinstance(left, str):
+                check_widths(left, SecurityError)
+            if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
+                if len(left) + len(right) > MAX_PROMPT_CHARS:
+                    raise SecurityError("a concatenation in the template makes a value too large")
+            if operator == "**" and isinstance(left, int) and isinstance(right, int):
+                if abs(left).bit_length() * right > 1 << 16:
+                    raise SecurityError(f"the power {left} ** {right} is too large")
+            if operator == "*" and isinstance(left, int) and not isinstance(right, (int, float)):
+                left, right = right, left
+            if operator == "*" and isinstance(left, (str, list, tuple)) and isinstance(right, int):
+                if len(left) * right > MAX_PROMPT_CHARS:
+                    raise SecurityError("a repetition in the template makes a value too large")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' tojson: no HTML escaping (Jinja's own escapes < > & '), json.dumps' options exposed
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    bound_filters(environment.filters, SecurityError)
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = strftime_now
+    return environment
+
+
+def _one_line(error: Exception) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text[:300]
+
+
+NO_TEMPLATE = "{path} has no chat template (edgelm's default one suits GPT-2 base models only; generate needs none)"
+
+
+def _base_model(package) -> bool:
+    """GPT-2-family packages get DEFAULT_TEMPLATE when they carry none."""
+    return package.arch.positions == "learned"
+
+
+class _Broken:
+    """A template that could not be read; the reason is raised when the template is first used."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __str__(self):
+        return self.reason
