@@ -1,0 +1,25 @@
+"""edgelm.export: a Hugging Face checkpoint in, a validated, self-describing model package out (`edgelm export`).
+
+    from edgelm.export import export_model
+    export_model("distilgpt2", "models/distilgpt2-int8", quantize="int8")
+
+The stages (stages.py) read the checkpoint (checkpoint.py, load.py), ask its architecture family (families/)
+to build the decoder from the graph kit (graph/), quantize (quantize.py, calibrate.py), validate against PyTorch
+(validate.py) and write the package (weights_file.py, writer.py). The names below are imported on first use, so
+importing the package (or `edgelm export --help`) loads neither torch nor onnx.
+"""
+
+import importlib
+
+_NAMES = {"export_model": "stages", "ExportResult": "stages", "ExportError": "errors", "ParityError": "errors"}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES))

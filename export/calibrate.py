@@ -1,4 +1,5 @@
-"""Scales for an int8 KV cache, measured on the PyTorch reference.
+"""Scales for an int8 KV cache, measured on the PyTorch reference (each family's kv_cache_scales records the
+largest |K| and |V| per channel while the reference runs these rows).
 
 GroupQueryAttention stores K and V as int8 with fixed scales, one per head and channel: scale = HEADROOM x
 the largest |value| the calibration run produced in that channel / 127. Larger values at run time are
@@ -32,28 +33,7 @@ def calibration_rows(tokenizer, arch, seed: int = 1) -> list:
     ]
 
 
-def kv_cache_scales(model, tokenizer, arch) -> dict:
-    """layer -> (key scale, value scale), float32 [n_head, head_size] each."""
-    import torch
-
-    C, H, D = arch.n_embd, arch.n_head, arch.head_size
-    absmax = [np.zeros((2, H, D), dtype=np.float32) for _ in range(arch.n_layer)]
-
-    def record(layer):
-        def hook(_module, _inputs, output):  # c_attn's output: [B, T, 3C] packed as q | k | v
-            kv = output[0, :, C:].detach().float().abs().reshape(-1, 2, H, D).amax(dim=0).numpy()
-            np.maximum(absmax[layer], kv, out=absmax[layer])
-
-        return hook
-
-    rows = calibration_rows(tokenizer, arch)
-    hooks = [block.attn.c_attn.register_forward_hook(record(i)) for i, block in enumerate(model.transformer.h)]
-    try:
-        with torch.no_grad():
-            for row in rows:
-                model(input_ids=torch.tensor([row]))
-    finally:
-        for h in hooks:
-            h.remove()
-    scale = lambda a: (np.maximum(a, 1e-6) * HEADROOM / 127).astype(np.float32)  # noqa: E731  (a channel never seen non-zero keeps a tiny scale)
-    return {i: (scale(a[0]), scale(a[1])) for i, a in enumerate(absmax)}
+def channel_scales(absmax: np.ndarray) -> np.ndarray:
+    """The int8 cache's fixed scale of each channel: HEADROOM x the largest |value| seen in it / 127, as float32
+    (a channel never seen non-zero keeps a tiny scale)."""
+    return (np.maximum(absmax, 1e-6) * HEADROOM / 127).astype(np.float32)

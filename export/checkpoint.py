@@ -1,6 +1,8 @@
-"""Stage 1, load: find a GPT-2-family checkpoint (hub id or local folder) and read it without running
-pickled code. Heavy imports live inside the functions that need them (CTranslate2's converters do the same),
-so `edgelm export --help` stays fast.
+"""Stage 1, load: what reading any family's checkpoint shares. Find it (hub id or local folder), read its
+config.json (refusing one that needs the checkpoint's own code) and its tensors one at a time without running
+pickled code, checked to be finite. The families (export/families/) read their own settings and weights with
+these; export/load.py picks the family. Heavy imports live inside the functions that need them (CTranslate2's
+converters do the same), so `edgelm export --help` stays fast.
 """
 
 import json
@@ -11,26 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from edgelm.runtime.package.format import Architecture
+from edgelm.runtime.package.format import Architecture, FormatError, file_name
 
-from .activations import WEIGHTS as ACTIVATION_WEIGHTS
-from .activations import check_activation
 from .errors import ExportError
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json")
-# transformers' own GPT-2 classes; any other name in `architectures` is code the checkpoint would have to ship
-GPT2_CLASSES = {
-    "GPT2LMHeadModel",
-    "GPT2Model",
-    "GPT2DoubleHeadsModel",
-    "GPT2ForSequenceClassification",
-    "GPT2ForTokenClassification",
-    "GPT2ForQuestionAnswering",
-}
-SUPPORTED = "GPT-2-family checkpoints (model_type 'gpt2': gpt2, distilgpt2, gpt2-medium/large/xl and their fine-tunes)"
-SUPPORTED += ", Llama (model_type 'llama': LlamaForCausalLM, e.g. Llama 3.2, TinyLlama, SmolLM2) and Qwen2 (model_type 'qwen2': Qwen2ForCausalLM, e.g. Qwen2.5)"
-ROPE_FAMILIES = ("llama", "qwen2")  # export/llama_checkpoint.py reads these
+SHARD_INDEX = "model.safetensors.index.json"
 
 
 @dataclass
@@ -40,7 +28,7 @@ class Checkpoint:
     folder: Path
     config: dict
     arch: Architecture
-    weights: dict[str, np.ndarray]  # HF GPT2LMHeadModel names, float32
+    weights: dict[str, np.ndarray]  # the family's Hugging Face names, float32 (families/*/weights.py)
     source: dict = field(default_factory=dict)  # {"hub_id", "revision"} or {"local_path"}
     weight_file: str = ""
 
@@ -106,8 +94,9 @@ def _hub_cache() -> str:
     return str(constants.HF_HUB_CACHE)
 
 
-def read_config(folder: Path) -> tuple[dict, Architecture]:
-    """config.json, checked to be a GPT-2 decoder this exporter reproduces exactly, with sane sizes."""
+def read_config_json(folder: Path) -> dict:
+    """config.json as a dict of settings, refused (ExportError) when it is missing, not JSON, too deep, or needs
+    Python code shipped with the checkpoint (auto_map). The family checks the settings themselves."""
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ExportError(f"{folder} has no config.json; a Hugging Face checkpoint folder needs one.")
@@ -119,61 +108,19 @@ def read_config(folder: Path) -> tuple[dict, Architecture]:
         raise ExportError(f"{config_path} is not valid JSON ({error}).") from None
     if not isinstance(config, dict):
         raise ExportError(f"{config_path} holds a JSON {type(config).__name__}, not an object of settings.")
-    _refuse_remote_code(config, folder)
-    model_type = config.get("model_type")
-    if model_type in ROPE_FAMILIES:
-        from .llama_checkpoint import read_config as read_llama_config
-
-        return config, read_llama_config(config, folder)
-    if model_type != "gpt2":
-        raise ExportError(
-            f"{folder.name} is a '{model_type}' model ({', '.join(map(str, config.get('architectures') or []))}); edgelm exports {SUPPORTED}."
-        )
-    _check_variant(config, config_path)
-    _check_sizes(config, config_path)
-    return config, Architecture.from_hf_config(config)
-
-
-# GPT2LMHeadModel settings edgelm's graph does not run, each with why; the others it reproduces.
-REFUSED = {
-    "add_cross_attention": (
-        lambda v: v is not False,
-        "adds cross-attention over an encoder's states (the decoder of an EncoderDecoderModel); edgelm exports "
-        "decoder-only GPT-2. Export a checkpoint trained without it",
-    ),
-    "pruned_heads": (
-        lambda v: bool(v),
-        "prunes attention heads, so layers differ in head count; edgelm's cache has one head count for every layer. "
-        "Export the checkpoint before pruning",
-    ),
-}
-FLAGS = ("tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn")
-
-
-def _check_variant(config: dict, config_path: Path) -> None:
-    """The GPT-2 variations: every flag a true/false, the activation one transformers knows, and a clear line
-    for each setting edgelm cannot run. reorder_and_upcast_attn only changes float16 arithmetic: float32 attention
-    is the same, and the export's parity gate checks it."""
-    for key in FLAGS:
-        if key in config and not isinstance(config[key], bool):
-            raise ExportError(f"{config_path}: {key} must be true or false, not {config[key]!r}.")
-    check_activation(config.get("activation_function", "gelu_new"), str(config_path))
-    for key, (refused, why) in REFUSED.items():
-        if key in config and refused(config[key]):
-            raise ExportError(f"{config_path} sets {key}={config[key]!r}: the model {why}.")
+    refuse_remote_code(config, folder)
+    return config
 
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _refuse_remote_code(config: dict, folder: Path) -> None:
-    """A config that names Python classes of its own (auto_map, or an architecture transformers does not
-    ship) needs code from the checkpoint to load; edgelm never imports or runs it."""
-    custom = config.get("auto_map")
-    architectures = config.get("architectures") or []
-    if config.get("model_type") == "gpt2" and isinstance(architectures, list):
-        custom = custom or [a for a in architectures if not isinstance(a, str) or a not in GPT2_CLASSES]
+def refuse_remote_code(config: dict, folder: Path, custom: list = ()) -> None:
+    """A config that names Python classes of its own (auto_map, or `custom`: the entries of `architectures` its
+    family's transformers classes do not include) needs code from the checkpoint to load; edgelm never imports or
+    runs it."""
+    custom = config.get("auto_map") or list(custom)
     if custom:
         if isinstance(custom, dict):
             custom = list(custom.values())
@@ -182,63 +129,6 @@ def _refuse_remote_code(config: dict, folder: Path) -> None:
             f"{folder.name} needs Python code shipped with the checkpoint ({named}); edgelm never runs code shipped "
             f"with a checkpoint. Export a plain GPT-2-family checkpoint (architectures: GPT2LMHeadModel)."
         )
-
-
-def _check_sizes(config: dict, config_path: Path) -> None:
-    """Sizes are positive whole numbers, the heads split the width evenly, token ids are in the vocabulary."""
-    if "n_positions" not in config and "n_ctx" in config:
-        config = config | {"n_positions": config["n_ctx"]}
-    for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
-        value = config.get(key)
-        if value is None:
-            raise ExportError(
-                f"{config_path} has no {key}; a GPT-2 config.json sets n_layer, n_head, n_embd, n_positions and vocab_size."
-            )
-        if type(value) is not int or value <= 0:
-            raise ExportError(f"{config_path}: {key} must be a positive whole number, not {value!r}.")
-    n_inner = config.get("n_inner")
-    if n_inner is not None and (type(n_inner) is not int or n_inner <= 0):
-        raise ExportError(f"{config_path}: n_inner must be a positive whole number or null, not {n_inner!r}.")
-    if config["n_embd"] % config["n_head"]:
-        raise ExportError(
-            f"{config_path}: n_embd {config['n_embd']} is not divisible by n_head {config['n_head']}; "
-            "each attention head takes an equal share of the width."
-        )
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = config.get(key)
-        if value is not None and (type(value) is not int or not 0 <= value < config["vocab_size"]):
-            raise ExportError(
-                f"{config_path}: {key} must be a token id below vocab_size {config['vocab_size']} or null, not {value!r}."
-            )
-    epsilon = config.get("layer_norm_epsilon", 1e-5)
-    if type(epsilon) not in (int, float) or not 0 < epsilon < 1:
-        raise ExportError(f"{config_path}: layer_norm_epsilon must be a small positive number, not {epsilon!r}.")
-
-
-def read_weights(folder: Path, arch: Architecture) -> tuple[dict[str, np.ndarray], str]:
-    """Safetensors first; a PyTorch .bin only through torch's weights-only loader (never arbitrary unpickling)."""
-    import torch
-
-    for name in WEIGHT_FILES:
-        path = folder / name
-        if path.exists():
-            break
-    else:
-        raise ExportError(f"{folder} has no weights: expected one of {', '.join(WEIGHT_FILES)}.")
-    weights = {}
-    for key, tensor in tensors(path):  # converted one by one: a float16 checkpoint is never held twice
-        if key.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # causal-mask buffers of old checkpoints, not weights
-        key = key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key
-        if key == "transformer.wte.weight" and arch.tie_word_embeddings and tensor.ndim == 2:
-            weights[key] = transposed(tensor)  # the LM head multiplies by its transpose: stored that way, once
-        else:
-            weights[key] = tensor.detach().to(torch.float32).numpy()
-        _check_finite(key, weights[key], path)
-    _check_weights(weights, arch, path)
-    if arch.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)  # the same matrix as the embedding (checked): not held twice
-    return weights, name
 
 
 def read_tensor_file(path: Path) -> dict:
@@ -337,7 +227,7 @@ def _safetensors(path: Path):
             yield name, raw.view(getattr(torch, dtype)).reshape(entry["shape"])
 
 
-def _check_finite(name: str, weight: np.ndarray, path: Path) -> None:
+def check_finite(name: str, weight: np.ndarray, path: Path) -> None:
     """One NaN or Inf weight makes every output NaN, and NaN compares as 'no error' in parity checks."""
     finite = np.isfinite(weight)
     if not finite.all():
@@ -348,53 +238,29 @@ def _check_finite(name: str, weight: np.ndarray, path: Path) -> None:
         )
 
 
-def _check_weights(weights: dict, arch: Architecture, path: Path) -> None:
-    """Every tensor the graph reads, in the shape the config promises (GPT-2's Conv1D weights are [in, out])."""
-    C, V, inner = arch.n_embd, arch.vocab_size, arch.mlp_width
-    expected = {
-        "transformer.wte.weight": (V, C),
-        "transformer.wpe.weight": (arch.n_positions, C),
-        "transformer.ln_f.weight": (C,),
-        "transformer.ln_f.bias": (C,),
-    }
-    if not arch.tie_word_embeddings:
-        expected["lm_head.weight"] = (V, C)
-    act = ACTIVATION_WEIGHTS.get(arch.activation_function, ())
-    for i in range(arch.n_layer):
-        p = f"transformer.h.{i}."
-        for norm in ("ln_1", "ln_2"):
-            expected |= {f"{p}{norm}.weight": (C,), f"{p}{norm}.bias": (C,)}
-        expected |= {p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,)}
-        expected |= {p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,)}
-        expected |= {p + "mlp.c_fc.weight": (C, inner), p + "mlp.c_fc.bias": (inner,)}
-        expected |= {p + "mlp.c_proj.weight": (inner, C), p + "mlp.c_proj.bias": (C,)}
-        expected |= {f"{p}mlp.act.{name}": None for name in act}  # prelu / xielu's own parameters
-    missing = [k for k in expected if k not in weights]
-    if missing:
-        untied = "lm_head.weight" in missing
-        raise ExportError(
-            f"{path} is missing {len(missing)} weight tensors the config promises (first: "
-            f"{'lm_head.weight, which tie_word_embeddings false needs' if untied else missing[0]}); the checkpoint is incomplete."
-        )
-    wrong = [f"{k} {weights[k].shape} != {s}" for k, s in expected.items() if s and weights[k].shape != s]
-    if wrong:
-        raise ExportError(f"{path} does not match its config.json: {wrong[0]}.")
-    head = weights.get("lm_head.weight")
-    if arch.tie_word_embeddings and head is not None and not np.array_equal(head, weights["transformer.wte.weight"]):
-        raise ExportError(
-            f"{path} holds an lm_head.weight that differs from the token embedding, but its config.json ties them "
-            "(tie_word_embeddings is true or unset), so transformers would ignore that head. Set "
-            '"tie_word_embeddings": false in config.json to export the separate head.'
-        )
-
-
-def load_checkpoint(model: str, revision: str | None = None) -> Checkpoint:
-    folder, source = resolve(model, revision)
-    config, arch = read_config(folder)
-    if arch.model_type in ROPE_FAMILIES:
-        from .llama_checkpoint import read_weights as read_llama_weights
-
-        weights, weight_file = read_llama_weights(folder, arch)
-    else:
-        weights, weight_file = read_weights(folder, arch)
-    return Checkpoint(folder=folder, config=config, arch=arch, weights=weights, source=source, weight_file=weight_file)
+def weight_files(folder: Path) -> list[Path]:
+    """model.safetensors, or every shard model.safetensors.index.json names, or pytorch_model.bin."""
+    if (folder / "model.safetensors").exists():
+        return [folder / "model.safetensors"]
+    index = folder / SHARD_INDEX
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+            shards = [folder / file_name("a shard", name) for name in names]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError, FormatError) as error:
+            raise ExportError(
+                f"{index} is not a shard index edgelm reads ({type(error).__name__}: {str(error)[:120]}); download the checkpoint again."
+            ) from None
+        missing = [shard.name for shard in shards if not shard.is_file()]
+        if missing:
+            raise ExportError(
+                f"{index} names {len(missing)} shard{'s' if len(missing) > 1 else ''} that {folder} does not have "
+                f"(first: {missing[0]}); the download is incomplete. Download the checkpoint again."
+            )
+        return shards
+    if (folder / "pytorch_model.bin").exists():
+        return [folder / "pytorch_model.bin"]
+    raise ExportError(
+        f"{folder} has no weights: expected model.safetensors, {SHARD_INDEX} with its shards, or pytorch_model.bin."
+    )

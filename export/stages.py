@@ -29,9 +29,10 @@ from edgelm.runtime.package.format import (
 )
 from edgelm.runtime.store.local import check_name
 
-from .checkpoint import load_checkpoint
 from .errors import ExportError
-from .graph import OPSET, build_decoder
+from .families import family_for
+from .graph.contract import OPSET
+from .load import load_checkpoint
 from .quantize import RECIPES, recipe_description
 from .weights_file import split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
@@ -77,7 +78,8 @@ def export_model(
     name: str | None = None,
     chat_template: str | None = None,
 ) -> ExportResult:
-    """Export a GPT-2-family checkpoint (hub id or local folder) to a validated model package.
+    """Export a checkpoint of a family edgelm exports (hub id or local folder; export/families/) to a validated
+    model package.
 
     validate=False (`edgelm export --no-validate`) skips the comparison against PyTorch, nearly all of a small
     model's export time: the manifest then records no figures but says why, and `edgelm info` says so.
@@ -116,7 +118,7 @@ def export_model(
     tokenizer = _tokenizer(tokenizer_json)
     arch = checkpoint.arch
     generation_defaults = _generation_defaults(checkpoint)
-    family = _family(arch)
+    family = family_for(arch.model_type)
     # The PyTorch reference (and transformers' import, most of a small export's time) only for what needs it.
     reference = family.reference_model(checkpoint) if validate or kv_cache == "int8" else None
     weight_bytes = sum(w.nbytes for w in checkpoint.weights.values())
@@ -144,7 +146,9 @@ def export_model(
         stage("quantize", "done", f"{shipped.size / 1e6:.1f} MB of weights")
 
     if validate:
-        validation = Validation.from_dict(_validate(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage))
+        validation = Validation.from_dict(
+            _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage, family)
+        )
     else:
         validation = Validation({}, skipped=NOT_VALIDATED)
 
@@ -185,13 +189,13 @@ def export_model(
     return ExportResult(output, manifest)
 
 
-def _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize: str, stage) -> dict:
+def _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize: str, stage, family) -> dict:
     """The validate stage: fp32 parity against transformers, and the quantized package's quality figures."""
     stage("validate", "start", "against transformers (PyTorch)")
     from .validate import check_fp32, quality_report
 
     validation = {
-        "reference": f"transformers {_family(arch).reference_class}, float32, eager attention",
+        "reference": f"transformers {family.reference_class(arch.model_type)}, float32, eager attention",
         "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
     }
     if quantize != "none":
@@ -210,30 +214,6 @@ def _check_int4_widths(arch) -> None:
                 f"--quantize int4 stores weights in blocks of {INT4_BLOCK} inputs, and {name} is {width}, not a "
                 f"multiple of {INT4_BLOCK}; export with --quantize int8 or none."
             )
-
-
-def _family(arch):
-    """What builds, references and calibrates this architecture's export: GPT-2's modules, or the Llama family's
-    (export/llama_graph.py, export/llama_checkpoint.py)."""
-    from types import SimpleNamespace
-
-    if arch.positions == "rope":
-        from . import llama_checkpoint, llama_graph
-
-        return SimpleNamespace(
-            build_decoder=llama_graph.build_decoder,
-            reference_model=llama_checkpoint.reference_model,
-            kv_cache_scales=llama_checkpoint.kv_cache_scales,
-            reference_class=llama_checkpoint.REFERENCE[arch.model_type],
-        )
-    from .calibrate import kv_cache_scales
-
-    return SimpleNamespace(
-        build_decoder=build_decoder,
-        reference_model=_reference_model,
-        kv_cache_scales=kv_cache_scales,
-        reference_class="GPT2LMHeadModel",
-    )
 
 
 def _optimize(model) -> bytes:
@@ -386,53 +366,6 @@ def _tokenizer_json(folder: Path) -> str:
             ) from None
         return tokenizer.backend_tokenizer.to_str()
     raise ExportError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json with merges.txt.")
-
-
-def _reference_model(checkpoint):
-    """The same weights in transformers' GPT2LMHeadModel: the fidelity reference. Built on the meta device and
-    given the checkpoint's arrays (no random initialization, no second copy of the weights: gpt2-xl's are 6 GB);
-    a parameter transformers keeps in another dtype (xielu's bfloat16) gets that dtype, as loading would give it."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # xielu's module logs a note about CUDA kernels; the library never prints
-    try:
-        config = GPT2Config.from_dict(checkpoint.config)
-        config._attn_implementation = "eager"
-        with torch.device("meta"):
-            model = GPT2LMHeadModel(config).eval()
-    except (TypeError, ValueError, AttributeError, KeyError) as error:  # a setting transformers cannot take
-        raise ExportError(
-            f"transformers cannot build GPT2LMHeadModel from {checkpoint.folder / 'config.json'} "
-            f"({type(error).__name__}: {str(error)[:200]}); fix or remove that setting."
-        ) from None
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    expected = model.state_dict()
-    state = {
-        k: torch.from_numpy(v).to(expected[k].dtype if k in expected else torch.float32)
-        for k, v in checkpoint.weights.items()
-    }
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [k for k in missing if k != "lm_head.weight" and not k.endswith(".attn.bias")]
-    if missing or unexpected:
-        raise ExportError(
-            f"the weights do not fit GPT2LMHeadModel: missing {missing[:3]}, unexpected {unexpected[:3]}."
-        )
-    model.tie_weights()
-    n = checkpoint.arch.n_positions
-    causal = torch.tril(torch.ones((n, n), dtype=torch.bool)).view(1, 1, n, n)
-    for block in model.transformer.h:  # the causal-mask buffers, which are not weights
-        block.attn.bias = causal
-        block.attn.masked_bias = torch.tensor(-1e4)
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
-    if left:
-        raise ExportError(
-            f"the weights do not fit GPT2LMHeadModel: {left[0]} was not given; the checkpoint is incomplete."
-        )
-    return model
 
 
 def _tool_versions() -> dict:

@@ -58,7 +58,7 @@ class ShippedGraph:
 
 
 def split_weights(model_bytes: bytes, arrays: dict) -> ShippedGraph:
-    """Place `arrays` (export/onnx_builder.py's external data) in model.onnx.data and write each one's offset
+    """Place `arrays` (export/graph/builder.py's external data) in model.onnx.data and write each one's offset
     and length into the graph's references to it."""
     import onnx
 

@@ -235,17 +235,18 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     """The distilgpt2-sized LM head is four QGemm slices (so onnxruntime's transposed prepack scratch stays a
     quarter of the table); the tiny model has one. Forced into four here, the logits must not change and the
     token rows must stay contiguous in model.onnx.data, where the runtime reads them."""
-    from edgelm.export import graph as graph_module
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.families.gpt2.graph import build_decoder
+    from edgelm.export.graph import embeddings as embeddings_module
+    from edgelm.export.load import load_checkpoint
     from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights
     from edgelm.runtime.engine.decode import position_ids_from_mask
 
     checkpoint = load_checkpoint(str(tiny_checkpoint))
     shipped = {}
-    for align in (graph_module.ALIGN, 256):  # 256: a part boundary every 8 rows of 32 int8 values
-        monkeypatch.setattr(graph_module, "ALIGN", align)
-        decoder = graph_module.build_decoder(checkpoint.arch, checkpoint.weights, "int8")
+    for align in (embeddings_module.ALIGN, 256):  # 256: a part boundary every 8 rows of 32 int8 values
+        monkeypatch.setattr(embeddings_module, "ALIGN", align)
+        decoder = build_decoder(checkpoint.arch, checkpoint.weights, "int8")
         shipped[align] = split_weights(decoder.model.SerializeToString(), decoder.arrays)
     one, four = shipped.values()
     assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(four.graph).graph.node) == 4
@@ -263,8 +264,8 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
 def test_graph_protobuf_holds_no_weights(tiny_checkpoint):
     """Weights stay out of the graph's protobuf (which cannot pass 2 GB: gpt2-large and gpt2-xl) until
     model.onnx.data is written piece by piece; only shapes and scalars are inline."""
-    from edgelm.export.checkpoint import load_checkpoint
-    from edgelm.export.graph import build_decoder
+    from edgelm.export.load import load_checkpoint
+    from edgelm.export.families.gpt2.graph import build_decoder
     from edgelm.export.weights_file import split_weights
 
     checkpoint = load_checkpoint(str(tiny_checkpoint))

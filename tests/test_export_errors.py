@@ -55,12 +55,15 @@ def test_refuses_to_overwrite_without_force(tiny_checkpoint, tmp_path):
 
 def test_no_validate_skips_the_comparison_and_says_so(tiny_checkpoint, tmp_path, monkeypatch):
     """--no-validate: no PyTorch reference is built, and the package, the command and edgelm info say so."""
+    from dataclasses import replace
+
     from edgelm.export import stages
 
     def never(*args, **kwargs):
         raise AssertionError("the PyTorch reference was built for an export without validation")
 
-    monkeypatch.setattr(stages, "_reference_model", never)
+    family_for = stages.family_for
+    monkeypatch.setattr(stages, "family_for", lambda model_type: replace(family_for(model_type), reference_model=never))
     out = tmp_path / "pkg"
     result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(out), "--no-validate"])
     assert result.exit_code == 0, result.output

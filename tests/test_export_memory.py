@@ -12,7 +12,7 @@ import torch
 
 
 def _load(folder):
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.load import load_checkpoint
 
     return load_checkpoint(str(folder))
 
@@ -32,10 +32,10 @@ def _shares(array, arrays) -> bool:
 def test_float32_graph_holds_no_copy_of_the_weights(request, checkpoint):
     """Every weight matrix of the float32 graph is the checkpoint's own array: the Llama projections were read into
     their packed [in, out] matrices, the matrix the LM head multiplies by into [C, V]."""
-    from edgelm.export.stages import _family
+    from edgelm.export.families import family_for
 
     loaded = _load(request.getfixturevalue(checkpoint))
-    decoder = _family(loaded.arch).build_decoder(loaded.arch, loaded.weights, "none")
+    decoder = family_for(loaded.arch.model_type).build_decoder(loaded.arch, loaded.weights, "none")
     copied = [name for name, a in decoder.arrays.items() if a.ndim == 2 and not _shares(a, loaded.weights.values())]
     assert copied == (["rope.cos_cache", "rope.sin_cache"] if loaded.arch.positions == "rope" else [])
 
@@ -43,17 +43,17 @@ def test_float32_graph_holds_no_copy_of_the_weights(request, checkpoint):
 @pytest.mark.parametrize("checkpoint", ["tiny_checkpoint", "llama_checkpoint", "untied_llama_checkpoint"])
 def test_pytorch_reference_reads_the_checkpoint_arrays(request, checkpoint):
     """The validation reference is built on the meta device and given the arrays, not initialised and copied."""
-    from edgelm.export.stages import _family
+    from edgelm.export.families import family_for
 
     loaded = _load(request.getfixturevalue(checkpoint))
-    model = _family(loaded.arch).reference_model(loaded)
+    model = family_for(loaded.arch.model_type).reference_model(loaded)
     arrays = list(loaded.weights.values())
     own = [name for name, p in model.named_parameters() if not _shares(p.detach().numpy(), arrays)]
     assert own == []
 
 
 def test_llama_packing_gives_the_matrices_read_and_equals_packing_copies(untied_llama_checkpoint):
-    from edgelm.export.llama_graph import pack_weights
+    from edgelm.export.families.llama.packing import pack_weights
 
     loaded = _load(untied_llama_checkpoint)
     packed = pack_weights(loaded.arch, loaded.weights)
@@ -70,7 +70,7 @@ def test_checkpoint_tensors_are_read_one_at_a_time(llama_checkpoint, monkeypatch
     import shutil
 
     from edgelm.export import checkpoint as checkpoint_module
-    from edgelm.export import llama_checkpoint as llama_module
+    from edgelm.export.families.llama import weights as llama_module
 
     read, alive_when_asked = checkpoint_module.tensors, []
 
@@ -95,7 +95,7 @@ def test_float32_check_computes_on_the_arrays_in_place(llama_checkpoint, monkeyp
     check feeds them as inputs, and gets transformers' logits through both of the engine's paths."""
     import onnx
     from edgelm.export import validate
-    from edgelm.export.stages import _family
+    from edgelm.export.families import family_for
     from edgelm.export.weights_file import split_weights
 
     asked, make_engine = [], validate._engine
@@ -114,7 +114,7 @@ def test_float32_check_computes_on_the_arrays_in_place(llama_checkpoint, monkeyp
     monkeypatch.undo()
 
     loaded = _load(llama_checkpoint)
-    decoder = _family(loaded.arch).build_decoder(loaded.arch, loaded.weights, "none")
+    decoder = family_for(loaded.arch.model_type).build_decoder(loaded.arch, loaded.weights, "none")
     graph = split_weights(decoder.model.SerializeToString(), decoder.arrays)
     given, session_class = [], validate.ort.InferenceSession
 
@@ -126,7 +126,7 @@ def test_float32_check_computes_on_the_arrays_in_place(llama_checkpoint, monkeyp
     fed = make_engine(graph, loaded.arch, in_place=True)
     assert given == [[]]
     ids = np.array([[3, 5, 7, 9]])
-    model = _family(loaded.arch).reference_model(loaded)
+    model = family_for(loaded.arch.model_type).reference_model(loaded)
     reference = model(input_ids=torch.from_numpy(ids)).logits.detach().numpy()
     logits, _ = fed.forward(ids, np.ones_like(ids), np.arange(4)[None], fed.empty_past(1), logits_to_keep=0)
     assert np.abs(logits - reference).max() <= 1e-5 * np.abs(reference).max()

@@ -57,7 +57,7 @@ def _relative_error(ours, reference):
 
 def _graph_logits(arch, weights, recipe, ids):
     """The decoder built in memory, its logits for one padded batch, full and through the cache."""
-    from edgelm.export.graph import build_decoder
+    from edgelm.export.families.gpt2.graph import build_decoder
     from edgelm.export.validate import _cache_path_logits, _engine
     from edgelm.export.weights_file import split_weights
     from edgelm.runtime.engine.decode import position_ids_from_mask
@@ -89,8 +89,8 @@ def test_every_transformers_activation_maps_to_onnx_ops_exactly():
     """Each ACT2FN name against transformers' own module, on values from -30 to 30 (the tails included)."""
     import onnxruntime as ort
     import torch
-    from edgelm.export.activations import ACTIVATIONS, mlp_activation
-    from edgelm.export.onnx_builder import FLOAT, GraphBuilder
+    from edgelm.export.families.gpt2.activations import ACTIVATIONS, mlp_activation
+    from edgelm.export.graph.builder import FLOAT, GraphBuilder
     from transformers.activations import ACT2CLS, ACT2FN
 
     assert set(ACTIVATIONS) == set(ACT2CLS), "transformers' activations changed: map the new ones"
@@ -130,7 +130,7 @@ def test_every_transformers_activation_maps_to_onnx_ops_exactly():
 )
 def test_graph_follows_the_config_like_transformers(tiny_checkpoint, change):
     """The float32 graph against GPT2LMHeadModel with the same settings: full logits and the cache path."""
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.load import load_checkpoint
 
     checkpoint = load_checkpoint(str(tiny_checkpoint))
     weights = dict(checkpoint.weights)
@@ -202,7 +202,7 @@ def test_untied_int8_package_runs_and_says_what_it_is(validated_variant_int8_kv8
 
 def test_untied_int4_has_a_head_of_its_own(variant_checkpoint, tmp_path):
     """int4: the lookup reads the token table's 4-bit copy, the LM head its own; top-1 stays with transformers."""
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.load import load_checkpoint
 
     checkpoint = load_checkpoint(str(variant_checkpoint))
     full, _, mask = _graph_logits(checkpoint.arch, checkpoint.weights, "int4", IDS)
@@ -210,7 +210,7 @@ def test_untied_int4_has_a_head_of_its_own(variant_checkpoint, tmp_path):
     real = mask.astype(bool)
     assert (full[real].argmax(-1) == reference[real].argmax(-1)).mean() >= 0.6
 
-    from edgelm.export.graph import build_decoder
+    from edgelm.export.families.gpt2.graph import build_decoder
 
     graph = build_decoder(checkpoint.arch, checkpoint.weights, "int4").model.graph
     by_op = {n.op_type: n for n in graph.node if n.op_type in ("GatherBlockQuantized",)}
@@ -231,7 +231,7 @@ def test_untied_int4_has_a_head_of_its_own(variant_checkpoint, tmp_path):
     ids=["cross-attention", "pruned-heads", "activation", "flag", "untied-without-head"],
 )
 def test_configs_edgelm_cannot_run_are_refused_in_one_line(tiny_checkpoint, tmp_path, change, message):
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.load import load_checkpoint
 
     with pytest.raises(ExportError, match=re.escape(message)) as error:
         load_checkpoint(str(copy_with_config(tiny_checkpoint, tmp_path / "variant", **change)))
@@ -239,7 +239,7 @@ def test_configs_edgelm_cannot_run_are_refused_in_one_line(tiny_checkpoint, tmp_
 
 
 def test_a_head_that_config_ties_but_the_weights_do_not_is_refused(tiny_checkpoint, tmp_path):
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.load import load_checkpoint
     from safetensors.numpy import load_file, save_file
 
     folder = copy_with_config(tiny_checkpoint, tmp_path / "variant")
@@ -251,7 +251,7 @@ def test_a_head_that_config_ties_but_the_weights_do_not_is_refused(tiny_checkpoi
 
 
 def test_int4_refuses_widths_its_blocks_cannot_split(tiny_checkpoint):
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.load import load_checkpoint
     from edgelm.export.stages import _check_int4_widths
 
     arch = load_checkpoint(str(tiny_checkpoint)).arch

@@ -14,7 +14,8 @@ from onnx import TensorProto
 def test_scales_give_headroom_over_the_largest_key_and_value_per_channel(tiny_checkpoint, reference_model):
     """Checked against transformers' own cache (past_key_values), not against the hook that computes them."""
     import torch
-    from edgelm.export.calibrate import HEADROOM, calibration_rows, kv_cache_scales
+    from edgelm.export.calibrate import HEADROOM, calibration_rows
+    from edgelm.export.families.gpt2.reference import kv_cache_scales
     from edgelm.runtime.package.format import Architecture
     from tokenizers import Tokenizer
 

@@ -127,8 +127,8 @@ def test_quantized_quality_figures(request, tmp_path, checkpoint, quantize, kv_c
 def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
     """The int4 graph computes what the float32 graph computes on the int4 weights dequantized (up to its int8
     activations): the 4-bit layouts, block scales and the tied lookup are read as they were written."""
-    from edgelm.export.checkpoint import load_checkpoint
-    from edgelm.export.llama_graph import build_decoder
+    from edgelm.export.load import load_checkpoint
+    from edgelm.export.families.llama.graph import build_decoder
     from edgelm.export.quantize import INT4_BLOCK, quantize_int4
     from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights
@@ -154,7 +154,7 @@ def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
 def test_rope_tables_match_transformers_llama3_scaling():
     """The baked cos/sin tables equal what transformers' rotary module computes at run time, scaling included."""
     import torch
-    from edgelm.export.llama_graph import rope_tables
+    from edgelm.export.families.llama.rope import rope_tables
     from edgelm.runtime.package.format import Architecture
     from llama_checkpoints import LLAMA3_ROPE
     from transformers import LlamaConfig
@@ -212,7 +212,7 @@ def test_sharded_checkpoint_with_a_missing_shard(llama_checkpoint, tmp_path):
 
 def test_sharded_checkpoint_loads_every_shard(llama_checkpoint, tmp_path):
     """Shards listed by model.safetensors.index.json are read as one state dict."""
-    from edgelm.export.checkpoint import load_checkpoint
+    from edgelm.export.load import load_checkpoint
     from safetensors.numpy import load_file, save_file
 
     folder = tmp_path / "ckpt"

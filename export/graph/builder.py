@@ -1,6 +1,7 @@
 """A thin helper over onnx.helper: add nodes and initializers by name, get output names back.
 
-It keeps graph-building code in export/graph.py readable as a sequence of ops, the way picoGPT reads.
+It keeps the graph-building code (export/graph/, each family's graph.py) readable as a sequence of ops, the way
+picoGPT reads.
 """
 
 import itertools

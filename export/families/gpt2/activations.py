@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from .errors import ExportError
-from .onnx_builder import MS_DOMAIN
+from ...errors import ExportError
+from ...graph.builder import MS_DOMAIN
 
 TANH_GELU = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_accurate")  # one formula
 ERF_GELU = ("gelu", "gelu_python")

@@ -1,0 +1,107 @@
+"""Build the Llama-family decoder (Llama, Qwen2) as one ONNX graph for the prompt step and every decode step,
+from the graph kit (export/graph/).
+
+The same contract as GPT-2's (models/README.md, "Llama and Qwen2"): the same inputs and outputs, the cache
+[B, kv_heads, P, D] with one head per key/value head. Per block: RMSNorm, Q/K/V from one packed product (plus
+Qwen2's biases), rotary embeddings on Q and K, grouped-query attention, RMSNorm with the residual add, and a
+SwiGLU MLP (gate and up from one packed product).
+
+Why rotary outside GroupQueryAttention: its own rotary (do_rotary) takes each row's positions from
+seqlens_k, but the runtime left-pads a batch and every row holds P + T cache positions (graph/attention.py
+cache_lengths), so a padded row's positions would be off by its padding. com.microsoft RotaryEmbedding reads the
+position_ids input instead, which counts real tokens only (transformers' rule), from cos/sin tables baked here.
+"""
+
+import numpy as np
+from edgelm.runtime.package.format import WEIGHTS_FILE, Architecture
+
+from ...graph.attention import attention_bias, cache_lengths, group_query_attention
+from ...graph.builder import FLOAT, INT8, MS_DOMAIN, GraphBuilder
+from ...graph.contract import OPSET, Decoder, declare_outputs, decoder_inputs, kept_positions
+from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head
+from ...graph.matmuls import MATMULS
+from ...graph.norms import rms_norm, skip_rms_norm
+from ...quantize import quantize_int8
+from .packing import pack_weights
+from .rope import rope_tables
+
+
+def build_decoder(
+    arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none", cache_scales: dict | None = None
+) -> Decoder:
+    """weights: a LlamaForCausalLM / Qwen2ForCausalLM state dict as NumPy arrays (HF names, torch Linear's
+    [out, in] layout). cache_scales, for an int8 cache: layer -> (key scale, value scale), float32
+    [kv_heads, head_size] each. Returns a Decoder: the graph and its external arrays (graph/contract.py)."""
+    g = GraphBuilder(f"edgelm_{arch.model_type}_decoder", WEIGHTS_FILE)
+    H, KV, D = arch.n_head, arch.kv_heads, arch.head_size
+    cache_type = INT8 if cache_scales else FLOAT
+    tokens, attention_mask, position_ids, past, logits_to_keep = decoder_inputs(
+        g, arch, KV, cache_type, inputs_embeds=recipe in EMBEDDINGS_OUTSIDE and arch.tie_word_embeddings
+    )
+
+    packed = pack_weights(arch, weights)  # GPT-2's [in, out] layout, Q/K/V and gate/up packed
+    matmul = MATMULS[recipe]
+    mask_bias = attention_bias(g, tokens, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
+    seqlens_k, total_length = cache_lengths(g, tokens, attention_mask)
+    cos, sin = (g.weight(name, table) for name, table in zip(("rope.cos_cache", "rope.sin_cache"), rope_tables(arch)))
+    embed, lm_head = _embedding_and_head(g, weights, recipe, arch)
+    x = embed(tokens)
+    h = rms_norm(g, x, packed, "model.layers.0.input_layernorm.weight", arch)
+
+    def linear(x, name):
+        y = matmul(g, x, packed, name)
+        return g.op("Add", [y, g.weight(name + ".bias", packed[name + ".bias"])]) if name + ".bias" in packed else y
+
+    for i in range(arch.n_layer):
+        p = f"model.layers.{i}."
+        q, k, v = g.op(
+            "Split", [linear(h, p + "self_attn.qkv_proj"), g.const([H * D, KV * D, KV * D])], outputs=3, axis=-1
+        )
+        q, k = (g.op("RotaryEmbedding", [t, position_ids, cos, sin], domain=MS_DOMAIN) for t in (q, k))
+        lengths = (seqlens_k, total_length, mask_bias)
+        cache = cache_scales and (cache_scales[i], f"{p}self_attn.")
+        attn = group_query_attention(g, i, [q, k, v], past[i], lengths, cache, H, KV)
+        out = matmul(g, attn, packed, p + "self_attn.o_proj")
+        h, x = skip_rms_norm(
+            g, out, x, packed, p + "post_attention_layernorm.weight", p + "self_attn.o_proj.bias", arch
+        )
+        gate, up = g.op("Split", [linear(h, p + "mlp.gate_up_proj"), g.const([arch.mlp_width] * 2)], outputs=2, axis=-1)
+        m = matmul(g, g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up]), packed, p + "mlp.down_proj")
+        if i + 1 < arch.n_layer:
+            norm = f"model.layers.{i + 1}.input_layernorm.weight"
+            h, x = skip_rms_norm(g, m, x, packed, norm, p + "mlp.down_proj.bias", arch)
+
+    # Keep only the positions the caller wants logits for, then the last residual add, final norm, LM head.
+    kept = kept_positions(g, logits_to_keep, (m, x))
+    h, _ = skip_rms_norm(g, *kept, packed, "model.norm.weight", p + "mlp.down_proj.bias", arch)
+    lm_head(h, "logits")
+    declare_outputs(g, arch, cache_type, KV)
+    doc = f"{arch.model_type} decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
+    return Decoder(g.model(OPSET, doc=doc), g.arrays)
+
+
+def _embedding_and_head(g, weights, recipe, arch):
+    """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]): the kit's (graph/embeddings.py) for a tied
+    head, where one stored matrix serves both (for int8 the runtime reads the token rows), and for an untied one
+    in float32 and int4. An untied int8 head keeps two matrices, and the graph looks tokens up itself
+    (input_ids): its table serves no product, so a row Gather reads it in 8 bits."""
+    table = weights["model.embed_tokens.weight"]  # [V, C]
+    tied = arch.tie_word_embeddings
+    if tied or recipe != "int8":
+        return embedding_and_head(g, table, None if tied else weights["lm_head.weight"], recipe)
+    # A row Gather reads the embedding: this table serves nothing else, so onnxruntime keeps it mapped once.
+    w = quantize_int8(np.ascontiguousarray(table.T), reduce_range=False)  # no product reads it: 8 bits
+    rows = g.weight("model.embed_tokens.weight_int8", np.ascontiguousarray(w.q.T))  # [V, C]
+    row_scale = g.weight("model.embed_tokens.weight_scale", w.scale[:, None])  # [V, 1]
+
+    def embed(ids):
+        return g.op("Mul", [g.op("Cast", [g.op("Gather", [rows, ids])], to=FLOAT), g.op("Gather", [row_scale, ids])])
+
+    head_w = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
+
+    def lm_head(x, out):
+        inputs = [x, g.weight("lm_head.weight_int8", head_w.q), g.weight("lm_head.weight_scale", head_w.scale)]
+        inputs.append(g.weight("lm_head.weight_zero_point", np.zeros_like(head_w.scale, dtype=np.int8)))
+        return g.op("DynamicQuantizeMatMul", inputs, outputs=[out], domain=MS_DOMAIN)
+
+    return embed, lm_head

@@ -1,0 +1,61 @@
+"""The decoder graph's inputs and outputs, the same for every family (the graph contract, written once in
+models/README.md), and what a family's build_decoder returns."""
+
+from dataclasses import dataclass
+
+import numpy as np
+from edgelm.runtime.package.format import Architecture
+
+from .builder import FLOAT, INT64, GraphBuilder
+from .sampling import sampling_outputs
+
+OPSET = 17
+
+
+@dataclass
+class Decoder:
+    """The graph (its large initializers external, not yet placed) and the arrays for model.onnx.data."""
+
+    model: object  # onnx.ModelProto
+    arrays: dict  # name -> np.ndarray, in the order they were added
+
+
+def decoder_inputs(g: GraphBuilder, arch: Architecture, kv_heads: int, cache_type: int, inputs_embeds: bool):
+    """The graph contract's inputs, in order: input_ids [B, T] (inputs_embeds [B, T, C] when the runtime looks
+    the tokens up), attention_mask [B, P + T], position_ids [B, T], each layer's past key and value
+    [B, kv_heads, P, D], and logits_to_keep (a scalar, 0 by default: every position).
+    Returns (tokens, attention_mask, position_ids, past [(key, value) per layer], logits_to_keep)."""
+    if inputs_embeds:  # the runtime looks the tokens up (runtime/engine/embeddings.py)
+        tokens = g.input("inputs_embeds", FLOAT, ["batch", "sequence", arch.n_embd])
+    else:
+        tokens = g.input("input_ids", INT64, ["batch", "sequence"])
+    attention_mask = g.input("attention_mask", INT64, ["batch", "total_sequence"])
+    position_ids = g.input("position_ids", INT64, ["batch", "sequence"])
+    shape = ["batch", kv_heads, "past_sequence", arch.head_size]
+    past = [
+        (
+            g.input(f"past_key_values.{i}.key", cache_type, shape),
+            g.input(f"past_key_values.{i}.value", cache_type, shape),
+        )
+        for i in range(arch.n_layer)
+    ]
+    logits_to_keep = g.input("logits_to_keep", INT64, [])
+    g.weight("logits_to_keep", np.array(0, dtype=np.int64))  # default: every position
+    return tokens, attention_mask, position_ids, past, logits_to_keep
+
+
+def kept_positions(g, logits_to_keep: str, tensors) -> list:
+    """Each of `tensors` [B, T, C] cut to its last logits_to_keep positions (0: all of them)."""
+    keep = g.op("Reshape", [logits_to_keep, g.const([1])])
+    start = g.op("Where", [g.op("Greater", [keep, g.const([0])]), g.op("Neg", [keep]), g.const([0])])
+    return [g.op("Slice", [t, start, g.const([np.iinfo(np.int64).max]), g.const([1])]) for t in tensors]
+
+
+def declare_outputs(g, arch, cache_type: int, kv_heads: int) -> None:
+    """The graph contract's outputs: logits [B, K, V], each layer's present key and value, then the sampling
+    outputs (sampling_outputs)."""
+    g.output("logits", FLOAT, ["batch", "kept_sequence", arch.vocab_size])
+    for i in range(arch.n_layer):
+        for kind in ("key", "value"):
+            g.output(f"present.{i}.{kind}", cache_type, ["batch", kv_heads, "total_sequence", arch.head_size])
+    sampling_outputs(g, "logits", arch.vocab_size)
