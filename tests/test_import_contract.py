@@ -6,7 +6,10 @@ names, lazy attributes):
   `edgelm export`;
 - only edgelm.runtime.cli imports click, and only edgelm.runtime.server imports starlette, uvicorn or pydantic;
 - the engine and the samplers (edgelm.runtime.engine, edgelm.runtime.sampling, and every runtime module they
-  import) never import tokenizers: they work on ids.
+  import) never import tokenizers: they work on ids;
+- in the export stage, no architecture family (a subpackage of edgelm.export.families) imports another family or
+  the package that chooses among them, and what the families share (the graph kit, the common checkpoint
+  reading) never imports a family.
 """
 
 import ast
@@ -19,6 +22,7 @@ import textwrap
 from pathlib import Path
 
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+EXPORT = RUNTIME.parent / "export"
 PACKAGE = "edgelm.runtime"
 COMMAND_LINE = f"{PACKAGE}.cli"  # the only subpackage that may import click, and name the export stage
 SERVER = f"{PACKAGE}.server"  # the only one that may import the server extra's libraries
@@ -26,18 +30,20 @@ SERVER_LIBRARIES = {"starlette", "uvicorn", "pydantic"}
 ON_IDS = (f"{PACKAGE}.engine", f"{PACKAGE}.sampling")  # the layers below text: never tokenizers
 ENGINE = f"{PACKAGE}.engine.decode"
 EXPORT_NAME = re.compile(r"edgelm\.export(\.\w+)*(:\w+)?")
+FAMILIES = "edgelm.export.families"  # one subpackage per architecture family
+SHARED = ("edgelm.export.graph", "edgelm.export.checkpoint")  # what the families are built from
 
 
 def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def modules(root: Path) -> dict:
-    """Every module under root (the folder of edgelm.runtime) by its dotted name."""
+def modules(root: Path, package: str = PACKAGE) -> dict:
+    """Every module under root (the folder of `package`, edgelm.runtime by default) by its dotted name."""
     found = {}
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
-        found[".".join((PACKAGE, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+        found[".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
     return found
 
 
@@ -111,6 +117,29 @@ def imports_outside(root: Path, libraries: set, owner: str) -> dict:
 
 def library_imports_of_click(root: Path) -> dict:
     return {name: "click" for name in imports_outside(root, {"click"}, COMMAND_LINE)}
+
+
+def families_importing_each_other(root: Path) -> dict:
+    """Modules of one family (edgelm.export.families.NAME, root being the folder of edgelm.export) that import
+    another family, or edgelm.export.families itself (which imports every family), by name."""
+    families = {f"{FAMILIES}.{d.name}" for d in (root / "families").iterdir() if (d / "__init__.py").is_file()}
+    family = lambda name: next((f for f in families if within(name, f)), None)  # noqa: E731
+    offenders = {}
+    for name, path in modules(root, "edgelm.export").items():
+        if (own := family(name)) is not None:
+            crossed = {n for n in imports(name, path) if n == FAMILIES or family(n) not in (None, own)}
+            if crossed:
+                offenders[name] = sorted(crossed)
+    return offenders
+
+
+def shared_imports_of_families(root: Path) -> dict:
+    """Modules of the graph kit or the common checkpoint reading that import edgelm.export.families."""
+    return {
+        name: sorted(found)
+        for name, path in modules(root, "edgelm.export").items()
+        if any(within(name, p) for p in SHARED) and (found := {n for n in imports(name, path) if within(n, FAMILIES)})
+    }
 
 
 def test_the_runtime_never_imports_the_export_stage():
@@ -214,3 +243,30 @@ def test_the_runtime_commands_load_the_export_stage_only_for_edgelm_export(tiny_
         tiny_package,
     )
     assert "click" in loaded and not any(name.startswith("edgelm.export") for name in loaded)
+
+
+def test_no_family_imports_another_and_what_they_share_imports_none():
+    families = modules(EXPORT / "families", FAMILIES)
+    assert {f"{FAMILIES}.gpt2.graph", f"{FAMILIES}.llama.graph"} <= set(families)  # where the check looks
+    assert "edgelm.export.graph.attention" in imports(f"{FAMILIES}.llama.graph", families[f"{FAMILIES}.llama.graph"])
+    assert families_importing_each_other(EXPORT) == {}
+    assert shared_imports_of_families(EXPORT) == {}
+
+
+def test_the_family_checks_find_a_crossing_import_added_anywhere(tmp_path):
+    """A copy of export/ with a family importing another (relative, absolute, computed name, the package that
+    holds them all) and the graph kit importing a family fails the checks, naming each one."""
+    root = shutil.copytree(EXPORT, tmp_path / "export", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(root / "families" / "gpt2" / "graph.py", "a") as graph:
+        graph.write("\n\ndef _hidden():\n    from ..llama.rope import rope_tables\n")
+    with open(root / "families" / "llama" / "config.py", "a") as config:
+        config.write(
+            "\n\ndef _hidden():\n    __import__('edgelm.export.families.gpt2.config')\n    from .. import family_for\n"
+        )
+    with open(root / "graph" / "norms.py", "a") as norms:
+        norms.write("\n\ndef _hidden():\n    import edgelm.export.families.gpt2\n")
+    assert families_importing_each_other(root) == {
+        f"{FAMILIES}.gpt2.graph": [f"{FAMILIES}.llama.rope", f"{FAMILIES}.llama.rope.rope_tables"],
+        f"{FAMILIES}.llama.config": [FAMILIES, f"{FAMILIES}.gpt2.config"],
+    }
+    assert shared_imports_of_families(root) == {"edgelm.export.graph.norms": [f"{FAMILIES}.gpt2"]}
