@@ -270,3 +270,26 @@ def test_the_family_checks_find_a_crossing_import_added_anywhere(tmp_path):
         f"{FAMILIES}.llama.config": [FAMILIES, f"{FAMILIES}.gpt2.config"],
     }
     assert shared_imports_of_families(root) == {"edgelm.export.graph.norms": [f"{FAMILIES}.gpt2"]}
+
+
+def test_the_export_package_offers_its_names_without_loading_torch_or_onnx():
+    """`from edgelm.export import export_model` works; importing the package alone loads no heavy library."""
+    loaded = loaded_by(
+        """
+        import edgelm.export
+
+        assert sorted(edgelm.export.__all__) == ["ExportError", "ExportResult", "ParityError", "export_model"]
+        heavy = {"torch", "transformers", "onnx"} & {m.split(".")[0] for m in __import__("sys").modules}
+        assert not heavy, heavy
+        from edgelm.export import ExportError, export_model
+        from edgelm.export.stages import export_model as staged
+        assert export_model is staged and issubclass(ExportError, Exception)
+        try:
+            edgelm.export.no_such_name
+        except AttributeError:
+            pass
+        else:
+            raise AssertionError("edgelm.export.no_such_name did not raise AttributeError")
+        """
+    )
+    assert "edgelm.export.stages" in loaded
