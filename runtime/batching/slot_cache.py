@@ -8,7 +8,7 @@ between steps, each with its own length, all decoded by one forward pass per ste
                 lengths (each row counts its own); the graph writes every row's new key and value at column W
 
 This is the graph contract's own layout for a left-padded batch (every row holds W positions, the padding masked
-by the attention bias: export/graph.py's _cache_lengths), so the same graph runs it. A masked column adds
+by the attention bias: export/graph/attention.py's cache_lengths), so the same graph runs it. A masked column adds
 exp(MASKED) = exactly 0 to a row's attention, whatever it holds, so a row's logits do not depend on its
 neighbours' positions (fp32 graphs; int8 graphs quantize activations per pass, over every row at once).
 
