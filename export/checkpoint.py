@@ -116,7 +116,7 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def refuse_remote_code(config: dict, folder: Path, custom: list = ()) -> None:
+def refuse_remote_code(config: dict, folder: Path, custom: tuple | list = ()) -> None:
     """A config that names Python classes of its own (auto_map, or `custom`: the entries of `architectures` its
     family's transformers classes do not include) needs code from the checkpoint to load; edgelm never imports or
     runs it."""
