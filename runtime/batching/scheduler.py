@@ -24,7 +24,7 @@ from collections import deque
 import numpy as np
 
 from ..engine.decode import PREFILL_CHUNK as CHUNK
-from ..engine.decode import left_pad, position_ids_from_mask
+from ..engine.steps import RowState, prefill_inputs
 from ..sampling import SamplerChain, log_softmax
 from .batch import Piece
 from .slot_cache import SlotCache
@@ -51,17 +51,16 @@ class Entry:
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
 
 
-class Row:
-    """One row of a job in the running batch."""
+class Row(RowState):
+    """One row of a job in the running batch: its step state (ids, finish reason, constraint) and its slot's feed."""
 
-    __slots__ = ("entry", "index", "seen", "generated", "next_token", "finished")
+    __slots__ = ("entry", "index", "next_token")
 
     def __init__(self, entry: Entry, index: int):
+        config = entry.batch.config
+        super().__init__(entry.batch.rows[index], entry.eos, config.max_new_tokens)
         self.entry, self.index = entry, index
-        self.seen = list(entry.batch.rows[index])  # prompt and generated ids, for the repetition filters
-        self.generated: list = []
         self.next_token = -1  # fed at the next step
-        self.finished = False
 
 
 class Scheduler:
@@ -162,13 +161,11 @@ class Scheduler:
         tokens = entry.sampler(logits, [r.seen for r in rows], [r.generated for r in rows], rngs, prepared)
         logprobs = log_softmax(logits) if config.logprobs is not None else None
         for k, (row, token) in enumerate(zip(rows, tokens.tolist())):
-            row.seen.append(token)
-            row.generated.append(token)
-            reason = "stop" if token in entry.eos else "length" if len(row.generated) == config.max_new_tokens else None
+            reason = row.append(token)
             text, reason = batch.take(row.index, token, None if logprobs is None else logprobs[k], reason)
             if text:
                 entry.job.piece(Piece(row.index, text))
-            row.next_token, row.finished = token, reason is not None
+            row.next_token, row.finish_reason = token, reason
             entry.unfinished -= row.finished
 
     def _start(self, job) -> None:
@@ -205,9 +202,9 @@ class Scheduler:
         prompt = index // batch.config.num_return_sequences
         if entry.prefilled is None or entry.prefilled[0] != prompt:
             entry.prefilled = None  # the previous prompt's decoder goes first
-            ids = np.asarray([batch.rows[index]], dtype=np.int64)
+            ids, attention_mask, position_ids = prefill_inputs([batch.rows[index]], 0)
             decoder = self.engine.decoder(1, ids.shape[1])
-            logits = decoder.run(ids, np.ones_like(ids), np.arange(ids.shape[1])[None])[:, -1, :].copy()
+            logits = decoder.run(ids, attention_mask, position_ids)[:, -1, :].copy()
             entry.prefilled = (prompt, decoder, logits)
         _, decoder, logits = entry.prefilled
         row = Row(entry, index)
@@ -234,11 +231,11 @@ class Scheduler:
         """One left-padded prefill pass for `entries`' single rows; each picks its first token, then (all their
         first pieces sent) those it did not finish join slots, the cache grown for all of them at once."""
         prompts = [entry.batch.rows[0] for entry in entries]
-        input_ids, attention_mask = left_pad(prompts, 0)  # padding is masked: any id serves
+        input_ids, attention_mask, position_ids = prefill_inputs(prompts, 0)  # padding is masked: any id serves
         width = input_ids.shape[1]
         try:
             decoder = self.engine.decoder(len(prompts), width)
-            logits = decoder.run(input_ids, attention_mask, position_ids_from_mask(attention_mask))[:, -1, :]
+            logits = decoder.run(input_ids, attention_mask, position_ids)[:, -1, :]
         except BaseException as error:  # the pass failed: each of its jobs ends with that error
             for entry in entries:
                 self._end(entry, error)

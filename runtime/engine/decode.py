@@ -22,6 +22,7 @@ from ..sampling import SamplerChain
 from ..sampling.draw import Prepared
 from . import fast_path as ort_fast_path
 from .session import GraphIO
+from .steps import RowState, position_ids_from_mask, prefill_inputs  # noqa: F401 (position_ids_from_mask: its users import it here)
 
 # Prompt tokens per pass when the cache is written in place. Activations (and onnxruntime's arena) scale with
 # the chunk: after a 512-token int8 prompt, peak RSS is 235 MB in chunks of 128, 262 MB in one pass, for a
@@ -260,20 +261,7 @@ class InPlaceDecoder:
 
 def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows of different lengths -> input_ids and attention_mask [B, T], padding on the left."""
-    width = max(len(p) for p in prompts)
-    input_ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((len(prompts), width), dtype=np.int64)
-    for row, prompt in enumerate(prompts):
-        if len(prompt):
-            input_ids[row, -len(prompt) :] = prompt
-            attention_mask[row, -len(prompt) :] = 1
-    return input_ids, attention_mask
-
-
-def position_ids_from_mask(attention_mask: np.ndarray) -> np.ndarray:
-    """transformers' rule: count real tokens, padding gets position 1 (it is masked out anyway)."""
-    positions = np.cumsum(attention_mask, axis=1) - 1
-    return np.where(attention_mask == 0, 1, positions).astype(np.int64)
+    return prefill_inputs(prompts, pad_id)[:2]
 
 
 def decode_steps(
@@ -288,11 +276,8 @@ def decode_steps(
     """
     finished = {} if finished is None else finished
     batch, sampler = len(prompts), SamplerChain(config, engine.vocab_size)
-    input_ids, attention_mask = left_pad(prompts, pad_id)
-    position_ids = position_ids_from_mask(attention_mask)
-    seen = [list(p) for p in prompts]  # prompt + generated ids per row, for the repetition filters
-    generated = [[] for _ in range(batch)]
-    eos = config.stop_ids
+    input_ids, attention_mask, position_ids = prefill_inputs(prompts, pad_id)
+    rows_state = [RowState(p, config.stop_ids, config.max_new_tokens) for p in prompts]
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
     decoder = engine.decoder(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
@@ -302,24 +287,21 @@ def decode_steps(
     # tokens alone and there.
     if sampler.prepared_temperature is not None:
         decoder.set_temperatures(sampler.prepared_temperature)
-    for step in range(config.max_new_tokens):
+    while True:
         rows = [r for r in range(batch) if r not in finished]
         tokens = np.full(batch, -1, dtype=np.int64)
         every = len(rows) == batch
         tokens[rows] = sampler(
             logits if every else logits[rows],
-            [seen[r] for r in rows],
-            [generated[r] for r in rows],
+            [rows_state[r].seen for r in rows],
+            [rows_state[r].generated for r in rows],
             [rngs[r] for r in rows],
             decoder.prepared(None if every else rows),
         )
         for row in rows:
-            seen[row].append(int(tokens[row]))
-            generated[row].append(int(tokens[row]))
-            if tokens[row] in eos:
-                finished[row] = "stop"
-            elif step == config.max_new_tokens - 1:
-                finished[row] = "length"
+            reason = rows_state[row].append(int(tokens[row]))
+            if reason is not None:
+                finished[row] = reason
         yield tokens, logits
         if len(finished) == batch:
             return
