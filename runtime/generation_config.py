@@ -16,6 +16,7 @@ from .errors import GenerationOptionError
 
 PACKAGE_FACTS = ("vocab_size",)  # set from the package, never a caller's option
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p")  # meaningful only when sampling
+CONSTRAINTS = ("json_schema", "json_object", "regex", "grammar", "choices")  # at most one per request
 
 
 def sampling_implied(options: dict) -> dict:
@@ -47,6 +48,13 @@ class GenerationConfig:
     bad_words_ids: tuple = ()  # token-id sequences that must never be generated (banned tokens are 1-long)
     ignore_eos: bool = False  # keep going past end-of-text
     stop: tuple = ()  # strings that end generation; not included in the output
+    # Constrained decoding (runtime/sampling/constraint.py, llguidance): at most one of the next five.
+    json_schema: str | None = None  # the output is JSON valid under this schema (given as a dict, its JSON text, or
+    # a class with model_json_schema(), such as a pydantic model); held as JSON text
+    json_object: bool = False  # the output is a JSON object, any
+    regex: str | None = None  # the output matches this regular expression, whole (Rust regex syntax)
+    grammar: str | None = None  # the output is a sentence of this Lark grammar, as llguidance reads it
+    choices: tuple | None = None  # the output is exactly one of these strings
     num_return_sequences: int = 1  # completions per prompt; above 1 needs do_sample, as in transformers
     greedy_copies: bool = False  # True: num_return_sequences > 1 without sampling gives identical greedy rows
     # (OpenAI's n at temperature 0, which the server keeps); False refuses them, as transformers does
@@ -63,6 +71,16 @@ class GenerationConfig:
         for name, value in _normalized(self).items():
             object.__setattr__(self, name, value)  # frozen: normalizing is part of construction
         _check(self)
+
+    @property
+    def constraint(self) -> tuple | None:
+        """(kind, value) of the constraint in effect, kind one of CONSTRAINTS, or None: the key a compiled grammar
+        is cached under (runtime/sampling/constraint.py)."""
+        for kind in CONSTRAINTS:
+            value = getattr(self, kind)
+            if value is not None and value is not False:
+                return kind, value
+        return None
 
     @property
     def stop_ids(self) -> tuple:
@@ -95,7 +113,14 @@ class GenerationConfig:
         values["pad_token_id"] = values.pop("pad_token_id", pad_token_id)
         values.pop("num_return_sequences", None)
         values.pop("greedy_copies", None)  # the caller's choice (the server's), never a package's
+        for name in CONSTRAINTS:  # a request's shape, never a package's default
+            values.pop(name, None)
         return cls(**values, vocab_size=vocab_size)
+
+
+def without_constraint(config: GenerationConfig) -> GenerationConfig:
+    """The same settings with no constraint."""
+    return replace(config, json_schema=None, json_object=False, regex=None, grammar=None, choices=None)
 
 
 def _is_int(value) -> bool:
@@ -180,6 +205,35 @@ def _normalized(c: GenerationConfig) -> dict:
     )
     ids = tuple(dict.fromkeys(int(t) for t in eos or ()))  # in order, each once
     out["eos_token_id"] = ids or None
+    out.update(_constraint_values(c))
+    return out
+
+
+def _constraint_values(c: GenerationConfig) -> dict:
+    """The constraint options in canonical form: the schema as JSON text, the choices as a tuple of strings."""
+    from .sampling.constraint import MAX_TEXT, schema_text  # NumPy and json only: llguidance is imported on use
+
+    out = {}
+    if c.json_schema is not None:
+        out["json_schema"] = schema_text(c.json_schema)
+    for name in ("regex", "grammar"):
+        value = getattr(c, name)
+        _need(
+            value is None or (isinstance(value, str) and 0 < len(value) <= MAX_TEXT),
+            name,
+            f"{name} must be a non-empty string of at most {MAX_TEXT:,} characters, got {str(value)[:40]!r}",
+        )
+    choices = c.choices
+    if choices is not None:
+        _need(
+            isinstance(choices, (list, tuple))
+            and choices
+            and all(isinstance(x, str) and x for x in choices)
+            and sum(map(len, choices)) <= MAX_TEXT,
+            "choices",
+            f'choices must be a non-empty list of non-empty strings (at most {MAX_TEXT:,} characters in all), e.g. ["yes", "no"], got {str(choices)[:60]}',
+        )
+        out["choices"] = tuple(dict.fromkeys(choices))
     return out
 
 
@@ -195,7 +249,7 @@ def _check(c: GenerationConfig) -> None:
         "min_new_tokens",
         f"min_new_tokens must be an integer between 0 and max_new_tokens ({c.max_new_tokens}), got {c.min_new_tokens!r}",
     )
-    for name in ("do_sample", "truncate", "ignore_eos", "greedy_copies"):
+    for name in ("do_sample", "truncate", "ignore_eos", "greedy_copies", "json_object"):
         _need(isinstance(getattr(c, name), bool), name, f"{name} must be true or false, got {getattr(c, name)!r}")
     _need(
         _is_number(c.temperature) and c.temperature >= 0,
@@ -262,3 +316,9 @@ def _check(c: GenerationConfig) -> None:
     check_token_ids("eos_token_id", c.eos_token_id or (), c.vocab_size)
     check_token_ids("logit_bias", c.logit_bias, c.vocab_size)
     check_token_ids("bad_words_ids", {t for word in c.bad_words_ids for t in word}, c.vocab_size)
+    given = [name for name in CONSTRAINTS if getattr(c, name) is not None and getattr(c, name) is not False]
+    _need(len(given) <= 1, given[-1] if given else "", f"give at most one constraint; got {' and '.join(given)}")
+    if given:
+        from .sampling.constraint import grammar_text
+
+        grammar_text(*c.constraint)  # compiles and checks it (cached): GenerationOptionError naming the option

@@ -19,16 +19,12 @@ from .engine import decode as engine_module
 from .engine.decode import Engine
 from .engine.embeddings import TokenEmbeddings
 from .engine.onnxruntime_compat import check_installed
-from .engine.session import create_session, drop_mapped_pages, graph_io, release_freed_memory
+from .engine.session import check_graph_shapes, create_session, drop_mapped_pages, graph_io, release_freed_memory
 from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
-from .generation_config import GenerationConfig
+from .generation_config import GenerationConfig, without_constraint
 from .package.format import (
     GENERATION_CONFIG,
     MANIFEST,
-    SAMPLING_BLOCK,
-    SAMPLING_OUTPUTS,
-    SAMPLING_TEMPERATURE,
-    sampling_blocks,
 )
 from .package.open import Package, open_package
 from .sampling import log_softmax
@@ -68,7 +64,7 @@ class Model:
         check_installed(package.min_onnxruntime, f"the package {package.folder}")  # before onnxruntime sees it
         quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
         session, self.device = create_session(package.model_file, device, threads, quantized, spinning)
-        _check_graph_shapes(session, package)
+        check_graph_shapes(session, package)
         graph = package.manifest.graph if package.manifest else None
         io = graph_io(session, self.arch.n_layer, bool(graph and graph.kv_cache_in_place))
         embeddings = None
@@ -92,6 +88,7 @@ class Model:
         self.defaults = _generation_defaults(package)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
+        self._constraints = None  # the constraint compiler (sampling/constraint.py), made at the first constraint
         release_freed_memory()
         drop_mapped_pages(package.folder)
 
@@ -116,9 +113,15 @@ class Model:
             ) from None
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def batch(self, prompts, config: GenerationConfig | None = None, **options) -> Batch:
+    def batch(self, prompts, config=None, **options) -> Batch:
         """A Batch over several prompts (strings or token-id lists); iterate it for pieces as they come.
-        `config` is settings already built by settings(); otherwise the options are applied to the defaults."""
+        `config` is settings already built by settings(), or a list of them, one per prompt, that differ in their
+        constraint only (json_schema, regex, ...: each prompt's rows get their own); otherwise the options are
+        applied to the defaults."""
+        configs = None
+        if isinstance(config, (list, tuple)):
+            configs = self._row_configs(config, options, prompts)
+            config = configs[0]
         config = self._config(config, options)
         if not isinstance(prompts, (list, tuple)):
             raise PromptError(
@@ -129,7 +132,36 @@ class Model:
         self._check_batch_size(len(prompts), 1, config)  # every prompt is at least one token: before tokenizing
         ids, truncated = zip(*(self._prepare(p, config) for p in prompts))
         self._check_batch_size(len(ids), max(len(i) for i in ids), config)
-        return Batch(self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated))
+        grammars = [self.compile_constraint(c) for c in configs] if configs else [self.compile_constraint(config)]
+        grammars = grammars * len(ids) if len(grammars) == 1 else grammars
+        config = without_constraint(config) if configs else config  # each prompt's is in its grammar
+        return Batch(
+            self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated), grammars=list(grammars)
+        )
+
+    def compile_constraint(self, config: GenerationConfig):
+        """The constraint of `config` compiled for this model's tokenizer (a sampling.constraint.Grammar, cached), or
+        None without one; GenerationOptionError where it cannot be compiled or cannot finish within max_new_tokens."""
+        if config.constraint is None:
+            return None
+        if self._constraints is None:
+            from .sampling.constraint import Compiler
+
+            self._constraints = Compiler(self.package.tokenizer_text(), self.arch.vocab_size, self.defaults.stop_ids)
+        return self._constraints.compile(*config.constraint, max_new_tokens=config.max_new_tokens)
+
+    def _row_configs(self, configs, options: dict, prompts) -> list:
+        """One settings object per prompt (from settings()), alike but for their constraint."""
+        configs = [self._config(c, options) for c in configs]
+        if not isinstance(prompts, (list, tuple)) or len(configs) != len(prompts):
+            raise GenerationOptionError("config= as a list needs one settings object per prompt", param="config")
+        if any(without_constraint(c) != without_constraint(configs[0]) for c in configs):
+            raise GenerationOptionError(
+                "the settings of one batch may differ in their constraint only (json_schema, json_object, regex, "
+                "grammar, choices); run prompts with other settings in another batch",
+                param="config",
+            )
+        return configs
 
     def generate(self, prompt, config: GenerationConfig | None = None, **options):
         """Complete one prompt (returns a Completion, or a list when num_return_sequences > 1) or a list of prompts (a list)."""
@@ -296,57 +328,6 @@ class Model:
         if batch.config.num_return_sequences != 1:
             raise GenerationOptionError("chat_stream() yields one reply; use chat_batch() to stream several rows")
         return Stream(batch)
-
-
-def _check_graph_shapes(session, package: Package) -> None:
-    """The graph must be the one the package describes: one logit per vocabulary entry, a cache input pair per
-    layer, each [batch, kv_heads, past, head_size], wherever the graph gives those sizes as numbers."""
-    arch, inputs = package.arch, session.get_inputs()
-    columns = next((o.shape[-1] for o in session.get_outputs() if o.name == "logits" and o.shape), None)
-    past = [i for i in inputs if i.name.startswith("past_key_values.")]
-    expected = (arch.kv_heads, arch.head_size)
-    wrong = next(
-        (
-            i
-            for i in past
-            if len(i.shape) != 4 or any(isinstance(d, int) and d != e for d, e in zip(i.shape[1::2], expected))
-        ),
-        None,
-    )
-    odd = _odd_sampling_tensor(session, arch.vocab_size)
-    problem = (
-        f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
-        if isinstance(columns, int) and columns != arch.vocab_size
-        else odd
-        if odd is not None
-        else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
-        if len(past) != 2 * arch.n_layer
-        else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.kv_heads}, past, {arch.head_size}] as the package says"
-        if wrong is not None
-        else None
-    )
-    if problem:
-        raise PackageError(f"{package.model_file} {problem}; the package is damaged. Export it again.")
-
-
-def _odd_sampling_tensor(session, vocab_size: int) -> str | None:
-    """What is wrong with the graph's sampling outputs or their temperature (models/README.md), or None: each a
-    float32 tensor of rank 3 ([rows, 1, width]) or, for the temperature, an overridable initializer [rows, 1],
-    rows left to the caller (a name, not a number)."""
-    blocks = sampling_blocks(vocab_size)
-    widths = dict(zip(SAMPLING_OUTPUTS, (blocks * SAMPLING_BLOCK, blocks)))
-    expected = {name: ["rows", 1, width] for name, width in widths.items()} | {SAMPLING_TEMPERATURE: ["rows", 1]}
-    tensors = [o for o in session.get_outputs() if o.name in widths]
-    tensors += [i for i in session.get_overridable_initializers() if i.name == SAMPLING_TEMPERATURE]
-    for tensor in tensors:
-        want = expected[tensor.name]
-        shape_ok = len(tensor.shape) == len(want) and not isinstance(tensor.shape[0], int)
-        shape_ok = shape_ok and all(d == w or not isinstance(d, int) for d, w in zip(tensor.shape[1:], want[1:]))
-        if tensor.type != "tensor(float)" or not shape_ok:
-            return f"has {tensor.name} of {tensor.type} {tensor.shape}, not float32 {want} for a vocabulary of {vocab_size} entries"
-    if any(i.name == SAMPLING_TEMPERATURE for i in session.get_inputs()):
-        return f"takes {SAMPLING_TEMPERATURE} as a required input, not an overridable initializer"
-    return None
 
 
 def _generation_defaults(package: Package) -> GenerationConfig:

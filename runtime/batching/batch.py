@@ -8,11 +8,13 @@ what else shares its batch. A row whose text reaches a stop string is marked fin
 which stops decoding it.
 """
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..engine.decode import decode_steps
+from ..engine.steps import row_stop_ids
 from ..generation_config import GenerationConfig
 from ..sampling import log_softmax, top_logprobs
 from ..text.stream import TextStream
@@ -38,6 +40,10 @@ class Completion:
     stop_string: str | None = None
     truncated_prompt_tokens: int = 0  # oldest prompt tokens dropped by truncate=True
     logprobs: list | None = None  # per token: {"token_id", "token", "logprob", "top_logprobs": [...]}
+    # a constrained row's value: the JSON value (json_schema, json_object) or the chosen string (choices); None
+    # when the row was cut before its constraint was complete ("length", or a stop string), or for regex and grammar
+    # (the text is the value)
+    parsed: object = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -63,10 +69,15 @@ class Batch:
     pad_id: int
     truncated: list = field(default_factory=list)  # dropped prompt tokens per prompt
     completions: list = field(default_factory=list)
+    # per prompt: its compiled constraint (runtime/sampling/constraint.py Grammar) or None; empty: none at all
+    grammars: list = field(default_factory=list)
 
     def __post_init__(self):
         n = self.config.num_return_sequences
         self.rows = [p for p in self.prompts for _ in range(n)]
+        self._grammars = [g for g in self.grammars for _ in range(n)] if self.grammars else [None] * len(self.rows)
+        # the ids that end each row: a constrained row's grammar end as well as the settings'
+        self.stop_ids = [row_stop_ids(self.config.stop_ids, g) for g in self._grammars]
         self._streams = [TextStream(self.tokenizer, self.config.stop, self._context(r)) for r in self.rows]
         self._tokens = [[] for _ in self.rows]
         self._logprobs = [[] if self.config.logprobs is not None else None for _ in self.rows]
@@ -75,7 +86,10 @@ class Batch:
 
     def __iter__(self):
         finished = {}  # row -> finish reason, shared with the engine: it adds end-of-text and length, we add stops
-        self._steps = decode_steps(self.engine, self.rows, self.config, self.generators(), self.pad_id, finished)
+        constraints = [self.constraint(row) for row in range(len(self.rows))]
+        self._steps = decode_steps(
+            self.engine, self.rows, self.config, self.generators(), self.pad_id, finished, constraints
+        )
         try:
             for tokens, logits in self._steps:
                 logprobs = log_softmax(logits) if self.config.logprobs is not None else None
@@ -97,6 +111,11 @@ class Batch:
         self.completions = self._results
         return self.completions
 
+    def constraint(self, row: int):
+        """A fresh matcher for row `row`'s constraint (a RowConstraint), or None for an unconstrained row."""
+        grammar = self._grammars[row]
+        return None if grammar is None else grammar.row()
+
     def generators(self) -> list:
         """One random generator per row, seeded from (seed, sequence index): a row's draws depend on nothing else."""
         n, seed = self.config.num_return_sequences, self.config.seed
@@ -105,9 +124,10 @@ class Batch:
     def take(self, row: int, token: int, logprobs: np.ndarray | None, reason: str | None) -> tuple[str, str | None]:
         """Row `row`'s next id (logprobs: the row's log-softmax [V], with logprobs on) -> (the text that became
         final, the finish reason or None). `reason` is the decode loop's: "stop" for end-of-text (not part of
-        the text), "length" at max_new_tokens; a stop string in the text makes it "stop". A finished row's
-        Completion is made here."""
-        text = "" if reason == "stop" else self._accept(row, token, logprobs)
+        the text) or a finished constraint (its last token is), "length" at max_new_tokens; a stop string in the
+        text makes it "stop". A finished row's Completion is made here."""
+        ends = reason == "stop" and token in self.stop_ids[row]
+        text = "" if ends else self._accept(row, token, logprobs)
         if self._streams[row].stopped:
             reason = "stop"
         if reason is not None:
@@ -125,8 +145,9 @@ class Batch:
 
     def _accept(self, row: int, token: int, logprobs: np.ndarray | None) -> str:
         self._tokens[row].append(token)
-        if logprobs is not None:  # the model's own log-probabilities, before any sampling filter
-            top = zip(*top_logprobs(logprobs, self.config.logprobs))
+        if logprobs is not None:  # the model's own log-probabilities, before any sampling filter but the constraint
+            # (a constrained row's are its distribution over the tokens its grammar allows: none of -inf is listed)
+            top = [(i, v) for i, v in zip(*top_logprobs(logprobs, self.config.logprobs)) if v != -np.inf]
             self._logprobs[row].append(
                 {
                     "token_id": token,
@@ -153,6 +174,7 @@ class Batch:
             stop_string=stream.stop_string,
             truncated_prompt_tokens=self.truncated[prompt_index] if self.truncated else 0,
             logprobs=self._logprobs[row],
+            parsed=_parsed(self._grammars[row], stream.text, reason, stream.stop_string),
         )
 
     def close(self) -> None:
@@ -169,6 +191,20 @@ class Batch:
         for _ in self:
             pass
         return self.completions
+
+
+def _parsed(grammar, text: str, reason: str, stop_string: str | None):
+    """A constrained row's value (Completion.parsed), or None where it was cut or has none to parse."""
+    if grammar is None or reason != "stop" or stop_string is not None:
+        return None
+    if grammar.kind == "choices":
+        return text
+    if grammar.kind in ("json_schema", "json_object"):
+        try:
+            return json.loads(text)
+        except ValueError:  # cut by something the grammar did not foresee: the text says what there is
+            return None
+    return None
 
 
 class Stream:

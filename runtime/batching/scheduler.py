@@ -26,6 +26,7 @@ import numpy as np
 from ..engine.decode import PREFILL_CHUNK as CHUNK
 from ..engine.steps import RowState, prefill_inputs
 from ..sampling import SamplerChain, log_softmax
+from ..sampling.constraint import Masks
 from .batch import Piece
 from .slot_cache import SlotCache
 
@@ -42,10 +43,11 @@ class Entry:
     def __init__(self, job, vocab_size: int, sampling_outputs: bool = True):
         self.job, self.batch, config = job, job.batch, job.batch.config
         self.sampler = SamplerChain(config, vocab_size)
-        # its rows use the graph's sampling outputs (sampling_outputs: the graph has them): they go first in the batch
-        self.front = sampling_outputs and self.sampler.prepared_temperature is not None
+        self.constrained = any(g is not None for g in self.batch.grammars)
+        # its rows use the graph's sampling outputs (sampling_outputs: the graph has them; a constrained job's never
+        # do: those are made from unmasked logits): they go first in the batch
+        self.front = sampling_outputs and self.sampler.prepared_temperature is not None and not self.constrained
         self.rngs = self.batch.generators()
-        self.eos = config.stop_ids
         self.waiting = deque(range(len(self.batch.rows)))  # rows not yet prefilled, in order
         self.unfinished = len(self.batch.rows)
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
@@ -57,8 +59,8 @@ class Row(RowState):
     __slots__ = ("entry", "index", "next_token")
 
     def __init__(self, entry: Entry, index: int):
-        config = entry.batch.config
-        super().__init__(entry.batch.rows[index], entry.eos, config.max_new_tokens)
+        batch = entry.batch
+        super().__init__(batch.rows[index], batch.stop_ids[index], batch.config.max_new_tokens, batch.constraint(index))
         self.entry, self.index = entry, index
         self.next_token = -1  # fed at the next step
 
@@ -69,6 +71,7 @@ class Scheduler:
     def __init__(self, model, max_rows: int):
         self.engine, self.vocab_size = model.engine, model.arch.vocab_size
         self.cache = SlotCache(model.engine, max_rows, model.arch.n_positions)
+        self.masks = Masks(max_rows, self.vocab_size)  # the running batch's constrained rows' masks, by slot
         self.entries: list = []  # running or waiting jobs, in arrival order (this thread only)
         self._new: deque = deque()
         self._wake = threading.Condition()
@@ -133,8 +136,12 @@ class Scheduler:
         rows, front = list(self.cache.rows), self.cache.front
         # the graph makes the sampling outputs of the rows that use them, the first `front` rows, and no others
         temperatures = [row.entry.sampler.prepared_temperature for row in rows[:front]] or None
+        constrained = any(row.constraint is not None for row in rows)
+        if constrained:  # the constrained rows' masks, computed while the step runs
+            self.masks.start([row.constraint for row in rows])
         try:
             logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64), temperatures)  # [n, V]
+            bitmask = self.masks.wait() if constrained else None
         except BaseException as error:  # the pass itself failed: every job in it ends with that error
             for entry in dict.fromkeys(row.entry for row in rows):
                 self._end(entry, error)
@@ -145,7 +152,8 @@ class Scheduler:
         prepared = self.cache.prepared
         for entry, mine in slots.items():
             mine_prepared = prepared.rows(mine) if prepared is not None and entry.front else None
-            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared)
+            allowed = bitmask[mine] if bitmask is not None and entry.constrained else None
+            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared, allowed)
         for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
             if self.cache.rows[slot].finished:
                 self.cache.leave(slot)
@@ -153,11 +161,18 @@ class Scheduler:
             if entry.unfinished == 0 and entry in self.entries:
                 self._end(entry, None)
 
-    def _pick(self, entry: Entry, rows: list, logits: np.ndarray, prepared=None) -> None:
+    def _pick(self, entry: Entry, rows: list, logits: np.ndarray, prepared=None, allowed=None) -> None:
         """Pick `rows`' next ids from their logits [k, V] (and the graph's sampling outputs for them, where it has
-        them) and hand each to the job's Batch (text, stop strings)."""
+        them; for a constrained job, its rows' masks `allowed` [k, words], computed here when not given) and hand
+        each to the job's Batch (text, stop strings)."""
         batch, config = entry.batch, entry.batch.config
         rngs = [entry.rngs[r.index] for r in rows]
+        if entry.constrained:  # the first filter, on a copy: a prefill's logits serve each of a prompt's rows
+            if allowed is None:
+                masks = Masks(len(rows), self.vocab_size)
+                masks.start([r.constraint for r in rows])
+                allowed = masks.wait()
+            logits, prepared = entry.sampler.constrain(np.array(logits, dtype=np.float32), allowed), None
         tokens = entry.sampler(logits, [r.seen for r in rows], [r.generated for r in rows], rngs, prepared)
         logprobs = log_softmax(logits) if config.logprobs is not None else None
         for k, (row, token) in enumerate(zip(rows, tokens.tolist())):

@@ -19,10 +19,11 @@ import onnxruntime as ort
 from ..generation_config import GenerationConfig
 from ..package.format import SAMPLING_BLOCK, SAMPLING_OUTPUTS, SAMPLING_TEMPERATURE, sampling_blocks
 from ..sampling import SamplerChain
+from ..sampling.constraint import Masks
 from ..sampling.draw import Prepared
 from . import fast_path as ort_fast_path
 from .session import GraphIO
-from .steps import RowState, position_ids_from_mask, prefill_inputs  # noqa: F401 (position_ids_from_mask: its users import it here)
+from .steps import RowState, position_ids_from_mask, prefill_inputs, row_stop_ids  # noqa: F401 (position_ids_from_mask: its users import it here)
 
 # Prompt tokens per pass when the cache is written in place. Activations (and onnxruntime's arena) scale with
 # the chunk: after a 512-token int8 prompt, peak RSS is 235 MB in chunks of 128, 262 MB in one pass, for a
@@ -265,43 +266,61 @@ def left_pad(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def decode_steps(
-    engine: Engine, prompts: list, config: GenerationConfig, rngs: list, pad_id: int, finished: dict | None = None
+    engine: Engine,
+    prompts: list,
+    config: GenerationConfig,
+    rngs: list,
+    pad_id: int,
+    finished: dict | None = None,
+    constraints: list | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield (tokens [B] int64, logits [B, V]) per new position until every row has finished.
 
-    tokens: each row's next id, -1 for a row finished before this step. logits: the model's raw scores the
-    tokens were picked from, valid until the next step. `finished` maps row -> reason: the loop adds "stop"
-    when a row picks end-of-text (that id is still yielded) and "length" at max_new_tokens; the caller may add
-    rows between steps (a stop string), and a finished row is no longer sampled or fed to the model.
+    tokens: each row's next id, -1 for a row finished before this step. logits: the scores the tokens were picked
+    from (the model's, with a constrained row's forbidden tokens at -inf), valid until the next step. `finished`
+    maps row -> reason: the loop adds "stop" when a row picks end-of-text (that id is still yielded) or its
+    constraint is finished, and "length" at max_new_tokens; the caller may add rows between steps (a stop string),
+    and a finished row is no longer sampled or fed to the model. `constraints`: per row a
+    sampling.constraint.RowConstraint or None (stop_ids: the row's end ids, config.stop_ids by default).
     """
     finished = {} if finished is None else finished
     batch, sampler = len(prompts), SamplerChain(config, engine.vocab_size)
     input_ids, attention_mask, position_ids = prefill_inputs(prompts, pad_id)
-    rows_state = [RowState(p, config.stop_ids, config.max_new_tokens) for p in prompts]
+    constraints = constraints or [None] * batch
+    states = [
+        RowState(p, row_stop_ids(config.stop_ids, c), config.max_new_tokens, c) for p, c in zip(prompts, constraints)
+    ]
+    masks = Masks(batch, engine.vocab_size) if any(constraints) else None  # their allowed tokens, off-thread
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
     decoder = engine.decoder(batch, capacity=input_ids.shape[1] + config.max_new_tokens)
+    if masks:
+        masks.start(constraints)  # the first masks while the prompt runs
     logits = decoder.run(input_ids, attention_mask, position_ids)[:, -1, :]  # [B, V]
-    # From the first decode step on, the graph's sampling outputs (where it has them) serve the pick; the first
-    # token comes from the prompt's logits, as in a running batch (scheduler.py), so a seeded row draws the same
-    # tokens alone and there.
-    if sampler.prepared_temperature is not None:
+    # From the first decode step on, the graph's sampling outputs (where it has them) serve the pick, but never a
+    # constrained batch's; the first token comes from the prompt's logits, as in a running batch (scheduler.py), so
+    # a seeded row draws the same tokens alone and there.
+    if sampler.prepared_temperature is not None and not masks:
         decoder.set_temperatures(sampler.prepared_temperature)
     while True:
         rows = [r for r in range(batch) if r not in finished]
         tokens = np.full(batch, -1, dtype=np.int64)
         every = len(rows) == batch
+        if masks:
+            logits = sampler.constrain(logits, masks.wait())
         tokens[rows] = sampler(
             logits if every else logits[rows],
-            [rows_state[r].seen for r in rows],
-            [rows_state[r].generated for r in rows],
+            [states[r].seen for r in rows],
+            [states[r].generated for r in rows],
             [rngs[r] for r in rows],
             decoder.prepared(None if every else rows),
         )
         for row in rows:
-            reason = rows_state[row].append(int(tokens[row]))
+            reason = states[row].append(int(tokens[row]))
             if reason is not None:
                 finished[row] = reason
+        if masks:  # the next masks while the caller reads this step and the graph runs the next
+            masks.start([None if r in finished else c for r, c in enumerate(constraints)])
         yield tokens, logits
         if len(finished) == batch:
             return

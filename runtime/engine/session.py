@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import DeviceError, PackageError
-from ..package.format import SAMPLING_OUTPUTS, SAMPLING_TEMPERATURE
+from ..package.format import SAMPLING_BLOCK, SAMPLING_OUTPUTS, SAMPLING_TEMPERATURE, sampling_blocks
 from .fast_path import first_line
 from .onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
 
@@ -187,3 +187,55 @@ def drop_mapped_pages(folder) -> int:
                 continue  # a present page that is not the file's: written
             advised += madvise(start, end - start, mmap.MADV_DONTNEED) == 0
     return advised
+
+
+def check_graph_shapes(session, package) -> None:
+    """The graph must be the one the package describes: one logit per vocabulary entry, a cache input pair per
+    layer, each [batch, kv_heads, past, head_size], wherever the graph gives those sizes as numbers (package: an
+    open package.open.Package)."""
+    arch, inputs = package.arch, session.get_inputs()
+    columns = next((o.shape[-1] for o in session.get_outputs() if o.name == "logits" and o.shape), None)
+    past = [i for i in inputs if i.name.startswith("past_key_values.")]
+    expected = (arch.kv_heads, arch.head_size)
+    wrong = next(
+        (
+            i
+            for i in past
+            if len(i.shape) != 4 or any(isinstance(d, int) and d != e for d, e in zip(i.shape[1::2], expected))
+        ),
+        None,
+    )
+    odd = _odd_sampling_tensor(session, arch.vocab_size)
+    problem = (
+        f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
+        if isinstance(columns, int) and columns != arch.vocab_size
+        else odd
+        if odd is not None
+        else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
+        if len(past) != 2 * arch.n_layer
+        else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.kv_heads}, past, {arch.head_size}] as the package says"
+        if wrong is not None
+        else None
+    )
+    if problem:
+        raise PackageError(f"{package.model_file} {problem}; the package is damaged. Export it again.")
+
+
+def _odd_sampling_tensor(session, vocab_size: int) -> str | None:
+    """What is wrong with the graph's sampling outputs or their temperature (models/README.md), or None: each a
+    float32 tensor of rank 3 ([rows, 1, width]) or, for the temperature, an overridable initializer [rows, 1],
+    rows left to the caller (a name, not a number)."""
+    blocks = sampling_blocks(vocab_size)
+    widths = dict(zip(SAMPLING_OUTPUTS, (blocks * SAMPLING_BLOCK, blocks)))
+    expected = {name: ["rows", 1, width] for name, width in widths.items()} | {SAMPLING_TEMPERATURE: ["rows", 1]}
+    tensors = [o for o in session.get_outputs() if o.name in widths]
+    tensors += [i for i in session.get_overridable_initializers() if i.name == SAMPLING_TEMPERATURE]
+    for tensor in tensors:
+        want = expected[tensor.name]
+        shape_ok = len(tensor.shape) == len(want) and not isinstance(tensor.shape[0], int)
+        shape_ok = shape_ok and all(d == w or not isinstance(d, int) for d, w in zip(tensor.shape[1:], want[1:]))
+        if tensor.type != "tensor(float)" or not shape_ok:
+            return f"has {tensor.name} of {tensor.type} {tensor.shape}, not float32 {want} for a vocabulary of {vocab_size} entries"
+    if any(i.name == SAMPLING_TEMPERATURE for i in session.get_inputs()):
+        return f"takes {SAMPLING_TEMPERATURE} as a required input, not an overridable initializer"
+    return None

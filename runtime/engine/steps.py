@@ -41,6 +41,15 @@ class RowState:
         return self.finish_reason
 
 
+def row_stop_ids(stop_ids: tuple, constraint) -> tuple:
+    """A row's end ids: the settings' (GenerationConfig.stop_ids: none with ignore_eos), and, for a constrained
+    row, its grammar's end too (`constraint`: a Grammar or RowConstraint, or None): a finished grammar ends the row
+    whatever ignore_eos says."""
+    if constraint is None:
+        return stop_ids
+    return tuple(dict.fromkeys((*stop_ids, *constraint.eos_ids)))
+
+
 def prefill_inputs(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Prompts of any lengths -> (input_ids, attention_mask, position_ids), each [B, T] int64: left-padded with
     pad_id (masked, so any id serves), positions counting each row's real tokens (one unpadded prompt: 0..T-1)."""

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..generation_config import GenerationConfig
-from . import draw, nucleus, topk
+from . import constraint, draw, nucleus, topk
 from .draw import BLOCK, FEW_ALIVE, Prepared, Scratch, draw_rows, pick, search
 from .filters import (
     COUNT,
@@ -97,6 +97,16 @@ class SamplerChain:
         serves = c.do_sample and in_range and lowers and plain_or_rejection and all(f in NEVER_BAN for f, _ in body)
         self.prepared_temperature = float(np.float32(c.temperature)) if serves else None
         self.top_p_last = last_p
+
+    def constrain(self, logits, bitmask) -> np.ndarray:
+        """The first filter: -inf over the tokens each row's constraint forbids (bitmask [B, words] int32, all ones
+        for a row without one), in place where the logits are writeable. Call it before the chain, and pass the
+        chain no graph sampling outputs for these rows (prepared=None): the graph computed those weights from the
+        unmasked logits, so they would draw forbidden tokens."""
+        # [B, V], [B, words] -> [B, V]
+        if not logits.flags.writeable or logits.dtype != np.float32:
+            logits = np.array(logits, dtype=np.float32)
+        return constraint.apply_mask(logits, bitmask)
 
     def __call__(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared | None = None) -> np.ndarray:
         """seen[r], generated[r]: row r's ids lists. The chain follows each list object as it grows between calls

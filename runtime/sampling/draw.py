@@ -49,7 +49,8 @@ class Prepared:
     """A step's sampling outputs for the rows being sampled: weights [B, n_blocks * BLOCK] float32 (softmax(logits /
     temperature), 0 past the vocabulary), block_sums [B, n_blocks] float32, and the temperature each row's
     were made at (B float32 values, as Python floats). The arrays are the decoder's, overwritten by its next pass:
-    a sampler may change them (the penalties do) until then."""
+    a sampler may change them (the penalties do) until then. Never for a constrained row: the graph makes them from
+    the unmasked logits (SamplerChain.constrain)."""
 
     weights: np.ndarray
     block_sums: np.ndarray

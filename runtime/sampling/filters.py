@@ -2,7 +2,8 @@
 
 The chain (like llama.cpp's sampler chain; transformers' order where it has the same step):
 
-    repetition_penalty -> frequency_presence_penalty -> logit_bias -> no_repeat_ngram
+    constraint                                               (a constrained row: constraint.py's mask)
+    -> repetition_penalty -> frequency_presence_penalty -> logit_bias -> no_repeat_ngram
     -> bad_words -> min_new_tokens                           (always)
     -> temperature -> top_k -> top_p -> min_p -> typical_p   (only when do_sample)
     -> pick                                                  (argmax, or one categorical draw per row)
@@ -19,6 +20,11 @@ replaced values back after the pick (see SamplerChain). Pure NumPy: the random g
 per row, never global. The pick lives in draw.py, top_p's machinery in nucleus.py, top_k's in topk.py; none sorts
 the vocabulary. When top_p or top_k is the last filter, the chain (chain.py) draws from the tokens it keeps
 instead of writing -inf over the rest of the row.
+
+The constraint comes first: a constrained row's forbidden tokens are -inf before any other filter sees the row, for
+greedy and every sampling setting alike, so the distribution drawn from (and the log-probs reported) is the
+model's renormalized over the tokens the grammar allows. It is per step and per row (a bitmask the grammar's matcher
+computes, constraint.py), not an option, so it is applied by SamplerChain.constrain, in place, before the call.
 """
 
 import functools

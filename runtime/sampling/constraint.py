@@ -1,0 +1,311 @@
+"""Constrained decoding: the one module that speaks to llguidance.
+
+A constraint (GenerationConfig's json_schema, json_object, regex, grammar or choices) becomes an llguidance grammar
+(grammar_text: checked once, when the settings are built), then, for one tokenizer, a compiled Grammar (Compiler:
+a bounded LRU per (tokenizer, kind, text)) whose row() is one row's matcher (RowConstraint). The engine sees only
+ids: before each step, Masks computes every constrained row's allowed tokens as a bitmask [rows, ceil(V / 32)]
+int32 (bit t of a row: token t is allowed), in a thread of its own while the graph runs (llguidance releases the
+GIL); apply_mask writes -inf over the forbidden tokens, the sampler chain's first filter (filters.py's order).
+
+End-of-text is allowed exactly where the grammar may end (llguidance sets those bits only then); a matcher that
+is stopped (nothing can follow) ends its row with "stop".
+
+llguidance is an optional dependency (the `constrained` extra): nothing here imports it until a constraint is used.
+"""
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import GenerationOptionError
+
+KINDS = ("json_schema", "json_object", "regex", "grammar", "choices")  # GenerationConfig's options, at most one
+INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
+MAX_TEXT = 200_000  # characters of schema, regex, grammar or choices one request may send
+CACHED_GRAMMARS = 64  # compiled grammars kept per process (each a few hundred KB at most, under LIMITS)
+# llguidance's limits: construction fuel (~50k per ms), per-step fuel (~14k per ms) and Earley items (~20k per ms),
+# lexer states (1-2 KB each) and grammar size. Above them a compile or a step fails, and edgelm refuses the request.
+LIMITS = dict(
+    initial_lexer_fuel=1_000_000,  # about 20 ms of lexer construction
+    step_lexer_fuel=200_000,  # about 15 ms per mask at most
+    step_max_items=50_000,
+    max_lexer_states=50_000,  # under 100 MB
+    max_grammar_size=200_000,
+    max_items_in_row=2_000,
+)
+# Compact JSON (no whitespace between tokens): a model cannot pad its output with endless spaces or newlines.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def llguidance():
+    """The llguidance module, or a GenerationOptionError that says how to install it."""
+    try:
+        import llguidance as module
+        import llguidance.numpy  # noqa: F401 (the bitmask helpers)
+    except ImportError:
+        raise GenerationOptionError(
+            f"constrained generation (json_schema, json_object, regex, grammar, choices) needs llguidance: {INSTALL}",
+            param="json_schema",
+        ) from None
+    return module
+
+
+def _limits():
+    return llguidance().LLParserLimits(**LIMITS, verbose_errors=False)
+
+
+def _one_line(message: str, limit: int = 300) -> str:
+    line = " ".join(str(message).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def schema_text(value) -> str:
+    """A JSON schema as JSON text: a dict, JSON text, or a class with model_json_schema() (a pydantic model; the
+    runtime never imports pydantic). Raises GenerationOptionError(param="json_schema")."""
+    if hasattr(value, "model_json_schema") and callable(value.model_json_schema):
+        value = value.model_json_schema()
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            raise GenerationOptionError(f"json_schema is over {MAX_TEXT:,} characters", param="json_schema")
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise GenerationOptionError(f"json_schema is not valid JSON: {_one_line(error)}", "json_schema") from None
+    if not isinstance(value, (dict, bool)):
+        raise GenerationOptionError(
+            f"json_schema must be a JSON schema (an object), its JSON text, or a pydantic model class; got {type(value).__name__}",
+            param="json_schema",
+        )
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise GenerationOptionError(f"json_schema is not JSON: {_one_line(error)}", "json_schema") from None
+    if len(text) > MAX_TEXT:
+        raise GenerationOptionError(f"json_schema is over {MAX_TEXT:,} characters", param="json_schema")
+    return text
+
+
+def _lark_choices(choices: tuple) -> str:
+    # a Lark string literal reads JSON's escapes, so each choice is exactly its text
+    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+_grammar_texts: OrderedDict = OrderedDict()
+_grammar_lock = threading.Lock()
+
+
+def grammar_text(kind: str, text) -> str:
+    """The llguidance grammar for a constraint (kind in KINDS; text: the schema's JSON text, the regex, the Lark
+    grammar, the tuple of choices, or True for json_object), checked under LIMITS; raises GenerationOptionError with
+    param=kind and one line for an invalid one or an unsupported schema keyword. Cached (a bounded LRU)."""
+    key = (kind, text)
+    with _grammar_lock:
+        if key in _grammar_texts:
+            _grammar_texts.move_to_end(key)
+            return _grammar_texts[key]
+    lg = llguidance()
+    matcher = lg.LLMatcher
+    try:
+        if kind == "json_schema":
+            grammar = matcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+        elif kind == "json_object":
+            grammar = matcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
+        elif kind == "regex":
+            grammar = matcher.grammar_from_regex(text)
+        elif kind == "grammar":
+            grammar = matcher.grammar_from_lark(text)
+        elif kind == "choices":
+            grammar = matcher.grammar_from_lark(_lark_choices(text))
+        else:
+            raise GenerationOptionError(f"unknown constraint {kind!r}; known: {', '.join(KINDS)}", param=kind)
+    except ValueError as error:
+        raise GenerationOptionError(f"{kind} is invalid: {_one_line(error)}", param=kind) from None
+    problem = matcher.validate_grammar(grammar, None, limits=_limits())
+    if problem:
+        raise GenerationOptionError(_problem_line(kind, problem), param=kind)
+    with _grammar_lock:
+        _grammar_texts[key] = grammar
+        while len(_grammar_texts) > CACHED_GRAMMARS:
+            _grammar_texts.popitem(last=False)
+    return grammar
+
+
+def _problem_line(kind: str, problem: str) -> str:
+    """llguidance's message, as one line a user can act on."""
+    line = _one_line(problem)
+    if line.startswith("Unimplemented keys:"):
+        keys = line.split(":", 1)[1].strip().strip("[]").replace('"', "")
+        return (
+            f"json_schema uses keyword(s) edgelm cannot enforce: {keys}; remove them or describe the value without them"
+        )
+    if "fuel" in line or "too many" in line.lower() or "limit" in line.lower() or "too large" in line.lower():
+        return f"{kind} is too complex to compile within edgelm's limits ({line}); simplify it"
+    return f"{kind} is invalid: {line}"
+
+
+class Compiler:
+    """Compiles constraints for one tokenizer (a package's tokenizer.json text), for a model of `vocab_size` logits
+    whose end-of-text ids are `eos_ids`. The llguidance tokenizer is built on first use (about 0.5 s for GPT-2's
+    50,257 tokens), once per process for the same tokenizer."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple):
+        self.tokenizer_json, self.vocab_size, self.eos_ids = tokenizer_json, vocab_size, tuple(eos_ids)
+        digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()
+        self.key = (digest, vocab_size, self.eos_ids)
+
+    def tokenizer(self):
+        with _compiled_lock:
+            found = _tokenizers.get(self.key)
+        if found is None:
+            lg = llguidance()
+            try:
+                found = lg.LLTokenizer(
+                    self.tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_ids) or None
+                )
+            except Exception as error:  # the package's tokenizer.json is one llguidance cannot read
+                raise GenerationOptionError(
+                    f"constrained generation cannot use this package's tokenizer: {_one_line(error)}", "json_schema"
+                ) from None
+            with _compiled_lock:
+                found = _tokenizers.setdefault(self.key, found)
+                while len(_tokenizers) > 4:
+                    _tokenizers.pop(next(iter(_tokenizers)))
+        return found
+
+    def compile(self, kind: str, text, max_new_tokens: int | None = None) -> "Grammar":
+        """The compiled Grammar of a constraint; raises GenerationOptionError(param=kind) for one that fails to
+        compile under LIMITS, or that cannot finish within max_new_tokens where that can be told beforehand (a
+        choice or a forced start longer than that)."""
+        key = (self.key, kind, text)
+        with _compiled_lock:
+            found = _compiled.get(key)
+            if found is not None:
+                _compiled.move_to_end(key)
+        if found is None:
+            tokenizer = self.tokenizer()
+            grammar = grammar_text(kind, text)
+            template = llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
+            if template.is_error():
+                raise GenerationOptionError(_problem_line(kind, template.get_error()), param=kind)
+            shortest = None
+            if kind == "choices":
+                shortest = min(len(tokenizer.tokenize_str(c)) for c in text)
+            found = Grammar(kind, template, self.vocab_size, self.eos_ids or tuple(tokenizer.eos_tokens), shortest)
+            with _compiled_lock:
+                _compiled[key] = found
+                while len(_compiled) > CACHED_GRAMMARS:
+                    _compiled.popitem(last=False)
+        found.check_length(max_new_tokens)
+        return found
+
+
+_compiled: OrderedDict = OrderedDict()  # (tokenizer key, kind, text) -> Grammar, least recently used first
+_tokenizers: dict = {}
+_compiled_lock = threading.Lock()
+
+
+class Grammar:
+    """A constraint compiled for one tokenizer: row() gives a fresh matcher (a copy of a template never advanced)."""
+
+    def __init__(self, kind: str, template, vocab_size: int, eos_ids: tuple, shortest: int | None = None):
+        self.kind, self.template, self.vocab_size, self.eos_ids = kind, template, vocab_size, eos_ids
+        self.forced = len(template.deep_copy().compute_ff_tokens())  # tokens every output starts with
+        self.shortest = shortest  # the fewest tokens any output takes, where known (choices)
+
+    def check_length(self, max_new_tokens: int | None) -> None:
+        fewest = max(self.forced, self.shortest or 0)
+        if max_new_tokens is not None and fewest > max_new_tokens:
+            raise GenerationOptionError(
+                f"the {self.kind} constraint needs at least {fewest} tokens, more than max_new_tokens={max_new_tokens}; "
+                "raise max_new_tokens",
+                param="max_new_tokens",
+            )
+
+    def row(self) -> "RowConstraint":
+        return RowConstraint(self.kind, self.template.deep_copy(), self.eos_ids)
+
+
+class RowConstraint:
+    """One row's matcher: it advances with every id the row generates; `finished` once nothing can follow."""
+
+    __slots__ = ("kind", "matcher", "eos_ids", "finished")
+
+    def __init__(self, kind: str, matcher, eos_ids: tuple):
+        self.kind, self.matcher, self.eos_ids, self.finished = kind, matcher, eos_ids, False
+
+    def advance(self, token: int) -> None:
+        if not self.matcher.consume_token(token) or self.matcher.is_error():
+            raise GenerationOptionError(
+                f"the {self.kind} constraint failed at token {token}: {_one_line(self.matcher.get_error())}",
+                param=self.kind,
+            )
+        self.finished = self.matcher.is_stopped()
+
+    @property
+    def may_end(self) -> bool:
+        """The output so far is complete: the grammar accepts it (end-of-text is allowed now)."""
+        return self.matcher.is_accepting()
+
+
+def words(vocab_size: int) -> int:
+    """int32 words in one row of a bitmask over vocab_size tokens."""
+    return (vocab_size + 31) // 32
+
+
+class Masks:
+    """The allowed tokens of a batch's rows, computed off the calling thread: start(constraints) before the graph
+    runs a step, wait() after it. A row without a constraint (None) allows every token."""
+
+    _pool = ThreadPoolExecutor(1, thread_name_prefix="edgelm-masks")  # llguidance spreads a batch over its own
+    _executor = None
+
+    def __init__(self, rows: int, vocab_size: int):
+        self.bitmask = np.full((rows, words(vocab_size)), -1, dtype=np.int32)  # [rows, words]
+        self._pending = None
+
+    def start(self, constraints: list) -> None:
+        """Compute row r's mask from constraints[r] (None, or a finished one: left as it is)."""
+        pairs = []
+        for r, c in enumerate(constraints):
+            if c is None:
+                self.bitmask[r] = -1  # a slot a constrained row held before
+            elif not c.finished:
+                pairs.append((c.matcher, r))
+        self._pending = Masks._pool.submit(self._fill, pairs) if pairs else None
+
+    def _fill(self, pairs: list) -> None:
+        lg = llguidance()
+        if Masks._executor is None:
+            Masks._executor = lg.LLExecutor()
+        lg.numpy.fill_next_token_bitmask_par(Masks._executor, pairs, self.bitmask)
+
+    def wait(self) -> np.ndarray:
+        """The bitmask [rows, words] int32, once the masks started last are in."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+        return self.bitmask
+
+
+NEG_INF_BITS = np.array([-np.inf], dtype=np.float32).view(np.int32)[0]
+
+
+def apply_mask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
+    """Forbidden tokens -> -inf, in place: the sampler chain's first filter (a bitmask of all ones is its no-op).
+
+    Done on the float32 bit patterns (x & keep | ~keep & bits(-inf)): integer operations take the same time
+    whatever the logits hold, where a masked float write costs several times more."""
+    # [B, V] float32, [B, words] int32 (words * 32 >= V) -> [B, V] (the same array)
+    n_vocab = logits.shape[-1]
+    keep = np.unpackbits(bitmask.view(np.uint8), axis=1, count=n_vocab, bitorder="little").astype(np.int32)
+    np.negative(keep, out=keep)  # allowed: all bits set; forbidden: none
+    bits = logits.view(np.int32)
+    bits &= keep
+    np.invert(keep, out=keep)
+    keep &= NEG_INF_BITS
+    bits |= keep
+    return logits
