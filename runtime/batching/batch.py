@@ -44,9 +44,14 @@ class Completion:
     # when the row was cut before its constraint was complete ("length", or a stop string), or for regex and grammar
     # (the text is the value)
     parsed: object = None
+    constraint: str | None = None  # the row's constraint: "json_schema", "json_object", "regex", "grammar", "choices"
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        """The fields as a dict; an unconstrained row's has neither parsed nor constraint."""
+        fields = dict(self.__dict__)
+        if self.constraint is None:
+            del fields["parsed"], fields["constraint"]
+        return fields
 
 
 @dataclass
@@ -175,6 +180,7 @@ class Batch:
             truncated_prompt_tokens=self.truncated[prompt_index] if self.truncated else 0,
             logprobs=self._logprobs[row],
             parsed=_parsed(self._grammars[row], stream.text, reason, stream.stop_string),
+            constraint=None if self._grammars[row] is None else self._grammars[row].kind,
         )
 
     def close(self) -> None:

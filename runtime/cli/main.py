@@ -7,7 +7,7 @@ import click
 
 from ..errors import EdgelmError
 from ..generation_config import sampling_implied
-from .options import device_option, package_option, package_option_or_argument
+from .options import constraint_options, device_option, package_option, package_option_or_argument
 from .prompt_file import check_file_options, file_options, run_file
 from .store import COMMANDS as STORE_COMMANDS
 
@@ -77,6 +77,7 @@ def _fail(error: EdgelmError):
 )
 @click.option("--seed", type=int, help="Same seed, prompt and options give the same text.")
 @click.option("--logprobs", type=int, help="Include the chosen and top-N tokens' log-probs (with --json).")
+@constraint_options
 @click.option(
     "--truncate",
     is_flag=True,
@@ -113,6 +114,8 @@ def generate(
     edgelm generate -m distilgpt2 "Hello, my name is" --max-new-tokens 30
     git log -1 --format=%B | edgelm generate --do-sample -n 3
     edgelm generate --input prompts.jsonl --output results.jsonl --max-new-tokens 30
+    edgelm generate --json --json-schema person.json "A person:"   # "parsed" holds the JSON value
+    edgelm generate --choice yes --choice no "Is water wet?"
 
     --input: one JSON object per line, {"prompt": "..."} or {"messages": [...]}, with an optional "id" and any
     generation option by its Python name ({"prompt": "Hi", "max_new_tokens": 5, "stop": ["."]}) over the

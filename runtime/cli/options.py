@@ -45,3 +45,63 @@ def device_option(command):
         show_default=True,
         help="Where to run: auto picks CUDA for a float32 package when onnxruntime-gpu and a GPU are present, else the CPU (int8 and int4 run faster there).",
     )(command)
+
+
+def constraint_options(command):
+    """Add --json-schema, --json-object, --regex, --grammar and --choice: the GenerationConfig options json_schema,
+    json_object, regex, grammar and choices (at most one; runtime/sampling/constraint.py)."""
+    for option in reversed(
+        [
+            click.option(
+                "--json-schema",
+                metavar="FILE_OR_JSON",
+                callback=_schema_or_file,
+                help="The output is JSON valid under this schema: a file, or the schema's JSON text.",
+            ),
+            click.option("--json-object", is_flag=True, default=None, help="The output is a JSON object."),
+            click.option("--regex", metavar="REGEX", help="The output matches this regular expression (Rust syntax)."),
+            click.option(
+                "--grammar",
+                type=click.Path(exists=True, dir_okay=False),
+                callback=_read_text,
+                help="The output is a sentence of this Lark grammar (a file; llguidance's Lark).",
+            ),
+            click.option(
+                "--choice",
+                "choices",
+                multiple=True,
+                callback=lambda ctx, param, value: value or None,
+                help="The output is exactly one of the choices (repeatable: --choice yes --choice no).",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _read_text(ctx, param, path):
+    """A file's text, at most the constraint's size bound (runtime/sampling/constraint.py)."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    from ..sampling.constraint import MAX_TEXT
+
+    file = Path(path)
+    if not file.is_file() or file.stat().st_size > 4 * MAX_TEXT:
+        raise click.BadParameter(f"{path} is not a file of at most {MAX_TEXT:,} characters", ctx, param)
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise click.BadParameter(f"cannot read {path}: {error}", ctx, param) from None
+
+
+def _schema_or_file(ctx, param, value):
+    """--json-schema's value: JSON text as given, else the file it names."""
+    if value is None or value.lstrip().startswith(("{", "[")) or value.strip() in ("true", "false"):
+        return value
+    from pathlib import Path
+
+    if not Path(value).is_file():
+        raise click.BadParameter(f"{value!r} is neither a JSON schema nor a file that holds one", ctx, param)
+    return _read_text(ctx, param, value)

@@ -15,6 +15,7 @@ llguidance is an optional dependency (the `constrained` extra): nothing here imp
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,9 @@ from ..errors import GenerationOptionError
 
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choices")  # GenerationConfig's options, at most one
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
-MAX_TEXT = 200_000  # characters of schema, regex, grammar or choices one request may send
+# Characters of schema, regex, grammar or choices one request may send: compiling takes about 1 ms per 100 of them
+# (a 64,000-character schema about 0.5 s on one core, benchmarks/results/2026-12-01-constrained.md).
+MAX_TEXT = 64_000
 CACHED_GRAMMARS = 64  # compiled grammars kept per process (each a few hundred KB at most, under LIMITS)
 # llguidance's limits: construction fuel (~50k per ms), per-step fuel (~14k per ms) and Earley items (~20k per ms),
 # lexer states (1-2 KB each) and grammar size. Above them a compile or a step fails, and edgelm refuses the request.
@@ -59,7 +62,9 @@ def _limits():
 
 
 def _one_line(message: str, limit: int = 300) -> str:
-    line = " ".join(str(message).split())
+    """llguidance's message on one line, without the source excerpt and caret it draws under it."""
+    lines = [x for x in str(message).splitlines() if x.strip(" ^") and not re.match(r"\s*\d+ \|", x)]
+    line = " ".join(" ".join(lines).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
@@ -144,6 +149,8 @@ def _problem_line(kind: str, problem: str) -> str:
         )
     if "fuel" in line or "too many" in line.lower() or "limit" in line.lower() or "too large" in line.lower():
         return f"{kind} is too complex to compile within edgelm's limits ({line}); simplify it"
+    if kind in ("regex", "choices"):  # positions count in the grammar edgelm wraps them in, not in the option
+        line = re.sub(r"^at \d+\(\d+\): ", "", line)
     return f"{kind} is invalid: {line}"
 
 
