@@ -141,7 +141,7 @@ class Scheduler:
             self.masks.start([row.constraint for row in rows])
         try:
             logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64), temperatures)  # [n, V]
-            bitmask = self.masks.wait() if constrained else None
+            allowed = self.masks.wait() if constrained else None
         except BaseException as error:  # the pass itself failed: every job in it ends with that error
             for entry in dict.fromkeys(row.entry for row in rows):
                 self._end(entry, error)
@@ -152,8 +152,8 @@ class Scheduler:
         prepared = self.cache.prepared
         for entry, mine in slots.items():
             mine_prepared = prepared.rows(mine) if prepared is not None and entry.front else None
-            allowed = bitmask[mine] if bitmask is not None and entry.constrained else None
-            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared, allowed)
+            mine_allowed = allowed.take(mine) if allowed is not None and entry.constrained else None
+            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared, mine_allowed)
         for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
             if self.cache.rows[slot].finished:
                 self.cache.leave(slot)
@@ -163,7 +163,7 @@ class Scheduler:
 
     def _pick(self, entry: Entry, rows: list, logits: np.ndarray, prepared=None, allowed=None) -> None:
         """Pick `rows`' next ids from their logits [k, V] (and the graph's sampling outputs for them, where it has
-        them; for a constrained job, its rows' masks `allowed` [k, words], computed here when not given) and hand
+        them; for a constrained job, its rows' allowed tokens, a constraint.Allowed, computed here when not given) and hand
         each to the job's Batch (text, stop strings)."""
         batch, config = entry.batch, entry.batch.config
         rngs = [entry.rngs[r.index] for r in rows]

@@ -98,15 +98,17 @@ class SamplerChain:
         self.prepared_temperature = float(np.float32(c.temperature)) if serves else None
         self.top_p_last = last_p
 
-    def constrain(self, logits, bitmask) -> np.ndarray:
-        """The first filter: -inf over the tokens each row's constraint forbids (bitmask [B, words] int32, all ones
-        for a row without one), in place where the logits are writeable. Call it before the chain, and pass the
-        chain no graph sampling outputs for these rows (prepared=None): the graph computed those weights from the
-        unmasked logits, so they would draw forbidden tokens."""
-        # [B, V], [B, words] -> [B, V]
+    def constrain(self, logits, allowed) -> np.ndarray:
+        """The first filter: -inf over the tokens each row's constraint forbids (a constraint.Allowed, or a bitmask
+        [B, words] int32 with every bit set for a row without one), in place where the logits are writeable. Call it
+        before the chain, and pass the chain no graph sampling outputs for these rows (prepared=None): the graph
+        computed those weights from the unmasked logits, so they would draw forbidden tokens."""
+        # [B, V] -> [B, V]
         if not logits.flags.writeable or logits.dtype != np.float32:
             logits = np.array(logits, dtype=np.float32)
-        return constraint.apply_mask(logits, bitmask)
+        if not isinstance(allowed, constraint.Allowed):
+            allowed = constraint.Allowed.from_bitmask(allowed, logits.shape[-1])
+        return allowed.apply(logits)
 
     def __call__(self, logits, seen: list, generated: list, rngs: list, prepared: Prepared | None = None) -> np.ndarray:
         """seen[r], generated[r]: row r's ids lists. The chain follows each list object as it grows between calls

@@ -4,8 +4,9 @@ A constraint (GenerationConfig's json_schema, json_object, regex, grammar or cho
 (grammar_text: checked once, when the settings are built), then, for one tokenizer, a compiled Grammar (Compiler:
 a bounded LRU per (tokenizer, kind, text)) whose row() is one row's matcher (RowConstraint). The engine sees only
 ids: before each step, Masks computes every constrained row's allowed tokens as a bitmask [rows, ceil(V / 32)]
-int32 (bit t of a row: token t is allowed), in a thread of its own while the graph runs (llguidance releases the
-GIL); apply_mask writes -inf over the forbidden tokens, the sampler chain's first filter (filters.py's order).
+int32 (bit t of a row: token t is allowed), then per row the shorter list of allowed or forbidden ids (an Allowed),
+in a thread of its own while the graph runs (llguidance releases the GIL); Allowed.apply writes -inf over the
+forbidden tokens, the sampler chain's first filter (filters.py's order).
 
 End-of-text is allowed exactly where the grammar may end (llguidance sets those bits only then); a matcher that
 is stopped (nothing can follow) ends its row with "stop".
@@ -272,47 +273,73 @@ class Masks:
 
     def __init__(self, rows: int, vocab_size: int):
         self.bitmask = np.full((rows, words(vocab_size)), -1, dtype=np.int32)  # [rows, words]
-        self._pending = None
+        self.vocab_size = vocab_size
+        self._pending, self._allowed = None, Allowed([])
 
     def start(self, constraints: list) -> None:
-        """Compute row r's mask from constraints[r] (None, or a finished one: left as it is)."""
-        pairs = []
-        for r, c in enumerate(constraints):
-            if c is None:
-                self.bitmask[r] = -1  # a slot a constrained row held before
-            elif not c.finished:
-                pairs.append((c.matcher, r))
-        self._pending = Masks._pool.submit(self._fill, pairs) if pairs else None
+        """Compute row r's allowed tokens from constraints[r] (None, or a finished one: every token)."""
+        pairs = [(c.matcher, r) for r, c in enumerate(constraints) if c is not None and not c.finished]
+        self._pending = Masks._pool.submit(self._fill, pairs, len(constraints))
 
-    def _fill(self, pairs: list) -> None:
-        lg = llguidance()
-        if Masks._executor is None:
-            Masks._executor = lg.LLExecutor()
-        lg.numpy.fill_next_token_bitmask_par(Masks._executor, pairs, self.bitmask)
+    def _fill(self, pairs: list, rows: int) -> "Allowed":
+        # [rows, words] bitmask -> per row the ids to keep or ban, here, while the graph runs
+        if pairs:
+            lg = llguidance()
+            if Masks._executor is None:
+                Masks._executor = lg.LLExecutor()
+            lg.numpy.fill_next_token_bitmask_par(Masks._executor, pairs, self.bitmask)
+        kept = [(False, NONE)] * rows
+        for _, r in pairs:
+            kept[r] = _row_ids(self.bitmask[r], self.vocab_size)
+        return Allowed(kept)
 
-    def wait(self) -> np.ndarray:
-        """The bitmask [rows, words] int32, once the masks started last are in."""
+    def wait(self) -> "Allowed":
+        """The rows' allowed tokens (an Allowed), once those started last are computed."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
-        return self.bitmask
+            self._allowed = pending.result()
+        return self._allowed
 
 
-NEG_INF_BITS = np.array([-np.inf], dtype=np.float32).view(np.int32)[0]
+NONE = np.zeros(0, dtype=np.int64)
 
 
-def apply_mask(logits: np.ndarray, bitmask: np.ndarray) -> np.ndarray:
-    """Forbidden tokens -> -inf, in place: the sampler chain's first filter (a bitmask of all ones is its no-op).
+def _row_ids(bitmask_row: np.ndarray, n_vocab: int) -> tuple:
+    """(True, the allowed ids) or (False, the forbidden ids), whichever is fewer, from one row's bitmask."""
+    # [words] int32 -> (bool, [k] int64)
+    bits = np.unpackbits(bitmask_row.view(np.uint8), count=n_vocab, bitorder="little")
+    allowed = np.count_nonzero(bits)
+    if allowed <= n_vocab // 2:
+        return True, np.flatnonzero(bits)
+    return False, np.flatnonzero(bits == 0)
 
-    Done on the float32 bit patterns (x & keep | ~keep & bits(-inf)): integer operations take the same time
-    whatever the logits hold, where a masked float write costs several times more."""
-    # [B, V] float32, [B, words] int32 (words * 32 >= V) -> [B, V] (the same array)
-    n_vocab = logits.shape[-1]
-    keep = np.unpackbits(bitmask.view(np.uint8), axis=1, count=n_vocab, bitorder="little").astype(np.int32)
-    np.negative(keep, out=keep)  # allowed: all bits set; forbidden: none
-    bits = logits.view(np.int32)
-    bits &= keep
-    np.invert(keep, out=keep)
-    keep &= NEG_INF_BITS
-    bits |= keep
-    return logits
+
+class Allowed:
+    """A batch's allowed tokens, ready to apply: per row (True, allowed ids) or (False, forbidden ids), whichever list
+    is shorter (a JSON structure allows a few tokens, a string all but a few), so that applying them costs little
+    whatever the vocabulary."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list):
+        self.rows = rows
+
+    @classmethod
+    def from_bitmask(cls, bitmask: np.ndarray, n_vocab: int) -> "Allowed":
+        """From a bitmask [B, words] int32, bit t of a row set where token t is allowed (llguidance's layout)."""
+        return cls([_row_ids(row, n_vocab) for row in bitmask])
+
+    def take(self, index: list) -> "Allowed":
+        return Allowed([self.rows[i] for i in index])
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """Forbidden tokens -> -inf, in place: the sampler chain's first filter (no ids to ban is its no-op)."""
+        # [B, V] float32 -> [B, V] (the same array)
+        for row, (keep, ids) in zip(logits, self.rows):
+            if keep:
+                values = row[ids]
+                row.fill(-np.inf)
+                row[ids] = values
+            elif ids.size:
+                row[ids] = -np.inf
+        return logits
