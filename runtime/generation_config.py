@@ -5,6 +5,8 @@ A GenerationConfig is valid by construction: building one normalizes the values 
 tuple, lists become tuples, logit_bias keys become ints) and raises GenerationOptionError, whose `param`
 names the option, for the first value out of range. With `vocab_size` set (a model's settings() sets it),
 every token id an option names is checked against the vocabulary too, so nothing downstream checks again.
+A constraint (json_schema, json_object, regex, grammar, choices) is compiled by llguidance as it is checked
+(runtime/sampling/constraint.py, cached); what needs the tokenizer is checked when a model compiles it for a batch.
 Which value turns each sampling filter off is written once, in runtime/sampling/chain.py.
 """
 

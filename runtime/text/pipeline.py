@@ -18,7 +18,7 @@ honoured. Keys of task_specific_params that are no generation option (a "prefix"
 from numbers import Integral
 
 from ..errors import GenerationOptionError, PackageError, PromptError
-from ..generation_config import GenerationConfig
+from ..generation_config import CONSTRAINTS, GenerationConfig
 from ..model import Model, load
 from ..package.files import read_json
 from ..package.format import HF_CONFIG
@@ -78,7 +78,11 @@ def task_params(package: Package) -> dict:
         raise PackageError(
             f"{path}: task_specific_params must map task names to objects of settings; fix it or export the package again."
         )
-    known = set(GenerationConfig.__dataclass_fields__) - {"vocab_size", "greedy_copies"}
+    known = set(GenerationConfig.__dataclass_fields__) - {
+        "vocab_size",
+        "greedy_copies",
+        *CONSTRAINTS,
+    }  # not a package's
     return {k: v for k, v in params.get(TASK, {}).items() if k in known or k == "max_length"}
 
 
