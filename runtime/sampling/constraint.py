@@ -27,8 +27,8 @@ from ..errors import GenerationOptionError
 
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choices")  # GenerationConfig's options, at most one
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
-# Characters of schema, regex, grammar or choices one request may send: compiling takes about 1 ms per 100 of them
-# (a 64,000-character schema about 0.5 s on one core, benchmarks/results/2026-12-01-constrained.md).
+# Characters of schema, regex, grammar or choices one request may send: a compile takes time in proportion to them
+# (0.28 s for a 32,000-character schema on a loaded 2-core machine, benchmarks/results/2026-12-01-constrained.md).
 MAX_TEXT = 64_000
 CACHED_GRAMMARS = 64  # compiled grammars kept per process (each a few hundred KB at most, under LIMITS)
 # llguidance's limits: construction fuel (~50k per ms), per-step fuel (~14k per ms) and Earley items (~20k per ms),
