@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import GenerationOptionError
+from ..generation_config import CONSTRAINTS
 
-KINDS = ("json_schema", "json_object", "regex", "grammar", "choices")  # GenerationConfig's options, at most one
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
 # Characters of schema, regex, grammar or choices one request may send: a compile takes time in proportion to them
 # (0.28 s for a 32,000-character schema on a loaded 2-core machine, benchmarks/results/2026-12-01-constrained.md).
@@ -45,15 +45,15 @@ LIMITS = dict(
 JSON_OPTIONS = {"whitespace_flexible": False}
 
 
-def llguidance():
-    """The llguidance module, or a GenerationOptionError that says how to install it."""
+def llguidance(param: str = "json_schema"):
+    """The llguidance module, or a GenerationOptionError(param=param) that says how to install it."""
     try:
         import llguidance as module
         import llguidance.numpy  # noqa: F401 (the bitmask helpers)
     except ImportError:
         raise GenerationOptionError(
             f"constrained generation (json_schema, json_object, regex, grammar, choices) needs llguidance: {INSTALL}",
-            param="json_schema",
+            param=param,
         ) from None
     return module
 
@@ -81,7 +81,7 @@ def schema_text(value) -> str:
             value = json.loads(value)
         except ValueError as error:
             raise GenerationOptionError(f"json_schema is not valid JSON: {_one_line(error)}", "json_schema") from None
-    if not isinstance(value, (dict, bool)):
+    if not isinstance(value, dict):
         raise GenerationOptionError(
             f"json_schema must be a JSON schema (an object), its JSON text, or a pydantic model class; got {type(value).__name__}",
             param="json_schema",
@@ -105,7 +105,7 @@ _grammar_lock = threading.Lock()
 
 
 def grammar_text(kind: str, text) -> str:
-    """The llguidance grammar for a constraint (kind in KINDS; text: the schema's JSON text, the regex, the Lark
+    """The llguidance grammar for a constraint (kind in CONSTRAINTS; text: the schema's JSON text, the regex, the Lark
     grammar, the tuple of choices, or True for json_object), checked under LIMITS; raises GenerationOptionError with
     param=kind and one line for an invalid one or an unsupported schema keyword. Cached (a bounded LRU)."""
     key = (kind, text)
@@ -113,7 +113,7 @@ def grammar_text(kind: str, text) -> str:
         if key in _grammar_texts:
             _grammar_texts.move_to_end(key)
             return _grammar_texts[key]
-    lg = llguidance()
+    lg = llguidance(kind)
     matcher = lg.LLMatcher
     try:
         if kind == "json_schema":
@@ -127,7 +127,7 @@ def grammar_text(kind: str, text) -> str:
         elif kind == "choices":
             grammar = matcher.grammar_from_lark(_lark_choices(text))
         else:
-            raise GenerationOptionError(f"unknown constraint {kind!r}; known: {', '.join(KINDS)}", param=kind)
+            raise GenerationOptionError(f"unknown constraint {kind!r}; known: {', '.join(CONSTRAINTS)}", param=kind)
     except ValueError as error:
         raise GenerationOptionError(f"{kind} is invalid: {_one_line(error)}", param=kind) from None
     problem = matcher.validate_grammar(grammar, None, limits=_limits())

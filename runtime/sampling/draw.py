@@ -191,7 +191,7 @@ def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     dead = np.flatnonzero(peak == NEG_INF)
     if dead.size:
         raise GenerationOptionError(
-            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size or logit_bias"
+            f"every token was banned for row(s) {dead.tolist()}: loosen bad_words_ids, no_repeat_ngram_size, logit_bias or the constraint"
         )
     return cleaned, best, peak
 
