@@ -9,6 +9,9 @@ CPU it is one preallocated [B, KV, T + max_new_tokens, D] buffer (KV: key/value 
 writes in place, the prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceDecoder); otherwise each
 step's present [B, KV, S + 1, D] becomes the next past (GrowingDecoder). With a PrefixCache, a batch-1 prompt that starts with
 whole chunks a recent prompt had gets their rows copied in instead of computed (runtime/batching/prefix_cache.py).
+
+Constrained rows (runtime/sampling/constraint.py) come as objects on ids: their next allowed tokens are computed in a
+thread of their own while the graph runs the step, then applied as the sampler chain's first filter.
 """
 
 from typing import Iterator
