@@ -334,9 +334,16 @@ def _generation_defaults(package: Package) -> GenerationConfig:
     """The package's generation_config.json as settings: untrusted like the rest, so one clear error if it is off."""
     arch = package.arch
     try:
-        return GenerationConfig.from_generation_config_json(
+        config = GenerationConfig.from_generation_config_json(
             package.generation_defaults, arch.eos_token_id, arch.pad_token_id, arch.vocab_size
         )
+        # a default every generate would refuse (no room left for a prompt) is the package's fault, not the call's
+        given = {"max_new_tokens", "max_length"} & set(package.generation_defaults)
+        if given and config.max_new_tokens >= arch.n_positions:
+            raise GenerationOptionError(
+                f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in the {arch.n_positions}-token context"
+            )
+        return config
     except (GenerationOptionError, TypeError, ValueError, AttributeError) as error:
         raise PackageError(
             f"{package.folder / GENERATION_CONFIG} holds a setting edgelm cannot use ({str(error)[:200]}); fix or remove it, or export the package again."

@@ -367,3 +367,25 @@ def test_a_format_2_package_from_the_previous_writer_still_loads(tiny_package, t
     del m["graph"]["kv_cache"], m["graph"]["past_layout"], m["export_seconds"]
     write_manifest(folder, m)
     assert rt.load(folder).generate("hi", max_new_tokens=3).token_ids
+
+
+@pytest.mark.parametrize("setting", [{"max_new_tokens": 10**12}, {"max_length": 64}, {"max_new_tokens": 64}])
+def test_a_generation_default_no_generate_can_use_is_refused_at_load(setting, tiny_package, tmp_path):
+    """A default that leaves no room for a prompt in the 64-token context would fail every call: refused at load,
+    naming the file."""
+    folder = copy(tiny_package, tmp_path)
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **setting}))
+    rerecord(folder, path.name)
+    with pytest.raises(PackageError, match=r"generation_config\.json holds a setting .*no room for a prompt"):
+        rt.load(folder)
+    result = CliRunner().invoke(main, ["generate", "-m", str(folder), "hi"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1 and "generation_config.json" in result.output
+
+
+def test_a_generation_default_that_fits_the_context_loads(tiny_package, tmp_path):
+    folder = copy(tiny_package, tmp_path)
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "max_new_tokens": 63}))
+    rerecord(folder, path.name)
+    assert rt.load(folder).defaults.max_new_tokens == 63
