@@ -14,6 +14,7 @@ from ..batching.prefix_cache import CLI_DEFAULT_MB
 from ..errors import EdgelmError, PromptError
 from ..generation_config import sampling_implied
 from .main import generate
+from .terminal import echo
 
 # generate's options that mean the same in a conversation; they are declared once, on generate
 SHARED_OPTIONS = (
@@ -77,7 +78,7 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options
         try:
             history, dropped = fit_history(model, [*history, {"role": "user", "content": line}], config)
         except EdgelmError as error:
-            click.echo(f"Error: {error}", err=True)
+            echo(f"Error: {error}", err=True)
             continue
         if dropped and not said_dropped:
             click.echo(
@@ -127,7 +128,7 @@ def _answer(model, history: list, config) -> str | None:
         if stream is not None:
             stream.close()
     except EdgelmError as error:
-        click.echo(f"{chr(10) if shown else ''}Error: {error}", err=True)
+        echo(f"{chr(10) if shown else ''}Error: {error}", err=True)
         return None
     click.echo()
     text = "".join(shown).strip()

@@ -10,6 +10,7 @@ from ..generation_config import sampling_implied
 from .options import constraint_options, device_option, package_option, package_option_or_argument
 from .prompt_file import check_file_options, file_options, run_file
 from .store import COMMANDS as STORE_COMMANDS
+from .terminal import clean, echo
 
 LAZY_COMMANDS = {
     "chat": "edgelm.runtime.cli.chat:chat",
@@ -28,6 +29,13 @@ class EdgelmGroup(click.Group):
             module, attr = LAZY_COMMANDS[name].split(":")
             return getattr(__import__(module, fromlist=[attr]), attr)
         return super().get_command(ctx, name)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as error:  # a message may quote a package's, an archive's or a hub's text
+            error.message = clean(error.message)
+            raise
 
 
 @click.group(cls=EdgelmGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -275,7 +283,7 @@ def info(package, as_json):
         pkg = open_package(resolve_package(package), verify=False)
     except EdgelmError as error:
         _fail(error)
-    click.echo(json.dumps(pkg.to_dict(), indent=2) if as_json else pkg.describe())
+    echo(json.dumps(pkg.to_dict(), indent=2) if as_json else pkg.describe())
 
 
 @main.command()
@@ -289,7 +297,7 @@ def verify(package):
         pkg = open_package(resolve_package(package), verify=True)
     except EdgelmError as error:
         _fail(error)
-    click.echo(
+    echo(
         f"OK: {len(pkg.manifest.files)} files of {pkg.folder} match their sha256"
         if pkg.manifest
         else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify"

@@ -8,6 +8,7 @@ import click
 from ..batching.prefix_cache import CLI_DEFAULT_MB
 from ..errors import EdgelmError
 from .options import device_option, package_option_or_argument
+from .terminal import echo
 
 
 @click.command()
@@ -241,7 +242,7 @@ def serve(
     )
     names = app.names
     also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
-    click.echo(  # the name clients pass as `model`, whatever the log level
+    echo(  # the name clients pass as `model`, whatever the log level
         f"edgelm serve: model {names.id!r}"
         + (f" (also answers to {also})" if also else "")
         + f" at http://{host}:{port}/v1",

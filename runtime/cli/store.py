@@ -8,6 +8,7 @@ import click
 
 from ..errors import EdgelmError
 from .options import package_option_or_argument
+from .terminal import clean, echo
 
 
 @contextmanager
@@ -19,8 +20,8 @@ def _one_line():
 
 
 def _report(installed) -> None:
-    click.echo(f"installed {installed.name}  ({installed.recipe}, {installed.size / 1e6:.1f} MB) in {installed.folder}")
-    click.echo(f"Try it: edgelm generate -m {installed.name} \"Hello, my name is\"", err=True)
+    echo(f"installed {installed.name}  ({installed.recipe}, {installed.size / 1e6:.1f} MB) in {installed.folder}")
+    echo(f"Try it: edgelm generate -m {installed.name} \"Hello, my name is\"", err=True)
 
 
 @click.command()
@@ -50,17 +51,25 @@ def list_packages():
     with _one_line():
         packages, default = store.installed(), store.get_default()
     if not packages:
-        click.echo(f"no packages in {store.store_dir()}. {store.how_to_get_one()}")
+        echo(f"no packages in {store.store_dir()}. {store.how_to_get_one()}")
         return
     rows = [("NAME", "RECIPE", "SIZE", "SOURCE")]
     rows += [
-        (p.name + (" *" if p.name == default else ""), p.recipe, f"{p.size / 1e6:.1f} MB", p.source_text)
+        tuple(
+            clean(cell, keep_newlines=False)  # cleaned before the widths are measured
+            for cell in (
+                p.name + (" *" if p.name == default else ""),
+                p.recipe,
+                f"{p.size / 1e6:.1f} MB",
+                p.source_text,
+            )
+        )
         for p in packages
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
-    click.echo(f"store: {store.store_dir()}" + ("  (* the default)" if default else ""), err=True)
+        echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+    echo(f"store: {store.store_dir()}" + ("  (* the default)" if default else ""), err=True)
 
 
 @click.command()
@@ -71,7 +80,7 @@ def rm(name):
 
     with _one_line():
         remove(name)
-    click.echo(f"removed {name}")
+    echo(f"removed {name}")
 
 
 @click.command()
@@ -86,7 +95,7 @@ def default(name):
         if name is not None:
             set_default(name)
         name = get_default()
-    click.echo(f"default package: {name or 'none set'}")
+    echo(f"default package: {name or 'none set'}")
 
 
 @click.command()
@@ -99,9 +108,9 @@ def pack(package, output, force):
 
     with _one_line():
         packed = pack_package(package, output, force=force)
-    click.echo(f"{packed.path}  ({packed.size / 1e6:.1f} MB)")
-    click.echo(f"sha256 {packed.sha256}  (also in {packed.path}.sha256)")
-    click.echo(f"Install it elsewhere: edgelm install {packed.path.name} --sha256 {packed.sha256}", err=True)
+    echo(f"{packed.path}  ({packed.size / 1e6:.1f} MB)")
+    echo(f"sha256 {packed.sha256}  (also in {packed.path}.sha256)")
+    echo(f"Install it elsewhere: edgelm install {packed.path.name} --sha256 {packed.sha256}", err=True)
 
 
 @click.command()
