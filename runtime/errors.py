@@ -38,6 +38,11 @@ class PromptFileError(EdgelmError):
     something other than this job's results (another input, package or options)."""
 
 
+class DeadlineError(EdgelmError):
+    """Work ran past the deadline its caller set (the server's --request-timeout): rendering a chat template,
+    a download."""
+
+
 class StoreError(EdgelmError):
     """The model store cannot do what was asked: an unknown or invalid name, a name already taken, a download
     that failed, or a full disk. The store is left as it was."""

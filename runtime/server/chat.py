@@ -11,6 +11,7 @@ import asyncio
 import time
 
 from ..errors import ChatError, EdgelmError
+from ..text.chat_bounds import deadline as render_deadline
 from . import chat_responses as shapes
 from .bodies import json_response, read_json
 from .chat_requests import parse_chat_request
@@ -33,7 +34,7 @@ def chat_endpoint(model, jobs, names, limits, model_id: str):
         except EdgelmError as error:
             raise api_error(error, field_of=req.field_of) from None
         try:
-            batch = await runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
+            batch = await runtime_errors(asyncio.to_thread(_prepare, model, req, config, deadline), req)
         except ApiError as error:
             if error.param == "prompt":  # the rendered conversation: what the client sent is its messages
                 error.param = "messages"
@@ -54,16 +55,18 @@ def chat_endpoint(model, jobs, names, limits, model_id: str):
     return chat_completions
 
 
-def _prepare(model, req, config):
-    """The Batch for the assistant's reply (worker thread: rendering and tokenizing must not block the loop).
-    Without max_tokens the reply may fill what the context leaves, up to the server's --max-tokens-limit."""
+def _prepare(model, req, config, at: float):
+    """The Batch for the assistant's reply (worker thread: rendering and tokenizing must not block the loop; a
+    render stops at the request's deadline, `at`, so none holds the thread past it). Without max_tokens the
+    reply may fill what the context leaves, up to the server's --max-tokens-limit."""
     try:
-        if req.max_tokens is None:
-            prompt = model.chat_template.render(req.messages, add_generation_prompt=True)
-            room = model.arch.n_positions - len(model.encode(prompt))
-            req.max_tokens = max(1, min(req.default_max_tokens, room))
-            config = config.with_options(max_new_tokens=req.max_tokens)
-        return model.chat_batch(req.messages, config=config)
+        with render_deadline(at):
+            if req.max_tokens is None:
+                prompt = model.chat_template.render(req.messages, add_generation_prompt=True)
+                room = model.arch.n_positions - len(model.encode(prompt))
+                req.max_tokens = max(1, min(req.default_max_tokens, room))
+                config = config.with_options(max_new_tokens=req.max_tokens)
+            return model.chat_batch(req.messages, config=config)
     except EdgelmError as error:
         if isinstance(error, ChatError) and error.param is None:  # the template failed on these messages
             error.param = "messages"

@@ -3,7 +3,7 @@ raised to the status and `param` the client sees."""
 
 import json
 
-from ..errors import EdgelmError, GenerationOptionError, PromptError
+from ..errors import DeadlineError, EdgelmError, GenerationOptionError, PromptError
 from .jobs import Stopped
 
 
@@ -41,9 +41,7 @@ def api_error(error: BaseException, request_timeout: float | None = None, field_
     if isinstance(error, GenerationOptionError):
         param = error.param if field_of is None or error.param is None else field_of(error.param)
         return ApiError(400, str(error), param)
-    if isinstance(error, EdgelmError):  # any other error the library raises on purpose is about this request
-        return ApiError(400, str(error), getattr(error, "param", None))
-    if isinstance(error, Stopped) and error.reason == "timeout":
+    if isinstance(error, DeadlineError) or (isinstance(error, Stopped) and error.reason == "timeout"):
         limit = f"{request_timeout:g} s " if request_timeout else ""
         return ApiError(
             408,
@@ -51,6 +49,8 @@ def api_error(error: BaseException, request_timeout: float | None = None, field_
             code="request_timeout",
             type="timeout_error",
         )
+    if isinstance(error, EdgelmError):  # any other error the library raises on purpose is about this request
+        return ApiError(400, str(error), getattr(error, "param", None))
     if isinstance(error, Stopped):
         return ApiError(
             503, "the server is shutting down; retry in a moment", code="server_shutdown", type="server_error"

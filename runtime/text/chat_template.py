@@ -17,16 +17,16 @@ A package without a template gets DEFAULT_TEMPLATE, plain lines a base model con
 with DEFAULT_STOP ending the answer where the model starts the next turn itself.
 
 Messages come from callers and HTTP requests; the template comes from the package. The sandbox keeps a
-template away from Python's internals, and a render is bounded (template size, `*` and `**` results, output
-length). Every refusal is a ChatError whose `param` names the field at fault ("messages[1].role").
+template away from Python's internals, and a render is bounded in size, work and time (chat_bounds.py). Every refusal is a ChatError whose `param` names the field at fault ("messages[1].role").
 """
 
 import json
 from datetime import datetime
 from pathlib import Path
 
-from ..errors import ChatError
-from .chat_bounds import MAX_PROMPT_CHARS, Budget, bound_filters, bounded_join, check_widths
+from ..errors import ChatError, DeadlineError
+from .chat_bounds import MAX_PROMPT_CHARS, Budget, bounded_join, bounded_json
+from .chat_sandbox import bounded_environment
 
 ROLES = ("system", "user", "assistant")  # "developer" (OpenAI's newer name for system) is read as "system"
 DEFAULT_TEMPLATE = (
@@ -106,7 +106,7 @@ class ChatTemplate:
                             "messages",
                         )
                     out.append(piece)
-        except ChatError:
+        except (ChatError, DeadlineError):
             raise
         except Exception as error:  # Jinja errors, raise_exception(), sandbox refusals, Python errors inside
             raise ChatError(f"{self.origin} cannot render these messages: {_one_line(error)}", "messages") from None
@@ -262,10 +262,9 @@ def _reads_parts(tree) -> bool:
 
 
 def _environment():
-    """The Jinja environment transformers renders chat templates in, with bounds on runaway operators."""
-    from jinja2.exceptions import SecurityError, TemplateError
+    """The Jinja environment transformers renders chat templates in, bounded (chat_sandbox.py)."""
+    from jinja2.exceptions import TemplateError
     from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Generation(Extension):
         """`{% generation %}...{% endgeneration %}` marks the assistant's tokens for training; it renders as its body."""
@@ -276,53 +275,17 @@ def _environment():
             next(parser.stream)
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
-    class Environment(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**", "+", "%"])
-
-        def wrap_str_format(self, value):
-            """str.format / format_map as the sandbox wraps them, refusing a width past the prompt limit first,
-            written in the format string or passed as an argument ('{:>{w}}'.format(x, w=...))."""
-            wrapped = super().wrap_str_format(value)
-            if wrapped is None:
-                return None
-
-            def bounded(*args, **kwargs):
-                check_widths(value.__self__, SecurityError)
-                values = [*args, *kwargs.values(), *(args[0].values() if args and isinstance(args[0], dict) else ())]
-                if any(isinstance(v, int) and abs(v) > MAX_PROMPT_CHARS for v in values):
-                    raise SecurityError("a width passed to a format string of the template makes a value too large")
-                return wrapped(*args, **kwargs)
-
-            return bounded
-
-        def call_binop(self, context, operator, left, right):
-            if operator == "%" and isinstance(left, str):
-                check_widths(left, SecurityError)
-            if operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
-                if len(left) + len(right) > MAX_PROMPT_CHARS:
-                    raise SecurityError("a concatenation in the template makes a value too large")
-            if operator == "**" and isinstance(left, int) and isinstance(right, int):
-                if abs(left).bit_length() * right > 1 << 16:
-                    raise SecurityError(f"the power {left} ** {right} is too large")
-            if operator == "*" and isinstance(left, int) and not isinstance(right, (int, float)):
-                left, right = right, left
-            if operator == "*" and isinstance(left, (str, list, tuple)) and isinstance(right, int):
-                if len(left) * right > MAX_PROMPT_CHARS:
-                    raise SecurityError("a repetition in the template makes a value too large")
-            return super().call_binop(context, operator, left, right)
-
     def raise_exception(message):
         raise TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         # transformers' tojson: no HTML escaping (Jinja's own escapes < > & '), json.dumps' options exposed
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        return bounded_json(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(format):
         return datetime.now().strftime(format)
 
-    environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    bound_filters(environment.filters, SecurityError)
+    environment = bounded_environment(extensions=[Generation, loopcontrols])
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = strftime_now
