@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass, replace
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from .batching.batch import MAX_BATCH_TOKENS, Batch, Stream
 from .batching.prefix_cache import PrefixCache, cache_bytes
@@ -30,7 +29,9 @@ from .package.open import Package, open_package
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
 from .store.local import resolve_package
+from .text import tokenizer as tokenizing
 from .text.chat_template import ChatTemplate
+from .text.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -55,12 +56,7 @@ class Model:
     ):
         self.package, self.arch = package, package.arch
         prefix_cache_bytes = cache_bytes(prefix_cache_mb)  # a bad option fails before anything is read
-        try:
-            self.tokenizer = Tokenizer.from_str(package.tokenizer_text())
-        except PackageError:
-            raise
-        except Exception as error:  # tokenizers raises a bare Exception for a damaged file
-            raise PackageError(f"cannot read the tokenizer {package.tokenizer_file}: {str(error)[:200]}") from None
+        self.tokenizer = load_tokenizer(package.tokenizer_text(), package.tokenizer_file)
         check_installed(package.min_onnxruntime, f"the package {package.folder}")  # before onnxruntime sees it
         quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
         session, self.device = create_session(package.model_file, device, threads, quantized, spinning)
@@ -111,7 +107,7 @@ class Model:
                 f"the text is not valid Unicode: it has a lone surrogate \\u{ord(text[error.start]):04x} at character "
                 f"{error.start} (text read as UTF-8 that was not, or a broken escape); send UTF-8 text"
             ) from None
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        return tokenizing.encode(self.tokenizer, text, add_special_tokens=add_special_tokens).ids
 
     def batch(self, prompts, config=None, **options) -> Batch:
         """A Batch over several prompts (strings or token-id lists); iterate it for pieces as they come.
@@ -223,14 +219,14 @@ class Model:
         if top_logprobs is not None:
             tops = [None] * (len(ids) - len(table)) + [
                 [
-                    {"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)}
+                    {"token_id": int(i), "token": tokenizing.decode(self.tokenizer, [int(i)]), "logprob": float(v)}
                     for i, v in zip(*most_likely(position, top_logprobs))
                 ]
                 for position in table
             ]
         return Score(
             ids,
-            [self.tokenizer.decode([i]) for i in ids],
+            [tokenizing.decode(self.tokenizer, [i]) for i in ids],
             logprobs.tolist(),
             float(np.exp(-scored.mean())) if len(scored) else float("nan"),
             tops,

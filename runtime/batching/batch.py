@@ -18,6 +18,7 @@ from ..engine.steps import row_stop_ids
 from ..generation_config import GenerationConfig
 from ..sampling import log_softmax, top_logprobs
 from ..text.stream import TextStream
+from ..text.tokenizer import decode
 
 PREFIX_TOKENS = 4  # prompt ids a text stream sees as context for its first pieces
 # Rows x positions (prompt + max_new_tokens) one call may decode: the key/value cache and the logits grow with
@@ -144,7 +145,7 @@ class Batch:
         """The prompt's last ids, cut back to a whole character: a token-id prompt may end mid-character,
         and then the bytes that complete it belong to the completion's text, as decode(token_ids) shows them."""
         context = list(prompt[-PREFIX_TOKENS:])
-        while context and self.tokenizer.decode(context).endswith("\ufffd"):
+        while context and decode(self.tokenizer, context).endswith("\ufffd"):
             context.pop()
         return context
 
@@ -156,10 +157,10 @@ class Batch:
             self._logprobs[row].append(
                 {
                     "token_id": token,
-                    "token": self.tokenizer.decode([token]),
+                    "token": decode(self.tokenizer, [token]),
                     "logprob": float(logprobs[token]),
                     "top_logprobs": [
-                        {"token_id": int(i), "token": self.tokenizer.decode([int(i)]), "logprob": float(v)}
+                        {"token_id": int(i), "token": decode(self.tokenizer, [int(i)]), "logprob": float(v)}
                         for i, v in top
                     ],
                 }

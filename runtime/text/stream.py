@@ -15,6 +15,7 @@ from __future__ import annotations
 import tokenizers
 
 from ..generation_config import stop_strings
+from .tokenizer import decode
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decoder shows for bytes that are not (yet) a whole character
 
@@ -73,7 +74,7 @@ class TextStream:
         return self._emit(piece, final=True)
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=False)
+        return decode(self._tokenizer, ids, skip_special_tokens=False)
 
     def _emit(self, piece: str, final: bool) -> str:
         """Appends final text to the stop-string check and returns the part that can be shown."""

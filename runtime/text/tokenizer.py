@@ -1,0 +1,104 @@
+"""The package's tokenizer.json, which is hostile input like the rest of the package: checked before it is
+built, and run so that its failures are edgelm errors.
+
+At load (`load_tokenizer`), refused with the reason:
+- a normalizer or decoder chain of `Replace` steps that can grow text more than MAX_GROWTH times (each step
+  may multiply: "a" -> 50 "a"s three times makes one token 125,000 characters, and such chains reach GB);
+- a split regex with a quantified group that itself holds a quantifier (`(a+)+`), whose backtracking makes the
+  regex engine give up on ordinary text.
+In use (`encode`, `decode`), a panic inside the Rust library (a PanicException, a BaseException that would
+pass every `except Exception`) becomes a PromptError, and both run with the GIL released (the batch calls),
+so a long text does not stop the other threads, the server's event loop among them."""
+
+import json
+import re
+
+from ..errors import PackageError, PromptError
+
+MAX_GROWTH = 16  # how many times a normalizer or decoder chain may lengthen a text; real ones: 1 ("▁" <-> " ")
+_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*]|\{\d+,\d*\})(?:[^()\\]|\\.)*\)(?:[+*]|\{\d+,\d*\})")
+
+
+def load_tokenizer(text: str, where: str):
+    """A tokenizers.Tokenizer from tokenizer.json's text; PackageError naming `where` if it is refused."""
+    from tokenizers import Tokenizer
+
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise PackageError(f"cannot read the tokenizer {where}: {str(error)[:200]}") from None
+    if isinstance(data, dict):
+        for part in ("normalizer", "decoder"):
+            growth = _growth(data.get(part))
+            if growth > MAX_GROWTH:
+                raise PackageError(
+                    f"the tokenizer {where} is refused: its {part} can make a text {growth:,.0f} times longer "
+                    f"(Replace steps; at most {MAX_GROWTH} is allowed), so one token could decode to gigabytes"
+                )
+        for pattern in _split_patterns(data.get("pre_tokenizer")):
+            if _NESTED_QUANTIFIER.search(pattern):
+                raise PackageError(
+                    f"the tokenizer {where} is refused: its pre-tokenizer regex {pattern[:80]!r} repeats a repeated "
+                    "group, which backtracks without end on ordinary text"
+                )
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as error:  # tokenizers raises a bare Exception for a damaged file
+        raise PackageError(f"cannot read the tokenizer {where}: {str(error)[:200]}") from None
+
+
+def encode(tokenizer, text: str, add_special_tokens: bool = True):
+    """tokenizer.encode(text), with the GIL released; a panic in the tokenizer is a PromptError."""
+    if not hasattr(tokenizer, "encode_batch"):  # a stand-in with encode() only
+        return _guarded(lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens), "encode")
+    return _guarded(lambda: tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0], "encode")
+
+
+def decode(tokenizer, ids, skip_special_tokens: bool = True) -> str:
+    """tokenizer.decode(ids), with the GIL released; a panic in the tokenizer is a PromptError."""
+    if not hasattr(tokenizer, "decode_batch"):  # a stand-in with decode() only
+        return _guarded(lambda: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), "decode")
+    return _guarded(lambda: tokenizer.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0], "decode")
+
+
+def _guarded(call, what: str):
+    try:
+        return call()
+    except Exception:
+        raise
+    except BaseException as error:  # pyo3's PanicException: the Rust library gave up
+        if type(error).__name__ != "PanicException":
+            raise
+        reason = " ".join(str(error).split())[:200]
+        raise PromptError(f"the package's tokenizer failed to {what} this text ({reason})") from None
+
+
+def _growth(step) -> float:
+    """How many times longer `step` (a normalizer or decoder, nested in Sequences) can make a text."""
+    if not isinstance(step, dict):
+        return 1.0
+    kind = step.get("type")
+    if kind == "Sequence":
+        growth = 1.0
+        for inner in step.get("normalizers") or step.get("decoders") or []:
+            growth *= _growth(inner)
+        return growth
+    if kind != "Replace":
+        return 1.0
+    pattern, content = step.get("pattern"), step.get("content")
+    content = len(content) if isinstance(content, str) else 0
+    if isinstance(pattern, dict) and isinstance(pattern.get("String"), str) and pattern["String"]:
+        return max(1.0, content / len(pattern["String"]))
+    return float(content + 1)  # a regex may match one character, or nothing between every two
+
+
+def _split_patterns(step) -> list:
+    """The regexes of Split pre-tokenizers in `step` (nested in Sequences)."""
+    if not isinstance(step, dict):
+        return []
+    if step.get("type") == "Sequence":
+        return [p for inner in step.get("pretokenizers") or [] for p in _split_patterns(inner)]
+    pattern = step.get("pattern")
+    if step.get("type") == "Split" and isinstance(pattern, dict) and isinstance(pattern.get("Regex"), str):
+        return [pattern["Regex"]]
+    return []
