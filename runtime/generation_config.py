@@ -17,6 +17,9 @@ from numbers import Integral, Real
 from .errors import GenerationOptionError
 
 PACKAGE_FACTS = ("vocab_size",)  # set from the package, never a caller's option
+# OpenAI allows a request 4 stop strings; the rest leaves room for a chat template's own (model.chat_batch adds them)
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 4096  # all stop strings together; each is searched for in every row at every step
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p")  # meaningful only when sampling
 CONSTRAINTS = ("json_schema", "json_object", "regex", "grammar", "choices")  # at most one per request
 
@@ -144,13 +147,27 @@ def _need(ok: bool, param: str, message: str) -> None:
 
 
 def stop_strings(stop) -> tuple:
-    """The stop strings as a tuple of non-empty strings; raises GenerationOptionError for anything else."""
+    """The stop strings as a tuple of non-empty strings, at most MAX_STOP_STRINGS of them and MAX_STOP_CHARS in
+    all (each is looked for in every row's new text at every step); raises GenerationOptionError otherwise."""
     if isinstance(stop, str):
-        raise GenerationOptionError(f"stop must be a tuple of strings, not one string; use stop=({stop!r},)", "stop")
+        raise GenerationOptionError(
+            f"stop must be a tuple of strings, not one string; use stop=({stop!r:.80},)", "stop"
+        )
     _need(
         isinstance(stop, tuple) and all(isinstance(s, str) and s for s in stop),
         "stop",
         f"stop must be a list of non-empty strings, got {stop!r:.80}",
+    )
+    _need(
+        len(stop) <= MAX_STOP_STRINGS,
+        "stop",
+        f"stop lists {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed (OpenAI's API allows 4)",
+    )
+    total = sum(map(len, stop))
+    _need(
+        total <= MAX_STOP_CHARS,
+        "stop",
+        f"the stop strings are {total} characters in all; at most {MAX_STOP_CHARS} are allowed",
     )
     return stop
 

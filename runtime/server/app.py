@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from ..batching.scheduler import Scheduler
 from ..errors import EdgelmError
+from ..text import tokenizer as tokenizing
 from . import requests, responses
 from .bodies import json_response, read_json
 from .chat import chat_endpoint
@@ -38,6 +39,7 @@ from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped, Work
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .requests import Limits, ModelNames
+from .text_work import TextWork
 from .waiting import ClientGone, admit, answer_of, event_stream, job_result, runtime_errors, unless_gone
 
 log = logging.getLogger("edgelm.server")
@@ -127,26 +129,31 @@ def create_app(
         request.state.tokens = len(result.token_ids)
         return json_response(responses.score(result, model_id))
 
+    text_work = TextWork(model)
+
     async def tokenize(request):
-        body = await read_json(request, limits, time.monotonic() + limits.request_timeout)
-        parsed = requests.parse_tokenize_request(body)
-        encoding = await asyncio.to_thread(
-            model.tokenizer.encode, parsed.content, add_special_tokens=parsed.add_special
-        )
-        return json_response({"tokens": encoding.ids})
+        deadline = time.monotonic() + limits.request_timeout
+        parsed = requests.parse_tokenize_request(await read_json(request, limits, deadline))
+        try:
+            content = await text_work.tokens(parsed.content, parsed.add_special, deadline)
+        except EdgelmError as error:  # the package's tokenizer failed on this text
+            raise ApiError(400, str(error), "content") from None
+        return Response(content, media_type="application/json")
 
     async def detokenize(request):
-        body = await read_json(request, limits, time.monotonic() + limits.request_timeout)
-        ids = requests.parse_detokenize_request(body, model.arch.vocab_size)
-        # special tokens kept: the inverse of /tokenize, which reads "<|endoftext|>" in a text as that token
-        return json_response(
-            {"content": await asyncio.to_thread(model.tokenizer.decode, ids, skip_special_tokens=False)}
-        )
+        deadline = time.monotonic() + limits.request_timeout
+        ids = requests.parse_detokenize_request(await read_json(request, limits, deadline), model.arch.vocab_size)
+        try:
+            content = await text_work.text(ids, deadline)
+        except EdgelmError as error:
+            raise ApiError(400, str(error), "tokens") from None
+        return Response(content, media_type="application/json")
 
     @asynccontextmanager
     async def lifespan(app):
         yield
         await jobs.shutdown()
+        text_work.close()
 
     routes = [
         Route("/health", _endpoint(health)),
@@ -192,7 +199,7 @@ def model_names_for(model, names: tuple, accept_any: bool) -> ModelNames:
 def _prepare(model, req, config) -> tuple:
     """Tokenize and check the prompts (worker thread: a long prompt must not block the event loop); note each
     prompt's text (a token-id prompt decoded) for echo and text_offset."""
-    req.prompt_texts = [p if isinstance(p, str) else model.tokenizer.decode(p) for p in req.prompts]
+    req.prompt_texts = [p if isinstance(p, str) else tokenizing.decode(model.tokenizer, p) for p in req.prompts]
     if req.max_tokens == 0:  # echo only: nothing to generate
         return None, [max(len(p if isinstance(p, list) else model.encode(p)), 1) for p in req.prompts]
     generation = model.batch(req.prompts, config=config)
