@@ -30,6 +30,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import output_lock
 from .errors import EdgelmError, GenerationOptionError, PromptError, PromptFileError
 from .generation_config import GenerationConfig, sampling_implied
 
@@ -77,11 +78,17 @@ class PromptFile:
         self.config = config if config is not None else model.settings()
         self.top_logprobs = top_logprobs
         _check_paths(self.input, self.output)
+        self._input_state = _state(self.input)
         digest, self.total = _fingerprint_input(self.input)
         self.job = _job_id(task, digest, model.package, self.config if task == GENERATE else top_logprobs)
-        if overwrite:
-            self.output.write_bytes(b"")
-        self.answered, self.failed = _read_output(self.output, self.job)
+        try:
+            out = open(self.output, "ab")
+        except OSError as error:
+            raise PromptFileError(f"cannot write {self.output}: {error.strerror or error}") from None
+        with out, _lock(out, self.output):  # the lock first: a running job's lines are never cut or wiped
+            if overwrite:
+                out.truncate(0)
+            self.answered, self.failed = _read_output(self.output, self.job)
         self.written = 0  # lines this run wrote
 
     def run(self, batch_size: int = 8):
@@ -89,11 +96,10 @@ class PromptFile:
         each batch is on disk."""
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise PromptFileError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        with open(self.output, "ab") as out:
-            _lock(out, self.output)
+        with open(self.output, "ab") as out, _lock(out, self.output):
             self.answered, self.failed = _read_output(self.output, self.job)  # as it is now that it is ours
             pending = []  # (line number, record or the LineError that parsing gave)
-            for number, raw in _lines(self.input):
+            for number, raw in _lines(self.input, lambda: self._check_input()):
                 if number in self.answered or (raw is not None and not raw.strip()):
                     continue
                 pending.append((number, _parse(number, raw)))
@@ -102,6 +108,13 @@ class PromptFile:
                     pending = []
             if pending:
                 yield self._answer(pending, out)
+
+    def _check_input(self) -> None:
+        if _state(self.input) != self._input_state:
+            raise PromptFileError(
+                f"{self.input} changed while its lines were being run; the lines answered so far are kept in "
+                f"{self.output}. Run the changed file with another --output (or --overwrite), or restore it to resume"
+            )
 
     def _answer(self, pending: list, out) -> Step:
         records = [r for _, r in pending if isinstance(r, dict)]
@@ -119,9 +132,15 @@ class PromptFile:
             if "error" in answer:
                 step.errors.append(LineError(number, answer["error"], ident))
             self.answered.add(number)
-        out.write("".join(lines).encode("utf-8"))
-        out.flush()
-        os.fsync(out.fileno())
+        try:
+            out.write("".join(lines).encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+        except OSError as error:  # a full disk, a quota: what is on disk stays, a line cut short is dropped
+            raise PromptFileError(
+                f"cannot write {self.output}: {error.strerror or error}; free some space and run the same command "
+                "again: it resumes, repairing a line cut short"
+            ) from None
         self.written += len(lines)
         self.failed += step.errors
         return step
@@ -232,11 +251,14 @@ def _parse(number: int, raw: bytes):
     return record
 
 
-def _lines(path: Path):
-    """(1-based number, bytes) for each line, None for a line over MAX_LINE_BYTES (skipped, not read whole)."""
+def _lines(path: Path, check=None):
+    """(1-based number, bytes) for each line, None for a line over MAX_LINE_BYTES (skipped, not read whole).
+    `check()`, if given, runs before every line is read and at the end (it raises to stop)."""
     with open(path, "rb") as source:
         number = 0
         while True:
+            if check is not None:
+                check()
             raw = source.readline(MAX_LINE_BYTES + 1)
             if not raw:
                 return
@@ -248,19 +270,22 @@ def _lines(path: Path):
             yield number, raw
 
 
-def _lock(out, path: Path) -> None:
-    """Hold the output for this job alone (an advisory lock, where the system has one): two runs appending to
-    one output would answer the same lines twice."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks; one run at a time is the caller's care
-        return
-    try:
-        fcntl.flock(out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        raise PromptFileError(
+def _lock(out, path: Path):
+    """Hold the output for this job alone while the block runs: two runs appending to one output would answer
+    the same lines twice, and an --overwrite would wipe a running job's lines."""
+    return output_lock.hold(
+        out,
+        path,
+        PromptFileError(
             f"another run is writing {path}; wait for it to finish (then rerun to resume), or name another --output"
-        ) from None
+        ),
+    )
+
+
+def _state(path: Path) -> tuple:
+    """What says a file changed: its size, modification time and inode."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def _check_paths(input_path: Path, output_path: Path) -> None:

@@ -280,10 +280,10 @@ def test_two_runs_never_write_one_output_at_once(model, tmp_path):
     out = tmp_path / "out.jsonl"
     first = PromptFile(model, source, out, config=model.settings(max_new_tokens=5)).run(batch_size=2)
     next(first)  # holds the output, one batch written
-    second = PromptFile(model, source, out, config=model.settings(max_new_tokens=5))
     with pytest.raises(rt.PromptFileError, match="another run is writing"):
-        next(second.run())
+        PromptFile(model, source, out, config=model.settings(max_new_tokens=5))  # refused before it reads the output
     list(first)
+    second = PromptFile(model, source, out, config=model.settings(max_new_tokens=5))
     list(second.run())  # now free: finds every line answered
     assert second.written == 0 and [o["line"] for o in read_output(out)] == [1, 2, 3, 4, 5]
 
