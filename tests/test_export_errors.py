@@ -348,3 +348,20 @@ def test_optimum_loads_the_package(tiny_package):
         out = model.generate(**encoded, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
     ours = edgelm.load(tiny_package).generate("Once upon a time", max_new_tokens=12, min_new_tokens=12)
     assert out[0, encoded.input_ids.shape[1] :].tolist() == ours.token_ids
+
+
+@pytest.mark.parametrize("key, value", [("vocab_size", 2**40), ("n_positions", 2**31), ("n_embd", 2**40)])
+def test_a_size_past_what_a_package_holds_is_an_export_error(tiny_checkpoint, tmp_path, key, value):
+    from edgelm.export.load import read_config
+
+    folder = shutil.copytree(tiny_checkpoint, tmp_path / "huge")
+    config = json.loads((folder / "config.json").read_text())
+    config[key] = value
+    if key == "n_embd":
+        config["n_head"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="config.json: .*cannot export a model of this size") as raised:
+        read_config(folder)
+    assert "\n" not in str(raised.value)
+    result = CliRunner().invoke(main, ["export", str(folder), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Traceback" not in result.output and "cannot export" in result.output

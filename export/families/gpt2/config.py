@@ -3,7 +3,7 @@ fine-tunes): checked to be a GPT-2 decoder this exporter reproduces exactly, wit
 
 from pathlib import Path
 
-from edgelm.runtime.package.format import Architecture
+from edgelm.runtime.package.format import Architecture, FormatError
 
 from ...checkpoint import refuse_remote_code
 from ...errors import ExportError
@@ -30,7 +30,10 @@ def read_config(config: dict, folder: Path) -> Architecture:
         )
     _check_variant(config, config_path)
     _check_sizes(config, config_path)
-    return Architecture.from_hf_config(config)
+    try:
+        return Architecture.from_hf_config(config)
+    except FormatError as error:  # a size past what a package may hold (vocab_size 2**40, n_positions 2**31)
+        raise ExportError(f"{config_path}: {error}; edgelm cannot export a model of this size.") from None
 
 
 # GPT2LMHeadModel settings edgelm's graph does not run, each with why; the others it reproduces.
