@@ -2,7 +2,7 @@
 for snapshot_download, and a plain file server for `edgelm install URL`.
 
 Hub calls answered:
-    GET  /api/models/{repo}[/revision/{rev}]   -> {"id", "sha", "siblings": [{"rfilename"}]}
+    GET  /api/models/{repo}[/revision/{rev}]   -> {"id", "sha", "siblings": [{"rfilename", "size"}]}
     GET  /api/models/{repo}/tree/{rev}         -> [{"type", "path", "size", "oid"}] (huggingface_hub 1.x)
     HEAD /{repo}/resolve/{rev}/{file}          -> X-Repo-Commit, ETag, Content-Length (hf_hub_download's metadata)
     GET  /{repo}/resolve/{rev}/{file}          -> the bytes (a Range request from a resumed download gets 206)
@@ -22,6 +22,7 @@ class Repo:
     def __init__(self, files: dict, sha: str, revisions=("main",)):
         self.files, self.sha, self.revisions = files, sha, set(revisions) | {sha}
         self.cut_short = set()  # file names served with their full Content-Length but half their bytes
+        self.announced = {}  # file name -> the size the listing gives instead of its own
         self.requests = []  # (method, file, Range header) of every file request
 
 
@@ -67,7 +68,9 @@ class FakeHub:
                 return _error(handler, "RepoNotFound")
             if revision not in repo.revisions:
                 return _error(handler, "RevisionNotFound")
-            siblings = [{"rfilename": name} for name in repo.files]
+            siblings = [
+                {"rfilename": name, "size": repo.announced.get(name, len(data))} for name, data in repo.files.items()
+            ]
             return _send(handler, json.dumps({"id": m[1], "sha": repo.sha, "siblings": siblings}).encode(), body)
         if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path):  # huggingface_hub 1.x lists files
             repo = self.repos.get(m[1])

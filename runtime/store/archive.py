@@ -19,7 +19,9 @@ import hashlib
 import http.client
 import os
 import stat
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from .local import (
     check_free_space,
     check_name,
     check_package,
+    free_space,
     install_folder,
     read_manifest,
     refuse_taken,
@@ -174,37 +177,94 @@ def extract(archive_path: Path, folder: Path, source: str, before_writing=None) 
     return manifest
 
 
-def download(url: str, destination: Path, progress=None) -> None:
-    """Fetch url into destination; StoreError when it fails or stops short (the partial file is the caller's)."""
+def download(url: str, destination: Path, progress=None, limit: int | None = None) -> None:
+    """Fetch url into destination, at most `limit` bytes (default: the store's free space), within
+    DOWNLOAD_DEADLINE_S in all and DOWNLOAD_STALL_S without a byte; StoreError naming the cause when it fails
+    or stops short (the partial file is the caller's)."""
+    limit = free_space() if limit is None else limit
+    deadline = time.monotonic() + DOWNLOAD_DEADLINE_S
     try:
-        response = urllib.request.urlopen(url, timeout=60)
+        response = urllib.request.build_opener(_Redirects()).open(url, timeout=DOWNLOAD_STALL_S)
+    except StoreError:
+        raise
     except urllib.error.HTTPError as error:
-        raise StoreError(f"cannot download {url}: the server answered {error.code} {error.reason}.") from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", None) or error
+        raise StoreError(
+            f"cannot download {url}: the server answered {error.code} {_one_line(error.reason)}."
+        ) from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError, RecursionError) as error:
+        reason = _one_line(getattr(error, "reason", None) or error)
         raise StoreError(f"cannot download {url}: {reason}. Check the address and the connection.") from None
     length = response.headers.get("Content-Length")
-    total = int(length) if length and length.isdigit() else None
+    total = int(length) if length and length.isdigit() else None  # None: chunked or until the connection closes
+    if total is not None and total > limit:
+        response.close()
+        raise StoreError(
+            f"{url} is {total:,} bytes, more than the {limit:,} the store has room for; nothing was installed."
+        )
     bar = progress(total) if progress else None
     received = 0
     try:
         with response, open(destination, "wb") as out:
             while chunk := response.read(CHUNK):
-                out.write(chunk)  # a full disk raises here; staging() turns it into one line
                 received += len(chunk)
-                if bar:
+                if received > limit:
+                    raise StoreError(
+                        f"the download of {url} passed {limit:,} bytes, more than the store has room for; nothing was installed."
+                    )
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"the download of {url} took over {DOWNLOAD_DEADLINE_S:g} s; nothing was installed. Run the command again."
+                    )
+                out.write(chunk)  # a full disk raises here; staging() turns it into one line
+                if bar is not None:  # a bar without a total is falsy
                     bar.update(len(chunk))
     except (http.client.HTTPException, TimeoutError, ConnectionError) as error:
+        stalled = f" (no data for {DOWNLOAD_STALL_S:g} s)" if isinstance(error, TimeoutError) else ""
         raise StoreError(
-            f"the download of {url} broke off after {received} bytes ({type(error).__name__}); nothing was installed. Run the command again."
+            f"the download of {url} broke off after {received} bytes ({type(error).__name__}{stalled}); nothing was installed. Run the command again."
         ) from None
     finally:
-        if bar:
+        if bar is not None:
             bar.close()
     if total is not None and received != total:
         raise StoreError(
             f"the download of {url} broke off after {received} of {total} bytes; nothing was installed. Run the command again."
         )
+
+
+DOWNLOAD_STALL_S = 60.0  # seconds without a byte before a download is given up
+DOWNLOAD_DEADLINE_S = 6 * 3600.0  # one download in all
+MAX_REDIRECTS = 5
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Redirects to http(s) only, at most MAX_REDIRECTS, each refusal saying what the server redirected to."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        where = urllib.parse.urljoin(req.full_url, headers.get("location") or headers.get("uri") or "")
+        if urllib.parse.urlsplit(where).scheme.lower() not in ("http", "https"):
+            raise StoreError(
+                f"cannot download {req.full_url}: the server redirected to {where[:200]!r}, which is not an http(s) "
+                "address; edgelm follows http(s) redirects only."
+            )
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        visited = getattr(req, "redirect_dict", {})
+        if len(visited) >= MAX_REDIRECTS or newurl in visited:
+            raise StoreError(
+                f"cannot download {req.full_url}: the server redirects in a loop (or over {MAX_REDIRECTS} times), "
+                f"last to {newurl[:200]!r}."
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _one_line(reason) -> str:
+    return " ".join(str(reason).split())[:300]
 
 
 def sha256_file(path: Path) -> str:

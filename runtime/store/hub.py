@@ -3,8 +3,10 @@
 huggingface_hub does the transfer (progress bars, resume, HF_TOKEN, HF_HUB_OFFLINE); this module decides what
 may be downloaded and what may be installed. The repo must hold an edgelm manifest.json; only the files that
 manifest lists are fetched, and a repo holding other files (beyond the hub's own README.md and .gitattributes) is
-refused, since nothing unverified is installed. Files collect in STORE/.pull-<repo hash>, which an interrupted
-pull leaves behind so the next one resumes; checks that fail remove it. HF_ENDPOINT is read when pull runs.
+refused, since nothing unverified is installed, and so is a file whose size the hub announces other than the
+manifest records (manifest.json itself over its limit), before it is downloaded. Files collect in
+STORE/.pull-<repo hash>-<pid>, which an interrupted pull leaves behind so the next one takes it over and resumes;
+checks that fail remove it. HF_ENDPOINT is read when pull runs.
 """
 
 import importlib
@@ -15,6 +17,7 @@ from pathlib import Path
 from ..errors import PackageError, StoreError
 from ..package.format import MANIFEST
 from .local import (
+    MANIFEST_LIMIT,
     check_free_space,
     check_name,
     install_folder,
@@ -37,8 +40,13 @@ def pull(repo_id: str, revision: str | None = None, name: str | None = None, for
         refuse_taken(name, force)
     endpoint = os.environ.get("HF_ENDPOINT") or None  # honoured even when set after huggingface_hub was imported
     with _hub_errors(repo_id, revision):
-        info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision)
+        info = HfApi(endpoint=endpoint).model_info(repo_id, revision=revision, files_metadata=True)
     repo_files = {sibling.rfilename for sibling in info.siblings or []}
+    announced = {s.rfilename: s.size for s in info.siblings or [] if isinstance(getattr(s, "size", None), int)}
+    if announced.get(MANIFEST, 0) > MANIFEST_LIMIT:  # before a byte of it is downloaded
+        raise PackageError(
+            f"{repo_id}'s {MANIFEST} is {announced[MANIFEST]:,} bytes, over {MANIFEST_LIMIT >> 20} MB: it is not a package manifest."
+        )
     if MANIFEST not in repo_files:
         raise PackageError(
             f"{repo_id} is not an edgelm package: it has no {MANIFEST}. Pull a repo that holds a folder made by edgelm export."
@@ -52,6 +60,11 @@ def pull(repo_id: str, revision: str | None = None, name: str | None = None, for
         if missing := sorted(listed - repo_files):
             raise PackageError(
                 f"{repo_id} lacks {', '.join(missing)}, which its manifest lists; the repo is incomplete."
+            )
+        if wrong := sorted(f for f in listed if announced.get(f, manifest.files[f].size) != manifest.files[f].size):
+            raise PackageError(
+                f"the hub announces {announced[wrong[0]]:,} bytes for {wrong[0]} of {repo_id}, but its manifest records "
+                f"{manifest.files[wrong[0]].size:,}; nothing was downloaded that the manifest does not vouch for."
             )
         if extra := sorted(repo_files - listed - {MANIFEST} - HUB_FILES):
             raise PackageError(

@@ -36,6 +36,7 @@ from ..engine.onnxruntime_compat import check_installed
 from ..errors import PackageError, StoreError
 from ..package.format import MANIFEST, MAX_MANIFEST_BYTES, FormatError, Manifest
 from ..package.open import DEFAULT_PACKAGE, Package, open_package
+from .staging import sweep_dead, take_over
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a store name, and a package file name inside a package
 WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
@@ -238,10 +239,15 @@ def refuse_taken(name: str, force: bool) -> None:
         )
 
 
-def check_free_space(needed: int) -> None:
+def free_space() -> int:
+    """Bytes free where the store is (what a download may take at most)."""
     root = store_dir()
     root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free
+    return shutil.disk_usage(root).free
+
+
+def check_free_space(needed: int) -> None:
+    root, free = store_dir(), free_space()
     if free < needed:
         raise StoreError(
             f"not enough disk space in {root}: the package needs {needed / 1e6:.1f} MB, {free / 1e6:.1f} MB are free. Free some space and run again."
@@ -254,7 +260,7 @@ def staging():
     with store_writes():
         root = store_dir()
         root.mkdir(parents=True, exist_ok=True)
-        _sweep_dead_temps(root)
+        sweep_dead(root, (TEMP, TRASH))  # staging folders, and packages a killed removal put aside
         work = Path(tempfile.mkdtemp(prefix=f"{TEMP}{os.getpid()}-", dir=root))
     try:
         with store_writes():
@@ -282,8 +288,10 @@ def store_writes(discard: Path | None = None):
 
 
 def pull_folder(repo_id: str) -> Path:
-    """Where a hub download collects, kept across an interruption so the next pull resumes it."""
-    return store_dir() / f"{PULL}{hashlib.sha256(repo_id.encode()).hexdigest()[:16]}"
+    """Where this process's hub download of repo_id collects (.pull-HASH-PID: two pulls never share one). It is
+    kept across an interruption: a later pull of the repo takes over the folder of one whose process is gone,
+    and so resumes it."""
+    return take_over(store_dir(), f"{PULL}{hashlib.sha256(repo_id.encode()).hexdigest()[:16]}-")
 
 
 def install_folder(folder: Path, name: str, source: dict, force: bool = False) -> Installed:
@@ -299,13 +307,17 @@ def install_folder(folder: Path, name: str, source: dict, force: bool = False) -
         _write_json(record, source | {"installed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, replace=False)
     try:
         with store_writes():
-            if target.exists():
+            if force and target.exists():
                 os.rename(target, replaced)
             try:
-                os.rename(folder, target)
-            except OSError:
+                os.rename(folder, target)  # onto a package folder (never empty) this fails: the name is checked here
+            except OSError as error:
                 if replaced.exists():
                     os.rename(replaced, target)
+                if not force and target.exists() and error.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.EACCES):
+                    raise StoreError(
+                        f"a package named {name!r} was installed meanwhile; pass --force to replace it, or choose another --name."
+                    ) from None
                 raise
             os.replace(record, root / META / f"{name}.json")
     finally:
@@ -369,23 +381,3 @@ def _write_json(path: Path, data: dict, replace: bool = True) -> None:
     partial.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     if replace:
         os.replace(partial, path)
-
-
-def _sweep_dead_temps(root: Path) -> None:
-    """Remove work folders left by installs whose process is gone (killed, or the machine stopped)."""
-    for entry in root.glob(f"{TEMP}*"):
-        pid = entry.name[len(TEMP) :].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid() or sys.platform == "win32":  # on Windows signal 0 is CTRL_C_EVENT, not a probe
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # someone else's process: leave its folder alone
-    return True
