@@ -102,14 +102,24 @@ def default(name):
 @package_option_or_argument
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Archive file (default: ./NAME.zip).")
 @click.option("--force", is_flag=True, help="Replace an existing archive file.")
-def pack(package, output, force):
+@click.option(
+    "--sign",
+    "sign_key",
+    metavar="KEY",
+    type=click.Path(dir_okay=False),
+    help="Sign the archive with this minisign secret key (FILE.minisig; password from EDGELM_SIGN_PASSWORD).",
+)
+def pack(package, output, force, sign_key):
     """Verify a package (-m NAME_OR_PATH, or NAME_OR_PATH alone) and write it as one zip file, with FILE.sha256 beside it."""
     from ..store.archive import pack as pack_package
+    from ..store.signing import key_password
 
     with _one_line():
-        packed = pack_package(package, output, force=force)
+        packed = pack_package(package, output, force=force, sign_key=sign_key, password=key_password())
     echo(f"{packed.path}  ({packed.size / 1e6:.1f} MB)")
     echo(f"sha256 {packed.sha256}  (also in {packed.path}.sha256)")
+    if packed.signature is not None:
+        echo(f"signed: {packed.signature}  (check it with minisign -Vm {packed.path.name} -P PUBKEY)")
     echo(f"Install it elsewhere: edgelm install {packed.path.name} --sha256 {packed.sha256}", err=True)
 
 
@@ -121,14 +131,31 @@ def pack(package, output, force):
 )
 @click.option("--sha256", "sha256", metavar="HEX", help="Refuse the archive unless its sha256 is HEX.")
 @click.option("--force", is_flag=True, help="Replace an installed package of the same name.")
-def install(source, name, sha256, force):
+@click.option(
+    "--trust",
+    multiple=True,
+    metavar="PUBKEY",
+    help="Install only an archive this minisign public key signed (RW... or a .pub file; repeatable). "
+    "Keys in STORE/.meta/trusted-keys are trusted too.",
+)
+def install(source, name, sha256, force, trust):
     """Check an archive made by edgelm pack (a file, or an http(s) URL to download) and install it into the store.
 
-    A local FILE's sha256 is also checked against FILE.sha256 when that file is beside it."""
+    A local FILE's sha256 is also checked against FILE.sha256 when that file is beside it, and its signature
+    (FILE.minisig, URL.minisig) against the trusted keys when any are given or listed."""
     from ..store.archive import install as install_archive
 
     with _one_line():
-        _report(install_archive(source, name=name, sha256=sha256, force=force, progress=_progress_bar(source)))
+        installed = install_archive(
+            source, name=name, sha256=sha256, force=force, progress=_progress_bar(source), trust=trust
+        )
+    _report(installed)
+    if source.startswith("http://") and not sha256 and not installed.source.get("signed_by"):
+        echo(
+            f"warning: {source} came over plain HTTP with neither --sha256 nor a trusted signature (--trust): "
+            "anyone on the way could have changed it.",
+            err=True,
+        )
 
 
 def _progress_bar(source):

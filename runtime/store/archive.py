@@ -29,8 +29,10 @@ from pathlib import Path
 
 from ..errors import PackageError, StoreError
 from ..package.open import MANIFEST
+from . import signing
 from .local import (
     MANIFEST_LIMIT,
+    META,
     NAME,
     check_free_space,
     check_name,
@@ -41,6 +43,7 @@ from .local import (
     refuse_taken,
     resolve_package,
     staging,
+    store_dir,
 )
 
 CHUNK = 1 << 20
@@ -53,10 +56,12 @@ class Packed:
     path: Path
     sha256: str
     size: int
+    signature: Path | None = None
 
 
-def pack(package=None, output=None, force: bool = False) -> Packed:
-    """Verify a package (a path or a store name) and write it as one zip file, with FILE.sha256 beside it."""
+def pack(package=None, output=None, force: bool = False, sign_key=None, password: str | None = None) -> Packed:
+    """Verify a package (a path or a store name) and write it as one zip file, with FILE.sha256 beside it, and
+    with sign_key (a minisign secret key file) FILE.minisig, its signature (signing.py)."""
     package = check_package(resolve_package(package))
     name = check_name(package.name)
     output = Path(output) if output is not None else Path(f"{name}.zip")
@@ -76,16 +81,24 @@ def pack(package=None, output=None, force: bool = False) -> Packed:
         digest = sha256_file(partial)
         os.replace(partial, output)
         output.with_name(output.name + ".sha256").write_text(f"{digest}  {output.name}\n", encoding="utf-8")
+        if sign_key is not None:
+            signing.sign(output, sign_key, password)
     except BaseException as error:  # a full disk, or Ctrl-C: no partial archive is left behind
         partial.unlink(missing_ok=True)
         if isinstance(error, OSError):
             raise StoreError(f"cannot write {output}: {error.strerror or error}. Nothing was written.") from None
         raise
-    return Packed(output, digest, output.stat().st_size)
+    signature = output.with_name(output.name + signing.SUFFIX)
+    return Packed(output, digest, output.stat().st_size, signature if sign_key is not None else None)
 
 
-def install(source: str, name: str | None = None, sha256: str | None = None, force: bool = False, progress=None):
+def install(
+    source: str, name: str | None = None, sha256: str | None = None, force: bool = False, progress=None, trust=()
+):
     """Install an archive made by pack, from a file or an http(s) URL, into the store; returns the Installed.
+
+    trust: public keys (minisign's "RW..." or .pub files) to trust besides the store's list; once any key is
+    trusted the archive must carry a signature one of them made (FILE.minisig, or URL.minisig).
 
     progress: a factory `progress(total_bytes or None)` returning an object with update(n) and close(), used for
     a URL's download (the CLI passes a tqdm bar). Nothing is installed unless every check passes."""
@@ -102,10 +115,21 @@ def install(source: str, name: str | None = None, sha256: str | None = None, for
         sidecar = path.with_name(path.name + ".sha256")
         if expected is None and sidecar.is_file():
             expected = _check_hex((sidecar.read_text(encoding="utf-8", errors="replace").split() or [""])[0])
+    keys = signing.trusted_keys(trust, store_dir() / META)
     with staging() as work:
         if is_url:
             path = work / "download.zip"
             download(source, path, progress)
+        signed_by = None
+        if keys:
+            signature = path.with_name(path.name + signing.SUFFIX)
+            if is_url:
+                signature = work / "download.zip.minisig"
+                try:
+                    download(source + signing.SUFFIX, signature, limit=signing.MAX_SIGNATURE_BYTES)
+                except StoreError:
+                    signature.unlink(missing_ok=True)  # none: verify says so
+            signed_by = signing.verify(path, signing.read_signature(signature), keys, source)
         digest = sha256_file(path)
         if expected is not None and digest != expected:
             raise PackageError(
@@ -118,7 +142,8 @@ def install(source: str, name: str | None = None, sha256: str | None = None, for
         )
         name = name or _manifest_name(manifest, source)
         origin = source if is_url else str(path.resolve())
-        return install_folder(folder, name, {"archive": origin, "sha256": digest}, force)
+        record = {"archive": origin, "sha256": digest, **({"signed_by": signed_by} if signed_by else {})}
+        return install_folder(folder, name, record, force)
 
 
 def extract(archive_path: Path, folder: Path, source: str, before_writing=None) -> dict:

@@ -1,0 +1,126 @@
+"""Who published an archive: `edgelm pack --sign KEY` writes ARCHIVE.minisig beside it, an ed25519 signature in
+minisign's format (`minisign -Vm ARCHIVE -P PUBKEY` verifies it), and `edgelm install --trust PUBKEY` installs
+only an archive one of the trusted keys signed. The keys a fleet trusts can also live in the store, one
+minisign public key per line in STORE/.meta/trusted-keys (lines starting with '#' and minisign's "untrusted
+comment:" lines are skipped); once any key is trusted, an unsigned archive is refused.
+
+py-minisign (the `sign` extra, over `cryptography`) reads and writes the format; it is imported only here."""
+
+import os
+from pathlib import Path
+
+from ..errors import PackageError, StoreError
+
+SUFFIX = ".minisig"
+MAX_SIGNATURE_BYTES = 4096  # a minisign signature file is ~300 bytes
+MAX_KEYS_BYTES = 1 << 20
+KEYS_FILE = "trusted-keys"  # in STORE/.meta
+
+
+def _minisign():
+    try:
+        import minisign
+    except ImportError:
+        raise StoreError("signing and checking signatures need py-minisign: pip install 'edgelm[sign]'") from None
+    return minisign
+
+
+def sign(archive: Path, key_file, password: str | None = None) -> Path:
+    """Sign `archive` with the minisign secret key in `key_file` (decrypted with `password` if it is encrypted);
+    returns the signature file, ARCHIVE.minisig."""
+    minisign = _minisign()
+    try:
+        key = minisign.SecretKey.from_file(str(Path(key_file).expanduser()))
+        if key.is_encrypted():
+            if password is None:
+                raise StoreError(f"the key {key_file} is encrypted; give its password (EDGELM_SIGN_PASSWORD)")
+            key.decrypt(password)
+        with open(archive, "rb") as data:
+            signature = key.sign(data, prehash=True, trusted_comment=f"edgelm archive {archive.name}")
+    except OSError as error:
+        raise StoreError(f"cannot read the key {key_file}: {error.strerror or error}") from None
+    except minisign.Error as error:
+        raise StoreError(f"cannot sign with {key_file}: {error} (is it a minisign secret key?)") from None
+    path = archive.with_name(archive.name + SUFFIX)
+    path.write_bytes(bytes(signature))
+    return path
+
+
+def trusted_keys(given=(), store: Path | None = None) -> list:
+    """The public keys to trust: each of `given` (a key as minisign prints it, "RW...", or a .pub file), then
+    the store's list (STORE/.meta/trusted-keys)."""
+    listed = store / KEYS_FILE if store is not None else None
+    sources = [*given, *([listed] if listed is not None and listed.is_file() else [])]
+    if not sources:
+        return []
+    minisign = _minisign()
+    keys = []
+    for item in sources:
+        path = Path(item).expanduser()
+        lines = (
+            _key_lines(_read(path, MAX_KEYS_BYTES, "a list of public keys")) if path.is_file() else [str(item).strip()]
+        )
+        if not lines:
+            raise StoreError(f"{item} holds no minisign public key")
+        keys += [_public_key(minisign, line, item) for line in lines]
+    return keys
+
+
+def verify(archive: Path, signature: bytes | None, keys: list, source: str) -> str:
+    """Check `signature` (ARCHIVE.minisig's bytes, None when there is none) of `archive` against `keys`;
+    returns the public key that signed it (as minisign prints it), PackageError when no trusted key did."""
+    minisign = _minisign()
+    if signature is None:
+        raise PackageError(f"{source} is not signed (no {SUFFIX} beside it) and this store trusts signed archives only")
+    try:
+        parsed = minisign.Signature.from_bytes(signature)
+    except minisign.Error as error:
+        raise PackageError(f"the signature of {source} is not a minisign signature ({error})") from None
+    for key in keys:
+        try:
+            with open(archive, "rb") as data:
+                key.verify(data, parsed)
+            return key.to_base64().decode("ascii")
+        except minisign.Error:
+            continue
+    raise PackageError(
+        f"{source} is not signed by a trusted key: the signature does not match it, or another key made it "
+        "(the archive may have been altered). Nothing was installed."
+    )
+
+
+def read_signature(path: Path) -> bytes | None:
+    if not path.is_file():
+        return None
+    return _read(path, MAX_SIGNATURE_BYTES, "the signature").encode("utf-8", "replace")
+
+
+def _key_lines(text: str) -> list:
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith(("#", "untrusted comment:"))
+    ]
+
+
+def _public_key(minisign, line: str, where):
+    try:
+        return minisign.PublicKey.from_base64(line)
+    except (minisign.Error, ValueError) as error:
+        raise StoreError(
+            f"{where} is not a minisign public key ({error}); give the RW... line minisign prints"
+        ) from None
+
+
+def _read(path: Path, limit: int, what: str) -> str:
+    try:
+        if path.stat().st_size > limit:
+            raise StoreError(f"{path} is too large to be {what}")
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise StoreError(f"cannot read {path}: {error.strerror or error}") from None
+
+
+def key_password() -> str | None:
+    """The signing key's password, from EDGELM_SIGN_PASSWORD (a prompt is the CLI's business)."""
+    return os.environ.get("EDGELM_SIGN_PASSWORD")
