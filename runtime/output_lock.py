@@ -88,7 +88,7 @@ def _alive(lock: Path) -> bool:
     if pid <= 0:
         return True
     try:
-        os.kill(pid, 0)  # signal 0: whether it exists (POSIX: Windows has msvcrt, so never comes here)
+        os.kill(pid, 0)  # signal 0: whether it exists (POSIX: Windows has msvcrt and never reaches this)
     except ProcessLookupError:
         return False
     except OSError:

@@ -1,5 +1,5 @@
 """Nothing a user wrote is lost by a prompt-file run: --overwrite waits for the lock before it empties the
-output, the lock holds on systems without fcntl (the portable lock file, forced here), a full disk is one
+output, the lock holds on systems without fcntl (the portable lock file, forced by these tests), a full disk is one
 line saying the rerun repairs it, and an input edited while its run goes stops the run."""
 
 import errno
@@ -25,7 +25,7 @@ def _job(model, source, out, **options):
 
 @pytest.fixture(params=["system", "file"])
 def lock_kind(request, monkeypatch):
-    """The system's lock (flock here), and the portable lock file that systems without one get."""
+    """The system's lock (flock on Linux), and the portable lock file that systems without one get."""
     monkeypatch.setattr(output_lock, "LOCKS", [] if request.param == "system" else ["file"])
     return request.param
 

@@ -1,6 +1,6 @@
 """What the CLI prints of text it did not write: names, paths, manifest fields and error messages come from
 packages, archives, hubs and file names, so a control sequence in one (an OSC 52 clipboard write, a cursor move,
-a title change) must not reach the terminal. Every command prints such text through `echo` here, and the group
+a title change) must not reach the terminal. Every command prints such text through this module's `echo`, and the group
 passes every error message through `clean` (main.py), so this is the one place the rule lives."""
 
 import re

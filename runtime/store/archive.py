@@ -240,7 +240,7 @@ def download(url: str, destination: Path, progress=None, limit: int | None = Non
                     raise StoreError(
                         f"the download of {url} took over {DOWNLOAD_DEADLINE_S:g} s; nothing was installed. Run the command again."
                     )
-                out.write(chunk)  # a full disk raises here; staging() turns it into one line
+                out.write(chunk)  # a full disk raises OSError; staging() turns it into one line
                 if bar is not None:  # a bar without a total is falsy
                     bar.update(len(chunk))
     except (http.client.HTTPException, TimeoutError, ConnectionError) as error:

@@ -4,7 +4,7 @@ only an archive one of the trusted keys signed. The keys a fleet trusts can also
 minisign public key per line in STORE/.meta/trusted-keys (lines starting with '#' and minisign's "untrusted
 comment:" lines are skipped); once any key is trusted, an unsigned archive is refused.
 
-py-minisign (the `sign` extra, over `cryptography`) reads and writes the format; it is imported only here."""
+py-minisign (the `sign` extra, over `cryptography`) reads and writes the format; only this module imports it."""
 
 import os
 from pathlib import Path

@@ -1,14 +1,14 @@
 """Bounds on rendering a chat template, which comes from a package and so is hostile input.
 
 Jinja's sandbox keeps a template away from Python's internals but not from work: `'x' * n`, `|center(n)`,
-`lipsum(n)`, a list of itself nested sixty times and printed, squaring a number in a loop. Here every value a
+`lipsum(n)`, a list of itself nested sixty times and printed, squaring a number in a loop. So every value a
 template builds is measured before or as it is built, and one render has three budgets:
 - size: no value may exceed MAX_VALUE, counted expanded (characters, plus one per item, a shared sub-list
   counted each time it appears), so printing, comparing or hashing any value is bounded work;
 - work: MAX_RENDER_WORK units in all, a unit being a template line run or a character or item built, printed or
   compared, so a loop of bounded steps cannot add up to hours;
 - time: the caller's deadline (`deadline(at)`, the server's --request-timeout), checked between template lines.
-Whatever Jinja offers that can multiply size or time is bounded here or not offered: filters and string methods
+Whatever Jinja offers that can multiply size or time is bounded by this module or not offered: filters and string methods
 outside the lists below are absent, widths and counts are checked before the call, and json is built in pieces.
 chat_sandbox.py applies them to the Jinja environment chat_template.py renders in."""
 
