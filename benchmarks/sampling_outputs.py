@@ -2,7 +2,7 @@
 
     python benchmarks/sampling_outputs.py PKG [--rounds 5] [--tokens 128]
 
-PKG must have the sampling outputs (models/README.md). For each setting of `edgelm bench --sample`, decodes at
+PKG must have the sampling outputs (docs/package-format.md). For each setting of `edgelm bench --sample`, decodes at
 batch 1 with the outputs made and used ("outputs") and with none made ("numpy": the sampler computes from the
 logits, as for a graph without them), interleaved within every round. Printed per setting and
 mode: the sampler chain's median time per step, the graph pass's median time per decode step, and the median

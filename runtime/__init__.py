@@ -1,4 +1,4 @@
-"""edgelm's runtime: run an exported GPT-2-family package on onnxruntime, with no PyTorch installed.
+"""edgelm's runtime: run an exported GPT-2, Llama or Qwen2 package on onnxruntime, with no PyTorch installed.
 
     import edgelm.runtime as edgelm
     model = edgelm.load("models/distilgpt2")

@@ -1,4 +1,4 @@
-"""The graph's sampling outputs (models/README.md) and the sampler's draws from them (draw.Prepared).
+"""The graph's sampling outputs (docs/package-format.md) and the sampler's draws from them (draw.Prepared).
 
 The graph computes softmax(logits / temperature) and its block sums in the step; the chain draws from them
 where only the penalties and the temperature write before the pick. These tests check the outputs against NumPy

@@ -41,7 +41,7 @@ class EdgelmGroup(click.Group):
 @click.group(cls=EdgelmGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgelm")
 def main():
-    """Ship a GPT-2-family model as an ONNX package and run it without PyTorch.
+    """Ship a GPT-2, Llama or Qwen2 model as an ONNX package and run it without PyTorch.
 
     \b
     edgelm export distilgpt2                  # hub id or local folder -> models/distilgpt2

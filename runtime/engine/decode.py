@@ -2,7 +2,7 @@
 
 One ONNX graph serves both steps: prefill (the prompt's T tokens over an empty cache) and decode (one token
 over the cache so far), asking for the last position's logits only. Its inputs and outputs are the graph
-contract, written once in models/README.md.
+contract, written once in docs/package-format.md.
 
 The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
 CPU it is one preallocated [B, KV, T + max_new_tokens, D] buffer (KV: key/value heads) per tensor that the graph

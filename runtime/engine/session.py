@@ -138,7 +138,7 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
     missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]
     if missing:
         raise PackageError(
-            f"the graph lacks {missing[0]} (and {len(missing) - 1} more): it is not a GPT-2 decoder with a key/value cache. Export with edgelm export, or optimum-cli export onnx --task text-generation-with-past."
+            f"the graph lacks {missing[0]} (and {len(missing) - 1} more): it is not a decoder with a key/value cache. Export with edgelm export, or optimum-cli export onnx --task text-generation-with-past."
         )
     return names
 
@@ -222,7 +222,7 @@ def check_graph_shapes(session, package) -> None:
 
 
 def _odd_sampling_tensor(session, vocab_size: int) -> str | None:
-    """What is wrong with the graph's sampling outputs or their temperature (models/README.md), or None: each a
+    """What is wrong with the graph's sampling outputs or their temperature (docs/package-format.md), or None: each a
     float32 tensor of rank 3 ([rows, 1, width]) or, for the temperature, an overridable initializer [rows, 1],
     rows left to the caller (a name, not a number)."""
     blocks = sampling_blocks(vocab_size)

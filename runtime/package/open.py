@@ -185,7 +185,7 @@ def _open_optimum_folder(folder: Path) -> Package:
     config = read_json(inside(folder, HF_CONFIG), MAX_JSON_BYTES)
     if config.get("model_type") != "gpt2":
         raise PackageError(
-            f"{folder} holds a {str(config.get('model_type'))[:40]!r} model; edgelm runs GPT-2-family decoders."
+            f"{folder} holds a {str(config.get('model_type'))[:40]!r} model; edgelm runs optimum's exports of GPT-2 models only: export other models with edgelm export."
         )
     if not (folder / TOKENIZER_FILE).exists():
         raise PackageError(f"{folder} has no tokenizer.json; save the fast tokenizer next to model.onnx.")

@@ -91,7 +91,7 @@ def file_name(where, value) -> str:
 
 @dataclass(frozen=True)
 class Architecture:
-    """The shape of a GPT-2-family decoder, as written in the package manifest."""
+    """The shape of a decoder (GPT-2, Llama or Qwen2), as written in the package manifest."""
 
     n_layer: int  # decoder blocks
     n_head: int  # attention heads per block

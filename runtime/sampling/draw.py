@@ -6,7 +6,7 @@ step's sampling budget on its own); the same token is found from 256-token block
 one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
 
-Graphs with sampling outputs (models/README.md) compute the weights (as probabilities: the draw needs them only up
+Graphs with sampling outputs (docs/package-format.md) compute the weights (as probabilities: the draw needs them only up
 to a common factor) and block sums themselves, in the step (Prepared): the draw then starts from them (float32
 block sums, added up in float64) and makes no pass of its own.
 """

@@ -301,7 +301,7 @@ NO_TEMPLATE = "{path} has no chat template (edgelm's default one suits GPT-2 bas
 
 
 def _base_model(package) -> bool:
-    """GPT-2-family packages get DEFAULT_TEMPLATE when they carry none."""
+    """GPT-2 packages (learned positions: base models) get DEFAULT_TEMPLATE when they carry none."""
     return package.arch.positions == "learned"
 
 
