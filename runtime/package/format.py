@@ -1,6 +1,6 @@
 """The model package format, written once: its file names and constants, the manifest as typed sections
-(package_sections.py), the files a package must list, and the text `edgelm info` prints. `edgelm export`
-builds a Manifest and writes `to_dict()`; the runtime reads one with `Manifest.from_dict`, which checks every
+(architecture.py, graph_section.py, sections.py, their JSON values read by fields.py), the files a package must
+list, and the text `edgelm info` prints. `edgelm export` builds a Manifest and writes `to_dict()`; the runtime reads one with `Manifest.from_dict`, which checks every
 type and range, and uses nothing it has not checked. Standard library only: the launcher reads a manifest
 before anything heavy is imported.
 
@@ -19,22 +19,10 @@ Every name is a plain file name inside the folder: no folders, no '..', no absol
 import math
 from dataclasses import dataclass, field
 
-from .sections import (
-    Architecture,
-    FileRecord,
-    FormatError,
-    Graph,
-    Region,
-    TensorInfo,
-    TokenTable,
-    Validation,
-    Weights,
-    _get,
-    _int,
-    _object,
-    _str,
-    file_name,
-)
+from .architecture import Architecture
+from .fields import FormatError, _get, _int, _object, _str, file_name
+from .graph_section import Graph, Region, TensorInfo, TokenTable
+from .sections import FileRecord, Validation, Weights
 
 MANIFEST = "manifest.json"
 FORMAT = "edgelm-package"
