@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from numbers import Integral, Real
 
 from .errors import GenerationOptionError
+from .inputs import is_token_id
 
 PACKAGE_FACTS = ("vocab_size",)  # set from the package, never a caller's option
 # OpenAI allows a request 4 stop strings; the rest leaves room for a chat template's own (model.chat_batch adds them)
@@ -174,10 +175,33 @@ def stop_strings(stop) -> tuple:
 
 def check_token_ids(param: str, ids, vocab_size: int | None) -> None:
     """Raise GenerationOptionError(param=param) naming the ids outside the vocabulary [0, vocab_size)."""
-    bad = sorted({t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)})
+    bad = sorted({t for t in ids if not is_token_id(t, vocab_size)})
     if bad:
         where = f"this model's vocabulary (ids 0 to {vocab_size - 1})" if vocab_size is not None else "0 and up"
-        raise GenerationOptionError(f"{param} names token id(s) {bad[:10]} outside {where}", param=param)
+        raise GenerationOptionError(
+            f"{param} names token id(s) {bad[:10]} outside {where}; use token ids in that range", param=param
+        )
+
+
+def logit_bias_ids(bias, vocab_size: int | None = None) -> dict:
+    """The logit_bias option as {token id: float bias}: keys are token ids (integers, or their digits as JSON object
+    keys are strings), values finite numbers; with vocab_size, every id within the vocabulary. Raises
+    GenerationOptionError(param="logit_bias") for the first that is not."""
+    _need(
+        isinstance(bias, dict),
+        "logit_bias",
+        f"logit_bias must be a mapping of token id to bias, e.g. {{50256: -100}}, got {bias!r:.80}",
+    )
+    normalized = {}
+    for key, value in bias.items():
+        # JSON object keys are strings; at most 18 digits, as no vocabulary is larger (int() of 5,000 raises)
+        digits = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 18
+        token = int(key) if _is_int(key) or digits else None
+        _need(token is not None, "logit_bias", f"logit_bias keys must be token ids (integers), got {key!r:.40}")
+        _need(_is_number(value), "logit_bias", f"logit_bias values must be finite numbers; {key!r} has {value!r:.40}")
+        normalized[token] = float(value)
+    check_token_ids("logit_bias", normalized, vocab_size)
+    return normalized
 
 
 def _normalized(c: GenerationConfig) -> dict:
@@ -199,20 +223,7 @@ def _normalized(c: GenerationConfig) -> dict:
     )
     out["bad_words_ids"] = tuple(tuple(int(t) for t in w) for w in words)
 
-    bias = c.logit_bias
-    _need(
-        isinstance(bias, dict),
-        "logit_bias",
-        f"logit_bias must be a mapping of token id to bias, e.g. {{50256: -100}}, got {bias!r:.80}",
-    )
-    normalized = {}
-    for key, value in bias.items():
-        digits = isinstance(key, str) and key.isascii() and key.isdigit()  # JSON object keys are strings
-        token = int(key) if _is_int(key) or digits else None
-        _need(token is not None, "logit_bias", f"logit_bias keys must be token ids (integers), got {key!r:.40}")
-        _need(_is_number(value), "logit_bias", f"logit_bias values must be finite numbers; {key!r} has {value!r:.40}")
-        normalized[token] = float(value)
-    out["logit_bias"] = normalized
+    out["logit_bias"] = logit_bias_ids(c.logit_bias)  # against the vocabulary in _check, with the other ids
 
     eos = c.eos_token_id
     if _is_int(eos):

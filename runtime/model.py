@@ -21,6 +21,7 @@ from .engine.onnxruntime_compat import check_installed
 from .engine.session import check_graph_shapes, create_session, drop_mapped_pages, graph_io, release_freed_memory
 from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
 from .generation_config import GenerationConfig, without_constraint
+from .inputs import check_text, check_token_ids
 from .package.format import (
     GENERATION_CONFIG,
     MANIFEST,
@@ -100,13 +101,7 @@ class Model:
         if not isinstance(text, str):
             hint = "; for one prompt of token ids write [[1, 2, 3]]" if isinstance(text, (int, np.integer)) else ""
             raise PromptError(f"a prompt must be a string or a list of token ids, got {type(text).__name__}{hint}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:  # a lone surrogate: Python's stand-in for bytes that were not UTF-8
-            raise PromptError(
-                f"the text is not valid Unicode: it has a lone surrogate \\u{ord(text[error.start]):04x} at character "
-                f"{error.start} (text read as UTF-8 that was not, or a broken escape); send UTF-8 text"
-            ) from None
+        check_text(text)
         return tokenizing.encode(self.tokenizer, text, add_special_tokens=add_special_tokens).ids
 
     def batch(self, prompts, config=None, **options) -> Batch:
@@ -291,9 +286,7 @@ class Model:
         return ids[-room:], len(ids) - room
 
     def _check_ids(self, ids) -> None:
-        bad = [i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < self.arch.vocab_size]
-        if bad:
-            raise PromptError(f"token id {bad[0]!r} is outside the vocabulary (0..{self.arch.vocab_size - 1})")
+        check_token_ids(ids, self.arch.vocab_size)
 
     def chat_batch(self, messages, config: GenerationConfig | None = None, **options) -> Batch:
         """A Batch for the assistant's next message: `messages` rendered by the package's chat template (with

@@ -33,6 +33,7 @@ from pathlib import Path
 from . import output_lock
 from .errors import EdgelmError, GenerationOptionError, PromptError, PromptFileError
 from .generation_config import GenerationConfig, sampling_implied
+from .inputs import decode_utf8
 
 GENERATE, SCORE = "generate", "score"
 MAX_LINE_BYTES = 16 << 20  # one input line; longer ones are reported, never read into memory whole
@@ -241,9 +242,9 @@ def _parse(number: int, raw: bytes):
     if raw is None:
         return LineError(number, f"the line is over {MAX_LINE_BYTES:,} bytes; shorten it")
     try:
-        record = json.loads(raw)
-    except UnicodeDecodeError as error:
-        return LineError(number, f"the line is not UTF-8 (byte {error.start}); convert the file, e.g. iconv -t UTF-8")
+        record = json.loads(decode_utf8(raw, "the line"))
+    except PromptError as error:
+        return LineError(number, str(error))
     except ValueError as error:
         return LineError(number, f"the line is not JSON ({str(error)[:120]}); write one object per line")
     if not isinstance(record, dict):

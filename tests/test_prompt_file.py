@@ -92,7 +92,7 @@ def test_bad_lines_are_reported_by_number_and_the_rest_answered(tiny_package, mo
     assert "max_new_tokens must be an integer >= 1" in errors[5]
     assert "64-token context" in errors[6]
     assert "not an object" in errors[7]
-    assert "not UTF-8" in errors[8]
+    assert "not valid UTF-8" in errors[8]
     assert "outside the vocabulary" in errors[9]
     assert "both" in errors[10]
     assert "temperature must be a number" in errors[11]

@@ -9,7 +9,6 @@ OpenAI's chat fields on top of the completions ones:
     logprobs: true -> the chosen tokens' log-probs; top_logprobs: N (0..20) -> and the N most likely alternatives
 """
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
+from ..inputs import text_problem
 from .errors import ApiError
 from .requests import (
     OPENAI_DEFAULTS,
@@ -135,7 +135,6 @@ def parse_chat_request(body, names: ModelNames, vocab_size: int, limits: Limits)
 
 def _check_text(messages) -> None:
     """JSON can carry a lone UTF-16 surrogate that is no Unicode text: refuse it before the template sees it."""
-    try:
-        json.dumps(messages, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(400, "messages must be Unicode text; they hold a lone surrogate", "messages", "invalid_text")
+    problem = text_problem(messages, "messages")
+    if problem:
+        raise ApiError(400, problem, "messages", "invalid_text")

@@ -21,6 +21,10 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
 
+from .. import inputs
+from ..errors import GenerationOptionError, PromptError
+from ..generation_config import logit_bias_ids
+from ..inputs import text_problem
 from .errors import ApiError
 
 DEFAULT_MAX_TOKENS = 16
@@ -59,15 +63,9 @@ class Limits:
 
 def _text(value: str) -> str:
     """JSON can carry a lone UTF-16 surrogate ("\\ud800") that is no Unicode text: refuse it by name."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as error:
-        bad = value[error.start]
-        raise PydanticCustomError(
-            "invalid_text",
-            "{where} must be Unicode text; it has a lone surrogate \\u{code} at character {at}",
-            {"code": f"{ord(bad):04x}", "at": error.start},
-        ) from None
+    problem = text_problem(value, "{where}")  # the field's name is filled in by _first_problem
+    if problem:
+        raise PydanticCustomError("invalid_text", problem)
     return value
 
 
@@ -283,14 +281,10 @@ def _prompts(prompt, vocab_size: int) -> list:
 
 def check_token_ids(ids: list, vocab_size: int, where: str, param: str) -> None:
     """Refuse an id outside the vocabulary, naming where it is."""
-    for at, token in enumerate(ids):
-        if not 0 <= token < vocab_size:
-            raise ApiError(
-                400,
-                f"{where}[{at}] is the token id {_short(token)}, outside the vocabulary (0..{vocab_size - 1})",
-                param,
-                "invalid_token_id",
-            )
+    try:
+        inputs.check_token_ids(ids, vocab_size, where)
+    except PromptError as error:
+        raise ApiError(400, str(error), param, "invalid_token_id") from None
 
 
 def parse_tokenize_request(body) -> TokenizeBody:
@@ -395,17 +389,13 @@ def _short(value) -> str:
 
 def _logit_bias(bias: dict, vocab_size: int) -> dict:
     """OpenAI's {"token id as a string": bias in [-100, 100]} -> {int: float}."""
-    out = {}
-    for key, value in bias.items():
-        if not (key.isascii() and key.isdigit() and len(key) <= 12 and int(key) < vocab_size):
-            raise ApiError(
-                400,
-                f"logit_bias keys must be token ids from 0 to {vocab_size - 1} written as strings, like \"42\"; got {key[:20]!r}",
-                "logit_bias",
-            )
+    try:
+        out = logit_bias_ids(bias, vocab_size)
+    except GenerationOptionError as error:
+        raise ApiError(400, str(error), "logit_bias") from None
+    for key, value in out.items():
         if not -100 <= value <= 100:
             raise ApiError(
-                400, f"logit_bias values must be numbers from -100 to 100; {key!r} has {value!r}", "logit_bias"
+                400, f"logit_bias values must be numbers from -100 to 100; {str(key)!r} has {value!r}", "logit_bias"
             )
-        out[int(key)] = float(value)
     return out
