@@ -147,8 +147,7 @@ def test_a_bad_prefix_cache_size_is_refused_before_the_package_is_read(tmp_path,
 
 def test_serve_and_chat_pass_the_size_and_refuse_a_negative_one(monkeypatch):
     from edgelm.runtime import model as model_module
-    from edgelm.runtime.cli.chat import chat
-    from edgelm.runtime.cli.serve import serve
+    from edgelm.runtime.cli.main import main
 
     asked = []
 
@@ -157,9 +156,9 @@ def test_serve_and_chat_pass_the_size_and_refuse_a_negative_one(monkeypatch):
         raise EdgelmError("stop here")
 
     monkeypatch.setattr(model_module, "load", refuse)
-    for command in (serve, chat):
-        assert "stop here" in CliRunner().invoke(command, ["-m", "x", "--prefix-cache-mb", "0"]).output
-        assert "stop here" in CliRunner().invoke(command, ["-m", "x"]).output
-        result = CliRunner().invoke(command, ["-m", "x", "--prefix-cache-mb", "-1"])
+    for command in ("serve", "chat"):
+        assert "stop here" in CliRunner().invoke(main, [command, "-m", "x", "--prefix-cache-mb", "0"]).output
+        assert "stop here" in CliRunner().invoke(main, [command, "-m", "x"]).output
+        result = CliRunner().invoke(main, [command, "-m", "x", "--prefix-cache-mb", "-1"])
         assert result.exit_code == 2 and "--prefix-cache-mb" in result.output
     assert asked == [0, 64, 0, 64]

@@ -10,10 +10,11 @@ import sys
 
 import click
 
-from ..batching.prefix_cache import CLI_DEFAULT_MB
 from ..errors import EdgelmError, PromptError
 from ..generation_config import sampling_implied
+from ..inputs import decode_utf8
 from .main import generate
+from .options import prefix_cache_option
 from .terminal import echo
 
 # generate's options that mean the same in a conversation; they are declared once, on generate
@@ -41,14 +42,7 @@ SHARED_OPTIONS = (
 
 @click.command()
 @click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
-@click.option(
-    "--prefix-cache-mb",
-    default=CLI_DEFAULT_MB,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="MiB of the conversation's key/value rows kept between turns, so each turn computes only what is new "
-    "since the last one (in whole 128-token chunks); the answers are the same. 0 turns it off.",
-)
+@prefix_cache_option
 def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
 
@@ -60,12 +54,9 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options
 
     options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
     history = [{"role": "system", "content": system}] if system else []
-    try:
-        model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
-        config = model.settings(**options)
-        model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
-    except EdgelmError as error:
-        raise click.ClickException(str(error)) from None
+    model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
+    config = model.settings(**options)
+    model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(
@@ -152,21 +143,12 @@ def _user_lines(interactive: bool):
                 if not raw:
                     return
                 number += 1
-                line = _decode(raw, number)
+                line = decode_utf8(raw, f"line {number} of stdin")
         except (EOFError, KeyboardInterrupt):
             if interactive:
                 click.echo()
             return
         yield line.rstrip("\r\n")
-
-
-def _decode(raw: bytes, number: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise click.ClickException(
-            f"line {number} of stdin is not valid UTF-8 (byte 0x{raw[error.start]:02x}); convert it first, e.g. iconv -t UTF-8."
-        ) from None
 
 
 chat.params.extend(p for p in generate.params if p.name in SHARED_OPTIONS)

@@ -7,7 +7,15 @@ import click
 
 from ..errors import EdgelmError
 from ..generation_config import sampling_implied
-from .options import constraint_options, device_option, package_option, package_option_or_argument
+from ..inputs import decode_utf8
+from .options import (
+    constraint_options,
+    device_option,
+    no_verify_option,
+    package_option,
+    package_option_or_argument,
+    threads_option,
+)
 from .prompt_file import check_file_options, file_options, run_file
 from .store import COMMANDS as STORE_COMMANDS
 from .terminal import clean, echo
@@ -21,6 +29,9 @@ LAZY_COMMANDS = {
 
 
 class EdgelmGroup(click.Group):
+    """The `edgelm` group: lazily imported commands, and the one place an EdgelmError (the library's refusal,
+    worded for the user) becomes a click error: one line and exit code 1, for every command."""
+
     def list_commands(self, ctx):
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
@@ -33,6 +44,8 @@ class EdgelmGroup(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except EdgelmError as error:  # the library's refusal, worded for the user: one line, exit code 1
+            raise click.ClickException(clean(str(error))) from None
         except click.ClickException as error:  # a message may quote a package's, an archive's or a hub's text
             error.message = clean(error.message)
             raise
@@ -49,10 +62,6 @@ def main():
     edgelm generate -m NAME_OR_PATH "Hello"   # -m names the package, the same in every command
     echo "Once upon a time" | edgelm generate # piped text is the prompt
     """
-
-
-def _fail(error: EdgelmError):
-    raise click.ClickException(str(error))
 
 
 @main.command()
@@ -93,10 +102,10 @@ def _fail(error: EdgelmError):
     help="Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.",
 )
 @device_option
-@click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
+@threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
 @click.option("--show-config", is_flag=True, help="Print the settings in effect and exit.")
-@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+@no_verify_option
 @file_options
 def generate(
     prompt,
@@ -138,42 +147,39 @@ def generate(
     if options.get("stop") == ():
         options.pop("stop")
     options = sampling_implied(options)
-    try:
-        if logit_bias:
-            options["logit_bias"] = _parse_bias(logit_bias)
-        model = load(package, device=device, threads=threads, verify=not no_verify)
-        if ban:
-            options["bad_words_ids"] = [model.encode(w) for w in ban] + [
-                model.encode(" " + w) for w in ban if not w.startswith(" ")
-            ]
-        settings = model.settings(**options)
-        if show_config:
+    if logit_bias:
+        options["logit_bias"] = _parse_bias(logit_bias)
+    model = load(package, device=device, threads=threads, verify=not no_verify)
+    if ban:
+        options["bad_words_ids"] = [model.encode(w) for w in ban] + [
+            model.encode(" " + w) for w in ban if not w.startswith(" ")
+        ]
+    settings = model.settings(**options)
+    if show_config:
+        click.echo(
+            json.dumps(
+                {"package": str(model.package.folder), "device": model.device, **settings.__dict__},
+                indent=2,
+                default=str,
+            )
+        )
+        return
+    if from_file:
+        return run_file(model, input_path, output_path, "generate", batch_size, overwrite, quiet, config=settings)
+    if as_json or settings.num_return_sequences > 1:
+        completions = model.generate([prompt], settings)
+        if as_json:
             click.echo(
                 json.dumps(
-                    {"package": str(model.package.folder), "device": model.device, **settings.__dict__},
+                    [c.to_dict() for c in completions] if len(completions) > 1 else completions[0].to_dict(),
                     indent=2,
-                    default=str,
+                    ensure_ascii=False,
                 )
             )
-            return
-        if from_file:
-            return run_file(model, input_path, output_path, "generate", batch_size, overwrite, quiet, config=settings)
-        if as_json or settings.num_return_sequences > 1:
-            completions = model.generate([prompt], settings)
-            if as_json:
-                click.echo(
-                    json.dumps(
-                        [c.to_dict() for c in completions] if len(completions) > 1 else completions[0].to_dict(),
-                        indent=2,
-                        ensure_ascii=False,
-                    )
-                )
-            else:
-                click.echo("\n---\n".join(c.text for c in completions))
-            return
-        _stream(model.stream(prompt, settings))
-    except EdgelmError as error:
-        _fail(error)
+        else:
+            click.echo("\n---\n".join(c.text for c in completions))
+        return
+    _stream(model.stream(prompt, settings))
 
 
 def _stream(stream):
@@ -213,13 +219,7 @@ def _prompt(prompt: str | None, package: str | None, command: str = "generate") 
 
 
 def _read_stdin() -> str:
-    data = sys.stdin.buffer.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise click.ClickException(
-            f"stdin is not valid UTF-8 (byte 0x{data[error.start]:02x} at offset {error.start}); convert it first, e.g. iconv -t UTF-8."
-        ) from None
+    text = decode_utf8(sys.stdin.buffer.read(), "stdin")
     return text[:-1] if text.endswith("\n") else text
 
 
@@ -239,8 +239,8 @@ def _parse_bias(items) -> dict:
 @package_option
 @click.option("--top-logprobs", type=click.IntRange(min=0), help="Also give each token's N most likely tokens.")
 @device_option
-@click.option("--threads", type=int, help="onnxruntime intra-op threads (default: all cores).")
-@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+@threads_option
+@no_verify_option
 @file_options
 def score(
     text, package, top_logprobs, device, threads, no_verify, input_path, output_path, batch_size, overwrite, quiet
@@ -257,15 +257,12 @@ def score(
 
     from_file = check_file_options(text, input_path, output_path)
     text = None if from_file else _prompt(text, package, "score")
-    try:
-        model = load(package, device=device, threads=threads, verify=not no_verify)
-        if from_file:
-            return run_file(
-                model, input_path, output_path, "score", batch_size, overwrite, quiet, top_logprobs=top_logprobs
-            )
-        (answer,) = score_records(model, [{"text": text, "top_logprobs": top_logprobs}])
-    except EdgelmError as error:
-        _fail(error)
+    model = load(package, device=device, threads=threads, verify=not no_verify)
+    if from_file:
+        return run_file(
+            model, input_path, output_path, "score", batch_size, overwrite, quiet, top_logprobs=top_logprobs
+        )
+    (answer,) = score_records(model, [{"text": text, "top_logprobs": top_logprobs}])
     if "error" in answer:
         raise click.ClickException(answer["error"])
     click.echo(json.dumps(answer, indent=2, ensure_ascii=False))
@@ -279,10 +276,7 @@ def info(package, as_json):
     from ..package.open import open_package
     from ..store.local import resolve_package
 
-    try:
-        pkg = open_package(resolve_package(package), verify=False)
-    except EdgelmError as error:
-        _fail(error)
+    pkg = open_package(resolve_package(package), verify=False)
     echo(json.dumps(pkg.to_dict(), indent=2) if as_json else pkg.describe())
 
 
@@ -293,10 +287,7 @@ def verify(package):
     from ..package.open import open_package
     from ..store.local import resolve_package
 
-    try:
-        pkg = open_package(resolve_package(package), verify=True)
-    except EdgelmError as error:
-        _fail(error)
+    pkg = open_package(resolve_package(package), verify=True)
     echo(
         f"OK: {len(pkg.manifest.files)} files of {pkg.folder} match their sha256"
         if pkg.manifest
@@ -307,7 +298,7 @@ def verify(package):
 @main.command()
 @package_option_or_argument
 @click.option("--runs", type=int, default=3, show_default=True, help="Repeats per figure (medians are reported).")
-@click.option("--threads", type=click.IntRange(min=1), help="onnxruntime intra-op threads (default: all cores).")
+@threads_option
 @device_option
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option(
@@ -322,8 +313,5 @@ def bench(package, runs, threads, device, as_json, sample):
 
     if runs < 1:
         raise click.BadParameter("must be at least 1", param_hint="--runs")
-    try:
-        result = (run_sample_bench if sample else run_bench)(package, threads=threads, device=device, runs=runs)
-    except EdgelmError as error:
-        _fail(error)
+    result = (run_sample_bench if sample else run_bench)(package, threads=threads, device=device, runs=runs)
     click.echo(json.dumps(result, indent=2) if as_json else (format_sample_table if sample else format_table)(result))

@@ -105,3 +105,63 @@ def _schema_or_file(ctx, param, value):
     if not Path(value).is_file():
         raise click.BadParameter(f"{value!r} is neither a JSON schema nor a file that holds one", ctx, param)
     return _read_text(ctx, param, value)
+
+
+def _checked_by(check):
+    """A click callback that runs the library's own check of an option's value: its refusal becomes a usage error
+    naming the option (exit code 2), worded once, where the library words it."""
+
+    def callback(ctx, param, value):
+        from ..errors import EdgelmError
+
+        try:
+            check(value)
+        except EdgelmError as error:
+            raise click.BadParameter(str(error), ctx=ctx, param=param) from None
+        return value
+
+    return callback
+
+
+def _threads(value):
+    from ..engine.session import check_threads
+
+    check_threads(value)
+
+
+def _prefix_cache_mb(value):
+    from ..batching.prefix_cache import cache_bytes
+
+    cache_bytes(value)
+
+
+def threads_option(command):
+    """Add --threads, passed to the command as `threads` (None: every core), checked as load() checks it."""
+    return click.option(
+        "--threads",
+        type=int,
+        callback=_checked_by(_threads),
+        help="onnxruntime intra-op threads (default: all cores; edgelm serve --max-batch 0 gives each running "
+        "request cores / --max-concurrency).",
+    )(command)
+
+
+def no_verify_option(command):
+    """Add --no-verify, passed to the command as `no_verify`."""
+    return click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")(command)
+
+
+def prefix_cache_option(command):
+    """Add --prefix-cache-mb, passed to the command as `prefix_cache_mb`, checked as load() checks it."""
+    from ..batching.prefix_cache import CLI_DEFAULT_MB
+
+    return click.option(
+        "--prefix-cache-mb",
+        default=CLI_DEFAULT_MB,
+        show_default=True,
+        type=int,
+        callback=_checked_by(_prefix_cache_mb),
+        help="MiB of recent prompts' key/value rows kept, so a prompt that starts like a recent one (a conversation's "
+        "history, a shared system prompt) skips recomputing that start, in whole 128-token chunks; outputs are the "
+        "same. 0 turns it off.",
+    )(command)

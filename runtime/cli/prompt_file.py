@@ -6,8 +6,6 @@ import sys
 
 import click
 
-from ..errors import EdgelmError
-
 
 def file_options(command):
     """Add --input, --output, --batch-size, --overwrite and --quiet."""
@@ -69,24 +67,21 @@ def run_file(model, input_path, output_path, task, batch_size, overwrite, quiet,
     """Run the file job, reporting each failed line on stderr; exits 1 when some lines failed, 130 on Ctrl-C."""
     from ..prompt_file import PromptFile
 
-    try:
-        job = PromptFile(model, input_path, output_path, task, overwrite=overwrite, **options)
-        with progress_bar(job.total, len(job.answered), quiet) as bar:
-            try:
-                for step in job.run(batch_size):
-                    for error in step.errors:
-                        bar.write(f"line {error.line}: {error.message}", file=sys.stderr)
-                    bar.update(step.lines)
-            except KeyboardInterrupt:
-                bar.close()
-                click.echo(
-                    f"interrupted: {len(job.answered)} of {job.total} lines are answered in {output_path}; "
-                    "run the same command again to finish.",
-                    err=True,
-                )
-                sys.exit(130)
-    except EdgelmError as error:
-        raise click.ClickException(str(error)) from None
+    job = PromptFile(model, input_path, output_path, task, overwrite=overwrite, **options)
+    with progress_bar(job.total, len(job.answered), quiet) as bar:
+        try:
+            for step in job.run(batch_size):
+                for error in step.errors:
+                    bar.write(f"line {error.line}: {error.message}", file=sys.stderr)
+                bar.update(step.lines)
+        except KeyboardInterrupt:
+            bar.close()
+            click.echo(
+                f"interrupted: {len(job.answered)} of {job.total} lines are answered in {output_path}; "
+                "run the same command again to finish.",
+                err=True,
+            )
+            sys.exit(130)
     if job.failed:
         numbers = sorted(e.line for e in job.failed)
         shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")

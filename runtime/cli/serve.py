@@ -5,9 +5,7 @@ import os
 
 import click
 
-from ..batching.prefix_cache import CLI_DEFAULT_MB
-from ..errors import EdgelmError
-from .options import device_option, package_option_or_argument
+from .options import device_option, no_verify_option, package_option_or_argument, prefix_cache_option, threads_option
 from .terminal import echo
 
 
@@ -21,11 +19,7 @@ from .terminal import echo
 )
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
 @device_option
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    help="onnxruntime threads (default: every core for the running batch; cores / --max-concurrency with --max-batch 0).",
-)
+@threads_option
 @click.option(
     "--api-key", envvar="EDGELM_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1/ (also $EDGELM_API_KEY)."
 )
@@ -136,15 +130,8 @@ from .terminal import echo
     show_default=True,
     help="The server's logging level.",
 )
-@click.option(
-    "--prefix-cache-mb",
-    default=CLI_DEFAULT_MB,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="MiB of recent prompts' key/value rows kept, so a prompt that starts like a recent one (a chat's history, "
-    "a shared system prompt) skips recomputing that start; outputs are the same. 0 turns it off.",
-)
-@click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")
+@prefix_cache_option
+@no_verify_option
 def serve(
     package,
     host,
@@ -206,18 +193,10 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if threads is None and device != "cuda" and max_batch == 0:
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
-    try:
-        # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
-        model = load(
-            package,
-            device=device,
-            threads=threads,
-            verify=not no_verify,
-            prefix_cache_mb=prefix_cache_mb,
-            spinning=False,
-        )
-    except EdgelmError as error:
-        raise click.ClickException(str(error)) from None
+    # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
+    model = load(
+        package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb, spinning=False
+    )
     limits = Limits(
         max_tokens_limit or model.arch.n_positions,
         max_n,

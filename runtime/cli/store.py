@@ -1,22 +1,13 @@
 """`edgelm pull / list / rm / default / pack / install`: the model store's commands. Thin: parse, call one library
-function (store.py, hub.py, archive.py), print; every EdgelmError becomes one line and exit code 1."""
+function (store/local.py, hub.py, archive.py), print; the group (main.py) turns every EdgelmError into one line
+and exit code 1."""
 
 import sys
-from contextlib import contextmanager
 
 import click
 
-from ..errors import EdgelmError
 from .options import package_option_or_argument
 from .terminal import clean, echo
-
-
-@contextmanager
-def _one_line():
-    try:
-        yield
-    except EdgelmError as error:
-        raise click.ClickException(str(error)) from None
 
 
 def _report(installed) -> None:
@@ -39,8 +30,7 @@ def pull(repo, revision, name, force):
     huggingface_hub."""
     from ..store.hub import pull as pull_package
 
-    with _one_line():
-        _report(pull_package(repo, revision=revision, name=name, force=force))
+    _report(pull_package(repo, revision=revision, name=name, force=force))
 
 
 @click.command("list")
@@ -48,8 +38,7 @@ def list_packages():
     """Show the installed packages: name, recipe, size on disk and where each came from."""
     from ..store import local as store
 
-    with _one_line():
-        packages, default = store.installed(), store.get_default()
+    packages, default = store.installed(), store.get_default()
     if not packages:
         echo(f"no packages in {store.store_dir()}. {store.how_to_get_one()}")
         return
@@ -78,8 +67,7 @@ def rm(name):
     """Remove the installed package NAME from the store."""
     from ..store.local import remove
 
-    with _one_line():
-        remove(name)
+    remove(name)
     echo(f"removed {name}")
 
 
@@ -91,10 +79,9 @@ def default(name):
     Without a default, commands use the one installed package, else models/distilgpt2."""
     from ..store.local import get_default, set_default
 
-    with _one_line():
-        if name is not None:
-            set_default(name)
-        name = get_default()
+    if name is not None:
+        set_default(name)
+    name = get_default()
     echo(f"default package: {name or 'none set'}")
 
 
@@ -114,8 +101,7 @@ def pack(package, output, force, sign_key):
     from ..store.archive import pack as pack_package
     from ..store.signing import key_password
 
-    with _one_line():
-        packed = pack_package(package, output, force=force, sign_key=sign_key, password=key_password())
+    packed = pack_package(package, output, force=force, sign_key=sign_key, password=key_password())
     echo(f"{packed.path}  ({packed.size / 1e6:.1f} MB)")
     echo(f"sha256 {packed.sha256}  (also in {packed.path}.sha256)")
     if packed.signature is not None:
@@ -145,10 +131,9 @@ def install(source, name, sha256, force, trust):
     (FILE.minisig, URL.minisig) against the trusted keys when any are given or listed."""
     from ..store.archive import install as install_archive
 
-    with _one_line():
-        installed = install_archive(
-            source, name=name, sha256=sha256, force=force, progress=_progress_bar(source), trust=trust
-        )
+    installed = install_archive(
+        source, name=name, sha256=sha256, force=force, progress=_progress_bar(source), trust=trust
+    )
     _report(installed)
     if source.startswith("http://") and not sha256 and not installed.source.get("signed_by"):
         echo(

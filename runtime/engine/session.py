@@ -60,6 +60,19 @@ def choose_providers(device: str, quantized: bool = False) -> list:
 MAX_THREADS = 1024
 
 
+def check_threads(threads):
+    """The `threads` option (None: every core), checked where it enters (load(), the CLI's --threads): onnxruntime
+    would start an absurd count of threads as asked."""
+    if threads is not None and (
+        not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS
+    ):
+        raise DeviceError(
+            f"threads must be an integer from 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), "
+            f"got {str(threads)[:40]}"
+        )
+    return threads
+
+
 def create_session(
     model_file, device: str = "auto", threads: int | None = None, quantized: bool = False, spinning: bool = True
 ) -> tuple[ort.InferenceSession, str]:
@@ -81,12 +94,7 @@ def create_session(
     # as one of edgelm's errors (ort_fast_path.py), not as onnxruntime's log lines besides it.
     options.log_severity_level = 4
     if threads is not None:
-        if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS:
-            raise DeviceError(
-                f"threads must be an integer from 1 to {MAX_THREADS} (this machine has {os.cpu_count()} cores), "
-                f"got {str(threads)[:40]}"
-            )
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = check_threads(threads)
     options.inter_op_num_threads = 1
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
