@@ -16,7 +16,7 @@ import time
 import numpy as np
 from edgelm.runtime import load
 from edgelm.runtime.batching.slot_cache import SlotCache
-from edgelm.runtime.bench import _prompt
+from harness import prompt_ids
 
 
 def main():
@@ -34,7 +34,7 @@ def main():
         raise SystemExit("--steps too many for the model's context, or --sampled not in 1..--rows")
     cache = SlotCache(engine, args.rows, model.arch.n_positions)
     for r in range(args.rows):
-        ids = np.array([_prompt(model, prompt, r)])
+        ids = np.array([prompt_ids(model, prompt, r)])
         decoder = engine.decoder(1, prompt)
         decoder.run(ids, np.ones_like(ids), np.arange(prompt)[None])
         cache.join(r, decoder.buffers, prompt)

@@ -13,7 +13,7 @@ import time
 
 import edgelm.runtime as edgelm
 import numpy as np
-from edgelm.runtime.bench import SETTLE_S, _cold_start, _prompt, _timed_tokens
+from harness import SETTLE_S, cold_start, prompt_ids, timed_tokens
 
 WORK = (
     ("batch 1, 8-token prompt", 1, 8, 128),
@@ -31,14 +31,14 @@ def main():
     args = parser.parse_args()
     models = [edgelm.load(p, device="cpu", threads=args.threads) for p in (args.a, args.b)]
     for model in models:
-        _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+        timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     for label, batch, length, new in WORK:
         rates, firsts = [[], []], [[], []]
         for r in range(args.rounds):
             for model, rate, first in zip(models, rates, firsts):
                 time.sleep(SETTLE_S)  # the other session's threads stop spinning
-                prompts = [_prompt(model, length, r * 100 + b) for b in range(batch)]
-                seconds_first, seconds_rest = _timed_tokens(model, prompts, new)
+                prompts = [prompt_ids(model, length, r * 100 + b) for b in range(batch)]
+                seconds_first, seconds_rest = timed_tokens(model, prompts, new)
                 rate.append(batch * (new - 1) / seconds_rest)
                 first.append(1000 * seconds_first)
         ratio = np.median(np.array(rates[1]) / np.array(rates[0]))
@@ -49,7 +49,7 @@ def main():
     starts = [[], []]
     for r in range(args.rounds):
         for path, start in zip((args.a, args.b), starts):
-            start.append(_cold_start(path, args.threads))
+            start.append(cold_start(path, args.threads))
     ratio = np.median(np.array(starts[1]) / np.array(starts[0]))
     print(
         f"process start to first token: A {np.median(starts[0]):.2f} s, B {np.median(starts[1]):.2f} s, B/A {ratio:.2f}"

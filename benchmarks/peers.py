@@ -15,7 +15,7 @@ decode tok/s (batch 1, 8-token prompt, 128 greedy tokens), the worker's CPU time
 its threads: with --threads 1 the work a token costs, the figure other processes on the machine move least;
 with more threads it counts their spinning too), first token after a 512-token prompt, decode tok/s after that
 prompt (128 tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s
-with each sampled setting of `edgelm bench --sample` (edgelm.runtime.bench.SAMPLED: OpenAI's defaults, top_p
+with each sampled setting of benchmarks/harness.py (harness.SAMPLED: OpenAI's defaults, top_p
 0.9, transformers' top_k 50, penalties), through each system's own sampler chain, and its ratio to the same
 worker's greedy rate. llama.cpp takes the settings as llama-cpp-python's generate() names them, with min_p
 (default 0.05 there) off; its penalties look back over the last 64 tokens (last_n_tokens_size), edgelm's
@@ -432,7 +432,7 @@ def main():
             )
         )
         return
-    from edgelm.runtime.bench import SAMPLED  # the settings `edgelm bench --sample` times, greedy excluded
+    from harness import SAMPLED  # the settings harness.py times, greedy excluded
 
     sampled = json.dumps([(key, options) for key, _, options in SAMPLED if options])
     systems = args.systems.split(",")

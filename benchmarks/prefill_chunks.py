@@ -17,7 +17,7 @@ import tempfile
 
 import edgelm.runtime as edgelm
 import numpy as np
-from edgelm.runtime.bench import _prompt, _timed_tokens, peak_rss_mb
+from harness import peak_rss_mb, prompt_ids, timed_tokens
 from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.sampling import log_softmax
 
@@ -29,10 +29,10 @@ def peak_in_fresh_process(package: str, chunk: int) -> float:
     code = (
         "import json, edgelm.runtime as e\n"
         "from edgelm.runtime import engine\n"
-        "from edgelm.runtime.bench import _prompt, _timed_tokens, peak_rss_mb\n"
+        "from edgelm.runtime.bench import peak_rss_mb, prompt_ids, timed_tokens\n"
         f"engine.PREFILL_CHUNK = {chunk}\n"
         f"m = e.load({package!r})\n"
-        f"_timed_tokens(m, [_prompt(m, {PROMPT})], 128)\n"
+        f"timed_tokens(m, [prompt_ids(m, {PROMPT})], 128)\n"
         "print(json.dumps(peak_rss_mb()))\n"
     )
     return json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
@@ -56,7 +56,7 @@ def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
         model.engine.embeddings,
     )
     engine.PREFILL_CHUNK = chunk
-    ids = np.array([_prompt(model, PROMPT)])
+    ids = np.array([prompt_ids(model, PROMPT)])
     for _ in range(repeats):
         profiled.decoder(1, PROMPT + 1).run(ids, np.ones_like(ids), np.arange(PROMPT)[None])
     events = json.loads(open(session.end_profiling()).read())
@@ -79,12 +79,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     model = edgelm.load(args.package)
-    _timed_tokens(model, [_prompt(model, PROMPT)], 1)  # warm-up
+    timed_tokens(model, [prompt_ids(model, PROMPT)], 1)  # warm-up
     first = {chunk: [] for chunk in CHUNKS}
     for r in range(args.rounds):
         for chunk in CHUNKS:
             engine.PREFILL_CHUNK = chunk
-            first[chunk].append(1000 * _timed_tokens(model, [_prompt(model, PROMPT, r)], 1)[0])
+            first[chunk].append(1000 * timed_tokens(model, [prompt_ids(model, PROMPT, r)], 1)[0])
     for chunk in CHUNKS:
         label = "one pass" if chunk >= PROMPT else f"chunks of {chunk}"
         print(

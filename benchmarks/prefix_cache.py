@@ -24,7 +24,7 @@ from pathlib import Path
 
 import edgelm.runtime as edgelm
 import numpy as np
-from edgelm.runtime.bench import SETTLE_S, _prompt, _timed_tokens
+from harness import SETTLE_S, prompt_ids, timed_tokens
 from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.generation_config import GenerationConfig
 
@@ -64,15 +64,15 @@ def main():
     cold = edgelm.load(package, device="cpu", threads=args.threads)
     cached = edgelm.load(package, device="cpu", threads=args.threads, prefix_cache_mb=64)
     for model in (cold, cached):
-        _timed_tokens(model, [_prompt(model, 8)], 4)  # warm-up
+        timed_tokens(model, [prompt_ids(model, 8)], 4)  # warm-up
     print(f"{package}, {args.rounds} rounds, {args.threads} threads; next turn = history + {NEW_TOKENS} new tokens")
     print("| history | prompt | reused | cold ms | store ms | warm ms | store / cold | warm / cold | same logits |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |")
     for length in HISTORIES:
         times, same, reused = {"cold": [], "store": [], "warm": []}, True, 0
         for r in range(args.rounds):
-            history = _prompt(cold, length, seed=r)
-            prompt = history + _prompt(cold, NEW_TOKENS, seed=1000 + r)
+            history = prompt_ids(cold, length, seed=r)
+            prompt = history + prompt_ids(cold, NEW_TOKENS, seed=1000 + r)
             time.sleep(SETTLE_S)
             seconds, logits = first_token(cold, prompt)
             times["cold"].append(seconds)

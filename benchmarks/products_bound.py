@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from edgelm.runtime.bench import SETTLE_S, ReadProbe, _prompt, _timed_tokens
+from harness import ReadProbe, SETTLE_S, prompt_ids, timed_tokens
 from edgelm.runtime.engine.session import create_session
 from edgelm.runtime.model import load
 from onnx import TensorProto, helper
@@ -98,11 +98,11 @@ def measure(package: Path, rounds: int, threads: int) -> dict:
     model = load(package, device="cpu", threads=threads)
     products = Products(model, threads)
     probe = ReadProbe(model.package.weight_bytes, threads)
-    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     figures = {key: [] for key in ("decode", "one", "sixteen", "prompt", "read")}
     for r in range(rounds):
         time.sleep(SETTLE_S)
-        figures["decode"].append(127 / _timed_tokens(model, [_prompt(model, 8, r)], 128)[1])
+        figures["decode"].append(127 / timed_tokens(model, [prompt_ids(model, 8, r)], 128)[1])
         time.sleep(SETTLE_S)
         figures["one"].append(products.seconds(1, 1))
         figures["sixteen"].append(products.seconds(16, 1, repeats=5))

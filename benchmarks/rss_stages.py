@@ -41,11 +41,11 @@ def main():
 
 def generate(package):
     import edgelm.runtime as edgelm
-    from edgelm.runtime.bench import _prompt, _timed_tokens
+    from harness import prompt_ids, timed_tokens
 
     model = edgelm.load(package, device="cpu")
     print(f"{'  edgelm.runtime.load':<34} {memory()}")
-    _timed_tokens(model, [_prompt(model, 512)], 128)
+    timed_tokens(model, [prompt_ids(model, 512)], 128)
     print(f"{'  512-token prompt, 128 tokens':<34} {memory()}")
 
 

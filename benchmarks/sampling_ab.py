@@ -3,7 +3,7 @@
     python benchmarks/sampling_ab.py PACKAGE [--rev main] [--runs 5] [--tokens 128]
 
 Two measurements, each interleaved so both samplers share every moment's noise:
-1. one sampler-chain call on a [1, V] row (V from the package), per setting of `edgelm bench --sample`, on a
+1. one sampler-chain call on a [1, V] row (V from the package), per setting of benchmarks/harness.py (SAMPLED), on a
    nearly flat row (random-weight checkpoints give those: the nucleus is most of the vocabulary) and a peaked
    one; medians of CPU time per call;
 2. decode tok/s at batch 1 through the engine with each sampler, per setting, and the ratio to greedy;
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from edgelm.runtime import sampling as current
-from edgelm.runtime.bench import SAMPLED, _prompt, _timed_tokens
+from harness import SAMPLED, prompt_ids, timed_tokens
 from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.model import load
@@ -116,11 +116,11 @@ def alternate_steps(model, samplers: dict, args):
 
         return Turns
 
-    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     for r in range(args.runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
             engine.SamplerChain = taking_turns(key, r)  # which one goes first turns each round
-            _timed_tokens(model, [_prompt(model, 8, r)], args.tokens, options, seed=r)
+            timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r)
     engine.SamplerChain = current.SamplerChain
     for key, label, _ in SAMPLED:
         old, new = (np.median(steps[name, key]) / 1e6 for name in names)
@@ -168,12 +168,12 @@ def main():
     )
     rates = {(name, key): [] for name in samplers for key, _, _ in SAMPLED}
     steps = {(name, key): [] for name in samplers for key, _, _ in SAMPLED}
-    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     for r in range(args.runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
             for name, module in samplers.items():
                 engine.SamplerChain = timed_chain(module, steps[name, key])
-                rest = _timed_tokens(model, [_prompt(model, 8, r)], args.tokens, options, seed=r)[1]
+                rest = timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r)[1]
                 rates[name, key].append((args.tokens - 1) / rest)
     engine.SamplerChain = current.SamplerChain
     for key, label, _ in SAMPLED:

@@ -2,7 +2,7 @@
 
     python benchmarks/sampling_outputs.py PKG [--rounds 5] [--tokens 128]
 
-PKG must have the sampling outputs (docs/package-format.md). For each setting of `edgelm bench --sample`, decodes at
+PKG must have the sampling outputs (docs/package-format.md). For each setting of harness.SAMPLED, decodes at
 batch 1 with the outputs made and used ("outputs") and with none made ("numpy": the sampler computes from the
 logits, as for a graph without them), interleaved within every round. Printed per setting and
 mode: the sampler chain's median time per step, the graph pass's median time per decode step, and the median
@@ -17,7 +17,7 @@ import argparse
 import time
 
 import numpy as np
-from edgelm.runtime.bench import SAMPLED, _prompt, _timed_tokens
+from harness import SAMPLED, prompt_ids, timed_tokens
 from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.model import load
 from edgelm.runtime.sampling import SamplerChain
@@ -55,13 +55,13 @@ def main():
 
     engine.SamplerChain, engine.InPlaceDecoder._pass = Timed, timed_pass
     engine.InPlaceDecoder.set_temperatures = outputs_or_none
-    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     steps = {}  # (setting, mode) -> median seconds between tokens, per round
     for r in range(args.rounds):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
             for mode in ("outputs", "numpy") if r % 2 == 0 else ("numpy", "outputs"):
                 current["key"], gaps = (key, mode), []
-                _timed_tokens(model, [_prompt(model, 8, r)], args.tokens, options, seed=r, steps=gaps)
+                timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r, steps=gaps)
                 steps.setdefault((key, mode), []).append(np.median(gaps))
     print(
         f"{args.package}: batch 1, {args.tokens} new tokens, {args.rounds} rounds; medians (sampler chain per step, "
@@ -86,7 +86,7 @@ def main():
 def pass_cost(model, passes: int = 400) -> tuple[float, float]:
     """Median seconds of one decode pass with the sampling outputs made for its row, and made for none."""
     decoder = model.engine.decoder(1, 16)
-    prompt = np.array([_prompt(model, 8)])
+    prompt = np.array([prompt_ids(model, 8)])
     decoder.run(prompt, np.ones_like(prompt), np.arange(8)[None])
     token, mask, position = np.array([[1]]), np.ones((1, 9), dtype=np.int64), np.array([[8]])
     times = {True: [], False: []}

@@ -1,5 +1,9 @@
 """`edgelm bench`: how fast a package runs, and how close decode comes to the memory-bandwidth ceiling.
 
+What a user runs to size a machine: load time, first token, decode speed, memory and the ceiling. The
+benchmarks' own harness (sampled settings decoded in lockstep, A/B comparisons) is benchmarks/harness.py, built
+on the public helpers here (timed_tokens, prompt_ids, cold_start, ReadProbe, peak_rss_mb).
+
 Decoding one token at batch 1 must read every weight once, so tokens/s cannot beat
 bandwidth / weight bytes. The ceiling is measured in this process, in the same rounds as the decode it is
 compared with: the time for `threads` threads to read a buffer as large as the package's weights. Every
@@ -30,13 +34,13 @@ def _median(values):
     return float(np.median(values))
 
 
-def _timed_tokens(model, prompts, new_tokens, options=None, seed=0, steps: list | None = None):
+def timed_tokens(model, prompts, new_tokens, options=None, seed=0, steps: list | None = None):
     """Run generation on token ids (greedy unless options say otherwise); returns (seconds to the first token,
     seconds for the rest). steps: a list to append the seconds between consecutive tokens to (the whole decode
     loop per token: the graph's pass, the pick, the loop's own work)."""
     started = time.perf_counter()
     first = last = None
-    for _ in _decode(model, prompts, new_tokens, options, seed):
+    for _ in exact_decode(model, prompts, new_tokens, options, seed):
         now = time.perf_counter()
         if first is None:
             first = now
@@ -46,7 +50,7 @@ def _timed_tokens(model, prompts, new_tokens, options=None, seed=0, steps: list 
     return first - started, time.perf_counter() - first
 
 
-def _decode(model, prompts, new_tokens, options=None, seed=0):
+def exact_decode(model, prompts, new_tokens, options=None, seed=0):
     """decode_steps for exactly new_tokens tokens per row (greedy unless options say otherwise), seeded per row."""
     config = GenerationConfig(
         max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
@@ -55,27 +59,8 @@ def _decode(model, prompts, new_tokens, options=None, seed=0):
     return decode_steps(model.engine, prompts, config, rngs, model.pad_id)
 
 
-def _lockstep_steps(model, prompt, new_tokens, settings: list, seed=0) -> dict:
-    """One decode of `prompt` per setting (key, options), the decodes taking turns step by step, in a new random
-    order each turn (seeded): {key: seconds of each step after the first token} (the graph's pass, the pick, the
-    loop's own work). Every setting's steps share each moment's load, which whole decodes run one after another do
-    not, and each follows every other setting about as often, so what a step leaves behind (caches, onnxruntime's
-    threads spinning or asleep) falls on all of them alike."""
-    decodes = {}
-    for key, options in settings:
-        decodes[key] = _decode(model, [prompt], new_tokens, options, seed)
-        next(decodes[key])  # the prompt's pass and the first token
-    keys, steps = list(decodes), {key: [] for key in decodes}
-    for i in range(new_tokens - 1):
-        for k in np.random.default_rng([seed, i]).permutation(len(keys)).tolist():
-            key = keys[k]
-            started = time.perf_counter()
-            next(decodes[key])
-            steps[key].append(time.perf_counter() - started)
-    return steps
-
-
-def _prompt(model, length, seed=0):
+def prompt_ids(model, length, seed=0):
+    """`length` random token ids of the model's vocabulary, none of them end-of-text (seeded)."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, model.arch.vocab_size, size=length)
     eos = model.arch.eos_token_id
@@ -147,7 +132,7 @@ def huge_page_mb() -> float | None:
     return _proc_mb("/proc/self/smaps_rollup", "AnonHugePages")
 
 
-def _cold_start(path, threads) -> float:
+def cold_start(path, threads) -> float:
     """Seconds from starting a fresh Python process to its first generated token."""
     # run(), not the first piece: a token whose text is not complete yet (a lone byte of a character) yields none
     code = (
@@ -184,15 +169,15 @@ def run_bench(
         huge_page_mb()
     )  # this process on 2 MiB pages: the packed weights, when started with them (hugepages.py)
     weights = model.package.weight_bytes
-    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
+    timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     for length in (8, 128, 512):
         if length < model.arch.n_positions:
             result[f"ttft_{length}_ms"] = 1000 * _median(
-                [_timed_tokens(model, [_prompt(model, length, r)], 1)[0] for r in range(runs)]
+                [timed_tokens(model, [prompt_ids(model, length, r)], 1)[0] for r in range(runs)]
             )
     new_tokens = min(new_tokens, model.arch.n_positions - 8)
     long_context = min(long_context, model.arch.n_positions - new_tokens)
-    decode_long = [_timed_tokens(model, [_prompt(model, long_context, r)], new_tokens)[1] for r in range(runs)]
+    decode_long = [timed_tokens(model, [prompt_ids(model, long_context, r)], new_tokens)[1] for r in range(runs)]
     result[f"decode_after_{long_context}_tok_s"] = (new_tokens - 1) / _median(decode_long)
     result["peak_rss_mb"] = peak_rss_mb()  # batch 1 work; the read probe's buffer comes after
     # Decode at short context and the read probe in the same rounds: their ratio shares each moment's noise.
@@ -200,7 +185,7 @@ def run_bench(
     probe, decode, reads = (ReadProbe(weights, threads) if model.device == "cpu" else None), [], []
     for r in range(runs):
         time.sleep(SETTLE_S)
-        decode.append((new_tokens - 1) / _timed_tokens(model, [_prompt(model, 8, r)], new_tokens)[1])
+        decode.append((new_tokens - 1) / timed_tokens(model, [prompt_ids(model, 8, r)], new_tokens)[1])
         if probe is not None:
             time.sleep(SETTLE_S)
             reads.append(probe.seconds())
@@ -218,13 +203,13 @@ def run_bench(
     batch_tokens, rates = min(64, new_tokens), {1: [], 8: [], 16: []}
     for r in range(runs):
         for batch, rate in rates.items():
-            rest = _timed_tokens(model, [_prompt(model, 8, r * 100 + b) for b in range(batch)], batch_tokens)[1]
+            rest = timed_tokens(model, [prompt_ids(model, 8, r * 100 + b) for b in range(batch)], batch_tokens)[1]
             rate.append(batch * (batch_tokens - 1) / rest)
     result.update({"batch_8_tok_s": _median(rates[8]), "batch_16_tok_s": _median(rates[16])})
     result["batch_16_over_batch_1"] = _median([b16 / b1 for b1, b16 in zip(rates[1], rates[16])])
     result.update(
         {
-            "cold_start_to_first_token_s": _median([_cold_start(path, threads) for _ in range(max(1, runs // 2))]),
+            "cold_start_to_first_token_s": _median([cold_start(path, threads) for _ in range(max(1, runs // 2))]),
             "load_average": os.getloadavg(),
         }
     )
@@ -260,61 +245,4 @@ def format_table(result: dict) -> str:
             label = f"decode, batch 1, after {key.split('_')[2]} tokens" if key else label
         if result.get(key) is not None:
             lines.append(f"  {label:<40} {fmt.format(result[key])}")
-    return "\n".join(lines)
-
-
-# `edgelm bench --sample`: the sampled settings requests use most, each against greedy decoding.
-SAMPLED = [
-    ("greedy", "greedy", {}),
-    ("openai", "temperature 1, top_p 1 (OpenAI's defaults)", {"do_sample": True, "top_k": 0}),
-    ("top_p_0.9", "top_p 0.9", {"do_sample": True, "top_k": 0, "top_p": 0.9}),
-    ("top_k_50", "top_k 50, temperature 1 (transformers' defaults)", {"do_sample": True, "top_k": 50}),
-    (
-        "penalties",
-        "repetition 1.1, presence 0.5, frequency 0.5",
-        {"do_sample": True, "top_k": 0, "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5},
-    ),
-]
-
-
-def run_sample_bench(path, threads: int | None = None, device: str = "auto", runs: int = 3, new_tokens: int = 128):
-    """Decode speed at batch 1 with each of SAMPLED's settings: in each round one decode per setting, the decodes
-    taking turns step by step in random orders (_lockstep_steps), so a moment's load slows every setting alike;
-    ratios to greedy are medians of per-round ratios. Two measures of the same decodes: tokens per second over
-    the sum of the steps, and one over the median step (which a few steps slowed by other work do not move)."""
-    threads = threads or os.cpu_count()
-    model = load(path, device=device, threads=threads)
-    new_tokens = min(new_tokens, model.arch.n_positions - 8)
-    _timed_tokens(model, [_prompt(model, 8)], 8)  # warm-up
-    rates, step_rates = {key: [] for key, _, _ in SAMPLED}, {key: [] for key, _, _ in SAMPLED}
-    for r in range(runs):
-        settings = [(key, options) for key, _, options in SAMPLED]
-        for key, steps in _lockstep_steps(model, _prompt(model, 8, r), new_tokens, settings, seed=r).items():
-            rates[key].append(len(steps) / sum(steps))
-            step_rates[key].append(1 / _median(steps))
-    result = {"package": str(model.package.folder), "device": model.device, "threads": threads, "runs": runs}
-    result["new_tokens"] = new_tokens
-    for key, _, _ in SAMPLED:
-        result[f"{key}_tok_s"] = _median(rates[key])
-        result[f"{key}_over_greedy"] = _median([s / g for s, g in zip(rates[key], rates["greedy"])])
-        result[f"{key}_median_step_tok_s"] = _median(step_rates[key])
-        result[f"{key}_median_step_over_greedy"] = _median(
-            [s / g for s, g in zip(step_rates[key], step_rates["greedy"])]
-        )
-    result["load_average"] = os.getloadavg()
-    return result
-
-
-def format_sample_table(result: dict) -> str:
-    lines = [
-        f"{result['package']}  ({result['device']}, {result['threads']} threads, {result['new_tokens']} new tokens, "
-        f"medians of {result['runs']}, load average {result['load_average'][0]:.2f})",
-        f"  {'':<58} {'all steps':>26}   {'median step':>26}",
-    ]
-    for key, label, _ in SAMPLED:
-        rate, ratio = result[f"{key}_tok_s"], result[f"{key}_over_greedy"]
-        step_rate, step_ratio = result[f"{key}_median_step_tok_s"], result[f"{key}_median_step_over_greedy"]
-        lines.append(
-            f"  decode, {label:<50} {rate:7.1f} tok/s  {ratio:5.2f}x greedy   {step_rate:7.1f} tok/s  {step_ratio:5.2f}x greedy"
-        )
     return "\n".join(lines)

@@ -301,17 +301,12 @@ def verify(package):
 @threads_option
 @device_option
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-@click.option(
-    "--sample",
-    is_flag=True,
-    help="Instead: decode speed with the common sampling settings against greedy, their decodes taking turns each step.",
-)
-def bench(package, runs, threads, device, as_json, sample):
-    """Measure load time, time to first token, decode speed (batch 1, 8, 16) and the bandwidth ceiling; with
-    --sample, decode speed under the common sampling settings against greedy (NAME_OR_PATH is the same as -m)."""
-    from ..bench import format_sample_table, format_table, run_bench, run_sample_bench
+def bench(package, runs, threads, device, as_json):
+    """Measure load time, time to first token, decode speed (batch 1, 8, 16), memory and the bandwidth ceiling
+    (NAME_OR_PATH is the same as -m)."""
+    from ..bench import format_table, run_bench
 
     if runs < 1:
         raise click.BadParameter("must be at least 1", param_hint="--runs")
-    result = (run_sample_bench if sample else run_bench)(package, threads=threads, device=device, runs=runs)
-    click.echo(json.dumps(result, indent=2) if as_json else (format_sample_table if sample else format_table)(result))
+    result = run_bench(package, threads=threads, device=device, runs=runs)
+    click.echo(json.dumps(result, indent=2) if as_json else format_table(result))
