@@ -22,10 +22,7 @@ from .engine.session import check_graph_shapes, create_session, drop_mapped_page
 from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
 from .generation_config import GenerationConfig, without_constraint
 from .inputs import check_text, check_token_ids
-from .package.format import (
-    GENERATION_CONFIG,
-    MANIFEST,
-)
+from .package.format import GENERATION_CONFIG, MANIFEST
 from .package.open import Package, open_package
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely

@@ -20,10 +20,9 @@ import numpy as np
 import onnxruntime as ort
 
 from ..generation_config import GenerationConfig
-from ..package.format import SAMPLING_BLOCK, SAMPLING_OUTPUTS, SAMPLING_TEMPERATURE, sampling_blocks
-from ..sampling import SamplerChain
+from ..sampling import SamplerChain, graph_outputs
 from ..sampling.constraint import Masks
-from ..sampling.draw import Prepared
+from ..sampling.graph_outputs import Prepared
 from . import fast_path as ort_fast_path
 from .session import GraphIO
 from .steps import RowState, position_ids_from_mask, prefill_inputs, row_stop_ids  # noqa: F401 (position_ids_from_mask: its users import it here)
@@ -33,7 +32,6 @@ from .steps import RowState, position_ids_from_mask, prefill_inputs, row_stop_id
 # first token 2-10% later (benchmarks/prefill_chunks.py). int8 graphs quantize activations per pass, so their
 # logits depend on the chunking: slightly closer to fp32 in chunks (KL 0.00035 against 0.00040).
 PREFILL_CHUNK = 128
-NO_ROWS = np.ones((0, 1), dtype=np.float32)  # a sampling temperature for no row: the graph makes no sampling outputs
 
 
 class Engine:
@@ -84,7 +82,7 @@ class Engine:
         feeds.update({name: self.runner.value(a) for name, a in arrays.items()})
         if self.io.has_sampling and self.device == "cpu":  # these passes fetch no sampling outputs: make none
             # (on CUDA the graph's default, one row, stays: its kernels are not run on empty tensors here)
-            feeds[SAMPLING_TEMPERATURE] = self.runner.value(NO_ROWS)
+            feeds.update(graph_outputs.none_feed(self.runner))
         outputs = self.runner.run(feeds, self._output_names)
         logits = outputs[0].numpy()
         if not self.io.has_logits_to_keep and logits_to_keep:
@@ -115,16 +113,9 @@ class Engine:
         return GrowingDecoder(self, batch)
 
     def sampling_arrays(self, rows: int) -> tuple | None:
-        """Arrays for the graph's sampling outputs of `rows` rows: weights [rows, 1, n_blocks * SAMPLING_BLOCK],
-        block sums [rows, 1, n_blocks], temperatures [rows, 1] (fed); None for a graph without them."""
-        if not self.io.has_sampling:
-            return None
-        blocks = sampling_blocks(self.vocab_size)
-        return (
-            np.zeros((rows, 1, blocks * SAMPLING_BLOCK), dtype=np.float32),
-            np.zeros((rows, 1, blocks), dtype=np.float32),
-            np.ones((rows, 1), dtype=np.float32),
-        )
+        """Arrays for the graph's sampling outputs of `rows` rows (graph_outputs.arrays); None for a graph without
+        them."""
+        return graph_outputs.arrays(rows, self.vocab_size) if self.io.has_sampling else None
 
 
 class GrowingDecoder:
@@ -228,14 +219,8 @@ class InPlaceDecoder:
     def _bind(self, rows: int) -> tuple:
         """The run that makes the sampling outputs for the first `rows` rows (views of the first rows of the arrays,
         which the OrtValues borrow: kept with it), bound once per number of rows."""
-        runner = self.engine.runner
         held = tuple(a[:rows] for a in self.held) if rows else self.engine.sampling_arrays(0)
-        names = [*self._names, SAMPLING_TEMPERATURE]
-        self.runs[rows] = (
-            runner.bind(names, self._outputs | dict(zip(SAMPLING_OUTPUTS, held))),
-            [runner.value(held[2])],
-            held,
-        )
+        self.runs[rows] = graph_outputs.bind(self.engine.runner, self._names, self._outputs, held)
         return self.runs[rows]
 
     def _cacheable(self, input_ids, attention_mask, position_ids) -> bool:

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import DeviceError, PackageError
-from ..package.format import SAMPLING_BLOCK, SAMPLING_OUTPUTS, SAMPLING_TEMPERATURE, sampling_blocks
+from ..sampling import graph_outputs
 from .fast_path import first_line
 from .onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
 
@@ -34,7 +34,7 @@ class GraphIO:
     kv_cache_in_place: bool = False  # the package says past and present may share one preallocated buffer
     cache_dtype: str = "float32"  # "int8" or "float16" for a graph whose KV cache is
     takes_embeddings: bool = False  # the graph's first input is inputs_embeds: the runtime looks tokens up
-    has_sampling: bool = False  # the sampling outputs and their temperature (package_format.SAMPLING_*)
+    has_sampling: bool = False  # the sampling outputs and their temperature (sampling/graph_outputs.py)
 
 
 def cuda_available() -> bool:
@@ -139,7 +139,7 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
         kv_cache_in_place=kv_cache_in_place,
         cache_dtype=_CACHE_TYPES.get(input_types.get("past_key_values.0.key"), "float32"),
         takes_embeddings="inputs_embeds" in inputs,
-        has_sampling=set(SAMPLING_OUTPUTS) <= outputs and SAMPLING_TEMPERATURE in overridable,
+        has_sampling=graph_outputs.in_graph(outputs, overridable),
     )
     tokens = "inputs_embeds" if names.takes_embeddings else "input_ids"
     missing = [n for n in (tokens, "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
@@ -213,7 +213,7 @@ def check_graph_shapes(session, package) -> None:
         ),
         None,
     )
-    odd = _odd_sampling_tensor(session, arch.vocab_size)
+    odd = graph_outputs.problem(session, arch.vocab_size)
     problem = (
         f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
         if isinstance(columns, int) and columns != arch.vocab_size
@@ -227,23 +227,3 @@ def check_graph_shapes(session, package) -> None:
     )
     if problem:
         raise PackageError(f"{package.model_file} {problem}; the package is damaged. Export it again.")
-
-
-def _odd_sampling_tensor(session, vocab_size: int) -> str | None:
-    """What is wrong with the graph's sampling outputs or their temperature (docs/package-format.md), or None: each a
-    float32 tensor of rank 3 ([rows, 1, width]) or, for the temperature, an overridable initializer [rows, 1],
-    rows left to the caller (a name, not a number)."""
-    blocks = sampling_blocks(vocab_size)
-    widths = dict(zip(SAMPLING_OUTPUTS, (blocks * SAMPLING_BLOCK, blocks)))
-    expected = {name: ["rows", 1, width] for name, width in widths.items()} | {SAMPLING_TEMPERATURE: ["rows", 1]}
-    tensors = [o for o in session.get_outputs() if o.name in widths]
-    tensors += [i for i in session.get_overridable_initializers() if i.name == SAMPLING_TEMPERATURE]
-    for tensor in tensors:
-        want = expected[tensor.name]
-        shape_ok = len(tensor.shape) == len(want) and not isinstance(tensor.shape[0], int)
-        shape_ok = shape_ok and all(d == w or not isinstance(d, int) for d, w in zip(tensor.shape[1:], want[1:]))
-        if tensor.type != "tensor(float)" or not shape_ok:
-            return f"has {tensor.name} of {tensor.type} {tensor.shape}, not float32 {want} for a vocabulary of {vocab_size} entries"
-    if any(i.name == SAMPLING_TEMPERATURE for i in session.get_inputs()):
-        return f"takes {SAMPLING_TEMPERATURE} as a required input, not an overridable initializer"
-    return None

@@ -6,7 +6,7 @@ step's sampling budget on its own); the same token is found from 256-token block
 one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
 
-Graphs with sampling outputs (docs/package-format.md) compute the weights (as probabilities: the draw needs them only up
+Graphs with sampling outputs (graph_outputs.py) compute the weights (as probabilities: the draw needs them only up
 to a common factor) and block sums themselves, in the step (Prepared): the draw then starts from them (float32
 block sums, added up in float64) and makes no pass of its own.
 """
@@ -14,16 +14,14 @@ block sums, added up in float64) and makes no pass of its own.
 import contextlib
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
 
 from ..errors import GenerationOptionError, PackageError
-from ..package.format import SAMPLING_BLOCK
+from .graph_outputs import BLOCK, MIN_TOTAL, Prepared, running_totals  # noqa: F401  (the chain takes them from here)
 
 NEG_INF = np.float32(-np.inf)
-BLOCK = SAMPLING_BLOCK  # tokens per block of the inverse-CDF search, as the graph's sampling outputs have them
 FEW_ALIVE = 4096  # a row with at most this many tokens above -inf is summed over them only
 REJECTION_TRIES = 8  # draws a row gets in a rejection draw (top_p's, the penalties') before it is drawn exactly
 
@@ -42,48 +40,6 @@ class Scratch:
         if kept is None or kept[0] != (shape, dtype):
             kept = self._arrays[name] = ((shape, dtype), (np.zeros if zeros else np.empty)(shape, dtype))
         return kept[1]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A step's sampling outputs for the rows being sampled: weights [B, n_blocks * BLOCK] float32 (softmax(logits /
-    temperature), 0 past the vocabulary), block_sums [B, n_blocks] float32, and the temperature each row's
-    were made at (B float32 values, as Python floats). The arrays are the decoder's, overwritten by its next pass:
-    a sampler may change them (the penalties do) until then. Never for a constrained row: the graph makes them from
-    the unmasked logits (SamplerChain.constrain)."""
-
-    weights: np.ndarray
-    block_sums: np.ndarray
-    temperatures: tuple
-
-    def rows(self, index: list) -> "Prepared":
-        """These rows only: views for consecutive rows (a scheduler job's), else copies."""
-        first = index[0] if index else 0
-        at = slice(first, first + len(index)) if list(index) == list(range(first, first + len(index))) else index
-        return Prepared(self.weights[at], self.block_sums[at], tuple(self.temperatures[i] for i in index))
-
-    def ends(self) -> list[list[float]] | None:
-        """block_ends of the weights, from the block sums; None when a row's does not serve (row_ends)."""
-        ends = [self.row_ends(r) for r in range(len(self.block_sums))]
-        return None if None in ends else ends
-
-    def row_ends(self, row: int) -> list[float] | None:
-        """One row's block ends; None when its total is not finite and at least MIN_TOTAL (the logits held NaN or
-        +inf, every token is banned, or penalties left only weights too small for float32 to hold exactly): the
-        caller computes from the logits instead."""
-        ends = running_totals(self.block_sums[row].tolist())
-        return ends if MIN_TOTAL <= ends[-1] < math.inf else None
-
-
-# The weights are probabilities before any penalty (the largest at least 1/V): after penalties lower the likely
-# tokens, a total this small would rest on weights that float32 holds inexactly (below 2**-126) or not at all,
-# while at or above it those hold under 1e-13 of it.
-MIN_TOTAL = 2.0**-64
-
-
-def running_totals(sums: list) -> list:
-    """np.cumsum's float64 sums, as Python floats."""
-    return list(accumulate(sums))
 
 
 def draw_rows(padded: np.ndarray, ends: list, rngs: list, n_vocab: int) -> np.ndarray:
