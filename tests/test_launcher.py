@@ -50,9 +50,7 @@ def test_both_entry_points_restart_the_same_way(tiny_package_int8, child_env, op
     )
     seen = {}
     for name, command in entry_points().items():
-        done = run(
-            [*command, "bench", str(tiny_package_int8), "--runs", "1", "--threads", "1", "--json"], environ
-        )
+        done = run([*command, "bench", str(tiny_package_int8), "--runs", "1", "--threads", "1", "--json"], environ)
         assert done.returncode == 0, (name, done.stderr)
         assert json.loads(done.stdout)["package"] == str(tiny_package_int8), name  # ran once, to its end
         starts = [line for line in done.stderr.splitlines() if line.startswith("start ")]
