@@ -7,15 +7,25 @@ Hub calls answered:
     HEAD /{repo}/resolve/{rev}/{file}          -> X-Repo-Commit, ETag, Content-Length (hf_hub_download's metadata)
     GET  /{repo}/resolve/{rev}/{file}          -> the bytes (a Range request from a resumed download gets 206)
 A missing repo, revision or file answers 404 with the X-Error-Code huggingface_hub turns into its typed errors.
+
+A hub that lies (Repo.lies: file name -> mode) lists a file at its own size, then GET sends it followed by
+Repo.padding bytes: "long" with a Content-Length that says so (HEAD too), "lying" with that Content-Length on
+GET only (HEAD gives the listed size), "chunked" with no length at all; "stall" sends half the file, then
+nothing for STALL_S seconds. A file in Repo.cdn is redirected, as the hub sends LFS files to its CDN, to
+http://localhost:PORT/cdn/{repo}/{file} (another host name, so a client must drop the token there).
 """
 
 import hashlib
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+STALL_S = 3.0
+PIECE = 1 << 16
 
 
 class Repo:
@@ -24,6 +34,10 @@ class Repo:
         self.cut_short = set()  # file names served with their full Content-Length but half their bytes
         self.announced = {}  # file name -> the size the listing gives instead of its own
         self.requests = []  # (method, file, Range header) of every file request
+        self.lies = {}  # file name -> "long", "lying", "chunked" or "stall" (see the module's docstring)
+        self.padding = 8 << 20  # bytes a lying GET sends past the file
+        self.cdn = set()  # file names redirected to the CDN-shaped path
+        self.tokens = []  # (resolve or cdn, Authorization header) of every GET
 
 
 class FakeHub:
@@ -81,6 +95,9 @@ class FakeHub:
                 for name, data in repo.files.items()
             ]
             return _send(handler, json.dumps(tree).encode(), body)
+        if (m := re.fullmatch(r"/cdn/([^/]+/[^/]+)/(.+)", path)) and m[1] in self.repos:
+            self.repos[m[1]].tokens.append(("cdn", handler.headers.get("Authorization")))
+            return self._file(handler, self.repos[m[1]], m[2], body)
         if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
             repo = self.repos.get(m[1])
             if repo is None:
@@ -89,17 +106,28 @@ class FakeHub:
                 return _error(handler, "RevisionNotFound")
             if m[3] not in repo.files:
                 return _error(handler, "EntryNotFound", repo.sha)
-            data = repo.files[m[3]]
             repo.requests.append((handler.command, m[3], handler.headers.get("Range")))
-            headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
-            start = int(re.fullmatch(r"bytes=(\d+)-", handler.headers.get("Range", "bytes=0-"))[1])
-            if start:
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            sent = data[start:]
-            if body and m[3] in repo.cut_short:
-                sent = sent[: len(sent) // 2]
-            return _send(handler, data[start:], body, headers, status=206 if start else 200, sent=sent)
+            if m[3] in repo.lies:
+                return _lie(handler, repo, repo.files[m[3]], repo.lies[m[3]], body)
+            if m[3] in repo.cdn:
+                repo.tokens.append(("resolve", handler.headers.get("Authorization")))
+                port, data = self.server.server_address[1], repo.files[m[3]]
+                headers = {"Location": f"http://localhost:{port}/cdn/{m[1]}/{m[3]}", "X-Repo-Commit": repo.sha}
+                headers |= {"X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Linked-Size": str(len(data))}
+                return _send(handler, b"", body, headers, 302)
+            return self._file(handler, repo, m[3], body)
         _error(handler, "RepoNotFound")
+
+    def _file(self, handler, repo, name: str, body: bool):
+        data = repo.files[name]
+        headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
+        start = int(re.fullmatch(r"bytes=(\d+)-", handler.headers.get("Range", "bytes=0-"))[1])
+        if start:
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        sent = data[start:]
+        if body and name in repo.cut_short:
+            sent = sent[: len(sent) // 2]
+        return _send(handler, data[start:], body, headers, status=206 if start else 200, sent=sent)
 
 
 def _send(handler, data: bytes, body: bool, headers=None, status=200, sent=None):
@@ -112,6 +140,35 @@ def _send(handler, data: bytes, body: bool, headers=None, status=200, sent=None)
         handler.wfile.write(data if sent is None else sent)
         if sent is not None and len(sent) < len(data):
             handler.close_connection = True
+
+
+def _lie(handler, repo, data: bytes, mode: str, body: bool):
+    """Answer a file request with more than the file (or a stall), as a hostile hub would."""
+    sent = data + b" " * repo.padding  # spaces: a manifest stays valid JSON however long it runs
+    handler.send_response(200)
+    handler.send_header("X-Repo-Commit", repo.sha)
+    handler.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+    if mode == "chunked" and body:
+        handler.send_header("Transfer-Encoding", "chunked")
+    else:
+        honest = mode == "long" or (mode == "lying" and body)
+        handler.send_header("Content-Length", str(len(sent) if honest else len(data)))
+    handler.end_headers()
+    if not body:
+        return
+    handler.close_connection = True
+    try:
+        if mode == "stall":
+            handler.wfile.write(data[: len(data) // 2])
+            handler.wfile.flush()
+            return time.sleep(STALL_S)
+        for start in range(0, len(sent), PIECE):
+            piece = sent[start : start + PIECE]
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if mode == "chunked" else piece)
+        if mode == "chunked":
+            handler.wfile.write(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):  # the client stopped reading at its bound
+        pass
 
 
 def _error(handler, code: str, commit: str | None = None):
