@@ -257,8 +257,9 @@ def download(url: str, destination: Path, progress=None, limit: int | None = Non
         )
 
 
+# install URL and pull (hub.py) both read these at call time, so one setting bounds every download
 DOWNLOAD_STALL_S = 60.0  # seconds without a byte before a download is given up
-DOWNLOAD_DEADLINE_S = 6 * 3600.0  # one download in all
+DOWNLOAD_DEADLINE_S = 6 * 3600.0  # one install download, or one whole pull, in all
 MAX_REDIRECTS = 5
 
 
