@@ -194,9 +194,7 @@ def test_formats_are_told_from_the_template_and_model_type(tokenizer_folder):
         "llama3",
         "smollm2",
     ]
-    package = SimpleNamespace(
-        chat_template=ChatTemplate("{{ messages }}"), arch=SimpleNamespace(model_type="qwen2", positions="rope")
-    )
+    package = SimpleNamespace(chat_template=ChatTemplate("{{ messages }}", model_type="qwen2"))
     assert tool_format(package).name == "hermes"  # a Qwen2 fine-tune whose template says nothing of tools
     _, ours = _both(tokenizer_folder, LLAMA32)
     folder = SimpleNamespace(
