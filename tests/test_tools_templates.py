@@ -355,3 +355,10 @@ def test_arguments_given_as_a_dict_and_empty_tool_calls_are_read():
     assert ChatTemplate(QWEN25).render(plain) == ChatTemplate(QWEN25).render(
         _with({"role": "assistant", "content": "Hi."})
     )
+
+
+def test_responses_api_tools_read_as_chat_tools():
+    flat = [{"type": "function", **CLOCK["function"]}]
+    assert ChatTemplate(QWEN25).render(ASK, tools=flat) == ChatTemplate(QWEN25).render(ASK, tools=[CLOCK])
+    with pytest.raises(ChatError, match="unknown field 'params'"):
+        ChatTemplate(QWEN25).render(ASK, tools=[{"type": "function", "name": "f", "params": {}}])

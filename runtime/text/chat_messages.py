@@ -7,7 +7,8 @@ Messages come in OpenAI's shape and leave as the copies transformers' templates 
   templates write `tool_call.arguments | tojson`. Its content may then be null;
 - {"role": "tool", "tool_call_id", "content"} answers one call of the nearest assistant message before it.
 Tools are OpenAI's function definitions, {"type": "function", "function": {"name", "description"?,
-"parameters"?, "strict"?}}, passed to the template as given once checked.
+"parameters"?, "strict"?}}, passed to the template as given once checked; the Responses API's flat shape
+({"type": "function", "name", ...}) is read as the same.
 
 Every refusal is a ChatError whose `param` names the field at fault ("messages[3].tool_call_id", "tools[0]").
 """
@@ -69,6 +70,9 @@ def check_tools(tools) -> list | None:
     checked, names = [], set()
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
+        if isinstance(tool, dict) and tool.get("type") == "function" and "function" not in tool and "name" in tool:
+            # the Responses API's flat shape, {"type": "function", "name", "parameters", ...}: nested as chat's
+            tool = {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
             raise ChatError(
                 f'{where} must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}', where

@@ -113,6 +113,7 @@ class TaggedStream(ToolStream):
         self._parse_block, self._open, self._close = parse_block, open_tag, close_tag
         self._buffer = ""  # text not yet sent: a possible start of open_tag, or a block still open
         self._inside = False
+        self._searched = 0  # how far into an open block close_tag was looked for: each piece is searched once
 
     def feed(self, text: str) -> list:
         out = []
@@ -127,11 +128,12 @@ class TaggedStream(ToolStream):
                     return out
                 self._content(self._buffer[:start], out)
                 self._buffer, self._inside = self._buffer[start:], True
-            end = self._buffer.find(self._close, len(self._open))
+            end = self._buffer.find(self._close, max(len(self._open), self._searched - len(self._close) + 1))
             if end < 0:
+                self._searched = len(self._buffer)
                 return out
             block, self._buffer = self._buffer[: end + len(self._close)], self._buffer[end + len(self._close) :]
-            self._inside = False
+            self._inside, self._searched = False, 0
             self._block(block, block[len(self._open) : end], out)
 
     def finish(self) -> list:
