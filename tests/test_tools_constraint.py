@@ -90,10 +90,13 @@ def test_parallel_calls_only_where_allowed(tokenizer, name):
     assert _accepts(tokenizer, single, fmt.call_text([("now", {})]))
 
 
-def test_arguments_may_be_written_with_any_json_whitespace(tokenizer):
+def test_arguments_are_laid_out_as_templates_write_them(tokenizer):
+    """json.dumps' separators and no other whitespace: what the model sees of its past calls in the prompt."""
     _, grammar = FORMATS["hermes"].constraint([WEATHER], "required")
-    text = '<tool_call>\n{"name": "get_weather", "arguments": {\n  "city":"Oslo" }}\n</tool_call>'
-    assert _accepts(tokenizer, grammar, text)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": %s}\n</tool_call>'
+    assert _accepts(tokenizer, grammar, call % '{"city": "Oslo", "days": 2}')
+    for spaced in ('{"city":"Oslo"}', '{ "city": "Oslo"}', '{"city": "Oslo",  "days": 2}', '{\n  "city": "Oslo"\n}'):
+        assert not _accepts(tokenizer, grammar, call % spaced), spaced
 
 
 @pytest.mark.parametrize("choice", ["auto", "none", None])

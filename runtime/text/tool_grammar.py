@@ -4,12 +4,13 @@
 For tool_choice "required" the answer is one call (or several, when parallel calls are allowed and the family
 writes them) of any tool; for a named function, calls of that function only. Each call is the family's exact
 wrapper and JSON keys around the arguments, and the arguments are llguidance's `%json{...}` of the tool's
-parameter schema, so they parse and validate. For example, Qwen2.5's format with one tool `get_weather`:
+parameter schema (laid out as ARGUMENTS_LAYOUT says), so they parse and validate. For example, Qwen2.5's format
+with one tool `get_weather`:
 
     start: call ("\\n" call)*
     call: call_0
     call_0: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": " args_0 "}\\n</tool_call>"
-    args_0: %json {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    args_0: %json {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "x-guidance": ...}
 
 "auto" and "none" need no constraint (None): the answer is parsed afterwards. A schema llguidance cannot compile
 fails where the grammar is compiled, with the GenerationOptionError that names it.
@@ -20,7 +21,9 @@ import json
 from ..errors import ChatError
 from .chat_messages import parameters_schema, tool_names
 
-CHOICES = ("none", "auto", "required")
+# The arguments are laid out as the templates write past calls (`tojson`, json.dumps' ", " and ": "), with no
+# other whitespace: a model, and above all a random or weak one, cannot spend its tokens on blank space.
+ARGUMENTS_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def chosen_names(tools: list | None, choice) -> list | None:
@@ -63,7 +66,8 @@ def constraint(fmt, tools: list | None, choice, parallel: bool = True):
         prefix, suffix = _wrapper(fmt, name)
         calls.append(f"call_{i}")
         lines.append(f"call_{i}: {_literal(prefix)} args_{i} {_literal(suffix)}")
-        lines.append(f"args_{i}: %json {json.dumps(parameters_schema(by_name[name]), ensure_ascii=False)}")
+        schema = {**parameters_schema(by_name[name]), "x-guidance": ARGUMENTS_LAYOUT}
+        lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     several = parallel and fmt.parallel
     if getattr(fmt, "listed", False):
         start = f"start: {_literal(fmt.begin)} call ({_literal(fmt.between)} call)* {_literal(fmt.end)}"
