@@ -362,3 +362,25 @@ def test_responses_api_tools_read_as_chat_tools():
     assert ChatTemplate(QWEN25).render(ASK, tools=flat) == ChatTemplate(QWEN25).render(ASK, tools=[CLOCK])
     with pytest.raises(ChatError, match="unknown field 'params'"):
         ChatTemplate(QWEN25).render(ASK, tools=[{"type": "function", "name": "f", "params": {}}])
+
+
+def test_a_llama_template_without_tools_support_gets_llamas_words():
+    """A Llama 3.0-style template (no tools): the tools as Llama 3.1's template words them, a call as the JSON
+    answer, each result its own ipython message."""
+    plain = (
+        "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}"
+        "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    )
+    prompt = ChatTemplate(plain).render(PARALLEL, tools=[CLOCK])
+    assert tool_format(plain).name == "llama3"
+    assert prompt.startswith(
+        "<|start_header_id|>system<|end_header_id|>\n\nYou have access to the following functions. To call a "
+        'function, please respond with JSON for a function call.Respond in the format {"name": function name, '
+        '"parameters": dictionary of argument name and its value}.Do not use variables.\n\n{\n    "type": "function",'
+    )
+    assert (
+        '<|start_header_id|>assistant<|end_header_id|>\n\nChecking both.\n{"name": "get_weather", "parameters": '
+        '{"city": "Zürich"}}; {"name": "now", "parameters": {}}<|eot_id|>'
+        "<|start_header_id|>ipython<|end_header_id|>\n\n21<|eot_id|>"
+        "<|start_header_id|>ipython<|end_header_id|>\n\n12:00<|eot_id|>"
+    ) in prompt

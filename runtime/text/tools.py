@@ -59,6 +59,7 @@ class ToolFormat:
     arguments_key = "arguments"  # the key holding a call's arguments in the model's JSON
     parallel = True  # whether one answer may hold several calls
     result_role = "user"  # the role a tool result is written as by inline()
+    merge_results = True  # whether inline() writes a run of results as one message, as Qwen2.5's template does
 
     def parse(self, text: str) -> tuple:
         """(content or None, [ToolCall]) for a whole answer; never raises."""
@@ -104,7 +105,7 @@ class ToolFormat:
         for message in messages:
             if message["role"] == "tool":
                 text = self.result_text(_text(message["content"]))
-                if merging:
+                if merging and self.merge_results:
                     out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
                 else:
                     out.append({"role": self.result_role, "content": text})
@@ -127,14 +128,8 @@ class TaggedFormat(ToolFormat):
     as a JSON list, when `listed`)."""
 
     def __init__(self, name: str, begin: str, end: str, between: str, listed: bool = False, prompt: str = ""):
-        self.name, self.begin, self.end, self.between, self.listed, self.prompt = (
-            name,
-            begin,
-            end,
-            between,
-            listed,
-            prompt,
-        )
+        self.name, self.prompt = name, prompt
+        self.begin, self.end, self.between, self.listed = begin, end, between, listed
 
     def stream(self) -> ToolStream:
         return TaggedStream(self.parse_block)
@@ -173,7 +168,8 @@ class Llama3Format(ToolFormat):
     name = "llama3"
     arguments_key = "parameters"
     parallel = False
-    result_role = "ipython"
+    result_role = "ipython"  # each result its own message, as Llama 3.1's template writes them
+    merge_results = False
 
     def stream(self) -> ToolStream:
         return JsonAnswerStream(self.parse_answer, PYTHON_TAG)
