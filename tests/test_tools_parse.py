@@ -46,6 +46,18 @@ CASES = [
         [],
     ),  # no call: as is
     (HERMES, "Hi <tool_call", "Hi <tool_call", []),
+    (  # a closing tag inside the arguments' strings is text of the arguments
+        HERMES,
+        '<tool_call>\n{"name": "f", "arguments": {"html": "<tool_call>\\"</tool_call>"}}\n</tool_call>',
+        None,
+        [("f", '{"html": "<tool_call>\\"</tool_call>"}')],
+    ),
+    (  # a stray quote: the block ends at its first closing tag, and what follows is read again
+        EDGELM,
+        'Say "hi <tool_call>"oops</tool_call> then <tool_call>{"name": "now"}</tool_call>',
+        'Say "hi <tool_call>"oops</tool_call> then',
+        [("now", "{}")],
+    ),
     (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [("get_weather", PARIS)]),
     (
         LLAMA3,

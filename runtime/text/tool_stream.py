@@ -5,7 +5,9 @@ Text before, between and after calls streams as content at once, except a tail t
 turns out malformed (bad JSON, no name, arguments that are no object) is sent as content, so a client never
 sees half a call it must take back. Each call is two deltas, as OpenAI's `delta.tool_calls` chunks carry it:
 (index, id, name, arguments="") then (index, None, None, arguments JSON text). Whitespace that only separates
-content from calls is dropped; an answer without calls comes through byte for byte.
+content from calls is dropped; an answer without calls comes through byte for byte. A closing tag inside the
+JSON strings of a call is part of its arguments; a block that only closes there (a stray quote) ends, once the
+answer does, at its first closing tag, and the text after it is read again.
 
 `ToolFormat.parse(text)` is this stream fed the whole text at once, so parsing after the fact and streaming
 agree on every input.
@@ -113,7 +115,9 @@ class TaggedStream(ToolStream):
         self._parse_block, self._open, self._close = parse_block, open_tag, close_tag
         self._buffer = ""  # text not yet sent: a possible start of open_tag, or a block still open
         self._inside = False
-        self._searched = 0  # how far into an open block close_tag was looked for: each piece is searched once
+        # The open block's scan for close_tag: how far it got, and whether it stopped inside a JSON string, where
+        # a close_tag is text of the arguments ({"html": "</tool_call>"}), not the block's end.
+        self._searched, self._in_string, self._escaped = 0, False, False
 
     def feed(self, text: str) -> list:
         out = []
@@ -128,22 +132,51 @@ class TaggedStream(ToolStream):
                     return out
                 self._content(self._buffer[:start], out)
                 self._buffer, self._inside = self._buffer[start:], True
-            end = self._buffer.find(self._close, max(len(self._open), self._searched - len(self._close) + 1))
+                self._searched, self._in_string, self._escaped = len(self._open), False, False
+            end = self._find_close()
             if end < 0:
-                self._searched = len(self._buffer)
                 return out
             block, self._buffer = self._buffer[: end + len(self._close)], self._buffer[end + len(self._close) :]
-            self._inside, self._searched = False, 0
+            self._inside = False
             self._block(block, block[len(self._open) : end], out)
 
     def finish(self) -> list:
         out = []
-        if self._inside:  # a block the answer ended in (cut by a stop or the length): a call if it parses
+        if self._inside:
+            end = self._buffer.find(self._close, len(self._open))
+            if end >= 0:  # closed only inside a string: malformed, so it ends where a plain reading ends it
+                block, rest = self._buffer[: end + len(self._close)], self._buffer[end + len(self._close) :]
+                self._buffer, self._inside = "", False
+                self._content(block, out)
+                return out + self.feed(rest) + self.finish()
+            # a block the answer ended in (cut by a stop or the length): a call if it parses
             self._block(self._buffer, self._buffer[len(self._open) :], out)
         else:
             self._content(self._buffer, out)
         self._buffer, self._inside = "", False
         return self._end(out)
+
+    def _find_close(self) -> int:
+        """Where close_tag ends the open block (outside JSON strings), or -1 for not yet; scans each character once."""
+        text, at = self._buffer, self._searched
+        while at < len(text):
+            char = text[at]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+            elif char == '"':
+                self._in_string = True
+            elif char == "<" and self._close.startswith(text[at : at + len(self._close)]):
+                if len(text) - at < len(self._close):
+                    break  # the end of the text may be the start of close_tag: look again with the next piece
+                return at
+            at += 1
+        self._searched = at
+        return -1
 
     def _block(self, block: str, body: str, out: list) -> None:
         calls = self._parse_block(body)
