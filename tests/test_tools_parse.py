@@ -171,6 +171,12 @@ def test_content_before_a_call_streams_before_the_call_ends():
     assert [d.name for d in held.finish()] == ["now", None]
 
 
+def test_many_malformed_blocks_parse_without_an_exception():
+    text = '<tool_call>"</tool_call>' * 3000 + '<tool_call>{"name": "now"}</tool_call>'
+    assert _calls(EDGELM.parse(text)[1]) == [("now", "{}")]
+    assert EDGELM.parse(text)[0] == '<tool_call>"</tool_call>' * 3000
+
+
 def test_non_text_input_parses_as_empty():
     assert HERMES.parse(None) == ("", [])
 

@@ -142,14 +142,13 @@ class TaggedStream(ToolStream):
 
     def finish(self) -> list:
         out = []
-        if self._inside:
-            end = self._buffer.find(self._close, len(self._open))
-            if end >= 0:  # closed only inside a string: malformed, so it ends where a plain reading ends it
-                block, rest = self._buffer[: end + len(self._close)], self._buffer[end + len(self._close) :]
-                self._buffer, self._inside = "", False
-                self._content(block, out)
-                return out + self.feed(rest) + self.finish()
-            # a block the answer ended in (cut by a stop or the length): a call if it parses
+        while self._inside and (end := self._buffer.find(self._close, len(self._open))) >= 0:
+            # closed only inside a string: malformed, so it ends where a plain reading ends it
+            block, rest = self._buffer[: end + len(self._close)], self._buffer[end + len(self._close) :]
+            self._buffer, self._inside = "", False
+            self._content(block, out)
+            out += self.feed(rest)
+        if self._inside:  # a block the answer ended in (cut by a stop or the length): a call if it parses
             self._block(self._buffer, self._buffer[len(self._open) :], out)
         else:
             self._content(self._buffer, out)
