@@ -285,10 +285,26 @@ class Model:
     def _check_ids(self, ids) -> None:
         check_token_ids(ids, self.arch.vocab_size)
 
-    def chat_batch(self, messages, config: GenerationConfig | None = None, *, tools=None, **options) -> Batch:
+    def chat_batch(
+        self,
+        messages,
+        config: GenerationConfig | None = None,
+        *,
+        tools=None,
+        tool_choice=None,
+        parallel_tool_calls: bool = True,
+        **options,
+    ) -> Batch:
         """A Batch for the assistant's next message: `messages` rendered by the package's chat template (with
         the assistant's turn opened, and OpenAI function `tools` if given), the template's stop strings added to
-        the caller's. Read calls out of the reply with text.tools.tool_format(model).parse(completion.text)."""
+        the caller's. `tool_choice` "required" or {"type": "function", "function": {"name": ...}} constrains the
+        reply to calls (one unless parallel_tool_calls; text/tool_grammar.py); read them out of it with
+        tool_format(model).parse(completion.text)."""
+        if tool_choice is not None:
+            from .text.tools import tool_format
+
+            forced = tool_format(self).constraint(tools, tool_choice, parallel_tool_calls)
+            options = {**options, forced[0]: forced[1]} if forced else options
         prompt, config = self.chat_prompt(messages, self._config(config, options), tools)
         return self.batch([prompt], config)
 
@@ -304,7 +320,8 @@ class Model:
 
     def chat(self, messages, config: GenerationConfig | None = None, *, tools=None, **options):
         """The assistant's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]) as a Completion, or a
-        list of them when num_return_sequences > 1. `tools`: OpenAI function definitions the template shows."""
+        list of them when num_return_sequences > 1. `tools`: OpenAI function definitions the template shows;
+        `tool_choice` (a chat_batch() option) forces a call of them."""
         batch = self.chat_batch(messages, config, tools=tools, **options)
         completions = batch.run()
         return completions[0] if batch.config.num_return_sequences == 1 else completions

@@ -65,3 +65,13 @@ def test_forced_calls_parse_and_validate(model, choice):
             assert streamed_content is None
             assert [(c.name, c.arguments_json) for c in streamed] == [(c.name, c.arguments_json) for c in calls]
     assert finished >= 6  # most random replies finish their call well within the budget
+
+
+def test_chat_takes_tool_choice(model):
+    fmt = tool_format(model)
+    named = {"type": "function", "function": {"name": "now"}}
+    reply = model.chat(ASK, tools=TOOLS, tool_choice=named, parallel_tool_calls=False, max_new_tokens=40, truncate=True)
+    assert reply.finish_reason == "stop" and fmt.parse(reply.text)[0] is None
+    assert [(c.name, c.arguments_json) for c in fmt.parse(reply.text)[1]] == [("now", "{}")]
+    auto = model.chat(ASK, tools=TOOLS, tool_choice="auto", max_new_tokens=4, truncate=True)
+    assert auto.text == model.chat(ASK, tools=TOOLS, max_new_tokens=4, truncate=True).text  # auto forces nothing
