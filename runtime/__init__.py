@@ -31,6 +31,8 @@ _LAZY = {
     "load": "model",
     "pipeline": "text.pipeline",
     "PromptFile": "prompt_file",
+    "ToolCall": "text.tools",
+    "tool_format": "text.tools",
 }
 
 __all__ = [
@@ -43,6 +45,8 @@ __all__ = [
     "ChatTemplate",
     "GenerationConfig",
     "PromptFile",
+    "ToolCall",
+    "tool_format",
     "EdgelmError",
     "PackageError",
     "DeviceError",

@@ -1,12 +1,15 @@
-"""Chat templates: a conversation (a list of {"role", "content"} messages) in, one prompt string out.
+"""Chat templates: a conversation (a list of {"role", "content"} messages) and tools in, one prompt string out.
 
 A package's template is the `chat_template` of its tokenizer_config.json, rendered the way transformers'
-`apply_chat_template` renders it, so a prompt made here equals the one transformers makes:
+`apply_chat_template(messages, tools=tools)` renders it, so a prompt made here equals the one transformers makes:
 - Jinja2 in an `ImmutableSandboxedEnvironment` with trim_blocks and lstrip_blocks, the loop controls
   (`break`, `continue`) and the `{% generation %}` tag (a pass-through here);
 - globals `raise_exception(message)` and `strftime_now(format)`; a `tojson` filter that does not escape HTML;
-- variables `messages`, `tools` and `documents` (None), `add_generation_prompt`, and the special tokens
-  (`bos_token`, `eos_token`, ..., `additional_special_tokens`) as strings.
+- variables `messages` (checked by chat_messages.py: tool calls, tool results), `tools` (OpenAI function
+  definitions, or None) and `documents` (None), `add_generation_prompt`, and the special tokens (`bos_token`,
+  `eos_token`, ..., `additional_special_tokens`) as strings.
+A template that never reads `tools` (SmolLM2's) would drop them, as transformers does; edgelm instead writes the
+tools, calls and results into plain messages in the family's tool format (tools.py) and renders those.
 
 A package without a template gets DEFAULT_TEMPLATE, plain lines a base model continues naturally:
 
@@ -14,7 +17,9 @@ A package without a template gets DEFAULT_TEMPLATE, plain lines a base model con
     User: Hello!
     Assistant:
 
-with DEFAULT_STOP ending the answer where the model starts the next turn itself.
+with DEFAULT_STOP ending the answer where the model starts the next turn itself. With tools it writes
+TOOLS_LINE and one JSON line per tool first, each call as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+on the assistant's line, and a result as a `Tool: ...` line (docs/tools.md).
 
 Messages come from callers and HTTP requests; the template comes from the package. The sandbox keeps a
 template away from Python's internals, and a render is bounded in size, work and time (chat_bounds.py). Every refusal is a ChatError whose `param` names the field at fault ("messages[1].role").
@@ -26,16 +31,30 @@ from pathlib import Path
 
 from ..errors import ChatError, DeadlineError
 from .chat_bounds import MAX_PROMPT_CHARS, Budget, bounded_join, bounded_json
+from .chat_messages import ROLES, check_messages, check_tools
 from .chat_sandbox import bounded_environment
 
-ROLES = ("system", "user", "assistant")  # "developer" (OpenAI's newer name for system) is read as "system"
+__all__ = ["ROLES", "ChatTemplate", "DEFAULT_STOP", "DEFAULT_TEMPLATE", "check_messages", "check_tools"]
+
+# The default template's tool prompt: one line, then one JSON line per tool. tools.py parses what it asks for.
+TOOLS_LINE = (
+    "Tools: to call functions, answer with <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> "
+    "for each call. The functions, as JSON:"
+)
 DEFAULT_TEMPLATE = (
+    "{% if tools %}" + TOOLS_LINE + "\n"  # braces alone are text to Jinja
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}{% endif %}"
     "{% for message in messages %}"
-    "{{ message['role'] | capitalize }}: {{ message['content'] }}\n"
+    "{% if message['role'] == 'tool' %}Tool: {{ message['content'] }}\n"
+    "{% elif message['tool_calls'] %}Assistant: {% if message['content'] %}{{ message['content'] }} {% endif %}"
+    "{% for call in message['tool_calls'] %}<tool_call>"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "</tool_call>{% endfor %}{{ '\n' }}"
+    "{% else %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-DEFAULT_STOP = ("\nUser:", "\nSystem:")  # the default template's turns begin on a new line
+DEFAULT_STOP = ("\nUser:", "\nSystem:", "\nTool:")  # the default template's turns begin on a new line
 MAX_TEMPLATE_CHARS = 200_000  # real templates are 1-20 kB
 MAX_CONFIG_BYTES = 16 << 20  # tokenizer_config.json with a large added_tokens_decoder
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -45,12 +64,19 @@ PROBE = "\u2063edgelm-end-of-turn\u2063"  # an assistant answer no template chan
 class ChatTemplate:
     """A compiled chat template with the special tokens it is rendered with. Safe to share between threads."""
 
-    def __init__(self, source, special_tokens: dict | None = None, origin: str = "the chat template"):
+    def __init__(
+        self,
+        source,
+        special_tokens: dict | None = None,
+        origin: str = "the chat template",
+        model_type: str | None = None,
+    ):
         self.source = source  # as found in the package: checked at first use, so a bad one fails chat, not load
         self.special_tokens = dict(special_tokens or {})
         self.origin = origin  # where the template came from, for error messages
+        self.model_type = model_type  # the package's ("qwen2", ...): names the tool format where the text does not
         self.is_default = source is DEFAULT_TEMPLATE
-        self._compiled = None  # (jinja Template, whether it reads content parts); built on first render
+        self._compiled = None  # (jinja Template, reads content parts, reads tools); built on first render
         self._stop = None
 
     @classmethod
@@ -82,16 +108,23 @@ class ChatTemplate:
         if isinstance(source, list):  # named templates, as transformers saves several: it renders "default"
             named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
             source = named.get("default", _Broken(f"{path} lists named chat templates but none called 'default'"))
-        return cls(source, special_tokens_of(config, _special_tokens_map(package.folder, package.manifest)), origin)
+        tokens = special_tokens_of(config, _special_tokens_map(package.folder, package.manifest))
+        return cls(source, tokens, origin, getattr(package.arch, "model_type", None))
 
-    def render(self, messages, add_generation_prompt: bool = True) -> str:
-        """The prompt for `messages`, ending with the assistant's turn opened when add_generation_prompt."""
-        template, reads_parts = self._template()
+    def render(self, messages, add_generation_prompt: bool = True, tools=None) -> str:
+        """The prompt for `messages` (and OpenAI function `tools`, if any), ending with the assistant's turn opened
+        when add_generation_prompt."""
+        template, reads_parts, reads_tools = self._template()
         checked = check_messages(messages, keep_parts=reads_parts)
+        tools = check_tools(tools)
+        if not reads_tools and (tools or any(m.get("tool_calls") or m["role"] == "tool" for m in checked)):
+            from .tools import tool_format
+
+            checked, tools = tool_format(self).inline(checked, tools), None
         variables = {
             **self.special_tokens,
             "messages": checked,
-            "tools": None,
+            "tools": tools,
             "documents": None,
             "add_generation_prompt": bool(add_generation_prompt),
         }
@@ -111,6 +144,11 @@ class ChatTemplate:
         except Exception as error:  # Jinja errors, raise_exception(), sandbox refusals, Python errors inside
             raise ChatError(f"{self.origin} cannot render these messages: {_one_line(error)}", "messages") from None
         return "".join(out)
+
+    @property
+    def reads_tools(self) -> bool:
+        """Whether the template renders `tools` itself; if not, render() writes them into the messages."""
+        return self._template()[2]
 
     @property
     def stop(self) -> tuple:
@@ -137,7 +175,8 @@ class ChatTemplate:
 
 
 def compile_template(source, origin: str = "the chat template"):
-    """(jinja Template, whether it loops over a message's content parts); ChatError if it is no template."""
+    """(jinja Template, whether it loops over a message's content parts, whether it reads `tools`); ChatError if
+    it is no template."""
     if not isinstance(source, str):
         raise ChatError(
             f"{origin} is a {type(source).__name__}, not a string; set one with: edgelm export --chat-template FILE"
@@ -145,41 +184,17 @@ def compile_template(source, origin: str = "the chat template"):
     if len(source) > MAX_TEMPLATE_CHARS:
         raise ChatError(f"{origin} is {len(source)} characters, over the {MAX_TEMPLATE_CHARS} allowed")
     import jinja2
+    from jinja2 import nodes
 
     environment = _environment()
     try:
         tree = environment.parse(source)
         template = environment.from_string(tree)
         template.root_render_func.__globals__["str_join"] = bounded_join  # `~`, which no sandbox hook sees
-        return template, _reads_parts(tree)
+        reads_tools = any(n.name == "tools" and n.ctx == "load" for n in tree.find_all(nodes.Name))
+        return template, _reads_parts(tree), reads_tools
     except jinja2.TemplateError as error:
         raise ChatError(f"{origin} is not a valid Jinja template: {_one_line(error)}") from None
-
-
-def check_messages(messages, keep_parts: bool = False) -> list:
-    """Validated copies of the messages: {"role", "content"} (and "name" if given). Content given as OpenAI's
-    text parts stays a list for templates that loop over parts, and is otherwise joined with newlines."""
-    if not isinstance(messages, (list, tuple)):
-        raise ChatError(f"messages must be a list of messages, got {type(messages).__name__}", "messages")
-    if not messages:
-        raise ChatError("messages is empty; give at least one message", "messages")
-    checked = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise ChatError(f"{where} must be an object with role and content, got {type(message).__name__}", where)
-        role = message.get("role")
-        role = "system" if role == "developer" else role
-        if role not in ROLES:
-            raise ChatError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-        content = _content(message.get("content"), f"{where}.content", keep_parts)
-        copy = {"role": role, "content": content}
-        if message.get("name") is not None:
-            if not isinstance(message["name"], str):
-                raise ChatError(f"{where}.name must be a string", f"{where}.name")
-            copy["name"] = message["name"]
-        checked.append(copy)
-    return checked
 
 
 def special_tokens_of(config: dict, special_tokens_map: dict | None = None) -> dict:
@@ -201,24 +216,6 @@ def special_tokens_of(config: dict, special_tokens_map: dict | None = None) -> d
     if isinstance(listed, list) and listed:
         tokens["additional_special_tokens"] = [t for t in map(_token_text, listed) if t is not None]
     return tokens
-
-
-def _content(content, where: str, keep_parts: bool):
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ChatError(
-                    f'{where}[{j}] must be a text part {{"type": "text", "text": "..."}}; edgelm reads text only',
-                    f"{where}[{j}]",
-                )
-        parts = [{"type": "text", "text": part["text"]} for part in content]
-        return parts if keep_parts else "\n".join(part["text"] for part in parts)
-    raise ChatError(
-        f'{where} must be a string or a list of text parts [{{"type": "text", "text": "..."}}], got {type(content).__name__}',
-        where,
-    )
 
 
 def _token_text(value):
