@@ -196,6 +196,26 @@ def test_model_names(server, keyed, model):
     assert anything.status_code == 200 and anything.json()["model"] == model.package.name
 
 
+def test_a_package_answers_to_the_hub_id_it_was_exported_from(tiny_package, tmp_path):
+    """`edgelm export distilgpt2 --quantize int8` makes distilgpt2-int8; the openai example's model="distilgpt2"
+    reaches it."""
+    import shutil
+
+    folder = shutil.copytree(tiny_package, tmp_path / "distilgpt2-int8")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["name"], manifest["source"] = "distilgpt2-int8", {"hub_id": "distilgpt2", "revision": "main"}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    s = InProcessServer(load(folder))
+    try:
+        assert [m["id"] for m in HTTP.get(s.url + "/v1/models").json()["data"]] == ["distilgpt2-int8"]
+        for name in ("distilgpt2", "distilgpt2-int8"):
+            body = complete(s, {"model": name, "prompt": "Hi", "max_tokens": 1}).json()
+            assert body["model"] == "distilgpt2-int8", body
+        assert complete(s, {"model": "gpt2", "prompt": "Hi", "max_tokens": 1}).status_code == 404
+    finally:
+        s.stop()
+
+
 def test_serve_prints_the_model_id_and_takes_names(tiny_package, tmp_path):
     s = Server(tiny_package, tmp_path, "--model-name", "local-gpt", "--model-name", "other")
     try:

@@ -191,9 +191,14 @@ def batches_continuously(model) -> bool:
 
 
 def model_names_for(model, names: tuple, accept_any: bool) -> ModelNames:
-    """The id is the first --model-name (else the package's name); the package's name is always accepted."""
+    """The id is the first --model-name (else the package's name); the package's name is always accepted, and so
+    is the hub id it was exported from (`edgelm export distilgpt2 --quantize int8` makes distilgpt2-int8, which
+    answers to model="distilgpt2" too)."""
     names = tuple(dict.fromkeys(names))  # repeated names once, in order
-    return ModelNames(names[0] if names else model.package.name, (*names[1:], model.package.name), accept_any)
+    manifest = model.package.manifest  # None for an optimum folder
+    exported_from = manifest.source.get("hub_id") if manifest else None
+    aliases = (*names[1:], model.package.name, *([exported_from] if isinstance(exported_from, str) else []))
+    return ModelNames(names[0] if names else model.package.name, aliases, accept_any)
 
 
 def _prepare(model, req, config) -> tuple:
