@@ -79,13 +79,22 @@ def _download(repo_id: str, revision: str | None) -> tuple[Path, dict]:
     except RevisionNotFoundError:
         raise ExportError(f"{repo_id} has no revision '{revision}'.") from None
     except (LocalEntryNotFoundError, EntryNotFoundError, OSError) as error:
-        raise ExportError(
-            f"could not download {repo_id}: the Hugging Face hub is unreachable from here and the model is not in the "
-            f"local hub cache ({_hub_cache()}). Connect to the network, or export a local checkpoint folder instead: "
-            f"edgelm export path/to/folder  ({type(error).__name__})"
-        ) from None
+        raise ExportError(offline_routes(repo_id, type(error).__name__)) from None
     commit = folder.name if len(folder.name) == 40 else None
     return folder, {"hub_id": repo_id, "revision": revision or "main", "commit": commit}
+
+
+def offline_routes(repo_id: str, cause: str) -> str:
+    """The error for a hub id that can be neither downloaded nor found in the cache, naming the ways to export
+    without a network (docs/install.md, "Offline")."""
+    return (
+        f"could not download {repo_id}: the Hugging Face hub is unreachable from here and the model is not in the "
+        f"local hub cache ({_hub_cache()}). Connect to the network, or export a local checkpoint folder instead: "
+        f"edgelm export path/to/folder (one with config.json, the weights and the tokenizer files); a model "
+        f"downloaded before is read from the hub cache without asking the hub by HF_HUB_OFFLINE=1 edgelm export "
+        f"{repo_id}; to try edgelm with no model at all, python benchmarks/distilgpt2_checkpoint.py ckpt && edgelm "
+        f"export ckpt builds distilgpt2's shape with random weights (its text is noise)  ({cause})"
+    )
 
 
 def _hub_cache() -> str:

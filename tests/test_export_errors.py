@@ -286,7 +286,11 @@ def test_hub_unreachable_says_so(tmp_path, hub_settings):
     hub_settings(tmp_path / "hf" / "hub", offline=True)
     result = CliRunner().invoke(main, ["export", "distilgpt2", "-o", str(tmp_path / "out")])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output  # no traceback
-    assert "unreachable" in result.stderr and "local checkpoint folder" in result.stderr
+    assert "unreachable" in result.stderr and "export a local checkpoint folder instead" in result.stderr
+    # the other offline routes: the hub cache without asking the hub, and a random-weight checkpoint
+    assert "HF_HUB_OFFLINE=1 edgelm export distilgpt2" in result.stderr
+    assert "benchmarks/distilgpt2_checkpoint.py ckpt" in result.stderr and "its text is noise" in result.stderr
+    assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
 
 
