@@ -3,8 +3,9 @@
 # holds the runtime's dependencies only (no torch, transformers or optimum), as on a machine that runs packages
 # but cannot export them. Outside the default test command: it downloads onnxruntime twice (~2 minutes).
 #
-#   benchmarks/onnxruntime_matrix.sh                  # pyproject's minimum (latest patch) and the newest release
+#   benchmarks/onnxruntime_matrix.sh                  # pyproject's minimum (its .0 release) and the newest release
 #   benchmarks/onnxruntime_matrix.sh 1.23.2 1.28.0    # the releases given
+#   benchmarks/onnxruntime_matrix.sh oldest           # pyproject's minimum alone (.ci/run; ~4 minutes on 2 cores)
 #
 # The tiny packages are exported first by the checkout's .venv (the export extra; PYTHON=... to use another),
 # then the tests read them through EDGELM_TEST_PACKAGES (tests/conftest.py). Work folder: $ORT_MATRIX_DIR.
@@ -22,12 +23,18 @@ TESTS=(
     tests/test_package_trust.py
     tests/test_text_stream.py
     tests/test_ort_fast_path.py
+    tests/test_reference_tokens.py
+    tests/test_sampling_outputs.py
+    tests/test_sampling_paths.py
+    tests/test_float16_cache.py
+    tests/test_prefix_cache.py
+    tests/test_scheduler.py
 )
 RUNTIME_DEPENDENCIES=(numpy tokenizers click jinja2 huggingface_hub uvicorn starlette pydantic)  # + the server extra
-TEST_DEPENDENCIES=(pytest onnx)  # onnx builds the tests' own small graphs; the runtime never imports it
+TEST_DEPENDENCIES=(pytest pytest-xdist onnx)  # onnx builds the tests' own small graphs; the runtime never imports it
 
 oldest=$(sed -n 's/^ *"onnxruntime>=\([0-9.]*\)".*/\1/p' pyproject.toml)
-if [ $# -gt 0 ]; then versions=("$@"); else versions=("$oldest.*" newest); fi
+if [ $# -gt 0 ]; then versions=("${@/#oldest/$oldest.0}"); else versions=("$oldest.0" newest); fi
 mkdir -p "$WORK"
 packages=$WORK/packages
 
@@ -44,13 +51,19 @@ out = Path(sys.argv[1])
 checkpoint = build_checkpoint(out / "checkpoint")  # conftest.py's tiny_checkpoint
 recipes = {"tiny-fp32": {}, "tiny-int8": {"quantize": "int8"}, "tiny-int4": {"quantize": "int4"},
            "tiny-int8-kv8": {"quantize": "int8", "kv_cache": "int8"}}
-for name, options in recipes.items():
-    export_model(str(checkpoint), out / name, validate=False, force=True, **options)
+for name, options in recipes.items():  # int8 and int4 validated: test_reference_tokens.py needs their agreement
+    export_model(str(checkpoint), out / name, validate=name in ("tiny-int8", "tiny-int4"), force=True, **options)
+from llama_checkpoints import build_llama_checkpoint  # noqa: E402  conftest.py's llama_package, qwen2_package
+
+for name, shape, seed in (("tiny-llama", "llama-gqa", 0), ("tiny-qwen2", "qwen2", 1)):
+    export_model(str(build_llama_checkpoint(out / name, shape, seed=seed)), out / f"{name}-pkg", force=True)
 tokenizer = Path("..") / "shared" / "gpt2-tokenizer"  # conftest.py's gpt2_vocab_package, where ../shared has it
 if (tokenizer / "tokenizer.json").exists():
     vocab = build_checkpoint(out / "checkpoint-gpt2-vocab", n_positions=128, tokenizer_folder=tokenizer)
     export_model(str(vocab), out / "gpt2-vocab", validate=False, force=True)
 PY
+echo "== the exporting machine's tokens: $packages/reference.json"
+"$PYTHON" tests/reference_tokens.py "$packages"
 
 summary=$WORK/summary.txt
 : >"$summary"
@@ -64,7 +77,7 @@ for version in "${versions[@]}"; do
     "$venv/bin/pip" install -q --no-deps -e .
     installed=$("$venv/bin/python" -c "import onnxruntime; print(onnxruntime.__version__)")
     log=$WORK/onnxruntime-$installed.log
-    if EDGELM_TEST_PACKAGES=$packages "$venv/bin/python" -m pytest -q -p no:cacheprovider -rs "${TESTS[@]}" 2>&1 | tee "$log"; then
+    if EDGELM_TEST_PACKAGES=$packages "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto -rs "${TESTS[@]}" 2>&1 | tee "$log"; then
         result=passed
     else
         result=FAILED; status=1

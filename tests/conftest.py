@@ -193,10 +193,16 @@ def qwen2_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def llama_package(llama_checkpoint, tmp_path_factory):
-    return _once(tmp_path_factory, "tiny-llama-pkg", lambda folder: _export(llama_checkpoint, folder))
+def llama_package(request):
+    if PREBUILT:
+        return Path(PREBUILT) / "tiny-llama-pkg"
+    checkpoint = request.getfixturevalue("llama_checkpoint")
+    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-pkg", lambda f: _export(checkpoint, f))
 
 
 @pytest.fixture(scope="session")
-def qwen2_package(qwen2_checkpoint, tmp_path_factory):
-    return _once(tmp_path_factory, "tiny-qwen2-pkg", lambda folder: _export(qwen2_checkpoint, folder))
+def qwen2_package(request):
+    if PREBUILT:
+        return Path(PREBUILT) / "tiny-qwen2-pkg"
+    checkpoint = request.getfixturevalue("qwen2_checkpoint")
+    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-qwen2-pkg", lambda f: _export(checkpoint, f))
