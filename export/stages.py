@@ -27,6 +27,7 @@ from edgelm.runtime.package.format import (
     Validation,
     Weights,
 )
+from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store.local import check_name
 
 from .errors import ExportError
@@ -185,6 +186,9 @@ def export_model(
     except BaseException:
         writer.discard()
         raise
+    # What was written reads back as the manifest says; recorded, so the first load need not hash it again
+    # (runtime/package/verified.py).
+    open_package(output, verify="full")
     stage("save", "done", f"{sum(f['size'] for f in manifest['files'].values()) / 1e6:.1f} MB")
     return ExportResult(output, manifest)
 

@@ -359,12 +359,15 @@ def load(
     path=None,
     device: str = "auto",
     threads: int | None = None,
-    verify: bool = True,
+    verify: bool | str = True,
     prefix_cache_mb=0,
     spinning: bool = True,
 ) -> Model:
     """Open a package, check its files, and start a session on `device`. `path` is a package folder or the name of
     an installed package (edgelm list); None opens the default (store.resolve_package says which).
+
+    verify: True checks each file against its sha256, hashing only the files changed since the last full check
+    (package/verified.py); "full" hashes every file again; False skips the checksums.
 
     prefix_cache_mb: MiB of recent prompts' key/value rows to keep, so that a prompt starting with a recent
     prompt's first 128-token chunks skips computing them (a chat's history, a shared system prompt); outputs

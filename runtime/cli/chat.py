@@ -14,7 +14,7 @@ from ..errors import EdgelmError, PromptError
 from ..generation_config import sampling_implied
 from ..inputs import decode_utf8
 from .main import generate
-from .options import prefix_cache_option
+from .options import prefix_cache_option, verify_mode
 from .terminal import echo
 
 # generate's options that mean the same in a conversation; they are declared once, on generate
@@ -37,13 +37,14 @@ SHARED_OPTIONS = (
     "device",
     "threads",
     "no_verify",
+    "full_verify",
 )
 
 
 @click.command()
 @click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
 @prefix_cache_option
-def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options):
+def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_verify, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
 
     \b
@@ -54,7 +55,13 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, **options
 
     options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
     history = [{"role": "system", "content": system}] if system else []
-    model = load(package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb)
+    model = load(
+        package,
+        device=device,
+        threads=threads,
+        verify=verify_mode(no_verify, full_verify),
+        prefix_cache_mb=prefix_cache_mb,
+    )
     config = model.settings(**options)
     model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
     interactive = sys.stdin.isatty()

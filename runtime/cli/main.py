@@ -11,10 +11,10 @@ from ..inputs import decode_utf8
 from .options import (
     constraint_options,
     device_option,
-    no_verify_option,
     package_option,
     package_option_or_argument,
     threads_option,
+    verify_options,
 )
 from .prompt_file import check_file_options, file_options, run_file
 from .store import COMMANDS as STORE_COMMANDS
@@ -105,7 +105,7 @@ def main():
 @threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
 @click.option("--show-config", is_flag=True, help="Print the settings in effect and exit.")
-@no_verify_option
+@verify_options
 @file_options
 def generate(
     prompt,
@@ -114,7 +114,7 @@ def generate(
     threads,
     as_json,
     show_config,
-    no_verify,
+    verify,
     logit_bias,
     ban,
     input_path,
@@ -149,7 +149,7 @@ def generate(
     options = sampling_implied(options)
     if logit_bias:
         options["logit_bias"] = _parse_bias(logit_bias)
-    model = load(package, device=device, threads=threads, verify=not no_verify)
+    model = load(package, device=device, threads=threads, verify=verify)
     if ban:
         options["bad_words_ids"] = [model.encode(w) for w in ban] + [
             model.encode(" " + w) for w in ban if not w.startswith(" ")
@@ -240,11 +240,9 @@ def _parse_bias(items) -> dict:
 @click.option("--top-logprobs", type=click.IntRange(min=0), help="Also give each token's N most likely tokens.")
 @device_option
 @threads_option
-@no_verify_option
+@verify_options
 @file_options
-def score(
-    text, package, top_logprobs, device, threads, no_verify, input_path, output_path, batch_size, overwrite, quiet
-):
+def score(text, package, top_logprobs, device, threads, verify, input_path, output_path, batch_size, overwrite, quiet):
     """Print each token's log-probability of TEXT and its perplexity, as JSON. With no TEXT, piped stdin is the
     text; --input scores a file of {"text": "..."} lines (optionally "id" and "top_logprobs") into --output.
 
@@ -257,7 +255,7 @@ def score(
 
     from_file = check_file_options(text, input_path, output_path)
     text = None if from_file else _prompt(text, package, "score")
-    model = load(package, device=device, threads=threads, verify=not no_verify)
+    model = load(package, device=device, threads=threads, verify=verify)
     if from_file:
         return run_file(
             model, input_path, output_path, "score", batch_size, overwrite, quiet, top_logprobs=top_logprobs
@@ -287,7 +285,7 @@ def verify(package):
     from ..package.open import open_package
     from ..store.local import resolve_package
 
-    pkg = open_package(resolve_package(package), verify=True)
+    pkg = open_package(resolve_package(package), verify="full")
     echo(
         f"OK: {len(pkg.manifest.files)} files of {pkg.folder} match their sha256"
         if pkg.manifest

@@ -146,11 +146,6 @@ def threads_option(command):
     )(command)
 
 
-def no_verify_option(command):
-    """Add --no-verify, passed to the command as `no_verify`."""
-    return click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")(command)
-
-
 def prefix_cache_option(command):
     """Add --prefix-cache-mb, passed to the command as `prefix_cache_mb`, checked as load() checks it."""
     from ..batching.prefix_cache import CLI_DEFAULT_MB
@@ -165,3 +160,29 @@ def prefix_cache_option(command):
         "history, a shared system prompt) skips recomputing that start, in whole 128-token chunks; outputs are the "
         "same. 0 turns it off.",
     )(command)
+
+
+def verify_options(command):
+    """Add --verify and --no-verify; the command gets `verify`: True (hash the files changed since the last full
+    check), "full" (hash them all) or False (none)."""
+
+    @functools.wraps(command)
+    def with_verify(*args, no_verify=False, full_verify=False, **kwargs):
+        return command(*args, verify=verify_mode(no_verify, full_verify), **kwargs)
+
+    with_verify = click.option("--no-verify", is_flag=True, help="Skip the package checksum check at load.")(
+        with_verify
+    )
+    return click.option(
+        "--verify",
+        "full_verify",
+        is_flag=True,
+        help="Hash every file of the package (by default only files changed since the last full check are).",
+    )(with_verify)
+
+
+def verify_mode(no_verify: bool, full_verify: bool):
+    """load()'s verify for the two flags."""
+    if no_verify and full_verify:
+        raise click.UsageError("--verify and --no-verify contradict each other; give one.")
+    return False if no_verify else "full" if full_verify else True

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from .options import device_option, no_verify_option, package_option_or_argument, prefix_cache_option, threads_option
+from .options import device_option, package_option_or_argument, prefix_cache_option, threads_option, verify_options
 from .terminal import echo
 
 
@@ -131,7 +131,7 @@ from .terminal import echo
     help="The server's logging level.",
 )
 @prefix_cache_option
-@no_verify_option
+@verify_options
 def serve(
     package,
     host,
@@ -156,7 +156,7 @@ def serve(
     shutdown_timeout,
     log_level,
     prefix_cache_mb,
-    no_verify,
+    verify,
 ):
     """Serve a package (-m NAME_OR_PATH, or NAME_OR_PATH alone; default: as for every command) over an
     OpenAI-compatible HTTP API.
@@ -195,7 +195,7 @@ def serve(
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
     # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
     model = load(
-        package, device=device, threads=threads, verify=not no_verify, prefix_cache_mb=prefix_cache_mb, spinning=False
+        package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False
     )
     limits = Limits(
         max_tokens_limit or model.arch.n_positions,

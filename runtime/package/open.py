@@ -33,6 +33,7 @@ from .format import (
     describe,
     file_name,
 )
+from . import verified
 from .graph_scan import ScanError, scan_model
 
 DEFAULT_PACKAGE = Path("models") / "distilgpt2"  # what every command and load() open when given no folder
@@ -102,9 +103,12 @@ class Package:
         return self.manifest.to_dict() if self.manifest else {"kind": self.kind, "architecture": self.arch.to_dict()}
 
 
-def open_package(path, verify: bool = True) -> Package:
+def open_package(path, verify: bool | str = True) -> Package:
     """Read a package folder; with verify, refuse it unless every listed file has its recorded size and sha256.
-    Without verify the checksums are skipped, never the format, the paths or the file types."""
+    True hashes only the files changed since the last full check (package/verified.py), "full" hashes every
+    file. Without verify the checksums are skipped, never the format, the paths or the file types."""
+    if not any(verify is mode for mode in verified.MODES):
+        raise PackageError(f"verify must be True, False or 'full', got {str(verify)[:40]!r}")
     folder = Path(path).expanduser()
     if not folder.exists():
         raise PackageError(f"no model package at {folder}. Make one with: edgelm export distilgpt2 -o {folder}")
@@ -117,8 +121,8 @@ def open_package(path, verify: bool = True) -> Package:
             f"{folder} is not a model package: it has no {MANIFEST} (and is not an optimum ONNX export). Make one with: edgelm export MODEL -o {folder}"
         )
     manifest = read_manifest(folder)
-    if verify:
-        verify_files(folder, manifest)  # every listed path is checked (inside, regular) before any is read
+    if verify:  # every listed path is checked (inside, regular) before any is read
+        verify_files(folder, manifest, full=verify == "full")
     else:  # no checksums, but no listed path may lead out of the folder or to a FIFO or device either
         for name in manifest.files:
             if os.path.lexists(folder / name):
@@ -147,19 +151,26 @@ def read_manifest(folder: Path) -> Manifest:
         ) from None
 
 
-def verify_files(folder: Path, manifest: Manifest) -> None:
-    """Raise PackageError naming the first file that is missing, resized or altered."""
+def verify_files(folder: Path, manifest: Manifest, full: bool = True) -> None:
+    """Raise PackageError naming the first file that is missing, resized or altered. Unless full, a file whose
+    identity is what the last check recorded for that sha256 is not hashed again (package/verified.py)."""
+    known = {} if full else verified.read(folder)
+    found = {}
     for name, record in manifest.files.items():
         path = inside(folder, name)
-        size = path.stat().st_size
-        if size != record.size:
+        now = verified.identity(path.stat())  # before hashing: a write during the hash changes it for next time
+        if now[0] != record.size:
             raise PackageError(
-                f"{folder / name} has {size} bytes but the manifest records {record.size}: the file is truncated or replaced. Export it again."
+                f"{folder / name} has {now[0]} bytes but the manifest records {record.size}: the file is truncated or replaced. Export it again."
             )
-        if sha256_of(path, record.size) != record.sha256:
+        entry = {"identity": now, "sha256": record.sha256}
+        if known.get(name) != entry and sha256_of(path, record.size) != record.sha256:
             raise PackageError(
                 f"{folder / name} does not match its sha256 in the manifest: the file was altered. Export it again."
             )
+        found[name] = entry
+    if found != known:
+        verified.write(folder, found)
 
 
 def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str) -> set:
