@@ -5,7 +5,7 @@ manifest last, is moved into place. An export stopped at any point leaves no fol
 package, and the next export to the same place sweeps up partial folders whose process is gone.
 
 Replacing a package (--force) swaps the two folders in one step where the system can (Linux's
-renameat2 RENAME_EXCHANGE): the path always holds one complete package. Elsewhere the old package is first
+renameat2 RENAME_EXCHANGE, macOS's renamex_np RENAME_SWAP): the path always holds one complete package. Elsewhere the old package is first
 renamed aside (`.NAME.replaced-PID`); if the export dies before the new one is in place, the next export
 moves the old one back. SIGINT and SIGTERM wait while the folders move, so an export either reports the
 new package or leaves the old one.
@@ -17,13 +17,13 @@ import json
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from edgelm.runtime.engine import native
 from edgelm.runtime.package.format import MANIFEST, FileRecord, FormatError, Manifest
 from edgelm.runtime.package.open import file_record
 
@@ -192,20 +192,25 @@ class PackageWriter:
 
 
 RENAME_EXCHANGE = 2  # linux/fs.h
+RENAME_SWAP = 2  # macOS sys/stdio.h
 AT_FDCWD = -100
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE); False where the system or the file
-    system cannot, and the caller falls back to two renames."""
-    if not sys.platform.startswith("linux"):
+    """Swap two folders in one step: Linux's renameat2 RENAME_EXCHANGE, or macOS's renamex_np RENAME_SWAP,
+    whichever the C library has (runtime/engine/native.py); False where neither is there or the file system
+    cannot, and the caller falls back to two renames."""
+    renameat2 = native.c_function("renameat2", use_errno=True)
+    renamex_np = None if renameat2 is not None else native.c_function("renamex_np", use_errno=True)
+    if renameat2 is not None:
+        renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+        swapped = renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0
+    elif renamex_np is not None:
+        renamex_np.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint)
+        swapped = renamex_np(os.fsencode(a), os.fsencode(b), RENAME_SWAP) == 0
+    else:  # a C library older than glibc 2.28, musl without it, Windows, or EDGELM_PORTABLE=1
         return False
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):  # a C library older than glibc 2.28, or none to load
-        return False
-    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
-    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+    if swapped:
         return True
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):

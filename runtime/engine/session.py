@@ -10,6 +10,7 @@ import onnxruntime as ort
 
 from ..errors import DeviceError, PackageError
 from ..sampling import graph_outputs
+from . import native
 from .fast_path import first_line
 from .onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
 
@@ -152,16 +153,12 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
 
 
 def release_freed_memory() -> None:
-    """Hand memory that loading freed back to the system (glibc only; elsewhere nothing to do).
+    """Hand memory that loading freed back to the system (glibc's malloc_trim, macOS's pressure relief;
+    elsewhere nothing to do: engine/native.py).
 
     Parsing tokenizer.json and the ONNX file leaves ~15 MB of freed heap resident that the arena-managed
     decode work never reuses; trimming lowers every later peak (benchmarks/NOTES.md)."""
-    try:
-        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: glibc's, where it is
-    except (OSError, TypeError):  # no such handle (Windows)
-        return
-    if trim is not None:
-        trim(0)
+    native.release_freed_memory()
 
 
 def drop_mapped_pages(folder) -> int:
@@ -175,7 +172,7 @@ def drop_mapped_pages(folder) -> int:
     reads (a token's row) comes back from the page cache on that read. onnxruntime maps them writable and
     private, so a mapping with a page of its own (written, so no longer the file's: /proc/self/pagemap) is left
     alone: dropping it would undo the write."""
-    madvise = getattr(ctypes.CDLL(None), "madvise", None) if os.path.exists("/proc/self/pagemap") else None
+    madvise = native.c_function("madvise") if os.path.exists("/proc/self/pagemap") else None
     if madvise is None or not hasattr(mmap, "MADV_DONTNEED"):
         return 0
     madvise.argtypes, madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
