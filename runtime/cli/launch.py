@@ -6,7 +6,9 @@ interpreter start, which the faster decode pays back only over many tokens (benc
 long-running commands restart: `serve`, and `bench` (which measures what serve gets). `generate` does not; give
 it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs."""
 
+import os
 import sys
+from pathlib import Path
 
 from ..engine.hugepages import restart_with_huge_pages
 from ..errors import EdgelmError
@@ -42,8 +44,18 @@ def package_to_load(args: list[str]):
         return None
 
 
+def use_bundled_store() -> None:
+    """In a folder made by `edgelm bundle` (a frozen command in DIR/edgelm/), the package store is DIR/models
+    unless EDGELM_HOME names another: the bundle's package is the one commands use when no -m is given."""
+    if getattr(sys, "frozen", False) and "EDGELM_HOME" not in os.environ:
+        store = Path(sys.executable).resolve().parent.parent / "models"
+        if store.is_dir():
+            os.environ["EDGELM_HOME"] = str(store)
+
+
 def command(main=None):
     """Run the command line in sys.argv; `main` is the click group when the caller has it imported already."""
+    use_bundled_store()
     package = package_to_load(sys.argv[1:])
     if package is not None:
         restart_with_huge_pages(package)

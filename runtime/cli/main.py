@@ -21,6 +21,7 @@ from .store import COMMANDS as STORE_COMMANDS
 from .terminal import clean, echo
 
 LAZY_COMMANDS = {
+    "bundle": "edgelm.runtime.cli.bundle:bundle",
     "chat": "edgelm.runtime.cli.chat:chat",
     "export": "edgelm.export.cli:export",
     "serve": "edgelm.runtime.cli.serve:serve",
