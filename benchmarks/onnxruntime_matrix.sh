@@ -5,7 +5,8 @@
 #
 #   benchmarks/onnxruntime_matrix.sh                  # pyproject's minimum (its .0 release) and the newest release
 #   benchmarks/onnxruntime_matrix.sh 1.23.2 1.28.0    # the releases given
-#   benchmarks/onnxruntime_matrix.sh oldest           # pyproject's minimum alone (.ci/run; ~4 minutes on 2 cores)
+#   benchmarks/onnxruntime_matrix.sh oldest           # pyproject's minimum alone (.ci/run)
+#   benchmarks/onnxruntime_matrix.sh --export-only DIR  # the packages and reference.json alone (aarch64_emulated.sh)
 #
 # The tiny packages are exported first by the checkout's .venv (the export extra; PYTHON=... to use another),
 # then the tests read them through EDGELM_TEST_PACKAGES (tests/conftest.py). Work folder: $ORT_MATRIX_DIR.
@@ -34,9 +35,11 @@ RUNTIME_DEPENDENCIES=(numpy tokenizers click jinja2 huggingface_hub uvicorn star
 TEST_DEPENDENCIES=(pytest pytest-xdist onnx)  # onnx builds the tests' own small graphs; the runtime never imports it
 
 oldest=$(sed -n 's/^ *"onnxruntime>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+packages=$WORK/packages
+export_only=
+if [ "${1:-}" = --export-only ]; then export_only=1; packages=${2:?--export-only DIR}; shift 2; fi
 if [ $# -gt 0 ]; then versions=("${@/#oldest/$oldest.0}"); else versions=("$oldest.0" newest); fi
 mkdir -p "$WORK"
-packages=$WORK/packages
 
 echo "== exporting the tiny packages into $packages (with $PYTHON)"
 "$PYTHON" - "$packages" <<'PY'
@@ -64,6 +67,7 @@ if (tokenizer / "tokenizer.json").exists():
 PY
 echo "== the exporting machine's tokens: $packages/reference.json"
 "$PYTHON" tests/reference_tokens.py "$packages"
+[ -z "$export_only" ] || exit 0
 
 summary=$WORK/summary.txt
 : >"$summary"

@@ -10,7 +10,6 @@ import os
 import sys
 from pathlib import Path
 
-from ..engine.hugepages import restart_with_huge_pages
 from ..errors import EdgelmError
 
 RESTARTING_COMMANDS = ("serve", "bench")  # long-running: the restart's start-up is paid back many times
@@ -56,6 +55,10 @@ def use_bundled_store() -> None:
 def command(main=None):
     """Run the command line in sys.argv; `main` is the click group when the caller has it imported already."""
     use_bundled_store()
+    try:  # the engine package first checks that this CPU runs the installed onnxruntime (one line, not a SIGILL)
+        from ..engine.hugepages import restart_with_huge_pages
+    except EdgelmError as error:
+        sys.exit(f"Error: {error}")
     package = package_to_load(sys.argv[1:])
     if package is not None:
         restart_with_huge_pages(package)

@@ -29,6 +29,11 @@ OPERATOR_MINIMUM = {
     ("GroupQueryAttention", "kv_cache_bit_width"): ("1.28", "the int8 KV cache"),  # 1.25-1.27: see the table above
 }
 OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the float32 package's: pyproject's minimum
+# Releases whose aarch64 wheel stops the process with "Illegal instruction" as it is imported, on a 64-bit ARM CPU
+# without the dot-product instructions (Cortex-A72: Raspberry Pi 4, Cortex-A53: Pi 3 and Zero 2 W); reported by
+# Pi 4 users (onnxruntime issues 23957, 24112, 24512) and reproduced under qemu's cortex-a72 model
+# (benchmarks/aarch64_emulated.sh, which also runs pyproject's minimum and the newest release there).
+NEEDS_DOT_PRODUCT = ("1.21.0",)
 CPU_WHEEL, GPU_WHEEL = "onnxruntime", "onnxruntime-gpu"
 # Distributions that all install the same `onnxruntime` import package: two of them overwrite each other's files.
 DISTRIBUTIONS = (CPU_WHEEL, GPU_WHEEL, "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn")
@@ -129,3 +134,40 @@ def cuda_missing_error() -> DeviceError:
         "device 'cuda' was asked for, but this onnxruntime has no CUDA provider. On a machine with an NVIDIA GPU, "
         f"replace the CPU wheel with the GPU one ({REINSTALL_GPU}), or use --device cpu."
     )
+
+
+def arm_dot_product(machine: str, cpuinfo: str | None) -> bool | None:
+    """Whether a 64-bit ARM CPU has the dot-product instructions (asimddp in /proc/cpuinfo's Features); None for
+    another machine, or where /proc/cpuinfo says nothing (not Linux)."""
+    if machine.lower() not in ("aarch64", "arm64") or not cpuinfo:
+        return None
+    features = [line.partition(":")[2].split() for line in cpuinfo.splitlines() if line.startswith("Features")]
+    return bool(features) and all("asimddp" in row for row in features)
+
+
+def check_cpu(version: str | None, machine: str, cpuinfo: str | None) -> None:
+    """Refuse, before it is imported, an onnxruntime release that stops this CPU with an illegal instruction."""
+    if version is None or arm_dot_product(machine, cpuinfo) is not False:
+        return
+    if ".".join(map(str, version_tuple(version)[:3])) in NEEDS_DOT_PRODUCT:
+        raise DeviceError(
+            f"onnxruntime {version} stops with 'Illegal instruction' on this ARM CPU, which has no dot-product "
+            f"instructions (a Raspberry Pi 4 or 3, say). Install another release: pip install -U "
+            f"'{installed_wheel()}>={OLDEST_SUPPORTED}'"
+        )
+
+
+def check_cpu_before_import() -> None:
+    """check_cpu for this machine and the onnxruntime pip installed, read without importing it."""
+    import platform
+    from importlib import metadata
+
+    found = installed_distributions()
+    if not found or platform.machine().lower() not in ("aarch64", "arm64"):
+        return
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            cpuinfo = f.read(1 << 20)
+    except OSError:
+        return
+    check_cpu(metadata.version(found[0]), platform.machine(), cpuinfo)
