@@ -11,6 +11,8 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - int8-nbits: every DynamicQuantizeMatMul of an int8 package as MatMulNBits with 8-bit weights in blocks of
   --block inputs (accuracy_level 4: int8 activations), requantized from the package's own int8 weights. The new
   weights go to variant.data; the LM head and the token lookup keep theirs.
+- block-sums-reducesum: the sampling outputs' block sums as a ReduceSum over each block, as the exporter made
+  them before the product with ones it makes now (onnxruntime 1.22.0 cannot run a ReduceSum over zero rows).
 - rotary-in-attention: GroupQueryAttention rotates Q and K itself (do_rotary, packed Q/K/V, the package's tables
   and position ids): 3 nodes fewer a layer. Batch 1 is exact; onnxruntime's CPU kernel gives a left-padded
   batch's prompt the wrong positions, which is why the exporter does not do this.
@@ -119,6 +121,17 @@ def int8_nbits(graph, data, block):
     return nodes, added, b"".join(chunks)
 
 
+def block_sums_reducesum(graph):
+    """MatMul(blocks, ones) -> Squeeze -> sampling_block_sums, as ReduceSum(blocks, -1, keepdims=0)."""
+    producer = {out: node for node in graph.node for out in node.output}
+    squeeze = producer["sampling_block_sums"]
+    matmul = producer[squeeze.input[0]]
+    axes = numpy_helper.from_array(np.array([-1], dtype=np.int64), "block_sums_axes")
+    reduce = helper.make_node("ReduceSum", [matmul.input[0], axes.name], ["sampling_block_sums"], keepdims=0)
+    nodes = [n for n in graph.node if n is not squeeze and n is not matmul] + [reduce]
+    return nodes, [axes]
+
+
 def rotary_in_attention(graph):
     producer = {out: node for node in graph.node for out in node.output}
     dropped = set()
@@ -157,7 +170,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("package", type=Path)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--variant", choices=("kv-float16", "int8-nbits", "rotary-in-attention"), required=True)
+    parser.add_argument(
+        "--variant", choices=("kv-float16", "int8-nbits", "rotary-in-attention", "block-sums-reducesum"), required=True
+    )
     parser.add_argument("--block", type=int, default=64, help="int8-nbits: inputs per scale")
     args = parser.parse_args()
     model = onnx.load(str(args.package / "model.onnx"), load_external_data=False)
@@ -172,6 +187,8 @@ def main():
         nodes, added = kv_float16(graph)
     elif args.variant == "int8-nbits":
         nodes, added, extra = int8_nbits(graph, (args.package / "model.onnx.data").read_bytes(), args.block)
+    elif args.variant == "block-sums-reducesum":
+        nodes, added = block_sums_reducesum(graph)
     else:
         nodes, added = rotary_in_attention(graph)
     shutil.copytree(args.package, args.out)

@@ -2,7 +2,7 @@
 
     python benchmarks/package_ab.py benchmarks/out/pkg-int8 benchmarks/out/pkg-int8-kv8 [--rounds 5]
 
-Batch 1 after an 8-token prompt (128 tokens), batch 1 after a 512-token prompt (128 tokens, and the time to
+Greedy, or with --sample sampled at temperature 0.8 (the same seeds for both). Batch 1 after an 8-token prompt (128 tokens), batch 1 after a 512-token prompt (128 tokens, and the time to
 its first token), batch 16 after 8-token prompts (64 tokens), then process start to first token (fresh
 processes); the two packages alternate within every round, and the ratio is the median of the per-round
 ratios (B over A).
@@ -28,7 +28,9 @@ def main():
     parser.add_argument("b")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sample", action="store_true", help="sampled decoding (temperature 0.8), not greedy")
     args = parser.parse_args()
+    options = {"do_sample": True, "temperature": 0.8} if args.sample else None
     models = [edgelm.load(p, device="cpu", threads=args.threads) for p in (args.a, args.b)]
     for model in models:
         timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
@@ -38,7 +40,7 @@ def main():
             for model, rate, first in zip(models, rates, firsts):
                 time.sleep(SETTLE_S)  # the other session's threads stop spinning
                 prompts = [prompt_ids(model, length, r * 100 + b) for b in range(batch)]
-                seconds_first, seconds_rest = timed_tokens(model, prompts, new)
+                seconds_first, seconds_rest = timed_tokens(model, prompts, new, options, seed=r)
                 rate.append(batch * (new - 1) / seconds_rest)
                 first.append(1000 * seconds_first)
         ratio = np.median(np.array(rates[1]) / np.array(rates[0]))
