@@ -63,6 +63,16 @@ emulated() {  # emulated CPU SITE ARGS...: the aarch64 Python with SITE and the 
         qemu-aarch64-static -cpu "$cpu" -L "$ROOT" "$ROOT/usr/bin/python3.11" "$@"
 }
 
+# the runtime's other dependencies at the versions the exporting Python has (pip resolves nothing for them)
+pinned=($("$PYTHON" - <<'PY'
+from importlib import metadata
+for name in ("numpy", "tokenizers", "click", "jinja2", "huggingface_hub", "tqdm", "pytest", "filelock"):
+    try:
+        print(f"{name}=={metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        print(name)
+PY
+))
 rm -rf "$WORK/checkout" && mkdir -p "$WORK/checkout/edgelm"  # the runtime as this checkout has it
 cp -r runtime "$WORK/checkout/edgelm/runtime"
 summary=$WORK/summary.txt
@@ -76,7 +86,7 @@ for version in "${versions[@]}"; do
         "$PYTHON" -m pip install -q --disable-pip-version-check --target "$site" --only-binary=:all: \
             --implementation cp --python-version 3.11 --platform manylinux2014_aarch64 \
             --platform manylinux_2_27_aarch64 --platform manylinux_2_28_aarch64 \
-            "$spec" numpy tokenizers click jinja2 huggingface_hub tqdm pytest filelock
+            "$spec" "${pinned[@]}"
     fi
     for cpu in cortex-a72 cortex-a76; do
         log=$WORK/$cpu-$version.log

@@ -12,7 +12,7 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   --block inputs (accuracy_level 4: int8 activations), requantized from the package's own int8 weights. The new
   weights go to variant.data; the LM head and the token lookup keep theirs.
 - block-sums-reducesum: the sampling outputs' block sums as a ReduceSum over each block, as the exporter made
-  them before the product with ones it makes now (onnxruntime 1.22.0 cannot run a ReduceSum over zero rows).
+  them before the Einsum it makes now (onnxruntime 1.22.0 cannot run a ReduceSum over zero rows).
 - rotary-in-attention: GroupQueryAttention rotates Q and K itself (do_rotary, packed Q/K/V, the package's tables
   and position ids): 3 nodes fewer a layer. Batch 1 is exact; onnxruntime's CPU kernel gives a left-padded
   batch's prompt the wrong positions, which is why the exporter does not do this.
@@ -122,14 +122,11 @@ def int8_nbits(graph, data, block):
 
 
 def block_sums_reducesum(graph):
-    """MatMul(blocks, ones) -> Squeeze -> sampling_block_sums, as ReduceSum(blocks, -1, keepdims=0)."""
-    producer = {out: node for node in graph.node for out in node.output}
-    squeeze = producer["sampling_block_sums"]
-    matmul = producer[squeeze.input[0]]
+    """Einsum(blocks, "rokb->rok") -> sampling_block_sums, as ReduceSum(blocks, -1, keepdims=0)."""
+    einsum = next(node for node in graph.node if "sampling_block_sums" in node.output)
     axes = numpy_helper.from_array(np.array([-1], dtype=np.int64), "block_sums_axes")
-    reduce = helper.make_node("ReduceSum", [matmul.input[0], axes.name], ["sampling_block_sums"], keepdims=0)
-    nodes = [n for n in graph.node if n is not squeeze and n is not matmul] + [reduce]
-    return nodes, [axes]
+    reduce = helper.make_node("ReduceSum", [einsum.input[0], axes.name], ["sampling_block_sums"], keepdims=0)
+    return [n for n in graph.node if n is not einsum] + [reduce], [axes]
 
 
 def rotary_in_attention(graph):

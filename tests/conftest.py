@@ -48,6 +48,7 @@ def _once(tmp_path_factory, name, build):
 def isolated_store(tmp_path_factory, monkeypatch):
     """Every test starts with an empty model store of its own (never the user's): commands resolve packages there."""
     monkeypatch.setenv("EDGELM_HOME", str(tmp_path_factory.mktemp("store")))
+    monkeypatch.setenv("EDGELM_CACHE", str(tmp_path_factory.mktemp("verified")))  # package/verified.py's records
 
 
 def _tiny(request, name, **options):

@@ -29,10 +29,8 @@ def sampling_outputs(g, logits: str, vocab_size: int) -> None:
     # one fused, vectorised kernel (max, exp, sum): the weights exp((logit - max) / t) divided by their total
     weights = g.op("Pad", [g.op("Softmax", [tempered], axis=-1), pad], outputs=[SAMPLING_WEIGHTS])
     in_blocks = g.op("Reshape", [weights, g.const([0, 0, blocks, SAMPLING_BLOCK])])  # [R, 1, n_blocks, BLOCK]
-    # Each block's sum as a product with ones [BLOCK, 1], not a ReduceSum: onnxruntime 1.22's ReduceSum over zero
-    # rows (a greedy pass) returns its input unreduced, and the next check of the output's shape fails.
-    ones = g.weight("sampling_block_ones", np.ones((SAMPLING_BLOCK, 1), dtype=np.float32))
-    sums = g.op("MatMul", [in_blocks, ones])  # [R, 1, n_blocks, 1]
-    g.op("Squeeze", [sums, g.const([-1])], outputs=[SAMPLING_BLOCK_SUMS])
+    # Each block's sum as an Einsum, not a ReduceSum: onnxruntime 1.22's ReduceSum over zero rows (a greedy pass)
+    # returns its input unreduced, and the check of the output's shape fails.
+    g.op("Einsum", [in_blocks], outputs=[SAMPLING_BLOCK_SUMS], equation="rokb->rok")  # [R, 1, n_blocks]
     g.output(SAMPLING_WEIGHTS, FLOAT, ["sampled", 1, blocks * SAMPLING_BLOCK])
     g.output(SAMPLING_BLOCK_SUMS, FLOAT, ["sampled", 1, blocks])

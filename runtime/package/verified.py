@@ -1,19 +1,21 @@
 """Verify a package's files once, not at every load.
 
 A full check hashes every file the manifest lists (89 MB for distilgpt2 int8: most of a load's time). What it
-found is recorded with each file's identity, (size, mtime_ns, ctime_ns, inode, device), in the store's
-`.meta/verified/` folder, one small JSON file per package folder (keyed by its real path; a package folder
-holds only its listed files, so the record cannot live in it). A later load hashes only the files whose
+found is recorded with each file's identity, (size, mtime_ns, ctime_ns, inode, device), in the user's cache
+folder (cache_dir: ~/.cache/edgelm/verified, or $EDGELM_CACHE), one small JSON file per package folder, keyed by
+its real path. Not beside the package, whose folder holds only its listed files, nor in the store, whose
+contents are what installs put there (a package outside the store is checked too). A later load hashes only the files whose
 identity changed since: a file rewritten, replaced, renamed over or touched gets a new mtime or ctime (ctime
 cannot be set back by a user), a copy gets a new inode. `verify="full"` (`--verify`) hashes everything again.
 
 The record is a cache, never an authority: one that cannot be read or does not match is ignored, one that
-cannot be written (a read-only store) leaves the next load to hash again.
+cannot be written (a read-only home) leaves the next load to hash again.
 """
 
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 RECORD_LIMIT = 1 << 20  # a record is a few hundred bytes a file
@@ -26,12 +28,21 @@ def identity(stat_result: os.stat_result) -> list[int]:
     return [s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev]
 
 
+def cache_dir() -> Path:
+    """Where the records are kept: $EDGELM_CACHE, else the user's cache folder's edgelm/verified."""
+    if os.environ.get("EDGELM_CACHE"):
+        return Path(os.environ["EDGELM_CACHE"]).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "edgelm" / "cache"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "edgelm"
+    return base / "verified"
+
+
 def record_path(folder: Path) -> Path:
     """Where the record of the package at `folder` is kept."""
-    from ..store.local import META, store_dir  # the store knows where it lives; it imports this package too
-
     key = hashlib.sha256(os.fsencode(folder.resolve())).hexdigest()[:32]
-    return store_dir() / META / "verified" / f"{key}.json"
+    return cache_dir() / f"{key}.json"
 
 
 def read(folder: Path) -> dict:
