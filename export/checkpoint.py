@@ -136,7 +136,8 @@ def refuse_remote_code(config: dict, folder: Path, custom: tuple | list = ()) ->
         named = ", ".join(map(str, custom if isinstance(custom, list) else [custom]))
         raise ExportError(
             f"{folder.name} needs Python code shipped with the checkpoint ({named}); edgelm never runs code shipped "
-            f"with a checkpoint. Export a plain GPT-2-family checkpoint (architectures: GPT2LMHeadModel)."
+            f"with a checkpoint. Export a checkpoint whose architecture transformers itself defines (GPT2LMHeadModel, "
+            f"LlamaForCausalLM or Qwen2ForCausalLM)."
         )
 
 
