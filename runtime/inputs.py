@@ -40,24 +40,36 @@ def check_token_ids(ids, vocab_size: int, where: str | None = None) -> None:
 def text_problem(value, where: str) -> str | None:
     """What keeps `value` (a string, or lists and objects of them, as JSON gives) from being Unicode text, in one
     line naming the place (`where`, then [i] and .key); None when it is text. JSON and Python strings can hold a
-    lone UTF-16 surrogate ("\\ud800"), which is no character: Python's stand-in for bytes that were not UTF-8."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as error:
-            code = ord(value[error.start])
-            return f"{where} is not Unicode text: it has a lone surrogate \\u{code:04x} at character {error.start} {TEXT_HINT}"
-        return None
-    if isinstance(value, (list, tuple)):
-        return next((p for i, item in enumerate(value) if (p := text_problem(item, f"{where}[{i}]"))), None)
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and text_problem(key, "") is not None:
-                return f"a field name in {where} is not Unicode text: it has a lone surrogate {TEXT_HINT}"
-            problem = text_problem(item, f"{where}.{key}")
-            if problem:
-                return problem
+    lone UTF-16 surrogate ("\\ud800"), which is no character: Python's stand-in for bytes that were not UTF-8.
+    The walk keeps its own stack, so a value nested as deep as JSON allows is read, never a RecursionError."""
+    todo = [(value, where)]  # depth first, in order: the first problem found is the first in the value
+    while todo:
+        item, place = todo.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                code = ord(item[error.start])
+                return (
+                    f"{place} is not Unicode text: it has a lone surrogate \\u{code:04x} at character {error.start} "
+                    f"{TEXT_HINT}"
+                )
+        elif isinstance(item, (list, tuple)):
+            todo.extend(reversed([(inner, f"{place}[{i}]") for i, inner in enumerate(item)]))
+        elif isinstance(item, dict):
+            for key in item:
+                if isinstance(key, str) and not _encodes(key):
+                    return f"a field name in {place} is not Unicode text: it has a lone surrogate {TEXT_HINT}"
+            todo.extend(reversed([(inner, f"{place}.{key}") for key, inner in item.items()]))
     return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_text(text: str, where: str = "the text") -> str:

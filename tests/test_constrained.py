@@ -288,6 +288,20 @@ def test_a_constraint_that_cannot_finish_within_max_new_tokens_is_refused(model)
         )
 
 
+def test_a_schema_no_output_can_satisfy_is_refused_when_it_is_compiled(model):
+    settings = model.settings(json_schema={"$ref": "#"})  # valid JSON Schema, but it only refers to itself
+    with pytest.raises(GenerationOptionError, match="json_schema constraint allows no output") as refused:
+        model.compile_constraint(settings)
+    assert refused.value.param == "json_schema"
+
+
+def test_an_end_id_of_the_settings_that_the_grammar_allows_is_output_not_an_end(model):
+    brace = model.encode("}")[0]  # an ordinary token to the grammar: it must not end the row early
+    for seed in range(6):
+        c = model.generate("hi", json_object=True, eos_token_id=brace, do_sample=True, seed=seed, max_new_tokens=40)
+        assert c.finish_reason == "length" or (c.finish_reason == "stop" and isinstance(c.parsed, dict)), c.text
+
+
 def test_a_package_never_sets_a_constraint():
     config = GenerationConfig.from_generation_config_json({"regex": "a", "choices": ["x"], "max_new_tokens": 5})
     assert config.constraint is None and config.max_new_tokens == 5

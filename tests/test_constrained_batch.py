@@ -148,6 +148,7 @@ def test_the_command_line_options(tiny_package, tmp_path):
     [
         (["--regex", "a("], "regex is invalid"),
         (["--json-schema", "missing.json"], "neither a JSON schema nor a file"),
+        (["--json-schema", "x" * 300], "neither a JSON schema nor a file"),  # a name too long to look up
         (["--json-schema", '{"type": "strang"}'], "strang"),
         (["--regex", "a", "--choice", "a"], "at most one constraint"),
         (["--grammar", "missing.lark"], "does not exist"),

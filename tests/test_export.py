@@ -264,8 +264,8 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
 def test_graph_protobuf_holds_no_weights(tiny_checkpoint):
     """Weights stay out of the graph's protobuf (which cannot pass 2 GB: gpt2-large and gpt2-xl) until
     model.onnx.data is written piece by piece; only shapes and scalars are inline."""
-    from edgelm.export.load import load_checkpoint
     from edgelm.export.families.gpt2.graph import build_decoder
+    from edgelm.export.load import load_checkpoint
     from edgelm.export.weights_file import split_weights
 
     checkpoint = load_checkpoint(str(tiny_checkpoint))

@@ -29,6 +29,14 @@ def test_text_problem_names_the_place_of_a_lone_surrogate_in_nested_json():
         check_text("\udcff")
 
 
+def test_text_nested_as_deep_as_json_allows_is_read_without_recursion():
+    deep = "a\ud800"
+    for _ in range(5000):  # far past Python's recursion limit; json.loads reads about 990 levels
+        deep = [deep]
+    assert text_problem(deep, "x").startswith("x" + "[0]" * 5000 + " is not Unicode text")
+    assert text_problem({"a": [[[[["fine"]]]]], "b": [1, None, 2.5]}, "x") is None
+
+
 def test_bytes_that_are_not_utf8_name_the_byte_and_its_offset():
     assert decode_utf8("café".encode(), "stdin") == "café"
     with pytest.raises(PromptError, match=r"^line 3 of stdin is not valid UTF-8 \(byte 0xe9 at offset 3\)"):

@@ -127,8 +127,8 @@ def test_quantized_quality_figures(request, tmp_path, checkpoint, quantize, kv_c
 def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
     """The int4 graph computes what the float32 graph computes on the int4 weights dequantized (up to its int8
     activations): the 4-bit layouts, block scales and the tied lookup are read as they were written."""
-    from edgelm.export.load import load_checkpoint
     from edgelm.export.families.llama.graph import build_decoder
+    from edgelm.export.load import load_checkpoint
     from edgelm.export.quantize import INT4_BLOCK, quantize_int4
     from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights

@@ -88,12 +88,20 @@ def _read_text(ctx, param, path):
     from ..sampling.constraint import MAX_TEXT
 
     file = Path(path)
-    if not file.is_file() or file.stat().st_size > 4 * MAX_TEXT:
+    if not _is_file(file) or file.stat().st_size > 4 * MAX_TEXT:
         raise click.BadParameter(f"{path} is not a file of at most {MAX_TEXT:,} characters", ctx, param)
     try:
         return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise click.BadParameter(f"cannot read {path}: {error}", ctx, param) from None
+
+
+def _is_file(path) -> bool:
+    """Whether `path` names a regular file; a name the system cannot look up (too long, say) names none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _schema_or_file(ctx, param, value):
@@ -102,8 +110,9 @@ def _schema_or_file(ctx, param, value):
         return value
     from pathlib import Path
 
-    if not Path(value).is_file():
-        raise click.BadParameter(f"{value!r} is neither a JSON schema nor a file that holds one", ctx, param)
+    if not _is_file(Path(value)):
+        shown = value if len(value) <= 60 else value[:60] + "..."
+        raise click.BadParameter(f"{shown!r} is neither a JSON schema nor a file that holds one", ctx, param)
     return _read_text(ctx, param, value)
 
 

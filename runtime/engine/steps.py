@@ -20,7 +20,7 @@ class RowState:
         self.seen = list(prompt)  # prompt and generated ids, for the repetition filters (the list only grows)
         self.generated: list = []
         self.finish_reason: str | None = None  # "stop" or "length" once finished
-        self.stop_ids = stop_ids  # ids that end the row: end-of-text (the constraint's too, when it has one)
+        self.stop_ids = stop_ids  # ids that end the row: end-of-text (a constrained row: its grammar's)
         self.max_new_tokens = max_new_tokens
         self.constraint = constraint  # a sampling.constraint.RowConstraint, or None
 
@@ -42,12 +42,13 @@ class RowState:
 
 
 def row_stop_ids(stop_ids: tuple, constraint) -> tuple:
-    """A row's end ids: the settings' (GenerationConfig.stop_ids: none with ignore_eos), and, for a constrained
-    row, its grammar's end too (`constraint`: a Grammar or RowConstraint, or None): a finished grammar ends the row
-    whatever ignore_eos says."""
+    """A row's end ids: the settings' (GenerationConfig.stop_ids: none with ignore_eos); for a constrained row, its
+    grammar's end-of-text ids alone (`constraint`: a Grammar or RowConstraint, or None). The mask allows those only
+    where the grammar may end, and a finished grammar ends the row whatever ignore_eos says; any other id the
+    settings name is, to the grammar, one more token of the output, so it cannot cut the output short."""
     if constraint is None:
         return stop_ids
-    return tuple(dict.fromkeys((*stop_ids, *constraint.eos_ids)))
+    return tuple(constraint.eos_ids)
 
 
 def prefill_inputs(prompts: list, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..engine.onnxruntime_compat import graph_minimum
 from ..errors import GenerationOptionError, PackageError
 from ..generation_config import GenerationConfig
+from . import verified
 from .files import file_record, inside, read_bytes, read_json, sha256_of
 from .format import (
     GENERATION_CONFIG,
@@ -33,7 +34,6 @@ from .format import (
     describe,
     file_name,
 )
-from . import verified
 from .graph_scan import ScanError, scan_model
 
 DEFAULT_PACKAGE = Path("models") / "distilgpt2"  # what every command and load() open when given no folder

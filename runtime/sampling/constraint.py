@@ -223,6 +223,13 @@ class Grammar:
         self.kind, self.template, self.vocab_size, self.eos_ids = kind, template, vocab_size, eos_ids
         self.forced = len(template.deep_copy().compute_ff_tokens())  # tokens every output starts with
         self.shortest = shortest  # the fewest tokens any output takes, where known (choices)
+        first = template.deep_copy()  # a grammar no output can satisfy (a schema that is only a reference to
+        llguidance().numpy.fill_next_token_bitmask(first, np.zeros((1, words(vocab_size)), np.int32), 0)  # itself)
+        if first.is_error():  # fails at its first mask: refused here, once, not at some request's first token
+            raise GenerationOptionError(
+                f"the {kind} constraint allows no output: {_one_line(first.get_error())}; check the {kind}",
+                param=kind,
+            )
 
     def check_length(self, max_new_tokens: int | None) -> None:
         fewest = max(self.forced, self.shortest or 0)
@@ -289,7 +296,11 @@ class Masks:
                 Masks._executor = lg.LLExecutor()
             lg.numpy.fill_next_token_bitmask_par(Masks._executor, pairs, self.bitmask)
         kept = [(False, NONE)] * rows
-        for _, r in pairs:
+        for matcher, r in pairs:
+            if matcher.is_error():  # its mask is meaningless: stop the row's request with the matcher's reason
+                raise GenerationOptionError(
+                    f"the constraint of row {r} failed: {_one_line(matcher.get_error())}", param="constraint"
+                )
             kept[r] = _row_ids(self.bitmask[r], self.vocab_size)
         return Allowed(kept)
 
