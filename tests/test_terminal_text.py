@@ -2,11 +2,16 @@
 terminal without its control sequences: an OSC 52 clipboard write, a title change or a cursor move in a package
 prints as the plain text around it."""
 
+import io
 import json
+import os
+import pty
 import shutil
+import subprocess
+import sys
 
 import pytest
-from edgelm.runtime.cli.terminal import clean
+from edgelm.runtime.cli.terminal import clean, generated
 from store_support import invoke, make_store
 
 OSC52 = "\x1b]52;c;ZWNobyBvd25lZA==\x07"  # "put 'echo owned' on the clipboard"
@@ -55,3 +60,40 @@ def test_list_prints_no_control_sequence(tiny_package, tmp_path, monkeypatch):
     result = invoke("list")
     assert result.exit_code == 0 and "tiny" in result.output
     assert "\x1b" not in result.output and "\x07" not in result.output
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_models_output_is_cleaned_for_a_terminal_and_exact_when_piped():
+    hostile = "ok\x1b]52;c;cGF5bG9hZA==\x07 then\ttab\nline"
+    assert generated(hostile, _Terminal()) == "ok then\ttab\nline"
+    assert generated(hostile, io.StringIO()) == hostile  # a file or a pipe gets what the model wrote
+
+
+def test_generate_on_a_terminal_prints_no_control_sequence_the_model_was_made_to_write(tiny_package):
+    """A regex constraint makes the random model write an OSC title change; on a pseudo-terminal it is dropped."""
+    main_fd, child_fd = pty.openpty()
+    command = [sys.executable, "-m", "edgelm.runtime.cli", "generate", "-m", str(tiny_package)]
+    done = subprocess.run(
+        [*command, "--regex", "\\x1b\\]0;pwned\\x07", "--max-new-tokens", "20", "Hi"],
+        stdin=subprocess.DEVNULL,
+        stdout=child_fd,
+        stderr=subprocess.PIPE,
+        timeout=120,
+    )
+    os.close(child_fd)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # the terminal's other end is closed: all of it is read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main_fd)
+    assert done.returncode == 0, done.stderr
+    assert b"0;pwned" in shown and b"\x1b" not in shown and b"\x07" not in shown

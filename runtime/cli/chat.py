@@ -15,7 +15,7 @@ from ..generation_config import sampling_implied
 from ..inputs import decode_utf8
 from .main import generate
 from .options import prefix_cache_option, verify_mode
-from .terminal import echo
+from .terminal import echo, generated
 
 # generate's options that mean the same in a conversation; they are declared once, on generate
 SHARED_OPTIONS = (
@@ -120,7 +120,7 @@ def _answer(model, history: list, config) -> str | None:
             piece = piece if shown else piece.lstrip()  # the default template's answers begin with a space
             if piece:
                 shown.append(piece)
-                click.echo(piece, nl=False)
+                click.echo(generated(piece), nl=False)
                 sys.stdout.flush()
     except KeyboardInterrupt:
         if stream is not None:

@@ -18,7 +18,7 @@ from .options import (
 )
 from .prompt_file import check_file_options, file_options, run_file
 from .store import COMMANDS as STORE_COMMANDS
-from .terminal import clean, echo
+from .terminal import clean, echo, generated
 
 LAZY_COMMANDS = {
     "bundle": "edgelm.runtime.cli.bundle:bundle",
@@ -178,7 +178,7 @@ def generate(
                 )
             )
         else:
-            click.echo("\n---\n".join(c.text for c in completions))
+            click.echo(generated("\n---\n".join(c.text for c in completions)))
         return
     _stream(model.stream(prompt, settings))
 
@@ -187,7 +187,7 @@ def _stream(stream):
     """Print pieces as they come; Ctrl-C keeps what was printed and exits 130."""
     try:
         for piece in stream:
-            click.echo(piece, nl=False)
+            click.echo(generated(piece), nl=False)
             sys.stdout.flush()
         click.echo()
     except KeyboardInterrupt:

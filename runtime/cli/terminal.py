@@ -1,7 +1,8 @@
 """What the CLI prints of text it did not write: names, paths, manifest fields and error messages come from
 packages, archives, hubs and file names, so a control sequence in one (an OSC 52 clipboard write, a cursor move,
 a title change) must not reach the terminal. Every command prints such text through this module's `echo`, and the group
-passes every error message through `clean` (main.py), so this is the one place the rule lives."""
+passes every error message through `clean` (main.py), so this is the one place the rule lives. A model's own
+output is cleaned too when it goes to a terminal (`generated`)."""
 
 import re
 
@@ -23,6 +24,16 @@ def clean(text, keep_newlines: bool = True) -> str:
     unless keep_newlines is False (then each becomes a space, for a value that must stay on one line)."""
     text = _CONTROLS.sub("", _SEQUENCES.sub("", str(text)))
     return text if keep_newlines else text.replace("\n", " ")
+
+
+def generated(text: str, stream=None) -> str:
+    """A model's output as the CLI prints it: cleaned when it goes to a terminal (a package's model can be made to
+    write control sequences as well as any string of a package), as it is when piped to a file or a program, which
+    get exactly what the model wrote. Tabs and newlines stay either way."""
+    import sys
+
+    out = stream if stream is not None else sys.stdout
+    return clean(text) if getattr(out, "isatty", lambda: False)() else text
 
 
 def echo(text="", **kwargs) -> None:
