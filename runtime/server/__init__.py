@@ -1,13 +1,20 @@
 """`edgelm serve`: an OpenAI-compatible HTTP server over one loaded package (the optional `server` extra).
 
-    requests.py        request bodies (pydantic models) and the server's limits -> runtime options
+    pipeline.py        the one path of a request that runs on the model: parse, settings, prepare, job, answer
+    completions.py     POST /v1/completions: its prompts, echo and stream chunks
+    chat.py            POST /v1/chat/completions: the conversation rendered once, its chunks
+    schema.py          pydantic bodies checked, the first problem as one ApiError
+    requests.py        the fields the endpoints share, the server's limits -> runtime options; completions' body
+    chat_requests.py   the chat body -> runtime options
     responses.py       Completions -> response bodies (pydantic models of OpenAI's shapes)
-    errors.py          OpenAI's error body; what each runtime error becomes
+    chat_responses.py  the chat shapes
+    errors.py          OpenAI's error body; the one mapping from what was raised to what the client sees
     jobs.py            the FIFO of slots and the worker threads that run each request's Batch
-    app.py             Starlette routes: read, parse, run, answer
+    waiting.py         waiting for a slot, watching for the client leaving
+    app.py             Starlette routes
     middleware.py      the Host check, CORS, the API-key check and the access log
     uvicorn_server.py  uvicorn with a deadline on request heads, and graceful shutdown
-    cli.py             the click command
 
-Only `edgelm serve` imports this package: uvicorn, Starlette and pydantic never load with `import edgelm.runtime`.
+Only `edgelm serve` (runtime/cli/serve.py) imports this package: uvicorn, Starlette and pydantic never load with
+`import edgelm.runtime`.
 """

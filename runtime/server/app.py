@@ -11,18 +11,18 @@
     POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
     POST /detokenize          {"tokens": [ids]} -> {"content"}
 
-A completion request is read (JSON only, within --read-timeout), parsed (requests.py), its settings built
-once (Model.settings), tokenized, then waits for a slot and runs as a Job (jobs.py). A non-streaming request
-that loses its client, or a stream whose client goes away, stops its job at once; the job then drops its
-Batch, whatever ended it. Every error a request causes is answered in OpenAI's error shape on a connection
+Every request that runs on the model takes the one path of pipeline.py: read (JSON only, within
+--read-timeout), parsed, its settings built once (Model.settings), prepared in a worker thread, then it waits
+for a slot and runs as a Job (jobs.py). A non-streaming request that loses its client, or a stream whose
+client goes away, stops its job at once; the job then drops its Batch, whatever ended it. Every error a request causes is answered in OpenAI's error shape on a connection
 that stays usable; only a body that never arrives closes it.
 """
 
-import asyncio
 import functools
 import logging
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -31,16 +31,17 @@ from starlette.routing import Route
 
 from ..batching.scheduler import Scheduler
 from ..errors import EdgelmError
-from ..text import tokenizer as tokenizing
 from . import requests, responses
 from .bodies import json_response, read_json
-from .chat import chat_endpoint
+from .chat import Chat
+from .completions import Completions
 from .errors import ApiError, api_error, describe
-from .jobs import Jobs, Stopped, Work
+from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
+from .pipeline import Endpoint, Ready, Serving, route
 from .requests import Limits, ModelNames
 from .text_work import TextWork
-from .waiting import ClientGone, admit, answer_of, event_stream, job_result, runtime_errors, unless_gone
+from .waiting import ClientGone
 
 log = logging.getLogger("edgelm.server")
 
@@ -66,6 +67,7 @@ def create_app(
     jobs = jobs_for(model, max_batch, max_concurrency, max_queue)
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
+    serving = Serving(model, jobs, names, limits, model_id)
 
     prefix_cache = model.engine.prefix_cache
 
@@ -87,47 +89,6 @@ def create_app(
     async def one_model(request):
         names.check(request.path_params["name"])
         return json_response(_model_card(model, model_id))
-
-    async def completions(request):
-        deadline = time.monotonic() + limits.request_timeout
-        body = await read_json(request, limits, deadline)
-        req = requests.parse_completion_request(body, names, model.arch.vocab_size, limits)
-        try:
-            config = model.settings(**req.options)  # every option's range, checked once
-        except EdgelmError as error:
-            raise api_error(error, field_of=req.field_of) from None
-        generation, prompt_counts = await runtime_errors(asyncio.to_thread(_prepare, model, req, config), req)
-        requests.check_tokens_held(req, prompt_counts, limits)
-        work = CompletionWork(model, req, generation)
-        del generation  # from here the job holds it, and drops it when it ends
-        job = await admit(request, jobs, work, deadline, limits)
-        del work
-        if req.stream:
-            return event_stream(job, _events(request, job, req, model_id, prompt_counts, limits))
-        completions, scores = await answer_of(request, job, limits, req.field_of)
-        tokens = sum(c.completion_tokens for c in completions or [])
-        request.state.tokens = tokens
-        return json_response(
-            responses.completion(
-                req, model_id, responses.choices(req, completions, scores), responses.usage(sum(prompt_counts), tokens)
-            )
-        )
-
-    async def score(request):
-        deadline = time.monotonic() + limits.request_timeout
-        text = requests.parse_score_request(await read_json(request, limits, deadline), names)
-        job = await admit(request, jobs, ScoreWork(model, text), deadline, limits)
-        try:
-            result = await unless_gone(request, job_result(job), job)
-        except ClientGone:
-            raise
-        except EdgelmError as error:
-            error = api_error(error)
-            raise ApiError(error.status, error.message, "text", error.code) from None
-        except Exception as error:
-            raise api_error(error, limits.request_timeout) from None
-        request.state.tokens = len(result.token_ids)
-        return json_response(responses.score(result, model_id))
 
     text_work = TextWork(model)
 
@@ -159,9 +120,9 @@ def create_app(
         Route("/health", _endpoint(health)),
         Route("/v1/models", _endpoint(models)),
         Route("/v1/models/{name:path}", _endpoint(one_model)),
-        Route("/v1/completions", _endpoint(completions), methods=["POST"]),
-        Route("/v1/chat/completions", _endpoint(chat_endpoint(model, jobs, names, limits, model_id)), methods=["POST"]),
-        Route("/v1/score", _endpoint(score), methods=["POST"]),
+        Route("/v1/completions", _endpoint(route(Completions(serving))), methods=["POST"]),
+        Route("/v1/chat/completions", _endpoint(route(Chat(serving))), methods=["POST"]),
+        Route("/v1/score", _endpoint(route(Score(serving))), methods=["POST"]),
         Route("/tokenize", _endpoint(tokenize), methods=["POST"]),
         Route("/detokenize", _endpoint(detokenize), methods=["POST"]),
     ]
@@ -201,113 +162,37 @@ def model_names_for(model, names: tuple, accept_any: bool) -> ModelNames:
     return ModelNames(names[0] if names else model.package.name, aliases, accept_any)
 
 
-def _prepare(model, req, config) -> tuple:
-    """Tokenize and check the prompts (worker thread: a long prompt must not block the event loop); note each
-    prompt's text (a token-id prompt decoded) for echo and text_offset."""
-    req.prompt_texts = [p if isinstance(p, str) else tokenizing.decode(model.tokenizer, p) for p in req.prompts]
-    if req.max_tokens == 0:  # echo only: nothing to generate
-        return None, [max(len(p if isinstance(p, list) else model.encode(p)), 1) for p in req.prompts]
-    generation = model.batch(req.prompts, config=config)
-    return generation, [len(ids) for ids in generation.prompts]
+@dataclass(kw_only=True)
+class ScoreRequest:
+    """One parsed /v1/score body: its text; no runtime options, no stream."""
+
+    text: str
+    options = None
+    stream = False
+    n = 1
+    max_tokens = 0
+
+    def field_of(self, option: str | None) -> str:
+        return "text"  # the text is all a score request sends
+
+    def tokens_held(self, prompt_tokens: list) -> int:
+        return 0  # Model.score bounds the text by the model's context
 
 
-class CompletionWork(Work):
-    """One completion request in the model's thread: the prompts' log-probs (echo with logprobs), pieces as they
-    come (in a stream, each with the log-prob entries of the tokens it covers), then the completions."""
+class Score(Endpoint):
+    """POST /v1/score: the text's per-token log-probs and perplexity (Model.score), in the model's thread."""
 
-    def __init__(self, model, req, generation):
-        self.model, self.req, self.batch = model, req, generation
-        self.scores = None
-        self.sent = [0] * len(generation.rows) if generation is not None else []  # log-prob entries sent per row
+    def parse(self, body) -> ScoreRequest:
+        return ScoreRequest(text=requests.parse_score_request(body, self.serving.names))
 
-    def start(self, job) -> None:
-        req = self.req
-        if req.echo and req.logprobs is not None:
-            self.scores = [self.model.score(p, top_logprobs=req.logprobs) if len(p) else None for p in req.prompts]
-            job.emit("echo", self.scores)
+    def prepare(self, req: ScoreRequest, config, deadline: float) -> Ready:
+        return Ready(None, [], lambda: self.model.score(req.text))
 
-    def piece(self, job, piece) -> None:
-        entries = self.batch.logprobs_so_far(piece.index) if self.req.stream else None
-        if entries is not None:
-            entries, self.sent[piece.index] = entries[self.sent[piece.index] :], len(entries)
-        job.emit("piece", (piece, entries))
+    def answer(self, req: ScoreRequest, result):
+        return responses.score(result.before, self.serving.model_id)
 
-    def done(self, job) -> None:
-        job.emit("done", (self.batch.completions if self.batch is not None else None, self.scores))
-
-
-class ScoreWork(Work):
-    def __init__(self, model, text):
-        self.model, self.text = model, text
-
-    def start(self, job) -> None:
-        job.emit("done", self.model.score(self.text))
-
-    def done(self, job) -> None:
-        pass
-
-
-async def _events(request, job, req, model_id, prompt_counts, limits):
-    """Server-sent events: the echo (with logprobs: once the prompts are scored, with their log-probs), text
-    pieces as they become final (each with the log-probs of the tokens it covers), a finish chunk per choice
-    (with the log-probs of tokens no piece covered), usage if asked, [DONE].
-    A stream that fails after it began ends with an error event (OpenAI's error body) and no [DONE]."""
-
-    def sse(chunk) -> str:
-        return f"data: {chunk.model_dump_json()}\n\n"
-
-    def echo_chunk(scores) -> str:
-        rows = range(len(req.prompts) * req.n)
-        echoed = [
-            responses.choice(
-                i,
-                req.prompt_texts[i // req.n],
-                responses.logprobs(req, responses.prompt_entries(scores[i // req.n] if scores else None), 0),
-            )
-            for i in rows
-        ]
-        return sse(responses.completion(req, model_id, echoed))
-
-    completions = scores = None
-    rows = len(req.prompts) * req.n
-    # per choice: log-prob entries sent so far, and the text_offset of the next (as responses.logprobs counts it)
-    entries_sent, offsets = [0] * rows, [len(req.prompt_texts[i // req.n]) for i in range(rows)]
-    try:
-        if req.echo and req.logprobs is None:  # at once; with logprobs, once the prompts are scored
-            yield echo_chunk(None)
-        async for kind, value in job:
-            # a turn of the event loop per event: once a write fails, the connection's loss is noticed (and the
-            # stream cancelled) before more chunks are written to it, each a "socket.send() raised" warning
-            await asyncio.sleep(0)
-            if kind == "echo":
-                yield echo_chunk(value)
-            elif kind == "piece":
-                piece, entries = value
-                entries = entries or []
-                lp = responses.logprobs(req, entries, offsets[piece.index])
-                entries_sent[piece.index] += len(entries)
-                offsets[piece.index] += sum(len(e["token"]) for e in entries)
-                yield sse(responses.completion(req, model_id, [responses.choice(piece.index, piece.text, lp)]))
-            elif kind == "done":
-                completions, scores = value
-            elif kind == "error":
-                if not (isinstance(value, Stopped) and value.reason == "cancelled"):
-                    error = api_error(value, limits.request_timeout, req.field_of)
-                    request.state.error = error.status
-                    yield f"data: {error.json().decode()}\n\n"
-                return
-        tokens = sum(c.completion_tokens for c in completions or [])
-        request.state.tokens = tokens
-        for c in responses.choices(req, completions, None):
-            # the log-probs of tokens no piece covered (text held back, or cut by a stop string)
-            left = (completions[c.index].logprobs or [])[entries_sent[c.index] :] if completions else []
-            finish = responses.choice(c.index, "", responses.logprobs(req, left, offsets[c.index]), c.finish_reason)
-            yield sse(responses.completion(req, model_id, [finish]))
-        if req.include_usage:
-            yield sse(responses.completion(req, model_id, [], responses.usage(sum(prompt_counts), tokens)))
-        yield "data: [DONE]\n\n"
-    finally:  # normal end, or the client went away (Starlette cancels this generator): stop the generation
-        job.stop()
+    def tokens(self, result) -> int:
+        return len(result.before.token_ids)
 
 
 def _model_card(model, model_id: str) -> dict:

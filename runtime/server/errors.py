@@ -3,7 +3,7 @@ raised to the status and `param` the client sees."""
 
 import json
 
-from ..errors import DeadlineError, EdgelmError, GenerationOptionError, PromptError
+from ..errors import ChatError, DeadlineError, EdgelmError, PromptError
 from .jobs import Stopped
 
 
@@ -32,15 +32,12 @@ class ApiError(Exception):
 
 
 def api_error(error: BaseException, request_timeout: float | None = None, field_of=None) -> ApiError:
-    """What the client gets for `error` (the caller logs an unexpected one). `field_of(runtime option name)` gives the request field an option came
-    from (max_new_tokens -> max_tokens); without it the runtime's name is reported."""
+    """What the client gets for `error` (the caller logs an unexpected one): the one mapping from what the runtime,
+    a job or the queue raised to an HTTP status and OpenAI's error fields. `field_of(name)` gives the request
+    field a runtime option (or "prompt") came from (max_new_tokens -> max_tokens, prompt -> messages); without it
+    the runtime's name is reported."""
     if isinstance(error, ApiError):
         return error
-    if isinstance(error, PromptError):
-        return ApiError(400, str(error), "prompt", "invalid_prompt")
-    if isinstance(error, GenerationOptionError):
-        param = error.param if field_of is None or error.param is None else field_of(error.param)
-        return ApiError(400, str(error), param)
     if isinstance(error, DeadlineError) or (isinstance(error, Stopped) and error.reason == "timeout"):
         limit = f"{request_timeout:g} s " if request_timeout else ""
         return ApiError(
@@ -49,8 +46,15 @@ def api_error(error: BaseException, request_timeout: float | None = None, field_
             code="request_timeout",
             type="timeout_error",
         )
-    if isinstance(error, EdgelmError):  # any other error the library raises on purpose is about this request
-        return ApiError(400, str(error), getattr(error, "param", None))
+    if isinstance(error, EdgelmError):  # every other error the library raises on purpose is about this request
+        param = getattr(error, "param", None)
+        if isinstance(error, PromptError):
+            param = "prompt"
+        elif isinstance(error, ChatError) and param is None:  # the template failed on these messages
+            param = "messages"
+        if field_of is not None:
+            param = field_of(param)
+        return ApiError(400, str(error), param, "invalid_prompt" if isinstance(error, PromptError) else None)
     if isinstance(error, Stopped):
         return ApiError(
             503, "the server is shutting down; retry in a moment", code="server_shutdown", type="server_error"

@@ -1,10 +1,10 @@
-"""Request bodies in: pydantic models of the JSON shapes, the server's limits, and the runtime options they become.
+"""Request bodies in: the fields every generation endpoint shares, the server's limits, and the runtime options
+they become; the /v1/completions, /v1/score, /tokenize and /detokenize bodies.
 
-Nothing here touches the network or threads. The models check JSON types and shape only (strict: an integer
-field takes no "5" and no true, unknown fields are refused); value ranges belong to the runtime's
-GenerationConfig, which the handler builds once from `CompletionRequest.options`. What stays here: the
-server's own limits (max_tokens, n, prompts, body size, tokens held) and OpenAI's rules that have no runtime
-option (best_of, suffix, stream_options, logit_bias' string keys).
+Nothing here touches the network or threads. Shapes are checked by the pydantic models (schema.py); value
+ranges belong to the runtime's GenerationConfig, which the pipeline builds once from `request.options`. What
+stays here: the server's own limits (max_tokens, n, prompts, body size, tokens held) and OpenAI's rules that have
+no runtime option (best_of, suffix, stream_options, logit_bias' string keys).
 
 OpenAI semantics on top of the runtime's transformers names:
     temperature 0 -> greedy (do_sample=False); temperature > 0 -> sampling; default 1.0 (sampling)
@@ -16,16 +16,14 @@ OpenAI semantics on top of the runtime's transformers names:
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field
 
 from .. import inputs
 from ..errors import GenerationOptionError, PromptError
 from ..generation_config import logit_bias_ids
-from ..inputs import text_problem
 from .errors import ApiError
+from .schema import STRICT, TEXTS, Text, validate
 
 DEFAULT_MAX_TOKENS = 16
 # OpenAI's defaults, applied over the package's generation_config.json; n > 1 at temperature 0 gives n greedy copies.
@@ -35,7 +33,6 @@ PASSTHROUGH = (
     "top_p",
     "stop",
     "seed",
-    "logprobs",
     "frequency_penalty",
     "presence_penalty",
     "top_k",
@@ -46,6 +43,7 @@ PASSTHROUGH = (
     "ignore_eos",
     "truncate",
 )
+PROMPTS = "a string or a list of strings, or token ids: a list of integers or a list of such lists"
 
 
 @dataclass(frozen=True)
@@ -61,18 +59,25 @@ class Limits:
     read_timeout: float = 5.0  # seconds for a request's headers, and again for its body (408 / closed)
 
 
-def _text(value: str) -> str:
-    """JSON can carry a lone UTF-16 surrogate ("\\ud800") that is no Unicode text: refuse it by name."""
-    problem = text_problem(value, "{where}")  # the field's name is filled in by _first_problem
-    if problem:
-        raise PydanticCustomError("invalid_text", problem)
-    return value
+@dataclass(frozen=True)
+class ModelNames:
+    """The names a request's `model` may give: the id /v1/models lists, its aliases (--model-name), or any name
+    at all with --accept-any-model. A request without `model` is served too."""
 
+    id: str
+    aliases: tuple = ()
+    accept_any: bool = False
 
-Text = Annotated[str, AfterValidator(_text)]
-TEXTS = "a string or a list of strings"
-PROMPTS = "a string or a list of strings, or token ids: a list of integers or a list of such lists"
-STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    def check(self, name: str | None) -> None:
+        if name is None or self.accept_any or name == self.id or name in self.aliases:
+            return
+        raise ApiError(
+            404,
+            f"the model {name[:100]!r} does not exist here; this server runs {self.id!r} (GET /v1/models; "
+            "edgelm serve --model-name NAME adds a name, --accept-any-model takes any)",
+            "model",
+            "model_not_found",
+        )
 
 
 class StreamOptions(BaseModel):
@@ -108,6 +113,79 @@ class SamplingBody(BaseModel):
     truncate: bool | None = None
 
 
+@dataclass(kw_only=True)
+class GenerationRequest:
+    """What every parsed generation request holds: the runtime options and how to shape the answer."""
+
+    options: dict  # runtime option names (GenerationConfig)
+    max_tokens: int | None = None  # None: what the context leaves after the prompt (chat)
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: one last chunk with the usage
+    given: frozenset = frozenset()  # the fields the body set
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    # the request field each runtime option came from, where the names differ (for an error's `param`)
+    renamed = {"max_new_tokens": "max_tokens", "num_return_sequences": "n", "do_sample": "temperature"}
+
+    def field_of(self, option: str | None) -> str | None:
+        """The request field a runtime option (or a PromptError's "prompt") came from, for the error's `param`."""
+        if option == "min_new_tokens":
+            return "min_tokens" if "min_tokens" in self.given else "min_new_tokens"
+        return self.renamed.get(option, option)
+
+    def tokens_held(self, prompt_tokens: list) -> int:
+        """Tokens this request's rows hold at their longest: n x (prompt + max_tokens), over its prompts."""
+        length = 1 if self.max_tokens is None else self.max_tokens
+        return self.n * sum(count + length for count in prompt_tokens)
+
+
+def sampling_request(parsed: SamplingBody, given: set, vocab_size: int, limits: Limits) -> dict:
+    """The shared fields' checks and options: a dict of GenerationRequest's fields (options, n, stream, ...)."""
+    n = 1 if parsed.n is None else parsed.n
+    if not 1 <= n <= limits.max_n:
+        raise ApiError(400, f"n must be from 1 to {limits.max_n} on this server (--max-n), got {n}", "n")
+    stream = bool(parsed.stream)
+    if parsed.stream_options is not None and not stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+    if "min_tokens" in given and "min_new_tokens" in given:
+        raise ApiError(400, "give min_tokens or min_new_tokens, not both (they are the same option)", "min_tokens")
+    temperature = 1.0 if parsed.temperature is None else parsed.temperature
+    options = {**OPENAI_DEFAULTS, **{k: getattr(parsed, k) for k in PASSTHROUGH if k in given}}
+    options.update(num_return_sequences=n, do_sample=temperature != 0)
+    if temperature != 0:
+        options["temperature"] = temperature  # a negative one is refused by the runtime's check
+    if "logit_bias" in given:
+        options["logit_bias"] = logit_bias(parsed.logit_bias, vocab_size)
+    for name in ("min_tokens", "min_new_tokens"):
+        if name in given:
+            options["min_new_tokens"] = getattr(parsed, name)
+    return {
+        "options": options,
+        "n": n,
+        "stream": stream,
+        "include_usage": bool(parsed.stream_options and parsed.stream_options.include_usage),
+        "given": frozenset(given),
+    }
+
+
+def given_fields(parsed: BaseModel) -> set:
+    """The fields a body set to something other than null."""
+    return {name for name in parsed.model_fields_set if getattr(parsed, name) is not None}
+
+
+def check_max_tokens(value: int | None, name: str, limits: Limits, least: int = 1) -> None:
+    if value is not None and value < least:
+        raise ApiError(400, f"{name} must be >= {least}, got {value}", name)
+    if value is not None and value > limits.max_tokens:
+        raise ApiError(
+            400, f"{name} is {value}; this server allows at most {limits.max_tokens} (--max-tokens-limit)", name
+        )
+
+
+# -- POST /v1/completions --------------------------------------------------------------------------------
+
+
 class CompletionBody(SamplingBody):
     """POST /v1/completions."""
 
@@ -119,87 +197,23 @@ class CompletionBody(SamplingBody):
     suffix: Text | None = None
 
 
-class TokenizeBody(BaseModel):
-    """POST /tokenize (llama-server's shape)."""
-
-    model_config = STRICT
-    content: Text
-    add_special: bool = False
-    with_pieces: bool = False
-
-
-class DetokenizeBody(BaseModel):
-    """POST /detokenize (llama-server's shape)."""
-
-    model_config = STRICT
-    tokens: list[int] = Field(description="a list of token ids")
-
-
-class ScoreBody(BaseModel):
-    """POST /v1/score."""
-
-    model_config = STRICT
-    text: Text | None = None
-    model: Text | None = None
-
-
-@dataclass
-class CompletionRequest:
+@dataclass(kw_only=True)
+class CompletionRequest(GenerationRequest):
     """One parsed /v1/completions body: the prompts, the runtime options, and how to shape the answer."""
 
     prompts: list  # each a string or a list of token ids
-    options: dict  # runtime option names (GenerationConfig)
     max_tokens: int  # 0: no generation (echo the prompt, with its log-probs if asked)
-    n: int = 1
-    stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage: one last chunk with the usage
     echo: bool = False
     logprobs: int | None = None
-    user: str | None = None
-    given: frozenset = frozenset()  # the fields the body set
     prompt_texts: list = field(default_factory=list)  # each prompt as text (token ids decoded), set once tokenized
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_hex(12))
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def field_of(self, option: str) -> str:
-        """The request field a runtime option came from, for the error's `param`."""
-        if option == "min_new_tokens":
-            return "min_tokens" if "min_tokens" in self.given else "min_new_tokens"
-        return {"max_new_tokens": "max_tokens", "num_return_sequences": "n", "do_sample": "temperature"}.get(
-            option, option
-        )
-
-    def tokens_held(self, prompt_tokens: list) -> int:
-        """Tokens this request's rows hold at their longest: prompts x n x (prompt + max_tokens)."""
-        return self.n * sum(count + self.max_tokens for count in prompt_tokens)
-
-
-@dataclass(frozen=True)
-class ModelNames:
-    """The names a request's `model` may give: the id /v1/models lists, its aliases (--model-name), or any name
-    at all with --accept-any-model. A request without `model` is served too."""
-
-    id: str
-    aliases: tuple = ()
-    accept_any: bool = False
-
-    def check(self, name: str | None) -> None:
-        if name is None or self.accept_any or name == self.id or name in self.aliases:
-            return
-        raise ApiError(
-            404,
-            f"the model {name[:100]!r} does not exist here; this server runs {self.id!r} (GET /v1/models; "
-            "edgelm serve --model-name NAME adds a name, --accept-any-model takes any)",
-            "model",
-            "model_not_found",
-        )
 
 
 def parse_completion_request(body, names: ModelNames, vocab_size: int, limits: Limits) -> CompletionRequest:
     """Check a decoded JSON body's shape and the server's limits; raises ApiError naming the bad field.
     The options' ranges are checked where they are used: model.settings(**request.options)."""
-    parsed = _validate(CompletionBody, body)
-    given = {name for name in parsed.model_fields_set if getattr(parsed, name) is not None}
+    parsed = validate(CompletionBody, body)
+    given = given_fields(parsed)
     names.check(parsed.model)
     prompts = _prompts(parsed.prompt, vocab_size)
     if len(prompts) > limits.max_prompts:
@@ -216,49 +230,18 @@ def parse_completion_request(body, names: ModelNames, vocab_size: int, limits: L
             f"max_tokens must be >= 1 (0 only with echo, to get the prompt's log-probs), got {max_tokens}",
             "max_tokens",
         )
-    if max_tokens > limits.max_tokens:
-        raise ApiError(
-            400,
-            f"max_tokens is {max_tokens}; this server allows at most {limits.max_tokens} (--max-tokens-limit)",
-            "max_tokens",
-        )
-    n = 1 if parsed.n is None else parsed.n
-    if not 1 <= n <= limits.max_n:
-        raise ApiError(400, f"n must be from 1 to {limits.max_n} on this server (--max-n), got {n}", "n")
-    if parsed.best_of not in (None, n):
+    check_max_tokens(max_tokens, "max_tokens", limits, least=0)
+    shared = sampling_request(parsed, given, vocab_size, limits)
+    if parsed.best_of not in (None, shared["n"]):
         raise ApiError(
             400, "best_of is not supported (every completion is returned); leave it out or set it equal to n", "best_of"
         )
     if parsed.suffix:
         raise ApiError(400, "suffix is not supported: GPT-2 models cannot fill in the middle", "suffix")
-    stream = bool(parsed.stream)
-    if parsed.stream_options is not None and not stream:
-        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
-    if "min_tokens" in given and "min_new_tokens" in given:
-        raise ApiError(400, "give min_tokens or min_new_tokens, not both (they are the same option)", "min_tokens")
-
-    temperature = 1.0 if parsed.temperature is None else parsed.temperature
-    options = {**OPENAI_DEFAULTS, **{k: getattr(parsed, k) for k in PASSTHROUGH if k in given}}
-    options.update(max_new_tokens=max(max_tokens, 1), num_return_sequences=n, do_sample=temperature != 0)
-    if temperature != 0:
-        options["temperature"] = temperature  # a negative one is refused by the runtime's check
-    if "logit_bias" in given:
-        options["logit_bias"] = _logit_bias(parsed.logit_bias, vocab_size)
-    for name in ("min_tokens", "min_new_tokens"):
-        if name in given:
-            options["min_new_tokens"] = getattr(parsed, name)
-    request = CompletionRequest(
-        prompts,
-        options,
-        max_tokens,
-        n,
-        stream,
-        bool(parsed.stream_options and parsed.stream_options.include_usage),
-        echo,
-        parsed.logprobs,
-        parsed.user,
-        frozenset(given),
-    )
+    shared["options"].update(max_new_tokens=max(max_tokens, 1))
+    if "logprobs" in given:
+        shared["options"]["logprobs"] = parsed.logprobs
+    request = CompletionRequest(prompts=prompts, max_tokens=max_tokens, echo=echo, logprobs=parsed.logprobs, **shared)
     check_tokens_held(request, [1] * len(prompts), limits)  # the bound before tokenizing; again after
     return request
 
@@ -287,17 +270,7 @@ def check_token_ids(ids: list, vocab_size: int, where: str, param: str) -> None:
         raise ApiError(400, str(error), param, "invalid_token_id") from None
 
 
-def parse_tokenize_request(body) -> TokenizeBody:
-    return _validate(TokenizeBody, body)
-
-
-def parse_detokenize_request(body, vocab_size: int) -> list:
-    ids = _validate(DetokenizeBody, body).tokens
-    check_token_ids(ids, vocab_size, "tokens", "tokens")
-    return ids
-
-
-def check_tokens_held(request: CompletionRequest, prompt_tokens: list, limits: Limits) -> None:
+def check_tokens_held(request: GenerationRequest, prompt_tokens: list, limits: Limits) -> None:
     """Refuse a request whose rows would hold more tokens than --max-batch-tokens (the KV cache grows with them)."""
     held = request.tokens_held(prompt_tokens)
     if held > limits.max_batch_tokens:
@@ -311,83 +284,7 @@ def check_tokens_held(request: CompletionRequest, prompt_tokens: list, limits: L
         )
 
 
-def parse_score_request(body, names: ModelNames) -> str:
-    """The text of a /v1/score body {"text": ..., "model"?: ...}."""
-    parsed = _validate(ScoreBody, body)
-    names.check(parsed.model)
-    if parsed.text is None:
-        raise ApiError(400, "text is required: the text to score", "text")
-    return parsed.text
-
-
-def _validate(model: type[BaseModel], body) -> BaseModel:
-    if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {_json_type(body)}")
-    try:
-        return model.model_validate(body)
-    except ValidationError as error:
-        raise _first_problem(model, error.errors(include_url=False)) from None
-
-
-TYPE_WORDS = {
-    "int_type": "an integer",
-    "float_type": "a number",
-    "finite_number": "a finite number",
-    "bool_type": "true or false",
-    "string_type": "a string",
-    "dict_type": "an object",
-    "model_type": "an object",
-    "list_type": "a list",
-}
-
-
-def _first_problem(model: type[BaseModel], errors: list) -> ApiError:
-    """One ApiError for pydantic's list: unknown fields first, then text that is not Unicode, then wrong types."""
-    fields = sorted(model.model_fields)
-    for e in errors:
-        if e["type"] == "extra_forbidden":
-            name = ".".join(str(part) for part in e["loc"])
-            takes = fields if len(e["loc"]) == 1 else sorted(StreamOptions.model_fields)
-            return ApiError(
-                400, f"unknown field {name!r}; this endpoint takes: {', '.join(takes)}", name, "unknown_field"
-            )
-    for e in errors:
-        if e["type"] == "invalid_text":
-            name = e["loc"][0]
-            return ApiError(400, e["msg"].format(where=name), name, "invalid_text")
-    first = errors[0]
-    if not first["loc"]:  # a field name pydantic cannot read (a lone surrogate in it)
-        return ApiError(400, "every field name must be Unicode text", None, "unknown_field")
-    top = first["loc"][0]
-    if first["type"] == "missing":
-        return ApiError(400, f"{top} is required", top)
-    if top == "logit_bias":
-        return ApiError(400, "logit_bias values must be numbers from -100 to 100", "logit_bias", "invalid_type")
-    info = model.model_fields.get(top)
-    if info is not None and info.description:  # a union: pydantic reports each member; the field says what fits
-        name, expected, value = top, info.description, first["input"]
-    else:
-        parts = [p for p in first["loc"] if isinstance(p, str)]
-        name = ".".join(parts[:2] if top == "stream_options" else parts[:1])
-        expected, value = TYPE_WORDS.get(first["type"], first["msg"].lower()), first["input"]
-    return ApiError(400, f"{name} must be {expected}, got {_json_type(value)} {_short(value)}", name, "invalid_type")
-
-
-def _json_type(value) -> str:
-    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _short(value) -> str:
-    """A short view of a client's value: scalars as written (cut), containers by size only (they may be deep)."""
-    if isinstance(value, (list, dict)):
-        return f"of {len(value)} items"
-    if isinstance(value, str):
-        return repr(value[:40]) + ("..." if len(value) > 40 else "")
-    return repr(value)[:40]
-
-
-def _logit_bias(bias: dict, vocab_size: int) -> dict:
+def logit_bias(bias: dict, vocab_size: int) -> dict:
     """OpenAI's {"token id as a string": bias in [-100, 100]} -> {int: float}."""
     try:
         out = logit_bias_ids(bias, vocab_size)
@@ -399,3 +296,49 @@ def _logit_bias(bias: dict, vocab_size: int) -> dict:
                 400, f"logit_bias values must be numbers from -100 to 100; {str(key)!r} has {value!r}", "logit_bias"
             )
     return out
+
+
+# -- POST /v1/score, /tokenize, /detokenize --------------------------------------------------------------
+
+
+class TokenizeBody(BaseModel):
+    """POST /tokenize (llama-server's shape)."""
+
+    model_config = STRICT
+    content: Text
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    """POST /detokenize (llama-server's shape)."""
+
+    model_config = STRICT
+    tokens: list[int] = Field(description="a list of token ids")
+
+
+class ScoreBody(BaseModel):
+    """POST /v1/score."""
+
+    model_config = STRICT
+    text: Text | None = None
+    model: Text | None = None
+
+
+def parse_tokenize_request(body) -> TokenizeBody:
+    return validate(TokenizeBody, body)
+
+
+def parse_detokenize_request(body, vocab_size: int) -> list:
+    ids = validate(DetokenizeBody, body).tokens
+    check_token_ids(ids, vocab_size, "tokens", "tokens")
+    return ids
+
+
+def parse_score_request(body, names: ModelNames) -> str:
+    """The text of a /v1/score body {"text": ..., "model"?: ...}."""
+    parsed = validate(ScoreBody, body)
+    names.check(parsed.model)
+    if parsed.text is None:
+        raise ApiError(400, "text is required: the text to score", "text")
+    return parsed.text

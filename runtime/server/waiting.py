@@ -7,7 +7,6 @@ import asyncio
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
-from ..errors import EdgelmError
 from .errors import ApiError, api_error
 from .jobs import Job, QueueFull, Stopped
 
@@ -94,10 +93,3 @@ async def _disconnected(request) -> None:
     """Returns when the client closes the connection (the body has been read, so only that can arrive)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def runtime_errors(awaitable, req):
-    try:
-        return await awaitable
-    except EdgelmError as error:
-        raise api_error(error, field_of=req.field_of) from None
