@@ -207,3 +207,19 @@ def qwen2_package(request):
         return Path(PREBUILT) / "tiny-qwen2-pkg"
     checkpoint = request.getfixturevalue("qwen2_checkpoint")
     return _once(request.getfixturevalue("tmp_path_factory"), "tiny-qwen2-pkg", lambda f: _export(checkpoint, f))
+
+
+@pytest.fixture(scope="session")
+def tiny_package_long(tmp_path_factory):
+    """The tiny model's shape with a 1,024-position context: room for tool definitions and JSON schemas in a
+    prompt (the server's tool and structured-output tests), exported fp32."""
+    if PREBUILT:
+        return Path(PREBUILT) / "tiny-long"
+    from checkpoints import build_checkpoint
+
+    def build(folder):
+        folder.mkdir()
+        checkpoint = build_checkpoint(folder / "checkpoint", n_positions=1024)
+        _export(checkpoint, folder / "tiny-long", validate=False)
+
+    return _once(tmp_path_factory, "tiny-long", build) / "tiny-long"

@@ -260,3 +260,46 @@ class RawConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class ScriptedEngine:
+    """A model's engine whose decoders write `script` (token ids), then end-of-text: each pass returns the model's
+    logits with the next scripted token raised far above the rest, so greedy decoding (temperature 0) answers
+    the script whatever the random weights say. Set `script` with `say(text)` before a request."""
+
+    def __init__(self, engine, tokenizer, eos_id: int):
+        self._engine, self.tokenizer, self.eos_id = engine, tokenizer, eos_id
+        self.script: list = []
+
+    def say(self, text: str) -> None:
+        self.script = self.tokenizer.encode(text).ids
+
+    def decoder(self, batch, capacity, **options):
+        return ScriptedDecoder(self._engine.decoder(batch, capacity, **options), self)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+class ScriptedDecoder:
+    def __init__(self, decoder, scripted: ScriptedEngine):
+        self._decoder, self._scripted, self._step = decoder, scripted, 0
+
+    def run(self, *args):
+        import numpy as np
+
+        logits = np.array(self._decoder.run(*args), dtype=np.float32)  # [B, 1, V], a copy
+        script = self._scripted.script
+        token = script[self._step] if self._step < len(script) else self._scripted.eos_id
+        logits[:, -1, token] = logits.max() + 50.0
+        self._step += 1
+        return logits
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+
+def scripted(model) -> ScriptedEngine:
+    """Put a script in front of `model`'s engine (serve it with max_batch=0: each request decodes alone)."""
+    model.engine = ScriptedEngine(model.engine, model.tokenizer, model.arch.eos_token_id)
+    return model.engine

@@ -19,12 +19,17 @@ class Chat(Endpoint):
         return parse_chat_request(body, serving.names, self.model.arch.vocab_size, serving.limits)
 
     def prepare(self, req: ChatRequest, config, deadline: float) -> Ready:
-        """The Batch for the assistant's reply, its conversation rendered and tokenized once (a render stops at the
-        request's deadline, so none holds the worker thread past it). Without max_tokens the reply may fill what
-        the context leaves, up to the server's --max-tokens-limit."""
-        model = self.model
+        """The Batch for the assistant's reply, its conversation (and tools) rendered and tokenized once; a call
+        forced by tool_choice constrains the reply. Without max_tokens the reply may fill what the context
+        leaves, up to the server's --max-tokens-limit. A render stops at the request's deadline."""
+        model, tools = self.model, req.tools
+        if tools.active:
+            from ..text.tools import tool_format
+
+            req.tool_format = tool_format(model)
+            config = config.with_options(**tools.constraint(req.tool_format))
         with render_deadline(deadline):
-            ids, config = model.chat_prompt(req.messages, config)
+            ids, config = model.chat_prompt(req.messages, config, tools=tools.tools if tools.active else None)
         if req.max_tokens is None:
             req.max_tokens = max(1, min(req.default_max_tokens, model.arch.n_positions - len(ids)))
             config = config.with_options(max_new_tokens=req.max_tokens)
@@ -32,9 +37,8 @@ class Chat(Endpoint):
         return Ready(batch, [len(batch.prompts[0])])
 
     def answer(self, req: ChatRequest, result: Result):
-        return shapes.completion(
-            req, self.serving.model_id, result.completions, usage(sum(result.prompt_tokens), result.tokens)
-        )
+        counted = usage(sum(result.prompt_tokens), result.tokens)
+        return shapes.completion(req, self.serving.model_id, result.completions, counted, req.tool_format)
 
     def writer(self, req: ChatRequest, ready: Ready) -> StreamWriter:
         return ChatStream(req, self.serving.model_id)
@@ -42,11 +46,17 @@ class Chat(Endpoint):
 
 class ChatStream(StreamWriter):
     """Each choice's role, its text pieces as they become final (the first without leading whitespace), a finish
-    chunk per choice (with the log-probs no piece covered), usage if asked, [DONE]."""
+    chunk per choice (with the log-probs no piece covered), usage if asked, [DONE]. With tools in use each
+    choice's text goes through the format's stream: content streams at once, a call once it is complete, as
+    delta.tool_calls; log-prob entries ride on the next chunk sent."""
 
     def __init__(self, req: ChatRequest, model_id: str):
         self.req, self.model_id = req, model_id
         self.entries_sent, self.started = [0] * req.n, [False] * req.n  # per choice: entries sent; content begun
+        self.pending = [[] for _ in range(req.n)]  # per choice: log-prob entries not yet sent with a chunk
+        self.calls = [0] * req.n  # per choice: calls sent
+        tools = req.tools
+        self.readers = [req.tool_format.stream() for _ in range(req.n)] if tools.active else None
 
     def chunk(self, choices: list, usage=None) -> str:
         return sse(shapes.chunk(self.req, self.model_id, choices, usage))
@@ -61,24 +71,50 @@ class ChatStream(StreamWriter):
     def event(self, kind: str, value) -> list:
         piece, entries = value
         i = piece.index
-        text = piece.text if self.started[i] else shapes.answer(piece.text)
-        self.started[i] = self.started[i] or bool(text)
-        self.entries_sent[i] += len(entries or [])
-        if not (text or entries):
-            return []
-        lp = shapes.logprobs(self.req, entries)
-        return [self.chunk([shapes.ChunkChoice(index=i, delta={"content": text}, logprobs=lp)])]
+        self.pending[i] += entries or []
+        if self.readers is None:
+            return self._deltas(i, [{"content": piece.text}])
+        return self._deltas(i, self._read(i, self.readers[i].feed(piece.text)))
 
     def closing(self, result: Result) -> list:
         out = []
         for c in result.completions:
-            left = (c.logprobs or [])[
-                self.entries_sent[c.index] :
-            ]  # tokens no piece covered (held back, or cut by a stop)
+            i = c.index
+            if self.readers is not None:
+                out += self._deltas(i, self._read(i, self.readers[i].finish()))
+            left = (c.logprobs or [])[self.entries_sent[i] :]  # tokens no chunk carried (held back, or cut by a stop)
             lp = shapes.logprobs(self.req, left) if left else None
-            out.append(
-                self.chunk([shapes.ChunkChoice(index=c.index, delta={}, logprobs=lp, finish_reason=c.finish_reason)])
-            )
+            reason = "tool_calls" if self.calls[i] else c.finish_reason
+            out.append(self.chunk([shapes.ChunkChoice(index=i, delta={}, logprobs=lp, finish_reason=reason)]))
         if self.req.include_usage:
             out.append(self.chunk([], usage(sum(result.prompt_tokens), result.tokens)))
         return out + ["data: [DONE]\n\n"]
+
+    def _read(self, i: int, deltas: list) -> list:
+        """The format stream's deltas as chunk deltas; with parallel_tool_calls false, the first call only."""
+        out = []
+        for delta in deltas:
+            if hasattr(delta, "text"):
+                out.append({"content": delta.text})
+            elif self.req.tools.parallel or delta.index == 0:
+                self.calls[i] = max(self.calls[i], delta.index + 1)
+                out.append(shapes.call_deltas(delta))
+        return out
+
+    def _deltas(self, i: int, deltas: list) -> list:
+        out = []
+        for delta in deltas:
+            if "content" in delta:
+                text = delta["content"] if self.started[i] else shapes.answer(delta["content"])
+                self.started[i] = self.started[i] or bool(text)
+                if not (text or self.pending[i]):
+                    continue
+                delta = {"content": text}
+            out.append(self._with_entries(i, delta))
+        return out
+
+    def _with_entries(self, i: int, delta: dict) -> str:
+        entries, self.pending[i] = self.pending[i], []
+        self.entries_sent[i] += len(entries)
+        lp = shapes.logprobs(self.req, entries)
+        return self.chunk([shapes.ChunkChoice(index=i, delta=delta, logprobs=lp)])

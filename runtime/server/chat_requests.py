@@ -7,6 +7,8 @@ OpenAI's chat fields on top of the completions ones:
     max_completion_tokens (or the older max_tokens) -> max_new_tokens; neither: what the context leaves after
         the rendered conversation, up to --max-tokens-limit (OpenAI's chat has no fixed default either)
     logprobs: true -> the chosen tokens' log-probs; top_logprobs: N (0..20) -> and the N most likely alternatives
+    tools, tool_choice, parallel_tool_calls -> tool_calls.py; response_format -> structured.py
+    the fields with no local meaning, and those refused: fields.py
 """
 
 import secrets
@@ -17,6 +19,7 @@ from pydantic import Field
 
 from ..inputs import text_problem
 from .errors import ApiError
+from .fields import CHAT_REFUSED, ChatExtras, refuse
 from .requests import (
     GenerationRequest,
     Limits,
@@ -28,11 +31,12 @@ from .requests import (
     sampling_request,
 )
 from .schema import validate
+from .tool_calls import ToolUse, tool_use
 
 MESSAGES = 'a list of messages like {"role": "user", "content": "Hi"}'
 
 
-class ChatBody(SamplingBody):
+class ChatBody(SamplingBody, ChatExtras):
     """POST /v1/chat/completions."""
 
     messages: Any = Field(None, description=MESSAGES)  # checked by the chat template, which names the bad field
@@ -40,6 +44,9 @@ class ChatBody(SamplingBody):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: Any = None  # checked by the text layer (chat_messages.check_tools), which names the bad field
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
 
 
 @dataclass(kw_only=True)
@@ -49,6 +56,8 @@ class ChatRequest(GenerationRequest):
     messages: Any  # as sent; the chat template checks them
     default_max_tokens: int  # without max_tokens: what the context leaves after the prompt, up to this
     logprobs: bool = False
+    tools: ToolUse = field(default_factory=ToolUse)
+    tool_format: object = None  # the package's ToolFormat (runtime/text/tools.py), set once tools are in use
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
 
     def field_of(self, option: str | None) -> str | None:
@@ -59,6 +68,8 @@ class ChatRequest(GenerationRequest):
             return "top_logprobs"
         if option == "prompt":  # the rendered conversation: what the client sent is its messages
             return "messages"
+        if option == "grammar":  # the constraint a forced tool call compiles to
+            return "tool_choice"
         return super().field_of(option)
 
 
@@ -68,6 +79,7 @@ def parse_chat_request(body, names: ModelNames, vocab_size: int, limits: Limits)
     parsed = validate(ChatBody, body)
     given = given_fields(parsed)
     names.check(parsed.model)
+    refuse(parsed, CHAT_REFUSED)
     if parsed.messages is None:
         raise ApiError(400, f"messages is required: {MESSAGES}", "messages")
     _check_text(parsed.messages)
@@ -80,6 +92,14 @@ def parse_chat_request(body, names: ModelNames, vocab_size: int, limits: Limits)
     shared = sampling_request(parsed, given, vocab_size, limits)
     if "top_logprobs" in given and not parsed.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    tools = tool_use(parsed.tools, parsed.tool_choice, parsed.parallel_tool_calls)
+    forced = tools.active and tools.choice != "auto"
+    if forced and any(k in shared["options"] for k in ("json_schema", "json_object")):
+        raise ApiError(
+            400,
+            "give response_format or a tool_choice that forces a call, not both: one constraint holds the answer",
+            "response_format",
+        )
     shared["options"]["max_new_tokens"] = max_tokens or 1
     if parsed.logprobs:
         shared["options"]["logprobs"] = parsed.top_logprobs or 0
@@ -88,6 +108,7 @@ def parse_chat_request(body, names: ModelNames, vocab_size: int, limits: Limits)
         max_tokens=max_tokens,
         default_max_tokens=limits.max_tokens,
         logprobs=bool(parsed.logprobs),
+        tools=tools,
         **shared,
     )
     check_tokens_held(request, [1], limits)  # the bound before the template runs; again after

@@ -1,9 +1,13 @@
 """Chat response bodies out: pydantic models of OpenAI's `chat.completion` and `chat.completion.chunk` shapes.
 
-chat.completion        choices[i] = {index, message: {role: "assistant", content}, logprobs, finish_reason}
-chat.completion.chunk  choices[i] = {index, delta: {role?, content?}, logprobs, finish_reason}; the first
-                       chunk of a choice carries {"role": "assistant", "content": ""}, its last the
-                       finish_reason and an empty delta; `usage` is null except in the final usage chunk
+chat.completion        choices[i] = {index, message: {role: "assistant", content, refusal, tool_calls}, logprobs,
+                       finish_reason}; with calls, content is null when they took the whole answer and
+                       finish_reason is "tool_calls"
+chat.completion.chunk  choices[i] = {index, delta: {role?, content?, tool_calls?}, logprobs, finish_reason}; the
+                       first chunk of a choice carries {"role": "assistant", "content": ""}, its last the
+                       finish_reason and an empty delta; `usage` is null except in the final usage chunk;
+                       a call is two deltas: [{index, id, type, function: {name, arguments: ""}}], then
+                       [{index, function: {arguments}}], which the openai client joins
 logprobs               {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}
 """
 
@@ -33,7 +37,9 @@ class ChoiceLogprobs(BaseModel):
 
 class Message(BaseModel):
     role: str = "assistant"
-    content: str
+    content: str | None
+    refusal: str | None = None  # edgelm's models never refuse by a separate channel
+    tool_calls: list[dict] | None = None  # OpenAI's {"id", "type": "function", "function": {"name", "arguments"}}
 
 
 class ChatChoice(BaseModel):
@@ -91,21 +97,41 @@ def logprobs(request: ChatRequest, entries: list | None) -> ChoiceLogprobs | Non
     )
 
 
-def completion(request: ChatRequest, model_id: str, completions: list, usage: Usage) -> ChatCompletion:
-    choices = [
-        ChatChoice(
-            index=c.index,
-            message=Message(content=answer(c.text)),
-            logprobs=logprobs(request, c.logprobs),
-            finish_reason=c.finish_reason,
+def completion(request: ChatRequest, model_id: str, completions: list, usage: Usage, fmt=None) -> ChatCompletion:
+    """The whole answer; `fmt` (the package's ToolFormat, when the request's tools are in use) reads calls from it."""
+    choices = []
+    for c in completions:
+        content, calls = request.tools.read(fmt, c.text)
+        message = Message(
+            content=None if content is None else answer(content),
+            tool_calls=[call.as_openai() for call in calls] or None,
         )
-        for c in completions
-    ]
+        reason = "tool_calls" if calls else c.finish_reason
+        choices.append(
+            ChatChoice(index=c.index, message=message, logprobs=logprobs(request, c.logprobs), finish_reason=reason)
+        )
     return ChatCompletion(id=request.id, created=request.created, model=model_id, choices=choices, usage=usage)
 
 
 def chunk(request: ChatRequest, model_id: str, choices: list, usage: Usage | None = None) -> ChatChunk:
     return ChatChunk(id=request.id, created=request.created, model=model_id, choices=choices, usage=usage)
+
+
+def logprobs_entry(entry: dict) -> dict:
+    """One runtime entry as OpenAI's {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]} (the
+    Responses API's shape too)."""
+    alternatives = [TopLogprob(**_top(alternative)) for alternative in entry["top_logprobs"] or []]
+    return TokenLogprob(**_top(entry), top_logprobs=alternatives).model_dump()
+
+
+def call_deltas(delta) -> dict:
+    """A text-layer ToolCallDelta as a chunk's delta: the first part of a call names it, the next its arguments."""
+    call = {"index": delta.index}
+    if delta.id is not None:
+        call.update(id=delta.id, type="function", function={"name": delta.name, "arguments": delta.arguments})
+    else:
+        call["function"] = {"arguments": delta.arguments}
+    return {"tool_calls": [call]}
 
 
 def _top(entry: dict) -> dict:

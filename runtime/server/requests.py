@@ -16,6 +16,7 @@ OpenAI semantics on top of the runtime's transformers names:
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +25,7 @@ from ..errors import GenerationOptionError, PromptError
 from ..generation_config import logit_bias_ids
 from .errors import ApiError
 from .schema import STRICT, TEXTS, Text, validate
+from .structured import response_format_options
 
 DEFAULT_MAX_TOKENS = 16
 # OpenAI's defaults, applied over the package's generation_config.json; n > 1 at temperature 0 gives n greedy copies.
@@ -83,6 +85,7 @@ class ModelNames:
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # OpenAI pads its events against length side channels; nothing to pad
 
 
 class SamplingBody(BaseModel):
@@ -101,7 +104,8 @@ class SamplingBody(BaseModel):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     logit_bias: dict[Text, float] | None = None
-    user: Text | None = None
+    response_format: Any = None  # checked by structured.py, which names the bad part
+    user: Text | None = None  # accepted and ignored (fields.py)
     top_k: int | None = None
     min_p: float | None = None
     typical_p: float | None = None
@@ -132,6 +136,8 @@ class GenerationRequest:
         """The request field a runtime option (or a PromptError's "prompt") came from, for the error's `param`."""
         if option == "min_new_tokens":
             return "min_tokens" if "min_tokens" in self.given else "min_new_tokens"
+        if option in ("json_schema", "json_object"):
+            return "response_format"
         return self.renamed.get(option, option)
 
     def tokens_held(self, prompt_tokens: list) -> int:
@@ -160,6 +166,7 @@ def sampling_request(parsed: SamplingBody, given: set, vocab_size: int, limits: 
     for name in ("min_tokens", "min_new_tokens"):
         if name in given:
             options["min_new_tokens"] = getattr(parsed, name)
+    options.update(response_format_options(parsed.response_format))
     return {
         "options": options,
         "n": n,

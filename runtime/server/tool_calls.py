@@ -1,0 +1,110 @@
+"""Tools on the chat and responses endpoints: OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` read, and
+the model's answer read back into calls, whole or as it streams.
+
+The text layer (runtime/text/tools.py) owns each model family's tool format: how the chat template renders the
+tools, the calls and their results, how a call is written in the answer (parse, stream) and the grammar that
+forces one. Here is what the request asks of it:
+
+    tool_choice "none"      the tools are not rendered; the answer is plain content
+    "auto" (with tools)     the tools rendered; calls the answer makes are read from it afterwards
+    "required", a function  the tools rendered, and the answer constrained (GenerationConfig's `grammar`) to the
+                            family's call wrapper around arguments valid under the tool's parameter schema
+    allowed_tools           the same, over the tools it lists
+    parallel_tool_calls     false: at most one call per answer (the grammar allows one; auto keeps the first)
+
+The definitions and the messages (a tool message must answer a call of the assistant message before it) are
+checked by the text layer, whose ChatError names the field; an answer with calls ends with finish_reason
+"tool_calls".
+"""
+
+from dataclasses import dataclass
+
+from .errors import ApiError
+from .schema import json_type
+
+CHOICES = ("none", "auto", "required")
+
+
+@dataclass
+class ToolUse:
+    """The tools of one request: `tools` as rendered (None: none), `choice` as the text layer takes it ("none",
+    "auto", "required" or {"type": "function", "function": {"name"}}), and whether calls may come several at once."""
+
+    tools: list | None = None
+    choice: object = "none"
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        """Whether the tools are rendered and the answer is read for calls."""
+        return bool(self.tools) and self.choice != "none"
+
+    def constraint(self, fmt) -> dict:
+        """The runtime options forcing a call (required, a named function), else none."""
+        if not self.active:
+            return {}
+        found = fmt.constraint(self.tools, self.choice, self.parallel)
+        if found is None:
+            return {}
+        kind, text = found
+        return {kind: text}
+
+    def read(self, fmt, text: str) -> tuple:
+        """(content or None, [ToolCall]) of a whole answer."""
+        if not self.active:
+            return text, []
+        content, calls = fmt.parse(text)
+        return content, calls if self.parallel else calls[:1]
+
+
+def tool_use(tools, tool_choice, parallel_tool_calls, function_of=None) -> ToolUse:
+    """The request's ToolUse; ApiError for a tool_choice of the wrong shape. `function_of` turns the Responses
+    API's flat shapes ({"type": "function", "name": ...}) into chat's."""
+    if tools is not None and not isinstance(tools, list):
+        raise ApiError(400, f"tools must be a list of function tools, got {json_type(tools)}", "tools")
+    for i, tool in enumerate(tools or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in ("function", None):
+            raise ApiError(
+                400, f"tools[{i}].type is {kind!r}: edgelm calls functions only (type \"function\")", f"tools[{i}].type"
+            )
+    if function_of is not None and tools:
+        tools = [function_of(tool) for tool in tools]
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise ApiError(400, "parallel_tool_calls must be true or false", "parallel_tool_calls")
+    choice = ("auto" if tools else "none") if tool_choice is None else tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        tools, choice = _allowed(tools, choice)
+    elif isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        choice = {"type": "function", "function": {"name": choice.get("name")}}  # the Responses API's shape
+    elif not (choice in CHOICES or (isinstance(choice, dict) and choice.get("type") == "function")):
+        raise ApiError(
+            400,
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}, '
+            f"got {json_type(choice)}",
+            "tool_choice",
+        )
+    if choice != "none" and choice != "auto" and not tools:
+        raise ApiError(400, "tool_choice asks for a tool call, but no tools are given", "tool_choice")
+    return ToolUse(tools or None, choice, parallel_tool_calls is not False)
+
+
+def _allowed(tools, choice: dict) -> tuple:
+    """OpenAI's allowed_tools: the tools it names (of those given) and its mode, "auto" or "required"."""
+    spec = choice.get("allowed_tools", choice)  # chat nests it; the Responses API does not
+    mode, listed = spec.get("mode"), spec.get("tools")
+    if mode not in ("auto", "required") or not isinstance(listed, list):
+        raise ApiError(
+            400, 'tool_choice.allowed_tools needs "mode" ("auto" or "required") and "tools" (a list)', "tool_choice"
+        )
+    names = set()
+    for entry in listed:
+        function = entry.get("function", entry) if isinstance(entry, dict) else {}
+        names.add(function.get("name") if isinstance(function, dict) else None)
+    given = {tool.get("function", {}).get("name") for tool in tools or [] if isinstance(tool, dict)}
+    unknown = sorted(str(n) for n in names - given)
+    if unknown:
+        raise ApiError(
+            400, f"tool_choice.allowed_tools names {unknown[0][:80]!r}, which is not among the tools", "tool_choice"
+        )
+    return [t for t in tools if t.get("function", {}).get("name") in names], mode

@@ -1,0 +1,190 @@
+"""Tools on POST /v1/chat/completions through the official openai client: the model's calls as message.tool_calls
+with finish_reason "tool_calls", streamed delta.tool_calls the client reassembles, a tool round trip (assistant
+tool_calls and tool results accepted), tool_choice none / auto / named / allowed_tools, parallel_tool_calls, and
+each bad input a 400 naming its field on a server that keeps serving.
+
+The tiny model's weights are random, so its engine answers a script (server_harness.ScriptedEngine): what is
+tested is the server's reading of the answer, not the model's skill. The package has no chat template, so its
+tool format is edgelm's default: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (docs/tools.md)."""
+
+import json
+
+import openai
+import pytest
+from edgelm.runtime import load
+from edgelm.runtime.server.requests import Limits
+from server_harness import HTTP, InProcessServer, scripted
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+TWO = CALL + '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def model(tiny_package_long):
+    model = load(tiny_package_long)
+    model.script = scripted(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = InProcessServer(model, Limits(max_tokens=400), max_batch=0, model_names=("tiny",))
+    yield s
+    s.stop()
+
+
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def create(server, **options):
+    options = {"model": "tiny", "messages": ASK, "temperature": 0, "max_tokens": 300, **options}
+    return client(server).chat.completions.create(**options)
+
+
+def test_a_call_is_message_tool_calls_with_finish_reason_tool_calls(server, model):
+    model.script.say(CALL)
+    answer = create(server, tools=[WEATHER])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_streamed_calls_are_reassembled_by_the_client(server, model):
+    model.script.say("Let me look. " + TWO)
+    whole = create(server, tools=[WEATHER, TIME])
+    chunks = list(create(server, tools=[WEATHER, TIME], stream=True))
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = {}
+    for c in chunks:
+        for part in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            entry = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+            entry["id"] = part.id or entry["id"]
+            entry["name"] += (part.function.name or "") if part.function else ""
+            entry["arguments"] += (part.function.arguments or "") if part.function else ""
+    assert content == whole.choices[0].message.content == "Let me look."
+    assert [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {}),
+    ]
+    assert all(calls[i]["id"].startswith("call_") for i in calls)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    # the openai client's own stream helper joins the deltas into whole calls
+    with client(server).chat.completions.stream(
+        model="tiny", messages=ASK, temperature=0, max_tokens=300, tools=[WEATHER, TIME]
+    ) as stream:
+        final = stream.get_final_completion()
+    message = final.choices[0].message
+    assert [c.function.name for c in message.tool_calls] == ["get_weather", "get_time"]
+    assert json.loads(message.tool_calls[0].function.arguments) == {"city": "Paris"}
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(server, model):
+    model.script.say(TWO)
+    calls = create(server, tools=[WEATHER, TIME], parallel_tool_calls=False).choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_weather"]
+    chunks = list(create(server, tools=[WEATHER, TIME], parallel_tool_calls=False, stream=True))
+    names = [p.function.name for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or [] if p.id]
+    assert names == ["get_weather"]
+
+
+def test_tool_choice_none_renders_no_tools_and_reads_no_calls(server, model):
+    model.script.say(CALL)
+    choice = create(server, tools=[WEATHER], tool_choice="none").choices[0]
+    assert choice.message.tool_calls is None and choice.message.content == CALL and choice.finish_reason == "stop"
+    plain = create(server).choices[0]  # no tools: the same text is content
+    assert plain.message.content == CALL and plain.message.tool_calls is None
+
+
+def test_a_tool_round_trip(server, model):
+    model.script.say(CALL)
+    first = create(server, tools=[WEATHER]).choices[0].message
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [c.model_dump() for c in first.tool_calls]},
+        {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": '{"temperature": 21}'},
+    ]
+    model.script.say("It is 21 degrees in Paris.")
+    answer = create(server, messages=history, tools=[WEATHER]).choices[0]
+    assert answer.message.content == "It is 21 degrees in Paris." and answer.finish_reason == "stop"
+    prompt = model.chat_template.render(history, tools=[WEATHER])
+    assert "Tool: {\"temperature\": 21}" in prompt and '"city": "Paris"' in prompt
+
+
+def test_allowed_tools_narrows_the_tools(server, model):
+    model.script.say(CALL)
+    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "get_weather"}}]}}  # fmt: skip
+    body = {"messages": ASK, "temperature": 0, "tools": [WEATHER, TIME], "tool_choice": choice}
+    answer = HTTP.post(server.url + "/v1/chat/completions", json=body).json()
+    assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+BAD = [
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", '"required"'),
+    ({"tool_choice": "required"}, "tool_choice", "no tools"),
+    ({"tools": {"a": 1}}, "tools", "must be a list"),
+    ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type", "functions only"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name", "letters"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        "tools[0].function.parameters",
+        "object",
+    ),
+    ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    (
+        {"messages": ASK + [{"role": "tool", "tool_call_id": "call_x", "content": "21"}]},
+        "messages[1]",
+        "tool result",
+    ),
+    (
+        {
+            "messages": ASK
+            + [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+                    ],
+                },  # fmt: skip
+                {"role": "tool", "tool_call_id": "call_b", "content": "21"},
+            ]
+        },
+        "messages[2].tool_call_id",
+        "answers no open call",
+    ),
+    (
+        {
+            "messages": ASK
+            + [
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{x"}}],
+                }
+            ]
+        },  # fmt: skip
+        "messages[1].tool_calls[0].function.arguments",
+        "not JSON",
+    ),
+]
+
+
+@pytest.mark.parametrize("extra, param, words", BAD)
+def test_bad_tool_input_is_a_400_naming_the_field(server, extra, param, words):
+    body = {"messages": ASK, "max_tokens": 4, **extra}
+    response = HTTP.post(server.url + "/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"] and "\n" not in error["message"], error
+    assert HTTP.post(server.url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 2}).status_code == 200
