@@ -6,7 +6,9 @@
     GET  /v1/models           the loaded package as the one model (id: the first --model-name, else the package name)
     POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not; prompts as
                               text or token ids
-    POST /v1/chat/completions OpenAI's chat completions, the prompt made by the package's chat template (chat.py)
+    POST /v1/chat/completions OpenAI's chat completions, the prompt made by the package's chat template (chat.py);
+                              tools and tool calls, response_format (structured output)
+    POST /v1/responses        OpenAI's Responses API, stateless, on the chat path (responses_api.py)
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
     POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
     POST /detokenize          {"tokens": [ids]} -> {"content"}
@@ -40,6 +42,7 @@ from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .pipeline import Endpoint, Ready, Serving, route
 from .requests import Limits, ModelNames
+from .responses_api import Responses
 from .text_work import TextWork
 from .waiting import ClientGone
 
@@ -122,6 +125,7 @@ def create_app(
         Route("/v1/models/{name:path}", _endpoint(one_model)),
         Route("/v1/completions", _endpoint(route(Completions(serving))), methods=["POST"]),
         Route("/v1/chat/completions", _endpoint(route(Chat(serving))), methods=["POST"]),
+        Route("/v1/responses", _endpoint(route(Responses(serving))), methods=["POST"]),
         Route("/v1/score", _endpoint(route(Score(serving))), methods=["POST"]),
         Route("/tokenize", _endpoint(tokenize), methods=["POST"]),
         Route("/detokenize", _endpoint(detokenize), methods=["POST"]),
