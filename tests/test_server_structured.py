@@ -155,6 +155,11 @@ def test_a_forced_call_streamed(server):
             "response_format.json_schema",
             "unknown field",
         ),  # fmt: skip
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {}, "then": {}}}},
+            "response_format",
+            "if, then",
+        ),  # fmt: skip
         ({"type": "yaml"}, "response_format.type", "json_schema"),
         ("json", "response_format", "must be an object"),
     ],

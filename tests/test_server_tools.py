@@ -142,6 +142,21 @@ BAD = [
         "tools[0].function.parameters",
         "object",
     ),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"x": {"type": "nonsense"}}},
+                    },
+                }
+            ]
+        },  # fmt: skip
+        "tools[0].function.parameters",
+        "the schema is invalid",
+    ),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
     (
         {"messages": ASK + [{"role": "tool", "tool_call_id": "call_x", "content": "21"}]},

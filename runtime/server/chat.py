@@ -26,6 +26,7 @@ class Chat(Endpoint):
         if tools.active:
             from ..text.tools import tool_format
 
+            tools.check_schemas()
             req.tool_format = tool_format(model)
             config = config.with_options(**tools.constraint(req.tool_format))
         with render_deadline(deadline):

@@ -17,8 +17,11 @@ checked by the text layer, whose ChatError names the field; an answer with calls
 "tool_calls".
 """
 
+import importlib.util
 from dataclasses import dataclass
 
+from ..errors import GenerationOptionError
+from ..generation_config import GenerationConfig
 from .errors import ApiError
 from .schema import json_type
 
@@ -38,6 +41,23 @@ class ToolUse:
     def active(self) -> bool:
         """Whether the tools are rendered and the answer is read for calls."""
         return bool(self.tools) and self.choice != "none"
+
+    def check_schemas(self) -> None:
+        """Each tool's parameter schema compiled as a forced call would compile it, so that a schema edgelm cannot
+        enforce is a 400 naming the tool even under "auto". Where llguidance is not installed (no forced calls
+        either) the text layer's shape checks are all there is."""
+        if not self.active or importlib.util.find_spec("llguidance") is None:
+            return
+        for i, tool in enumerate(self.tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            schema = function.get("parameters") if isinstance(function, dict) else None
+            if not isinstance(schema, dict):
+                continue  # absent, or the wrong shape: the text layer names it
+            try:
+                GenerationConfig(json_schema=schema)
+            except GenerationOptionError as error:
+                where = f"tools[{i}].function.parameters"
+                raise ApiError(400, f"{where}: {str(error).replace('json_schema', 'the schema', 1)}", where) from None
 
     def constraint(self, fmt) -> dict:
         """The runtime options forcing a call (required, a named function), else none."""
