@@ -163,7 +163,9 @@ def serve(
 
     \b
     POST /v1/completions  OpenAI completions (stream, logprobs, echo, n, stop, seed, ...); text or token-id prompts
-    POST /v1/chat/completions  OpenAI chat (stream, logprobs, n, stop, seed, ...), by the package's chat template
+    POST /v1/chat/completions  OpenAI chat (stream, logprobs, n, stop, seed, tools, response_format, ...), by the
+                          package's chat template
+    POST /v1/responses    OpenAI's Responses API, stateless (input, instructions, text.format, function tools)
     POST /v1/score        per-token log-probs and perplexity of {"text": ...}
     POST /tokenize, /detokenize   {"content": ...} <-> {"tokens": [...]} (llama-server's shapes)
     GET  /v1/models, /health
