@@ -1,4 +1,5 @@
-"""Fuzzing of what a client sends: JSON bodies for POST /v1/completions, /v1/score, /tokenize and /detokenize
+"""Fuzzing of what a client sends: JSON bodies for POST /v1/completions, /v1/chat/completions, /v1/responses,
+/v1/score, /tokenize and /detokenize
 (valid requests mutated: wrong types, huge and negative numbers, NaN-like strings, lone surrogates, deep nesting,
 unknown fields, ids out of range, empty lists, long stop lists), sent in-process to the ASGI app over the tiny
 package; and the Python API's options. The server answers 200 with the response's shape or a 4xx in OpenAI's
@@ -42,12 +43,23 @@ FIELDS = {
         "top_k", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size", "min_tokens",
         "min_new_tokens", "ignore_eos", "truncate",
     ],
+    "/v1/chat/completions": [
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+        "stream_options", "stop", "seed", "logprobs", "top_logprobs", "logit_bias", "response_format", "tools",
+        "tool_choice", "parallel_tool_calls", "store", "metadata", "modalities", "audio", "user", "top_k",
+    ],
+    "/v1/responses": [
+        "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "text", "tools",
+        "tool_choice", "parallel_tool_calls", "truncation", "top_logprobs", "store", "previous_response_id",
+    ],
     "/v1/score": ["text", "model"],
     "/tokenize": ["content", "add_special", "with_pieces"],
     "/detokenize": ["tokens"],
 }  # fmt: skip
 VALID = {
     "/v1/completions": {"prompt": "Hello there", "max_tokens": 4, "temperature": 0},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0},
+    "/v1/responses": {"input": "Hello", "max_output_tokens": 4, "temperature": 0},
     "/v1/score": {"text": "Hello there"},
     "/tokenize": {"content": "Hello there"},
     "/detokenize": {"tokens": [1, 2, 3]},
@@ -78,6 +90,23 @@ plausible = st.one_of(
     st.lists(st.sampled_from(["a", "", " ", "e", "\ud800", "x" * 100]), max_size=50),  # stop lists
     st.dictionaries(st.sampled_from(["0", "5", "319", "320", "-1", "x", "00", "1e3"]), st.sampled_from(NUMBERS[:20])),
     st.fixed_dictionaries({}, optional={"include_usage": st.sampled_from([True, False, 1, None])}),
+    st.sampled_from(  # the shapes of messages, response formats and tools, each a little wrong or not at all
+        [
+            [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}],
+            [{"role": "tool", "tool_call_id": "x", "content": "1"}],
+            [{"role": "user", "content": [{"type": "input_image"}]}],
+            {"type": "json_object"},
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+            {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}},
+            {"format": {"type": "json_schema", "name": "x", "schema": {"type": "array", "maxItems": 2}}},
+            [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": 5}}}],
+            "required",
+            {"type": "function", "function": {"name": "f"}},
+            {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}},
+            [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}],
+        ]
+    ),
 )
 
 
@@ -130,6 +159,12 @@ def check_error_shape(body: dict) -> None:
     assert error["param"] is None or isinstance(error["param"], str), error
 
 
+def check_chat_shape(body: dict) -> None:
+    assert body["object"] in ("chat.completion", "chat.completion.chunk"), body
+    for choice in body["choices"]:
+        assert choice["finish_reason"] in (None, "stop", "length", "tool_calls"), choice
+
+
 def check_completion_shape(body: dict) -> None:
     assert body["object"] == "text_completion" and isinstance(body["id"], str), body
     for choice in body["choices"]:
@@ -141,16 +176,30 @@ def check_answer(endpoint: str, body, response: httpx.Response) -> None:
     assert response.status_code == 200 or 400 <= response.status_code < 500, (body, response.text[:500])
     if response.status_code != 200:
         return check_error_shape(response.json())
-    if endpoint == "/v1/completions" and isinstance(body, dict) and body.get("stream") is True:
+    if (
+        endpoint.startswith("/v1/")
+        and endpoint != "/v1/score"
+        and isinstance(body, dict)
+        and body.get("stream") is True
+    ):
         events = [line[len("data: ") :] for line in response.text.splitlines() if line.startswith("data: ")]
         assert events, response.text[:500]
+        if endpoint == "/v1/responses":  # named events; a failed stream ends with an "error" event
+            last = json.loads(events[-1])
+            assert last["type"] in ("response.completed", "response.incomplete", "error"), last
+            return
+        check = check_chat_shape if endpoint == "/v1/chat/completions" else check_completion_shape
         for data in events[:-1]:
-            check_completion_shape(json.loads(data))
+            check(json.loads(data))
         if events[-1] != "[DONE]":  # a stream that failed after it began ends with an error event
             check_error_shape(json.loads(events[-1]))
         return
     answer = response.json()
-    if endpoint == "/v1/completions":
+    if endpoint == "/v1/chat/completions":
+        check_chat_shape(answer)
+    elif endpoint == "/v1/responses":
+        assert answer["object"] == "response" and answer["status"] in ("completed", "incomplete"), answer
+    elif endpoint == "/v1/completions":
         check_completion_shape(answer)
         assert set(answer["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}, answer
     elif endpoint == "/v1/score":
