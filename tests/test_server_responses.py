@@ -145,3 +145,14 @@ def test_store_is_accepted_and_nothing_is_kept(server, model):
     model.script.say("Fine.")
     answer = create(server, input="Hi", store=True, metadata={"k": "v"})
     assert answer.store is False and answer.output_text == "Fine." and answer.metadata == {"k": "v"}
+
+
+def test_top_logprobs_come_with_the_output_text(server, model):
+    model.script.say("Hi there.")
+    answer = create(server, input="Go", top_logprobs=2)
+    entries = answer.output[0].content[0].logprobs
+    assert "".join(e.token for e in entries) == "Hi there." and len(entries) == answer.usage.output_tokens
+    assert all(len(e.top_logprobs) == 2 for e in entries)
+    events = list(create(server, input="Go", top_logprobs=2, stream=True))
+    streamed = [e.token for event in events if event.type == "response.output_text.delta" for e in event.logprobs]
+    assert streamed == [e.token for e in entries]

@@ -203,3 +203,13 @@ def test_bad_tool_input_is_a_400_naming_the_field(server, extra, param, words):
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"] and "\n" not in error["message"], error
     assert HTTP.post(server.url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 2}).status_code == 200
+
+
+def test_log_probs_of_a_streamed_answer_with_calls_all_arrive(server, model):
+    """Tokens held back while a call is being read ride on a later chunk; none are lost or sent twice."""
+    model.script.say("Let me look. " + CALL)
+    whole = create(server, tools=[WEATHER], logprobs=True).choices[0]
+    chunks = list(create(server, tools=[WEATHER], logprobs=True, stream=True))
+    streamed = [e.token for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed == [e.token for e in whole.logprobs.content]
+    assert "".join(streamed) == "Let me look. " + CALL
