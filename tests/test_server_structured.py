@@ -152,7 +152,7 @@ def test_a_forced_call_streamed(server):
         ),  # fmt: skip
         (
             {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "extra": 1}},
-            "response_format.json_schema",
+            "response_format.json_schema.extra",
             "unknown field",
         ),  # fmt: skip
         (

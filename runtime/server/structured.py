@@ -15,7 +15,7 @@ every answer is what strict: true promises. An answer cut by max_tokens is unfin
 """
 
 from .errors import ApiError
-from .schema import json_type
+from .schema import json_type, short
 
 TYPES = ("text", "json_object", "json_schema")
 SCHEMA_KEYS = ("name", "description", "schema", "strict")
@@ -31,7 +31,7 @@ def response_format_options(value, where: str = "response_format") -> dict:
     kind = value.get("type")
     if kind not in TYPES:
         raise ApiError(
-            400, f"{where}.type must be one of {', '.join(TYPES)}, got {_shown(kind)}", f"{where}.type", "invalid_type"
+            400, f"{where}.type must be one of {', '.join(TYPES)}, got {short(kind)}", f"{where}.type", "invalid_type"
         )
     if kind == "json_schema" and where == "response_format":
         _only(value, ("type", "json_schema"), where)
@@ -73,14 +73,5 @@ def _schema_options(spec, where: str) -> dict:
 def _only(value: dict, keys: tuple, where: str) -> None:
     for key in value:
         if key not in keys:
-            raise ApiError(
-                400,
-                f"unknown field {where}.{_shown(key)}; {where} takes: {', '.join(keys)}",
-                f"{where}",
-                "unknown_field",
-            )
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:40] + "..."
+            name = f"{where}.{str(key)[:40]}"
+            raise ApiError(400, f"unknown field {name!r}; {where} takes: {', '.join(keys)}", name, "unknown_field")
