@@ -263,34 +263,37 @@ class RawConnection:
 
 
 class ScriptedEngine:
-    """A model's engine whose decoders write `script` (token ids), then end-of-text: each pass returns the model's
+    """A model's engine whose decoders write a script (token ids), then end-of-text: each pass returns the model's
     logits with the next scripted token raised far above the rest, so greedy decoding (temperature 0) answers
-    the script whatever the random weights say. Set `script` with `say(text)` before a request."""
+    the script whatever the random weights say. `say(text, ...)` before a request: each decoder made after it
+    takes the next text, the last one for every decoder after that (a multi-turn agent's answers in order)."""
 
     def __init__(self, engine, tokenizer, eos_id: int):
         self._engine, self.tokenizer, self.eos_id = engine, tokenizer, eos_id
-        self.script: list = []
+        self.scripts: list = [[]]
+        self.script: list = []  # the text of the last decoder made, as ids
 
-    def say(self, text: str) -> None:
-        self.script = self.tokenizer.encode(text).ids
+    def say(self, *texts: str) -> None:
+        self.scripts = [self.tokenizer.encode(text).ids for text in texts]
+        self.script = self.scripts[0]
 
     def decoder(self, batch, capacity, **options):
-        return ScriptedDecoder(self._engine.decoder(batch, capacity, **options), self)
+        self.script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
+        return ScriptedDecoder(self._engine.decoder(batch, capacity, **options), self, self.script)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
 
 class ScriptedDecoder:
-    def __init__(self, decoder, scripted: ScriptedEngine):
-        self._decoder, self._scripted, self._step = decoder, scripted, 0
+    def __init__(self, decoder, scripted: ScriptedEngine, script: list):
+        self._decoder, self._eos, self._script, self._step = decoder, scripted.eos_id, script, 0
 
     def run(self, *args):
         import numpy as np
 
         logits = np.array(self._decoder.run(*args), dtype=np.float32)  # [B, 1, V], a copy
-        script = self._scripted.script
-        token = script[self._step] if self._step < len(script) else self._scripted.eos_id
+        token = self._script[self._step] if self._step < len(self._script) else self._eos
         logits[:, -1, token] = logits.max() + 50.0
         self._step += 1
         return logits

@@ -83,3 +83,31 @@ def test_litellm_response_format(server, model, response_format):
         max_tokens=100,
     )
     assert json.loads(answer.choices[0].message.content) == {"city": "Paris", "days": 3}
+
+
+def test_openai_agents_on_the_responses_api(server, model):
+    """The OpenAI Agents SDK's Responses model: a tool call, its result sent back, then a typed final answer."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # its traces go to OpenAI's service
+    seen = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        seen.append(city)
+        return "sunny"
+
+    model.script.say('<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>', TRIP)
+    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    agent = Agent(
+        name="planner",
+        instructions="Plan trips.",
+        model=OpenAIResponsesModel(model="tiny", openai_client=client),
+        model_settings=ModelSettings(temperature=0, max_tokens=100),
+        tools=[get_weather],
+        output_type=Trip,
+    )
+    result = Runner.run_sync(agent, "Plan a trip where it is sunny")
+    assert seen == ["Rome"] and result.final_output == Trip(city="Paris", days=3)

@@ -177,3 +177,15 @@ def test_response_format_and_a_forced_call_together_are_refused(server):
     body = {"messages": ASK, "response_format": FORMAT, "tools": [WEATHER], "tool_choice": "required"}
     error = HTTP.post(server.url + "/v1/chat/completions", json=body).json()["error"]
     assert error["param"] == "response_format" and "not both" in error["message"]
+
+
+def test_auto_tools_with_a_format_answer_a_call_or_the_json(server):
+    """An agent's usual request: tools it may call, and a schema for its final answer. Each answer is one of them."""
+    for seed in range(6):
+        choice = chat(server, tools=[WEATHER], response_format=FORMAT, seed=seed, max_tokens=150).choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
+            jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), WEATHER["function"]["parameters"])  # fmt: skip
+        else:
+            assert choice.finish_reason == "stop", choice
+            jsonschema.validate(json.loads(choice.message.content), SCHEMA)

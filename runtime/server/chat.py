@@ -27,8 +27,10 @@ class Chat(Endpoint):
             from ..text.tools import tool_format
 
             tools.check_schemas()
+            if req.answer_format:  # checked alone first, so that a bad schema names response_format
+                config.with_options(**req.answer_format)
             req.tool_format = tool_format(model)
-            config = config.with_options(**tools.constraint(req.tool_format))
+            config = config.with_options(**tools.constraint(req.tool_format, req.answer_format))
         with render_deadline(deadline):
             ids, config = model.chat_prompt(req.messages, config, tools=tools.tools if tools.active else None)
         if req.max_tokens is None:

@@ -31,7 +31,7 @@ from .requests import (
     sampling_request,
 )
 from .schema import validate
-from .tool_calls import ToolUse, tool_use
+from .tool_calls import ToolUse, answer_format, tool_use
 
 MESSAGES = 'a list of messages like {"role": "user", "content": "Hi"}'
 
@@ -58,6 +58,7 @@ class ChatRequest(GenerationRequest):
     logprobs: bool = False
     tools: ToolUse = field(default_factory=ToolUse)
     tool_format: object = None  # the package's ToolFormat (runtime/text/tools.py), set once tools are in use
+    answer_format: dict = field(default_factory=dict)  # with tools under "auto": the JSON a non-call answer must be
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
 
     def field_of(self, option: str | None) -> str | None:
@@ -93,13 +94,7 @@ def parse_chat_request(body, names: ModelNames, vocab_size: int, limits: Limits)
     if "top_logprobs" in given and not parsed.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     tools = tool_use(parsed.tools, parsed.tool_choice, parsed.parallel_tool_calls)
-    forced = tools.active and tools.choice != "auto"
-    if forced and any(k in shared["options"] for k in ("json_schema", "json_object")):
-        raise ApiError(
-            400,
-            "give response_format or a tool_choice that forces a call, not both: one constraint holds the answer",
-            "response_format",
-        )
+    shared["answer_format"] = answer_format(tools, shared["options"], "response_format")
     shared["options"]["max_new_tokens"] = max_tokens or 1
     if parsed.logprobs:
         shared["options"]["logprobs"] = parsed.top_logprobs or 0

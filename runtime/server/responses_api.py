@@ -29,7 +29,7 @@ from .pipeline import Ready, Result, StreamWriter
 from .requests import SamplingBody, check_max_tokens, check_tokens_held, given_fields, sampling_request
 from .schema import STRICT, Text, json_type, validate
 from .structured import response_format_options
-from .tool_calls import tool_use
+from .tool_calls import answer_format, tool_use
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -103,8 +103,7 @@ def parse_responses_request(body, names, vocab_size: int, limits) -> ResponsesRe
     shared = sampling_request(shared_body, given_fields(shared_body), vocab_size, limits)
     shared["options"].update(response_format_options(text_format, "text.format"))
     tools = tool_use(parsed.tools, parsed.tool_choice, parsed.parallel_tool_calls, function_of=_chat_tool)
-    if tools.active and tools.choice != "auto" and any(k in shared["options"] for k in ("json_schema", "json_object")):
-        raise ApiError(400, "give text.format or a tool_choice that forces a call, not both", "text.format")
+    shared["answer_format"] = answer_format(tools, shared["options"], "text.format")
     max_tokens = parsed.max_output_tokens
     shared["options"]["max_new_tokens"] = max_tokens or 1
     if parsed.top_logprobs is not None:

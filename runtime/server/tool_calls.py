@@ -10,6 +10,9 @@ forces one. Here is what the request asks of it:
     "required", a function  the tools rendered, and the answer constrained (GenerationConfig's `grammar`) to the
                             family's call wrapper around arguments valid under the tool's parameter schema
     allowed_tools           the same, over the tools it lists
+    "auto" and a format     response_format (or text.format) as well: the answer is constrained to either calls or
+                            JSON of the format (a grammar of both), as an agent that wants a typed final answer
+                            and may call tools first asks for it
     parallel_tool_calls     false: at most one call per answer (the grammar allows one; auto keeps the first)
 
 The definitions and the messages (a tool message must answer a call of the assistant message before it) are
@@ -18,6 +21,8 @@ checked by the text layer, whose ChatError names the field; an answer with calls
 """
 
 import importlib.util
+import json
+import re
 from dataclasses import dataclass
 
 from ..errors import GenerationOptionError
@@ -59,10 +64,16 @@ class ToolUse:
                 where = f"tools[{i}].function.parameters"
                 raise ApiError(400, f"{where}: {str(error).replace('json_schema', 'the schema', 1)}", where) from None
 
-    def constraint(self, fmt) -> dict:
-        """The runtime options forcing a call (required, a named function), else none."""
+    def constraint(self, fmt, answer: dict | None = None) -> dict:
+        """The runtime options forcing a call (required, a named function), or under "auto" with an `answer`
+        format ({"json_schema": ...} or {"json_object": True}) a call or that JSON; else none."""
         if not self.active:
             return {}
+        if self.choice == "auto":
+            if not answer:
+                return {}
+            _, calls = fmt.constraint(self.tools, "required", self.parallel)
+            return {"grammar": calls_or_json(calls, answer)}
         found = fmt.constraint(self.tools, self.choice, self.parallel)
         if found is None:
             return {}
@@ -75,6 +86,30 @@ class ToolUse:
             return text, []
         content, calls = fmt.parse(text)
         return content, calls if self.parallel else calls[:1]
+
+
+def calls_or_json(calls: str, answer: dict) -> str:
+    """A Lark grammar (llguidance's) of either the calls `calls` (the format's grammar for tool_choice "required")
+    or JSON of the `answer` format, compact as response_format's JSON is without tools."""
+    schema = answer.get("json_schema") or {"type": "object"}
+    schema = json.loads(schema) if isinstance(schema, str) else dict(schema)
+    schema["x-guidance"] = {"whitespace_flexible": False, **schema.get("x-guidance", {})}
+    renamed = re.sub(r"(?m)^start:", "tool_calls:", calls)
+    return f"start: tool_calls | json_answer\njson_answer: %json {json.dumps(schema)}\n{renamed}"
+
+
+def answer_format(tools: ToolUse, options: dict, field: str) -> dict:
+    """The JSON format a request's options ask for, taken out of `options` where it joins the tools' grammar
+    (tools in use under "auto"), else left there ({} returned). A call forced as well as a format is refused:
+    one constraint holds the answer."""
+    asked = {k: options[k] for k in ("json_schema", "json_object") if k in options}
+    if not asked or not tools.active:
+        return {}
+    if tools.choice != "auto":
+        raise ApiError(400, f"give {field} or a tool_choice that forces a call, not both", field)
+    for key in asked:
+        del options[key]
+    return asked
 
 
 def tool_use(tools, tool_choice, parallel_tool_calls, function_of=None) -> ToolUse:
