@@ -213,3 +213,15 @@ def test_log_probs_of_a_streamed_answer_with_calls_all_arrive(server, model):
     streamed = [e.token for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert streamed == [e.token for e in whole.logprobs.content]
     assert "".join(streamed) == "Let me look. " + CALL
+
+
+def test_each_of_n_choices_streams_its_own_calls(server, model):
+    model.script.say("Sure. " + CALL)
+    chunks = list(create(server, tools=[WEATHER], n=2, stream=True))
+    for index in (0, 1):
+        parts = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        calls = [p for part in parts for p in part.delta.tool_calls or []]
+        assert [p.function.name for p in calls if p.id] == ["get_weather"]
+        assert json.loads("".join(p.function.arguments or "" for p in calls)) == {"city": "Paris"}
+        assert "".join(part.delta.content or "" for part in parts) == "Sure."
+        assert parts[-1].finish_reason == "tool_calls"
