@@ -17,9 +17,9 @@ import tempfile
 
 import edgelm.runtime as edgelm
 import numpy as np
-from harness import peak_rss_mb, prompt_ids, timed_tokens
 from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.sampling import log_softmax
+from harness import peak_rss_mb, prompt_ids, timed_tokens
 
 CHUNKS = (64, 128, 256, 512)
 PROMPT = 512

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import edgelm.runtime as edgelm
 import numpy as np
-from harness import SETTLE_S, prompt_ids, timed_tokens
 from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.generation_config import GenerationConfig
+from harness import SETTLE_S, prompt_ids, timed_tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from distilgpt2_checkpoint import build  # noqa: E402

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from harness import ReadProbe, SETTLE_S, prompt_ids, timed_tokens
 from edgelm.runtime.engine.session import create_session
 from edgelm.runtime.model import load
+from harness import SETTLE_S, ReadProbe, prompt_ids, timed_tokens
 from onnx import TensorProto, helper
 
 PRODUCTS = {"MatMul", "DynamicQuantizeMatMul", "QGemm", "MatMulNBits", "DynamicQuantizeLinear"}

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 from edgelm.runtime import sampling as current
-from harness import SAMPLED, prompt_ids, timed_tokens
 from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.model import load
+from harness import SAMPLED, prompt_ids, timed_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 

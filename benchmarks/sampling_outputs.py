@@ -17,10 +17,10 @@ import argparse
 import time
 
 import numpy as np
-from harness import SAMPLED, prompt_ids, timed_tokens
 from edgelm.runtime.engine import decode as engine
 from edgelm.runtime.model import load
 from edgelm.runtime.sampling import SamplerChain
+from harness import SAMPLED, prompt_ids, timed_tokens
 
 
 def main():

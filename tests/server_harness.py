@@ -12,8 +12,8 @@ import time
 import weakref
 
 import httpx
+from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.server.app import create_app
-from edgelm.runtime.server.requests import Limits
 from edgelm.runtime.server.uvicorn_server import server as uvicorn_server
 
 # Pooled and thread-safe; an idle connection is dropped well before the server's 5-second keep-alive ends it.

@@ -81,7 +81,7 @@ def test_several_greedy_sequences_are_refused_as_transformers_does(tiny_package,
 
 
 def test_the_server_keeps_openais_n_at_temperature_zero(model):
-    from edgelm.runtime.server.requests import Limits, ModelNames, parse_completion_request
+    from edgelm.runtime.server.api.requests import Limits, ModelNames, parse_completion_request
 
     request = parse_completion_request(
         {"prompt": "Hi", "n": 3, "temperature": 0, "max_tokens": 4}, ModelNames("m"), model.arch.vocab_size, Limits()

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from edgelm.runtime import load
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.engine import decode as engine
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from server_harness import HTTP, InProcessServer
 
 FAMILIES = ["llama", "qwen2"]

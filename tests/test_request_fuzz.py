@@ -14,8 +14,8 @@ import httpx
 import pytest
 from edgelm.runtime.batching.batch import Completion
 from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.server.app import create_app
-from edgelm.runtime.server.requests import Limits
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 

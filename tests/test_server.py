@@ -16,8 +16,8 @@ import openai
 import pytest
 from edgelm.runtime import load
 from edgelm.runtime.batching.prefix_cache import CLI_DEFAULT_MB
+from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.server.app import jobs_for
-from edgelm.runtime.server.requests import Limits
 from server_harness import HTTP, InProcessServer, Server, complete, gate, stream_events, streamed_texts
 
 KEY = "sekret"

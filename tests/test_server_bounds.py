@@ -12,7 +12,7 @@ from edgelm.runtime import load
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import MAX_STOP_CHARS, MAX_STOP_STRINGS
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.text.chat_template import ChatTemplate
 from server_harness import HTTP, InProcessServer
 

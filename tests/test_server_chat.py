@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 from edgelm.runtime import load
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.text.chat_template import ChatTemplate
 from server_harness import HTTP, InProcessServer, gate
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from edgelm.runtime import load
 from edgelm.runtime.cli.serve import serve
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from server_harness import HTTP, InProcessServer, Server, complete, stream_events, streamed_texts
 
 KEY = "sekret"

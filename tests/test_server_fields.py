@@ -5,12 +5,13 @@ are a 400 naming the field and why, and a field no schema has is still refused."
 
 import pytest
 from edgelm.runtime import load
-from edgelm.runtime.server import fields
-from edgelm.runtime.server.chat_requests import ChatBody
-from edgelm.runtime.server.requests import CompletionBody, StreamOptions
-from edgelm.runtime.server.responses_api import ResponsesBody, TextBody
+from edgelm.runtime.server.api import fields
+from edgelm.runtime.server.api.chat_requests import ChatBody
+from edgelm.runtime.server.api.requests import CompletionBody, StreamOptions
+from edgelm.runtime.server.api.responses_api import ResponsesBody, TextBody
 from openai.types import completion_create_params
-from openai.types.chat import chat_completion_stream_options_param, completion_create_params as chat_params
+from openai.types.chat import chat_completion_stream_options_param
+from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import response_create_params, response_text_config_param
 from server_harness import HTTP, InProcessServer
 

@@ -13,7 +13,7 @@ import langchain_openai  # noqa: E402
 import litellm  # noqa: E402
 import pytest  # noqa: E402
 from edgelm.runtime import load  # noqa: E402
-from edgelm.runtime.server.requests import Limits  # noqa: E402
+from edgelm.runtime.server.api.requests import Limits  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from server_harness import InProcessServer, scripted  # noqa: E402
 

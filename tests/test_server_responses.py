@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 from edgelm.runtime import load
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from server_harness import HTTP, InProcessServer, scripted
 
 WEATHER = {

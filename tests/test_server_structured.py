@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 from edgelm.runtime import load
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from pydantic import BaseModel, Field
 from server_harness import HTTP, InProcessServer
 

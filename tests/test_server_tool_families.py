@@ -9,7 +9,7 @@ import openai
 import pytest
 from chat_templates import LLAMA31, QWEN25
 from edgelm.runtime import load
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.text.chat_template import ChatTemplate
 from server_harness import InProcessServer, scripted
 

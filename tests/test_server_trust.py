@@ -11,7 +11,7 @@ import httpx
 import pytest
 from edgelm.runtime import load
 from edgelm.runtime.errors import GenerationOptionError
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from server_harness import HTTP, InProcessServer, RawConnection, complete, gate, stream_events
 
 KEY = "clé-ключ-🔑"

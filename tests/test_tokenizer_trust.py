@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import PackageError, PromptError
-from edgelm.runtime.server.requests import Limits
+from edgelm.runtime.server.api.requests import Limits
 from server_harness import InProcessServer
 from test_package_trust import copy, rerecord
 

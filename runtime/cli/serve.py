@@ -180,8 +180,8 @@ def serve(
     by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
     """
     try:
+        from ..server.api.requests import Limits
         from ..server.app import create_app
-        from ..server.requests import Limits
         from ..server.uvicorn_server import run
     except ImportError as error:
         raise click.ClickException(

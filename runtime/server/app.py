@@ -33,16 +33,16 @@ from starlette.routing import Route
 
 from ..batching.scheduler import Scheduler
 from ..errors import EdgelmError
-from . import requests, responses
+from .api import requests, responses
+from .api.chat import Chat
+from .api.completions import Completions
+from .api.requests import Limits, ModelNames
+from .api.responses_api import Responses
 from .bodies import json_response, read_json
-from .chat import Chat
-from .completions import Completions
 from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .pipeline import Endpoint, Ready, Serving, route
-from .requests import Limits, ModelNames
-from .responses_api import Responses
 from .text_work import TextWork
 from .waiting import ClientGone
 

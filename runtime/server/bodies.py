@@ -6,8 +6,8 @@ import time
 
 from starlette.responses import Response
 
+from .api.requests import Limits
 from .errors import ApiError
-from .requests import Limits
 
 
 async def read_json(request, limits: Limits, deadline: float):

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 
 from ..errors import EdgelmError
+from .api.requests import Limits, ModelNames, check_tokens_held
 from .bodies import json_response, read_json
 from .errors import api_error
 from .jobs import Stopped, Work
-from .requests import Limits, ModelNames, check_tokens_held
 from .waiting import admit, answer_of, event_stream
 
 

@@ -245,7 +245,9 @@ def _counted(index, name):
 def _sum(values, kwargs):
     start = _arg(values, kwargs, 2, "start", 0)
     if not isinstance(start, (int, float)):  # lists added one by one take quadratic time
-        raise too_large("the sum filter, which adds only numbers in a chat template, given a start that is not a number,")
+        raise too_large(
+            "the sum filter, which adds only numbers in a chat template, given a start that is not a number,"
+        )
 
 
 PRECHECKS = {

@@ -21,11 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..errors import ApiError
+from ..pipeline import Ready, Result, StreamWriter
 from .chat import Chat
 from .chat_requests import ChatRequest
-from .errors import ApiError
 from .fields import RESPONSES_REFUSED, ResponsesExtras, refuse
-from .pipeline import Ready, Result, StreamWriter
 from .requests import SamplingBody, check_max_tokens, check_tokens_held, given_fields, sampling_request
 from .schema import STRICT, Text, json_type, validate
 from .structured import response_format_options

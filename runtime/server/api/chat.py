@@ -6,10 +6,10 @@ tokenized once, in a worker thread (a template error names the message at fault)
 `chat.completion`, or a stream of `chat.completion.chunk` events ending in `data: [DONE]` (chat_responses.py).
 """
 
-from ..text.chat_bounds import deadline as render_deadline
+from ...text.chat_bounds import deadline as render_deadline
+from ..pipeline import Endpoint, Ready, Result, StreamWriter, sse
 from . import chat_responses as shapes
 from .chat_requests import ChatRequest, parse_chat_request
-from .pipeline import Endpoint, Ready, Result, StreamWriter, sse
 from .responses import usage
 
 
@@ -24,7 +24,7 @@ class Chat(Endpoint):
         leaves, up to the server's --max-tokens-limit. A render stops at the request's deadline."""
         model, tools = self.model, req.tools
         if tools.active:
-            from ..text.tools import tool_format
+            from ...text.tools import tool_format
 
             tools.check_schemas()
             if req.answer_format:  # checked alone first, so that a bad schema names response_format

@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .. import inputs
-from ..errors import GenerationOptionError, PromptError
-from ..generation_config import logit_bias_ids
-from .errors import ApiError
+from ... import inputs
+from ...errors import GenerationOptionError, PromptError
+from ...generation_config import logit_bias_ids
+from ..errors import ApiError
 from .schema import STRICT, TEXTS, Text, validate
 from .structured import response_format_options
 

@@ -25,9 +25,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..errors import GenerationOptionError
-from ..generation_config import GenerationConfig
-from .errors import ApiError
+from ...errors import GenerationOptionError
+from ...generation_config import GenerationConfig
+from ..errors import ApiError
 from .schema import json_type
 
 CHOICES = ("none", "auto", "required")

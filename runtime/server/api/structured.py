@@ -14,7 +14,7 @@ every answer is what strict: true promises. An answer cut by max_tokens is unfin
 "length", as OpenAI's is.
 """
 
-from .errors import ApiError
+from ..errors import ApiError
 from .schema import json_type, short
 
 TYPES = ("text", "json_object", "json_schema")

@@ -16,8 +16,8 @@
 
 import secrets
 
+from ..pipeline import Result, StreamWriter, sse
 from . import chat_responses as shapes
-from .pipeline import Result, StreamWriter, sse
 
 
 def usage(result: Result) -> dict:

@@ -5,9 +5,9 @@ shapes of responses.py: a `text_completion`, or a stream of them ending in `data
 comes first (with logprobs, once the prompts are scored, with their log-probs); max_tokens 0 generates nothing.
 """
 
-from ..text import tokenizer as tokenizing
+from ...text import tokenizer as tokenizing
+from ..pipeline import Endpoint, Ready, Result, StreamWriter, sse
 from . import responses
-from .pipeline import Endpoint, Ready, Result, StreamWriter, sse
 from .requests import CompletionRequest, parse_completion_request
 
 
