@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import GenerationOptionError
-from ..generation_config import CONSTRAINTS
 
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
 # Characters of schema, regex, grammar or choices one request may send: a compile takes time in proportion to them
@@ -105,7 +104,7 @@ _grammar_lock = threading.Lock()
 
 
 def grammar_text(kind: str, text) -> str:
-    """The llguidance grammar for a constraint (kind in CONSTRAINTS; text: the schema's JSON text, the regex, the Lark
+    """The llguidance grammar for a constraint (kind one of GenerationConfig's CONSTRAINTS; text: the schema's JSON text, the regex, the Lark
     grammar, the tuple of choices, or True for json_object), checked under LIMITS; raises GenerationOptionError with
     param=kind and one line for an invalid one or an unsupported schema keyword. Cached (a bounded LRU)."""
     key = (kind, text)
@@ -127,7 +126,7 @@ def grammar_text(kind: str, text) -> str:
         elif kind == "choices":
             grammar = matcher.grammar_from_lark(_lark_choices(text))
         else:
-            raise GenerationOptionError(f"unknown constraint {kind!r}; known: {', '.join(CONSTRAINTS)}", param=kind)
+            raise GenerationOptionError(f"unknown constraint {kind!r}", param=kind)  # GenerationConfig names the known
     except ValueError as error:
         raise GenerationOptionError(f"{kind} is invalid: {_one_line(error)}", param=kind) from None
     problem = matcher.validate_grammar(grammar, None, limits=_limits())
