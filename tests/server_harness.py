@@ -306,3 +306,24 @@ def scripted(model) -> ScriptedEngine:
     """Put a script in front of `model`'s engine (serve it with max_batch=0: each request decodes alone)."""
     model.engine = ScriptedEngine(model.engine, model.tokenizer, model.arch.eos_token_id)
     return model.engine
+
+
+def scripted_model(package):
+    """A model of `package` (load()) that a test can make answer a given script (scripted)."""
+    from edgelm.runtime import load
+
+    model = load(package)
+    model.script = scripted(model)
+    return model
+
+
+def serve_alone(model, max_tokens: int):
+    """An in-process server of `model` named "tiny", each request run alone: a module fixture's body (yield it,
+    then stop() it)."""
+    return InProcessServer(model, Limits(max_tokens=max_tokens), max_batch=0, model_names=("tiny",))
+
+
+def openai_client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

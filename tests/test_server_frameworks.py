@@ -12,10 +12,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm reads i
 import langchain_openai  # noqa: E402
 import litellm  # noqa: E402
 import pytest  # noqa: E402
-from edgelm.runtime import load  # noqa: E402
-from edgelm.runtime.server.api.requests import Limits  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
-from server_harness import InProcessServer, scripted  # noqa: E402
+from server_harness import scripted_model, serve_alone  # noqa: E402
 
 TRIP = '{"city":"Paris","days":3}'  # compact JSON: how the constraint writes it
 
@@ -27,14 +25,12 @@ class Trip(BaseModel):
 
 @pytest.fixture(scope="module")
 def model(tiny_package_long):
-    model = load(tiny_package_long)
-    model.script = scripted(model)
-    return model
+    return scripted_model(tiny_package_long)
 
 
 @pytest.fixture(scope="module")
 def server(model):
-    s = InProcessServer(model, Limits(max_tokens=200), max_batch=0, model_names=("tiny",))
+    s = serve_alone(model, max_tokens=200)
     yield s
     s.stop()
 

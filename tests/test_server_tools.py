@@ -11,9 +11,7 @@ import json
 
 import openai
 import pytest
-from edgelm.runtime import load
-from edgelm.runtime.server.api.requests import Limits
-from server_harness import HTTP, InProcessServer, scripted
+from server_harness import HTTP, openai_client, scripted_model, serve_alone
 
 WEATHER = {
     "type": "function",
@@ -31,20 +29,18 @@ TWO = CALL + '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
 
 @pytest.fixture(scope="module")
 def model(tiny_package_long):
-    model = load(tiny_package_long)
-    model.script = scripted(model)
-    return model
+    return scripted_model(tiny_package_long)
 
 
 @pytest.fixture(scope="module")
 def server(model):
-    s = InProcessServer(model, Limits(max_tokens=400), max_batch=0, model_names=("tiny",))
+    s = serve_alone(model, max_tokens=400)
     yield s
     s.stop()
 
 
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server)
 
 
 def create(server, **options):
