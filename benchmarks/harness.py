@@ -14,7 +14,15 @@ import os
 import time
 
 import numpy as np
-from edgelm.runtime.bench import exact_decode, prompt_ids, timed_tokens
+from edgelm.runtime.bench import (  # noqa: F401  (the scripts' helpers, re-exported)
+    SETTLE_S,
+    ReadProbe,
+    cold_start,
+    exact_decode,
+    peak_rss_mb,
+    prompt_ids,
+    timed_tokens,
+)
 from edgelm.runtime.model import load
 
 

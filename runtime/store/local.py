@@ -310,9 +310,8 @@ def install_folder(folder: Path, name: str, source: dict, force: bool = False) -
             if force and target.exists():
                 os.rename(target, replaced)
             try:
-                os.rename(
-                    folder, target
-                )  # onto a package folder (never empty) this fails: the rename is the name check
+                # onto a package folder (never empty) this fails: the rename is the name check
+                os.rename(folder, target)
             except OSError as error:
                 if replaced.exists():
                     os.rename(replaced, target)
