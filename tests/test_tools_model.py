@@ -3,6 +3,7 @@ through the format's stream gives what parsing the whole reply gives."""
 
 import pytest
 from edgelm.runtime import ChatError, load, tool_format
+from edgelm.runtime.text.chat_template import ChatTemplate
 
 TOOLS = [{"type": "function", "function": {"name": "now", "description": "The time."}}]
 ASK = [{"role": "user", "content": "What time is it?"}]
@@ -22,7 +23,9 @@ def qwen2_model(qwen2_package):
 
 
 def test_gpt2_package_chats_with_tools_in_edgelms_format(model):
-    assert tool_format(model).name == "edgelm" and tool_format(model.package).name == "edgelm"
+    assert (
+        tool_format(model).name == "edgelm" and tool_format(ChatTemplate.from_package(model.package)).name == "edgelm"
+    )
     ids, config = model.chat_prompt(
         ROUND_TRIP, model.settings(max_new_tokens=4), TOOLS
     )  # a long prompt: truncated below

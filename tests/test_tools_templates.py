@@ -200,7 +200,9 @@ def test_formats_are_told_from_the_template_and_model_type(tokenizer_folder):
     folder = SimpleNamespace(
         folder=tokenizer_folder, arch=SimpleNamespace(model_type="llama", positions="rope"), manifest={}
     )
-    assert tool_format(folder).name == "llama3" and tool_format(ours).name == "llama3"
+    assert tool_format(ChatTemplate.from_package(folder)).name == "llama3" and tool_format(ours).name == "llama3"
+    with pytest.raises(TypeError, match="ChatTemplate.from_package"):
+        tool_format(folder)  # a package is not read behind the caller's back
 
 
 @pytest.mark.parametrize(

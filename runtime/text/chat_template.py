@@ -33,14 +33,11 @@ from ..errors import ChatError, DeadlineError
 from .chat_bounds import MAX_PROMPT_CHARS, Budget, bounded_join, bounded_json
 from .chat_messages import ROLES, check_messages, check_tools
 from .chat_sandbox import bounded_environment
+from .tools import TOOLS_LINE, format_of
 
 __all__ = ["ROLES", "ChatTemplate", "DEFAULT_STOP", "DEFAULT_TEMPLATE", "check_messages", "check_tools"]
 
 # The default template's tool prompt: one line, then one JSON line per tool. tools.py parses what it asks for.
-TOOLS_LINE = (
-    "Tools: to call functions, answer with <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> "
-    "for each call. The functions, as JSON:"
-)
 DEFAULT_TEMPLATE = (
     "{% if tools %}" + TOOLS_LINE + "\n"  # braces alone are text to Jinja
     "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}{% endif %}"
@@ -83,6 +80,11 @@ class ChatTemplate:
     def default(cls, special_tokens: dict | None = None) -> "ChatTemplate":
         return cls(DEFAULT_TEMPLATE, special_tokens, "edgelm's default chat template")
 
+    @property
+    def tool_format(self):
+        """The format this template writes tool calls in (runtime/text/tools.py ToolFormat)."""
+        return format_of(self.source, self.model_type)
+
     @classmethod
     def from_package(cls, package) -> "ChatTemplate":
         """The package's template, or the default one. Never raises: a damaged file fails at chat time."""
@@ -118,9 +120,7 @@ class ChatTemplate:
         checked = check_messages(messages, keep_parts=reads_parts)
         tools = check_tools(tools)
         if not reads_tools and (tools or any(m.get("tool_calls") or m["role"] == "tool" for m in checked)):
-            from .tools import tool_format
-
-            checked, tools = tool_format(self).inline(checked, tools), None
+            checked, tools = self.tool_format.inline(checked, tools), None
         variables = {
             **self.special_tokens,
             "messages": checked,

@@ -1,6 +1,6 @@
 """Tool calls in a model's own words: one ToolFormat per family, found from the package's chat template.
 
-    fmt = tool_format(model)                          # a Model, package, ChatTemplate or template text
+    fmt = tool_format(model)                          # a Model, a ChatTemplate or a template's text
     content, calls = fmt.parse(text)                  # calls: [ToolCall(id, name, arguments_json)]
     stream = fmt.stream(); stream.feed(piece) ...     # ContentDelta / ToolCallDelta, then stream.finish()
     fmt.constraint(tools, "required")                 # ("grammar", Lark text) for GenerationConfig, or None
@@ -26,6 +26,11 @@ __all__ = ["ContentDelta", "ToolCall", "ToolCallDelta", "ToolFormat", "ToolStrea
 
 PYTHON_TAG = "<|python_tag|>"
 LLAMA_ENDS = ("<|eom_id|>", "<|eot_id|>")  # end-of-message tokens a package may not list as stop ids
+# the default chat template's tool prompt (text/chat_template.py DEFAULT_TEMPLATE writes it): this format's own
+TOOLS_LINE = (
+    "Tools: to call functions, answer with <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> "
+    "for each call. The functions, as JSON:"
+)
 HERMES_PROMPT = (  # Qwen2.5's own words, as its template writes them after the system message
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tools}\n</tools>\n\n"
@@ -153,8 +158,6 @@ class TaggedFormat(ToolFormat):
 
     def tools_prompt(self, tools: list) -> str:
         if self.name == "edgelm":
-            from .chat_template import TOOLS_LINE
-
             return TOOLS_LINE + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
         if self.name == "smollm2":
             return self.prompt.format(tools=json.dumps(tools, ensure_ascii=False))
@@ -211,18 +214,23 @@ FORMATS = {f.name: f for f in (HERMES, LLAMA3, SMOLLM2, EDGELM)}
 
 
 def tool_format(source) -> ToolFormat:
-    """The tool format of a Model, a package, a ChatTemplate or a template's text, told by its chat template
-    (and the package's model_type where the template says nothing)."""
-    from .chat_template import DEFAULT_TEMPLATE, ChatTemplate
+    """The tool format of a Model (its chat template), a ChatTemplate or a template's text. For a package that is
+    not loaded, `tool_format(ChatTemplate.from_package(package))`."""
+    template = getattr(source, "chat_template", source)  # a Model's
+    if isinstance(template, str):
+        return format_of(template)
+    if isinstance(getattr(template, "tool_format", None), ToolFormat):  # a ChatTemplate
+        return template.tool_format
+    raise TypeError(
+        f"tool_format takes a Model, a ChatTemplate or a chat template's text, not {type(source).__name__}; for a "
+        "package, pass ChatTemplate.from_package(package)"
+    )
 
-    if isinstance(getattr(source, "chat_template", None), ChatTemplate):
-        source = source.chat_template
-    elif hasattr(source, "folder") and hasattr(source, "manifest"):
-        source = ChatTemplate.from_package(source)
-    model_type = getattr(source, "model_type", None)
-    text = source.source if isinstance(source, ChatTemplate) else source
+
+def format_of(text, model_type: str | None = None) -> ToolFormat:
+    """The format a chat template's text writes calls in (the package's model_type where the text says nothing)."""
     text = text if isinstance(text, str) else ""
-    if text == DEFAULT_TEMPLATE:
+    if TOOLS_LINE in text:  # the default template's; its line shows <tool_call> too, so it is told apart first
         return EDGELM
     if "<tool_call>" in text:
         return HERMES
