@@ -99,9 +99,11 @@ def run(model, prompts, config):
     """(seconds to the first token, step seconds while every row runs, and the process's CPU seconds in those steps,
     every thread's: onnxruntime's and the mask thread's) for one call."""
     batch = model.batch(prompts, config)
-    constraints = [batch.constraint(r) for r in range(len(batch.rows))]
+    constraints = [batch.rows.constraint(r) for r in range(len(batch.rows))]
     started = time.perf_counter()
-    steps = decode_steps(model.engine, batch.rows, batch.config, batch.generators(), model.pad_id, {}, constraints)
+    steps = decode_steps(
+        model.engine, batch.rows.ids, batch.config, batch.rows.generators(), model.pad_id, {}, constraints
+    )
     stamps, cpu, full = [], [], []
     for tokens, _ in steps:
         stamps.append(time.perf_counter())

@@ -23,7 +23,7 @@ from .errors import (
 
 _LAZY = {
     "ChatTemplate": "text.chat_template",
-    "Completion": "batching.batch",
+    "Completion": "batching.rows",
     "GenerationConfig": "generation_config",
     "Model": "model",
     "Score": "model",

@@ -103,14 +103,14 @@ def test_a_bad_constraint_in_the_running_batch_ends_its_job_only(model, monkeypa
     scheduler = Scheduler(model, max_rows=4)
     good = Job(model.batch(["Hi"], choices=["yes", "no"], max_new_tokens=5))
     bad = Job(model.batch(["Hi"], regex="[a-z]{3}", max_new_tokens=5))
-    failing = bad.batch.constraint  # its rows' matchers fail at their first token, as a step over its limits would
+    failing = bad.batch.rows.constraint  # its rows' matchers fail at their first token, as a step over its limits would
 
     def broken(row):
         row_constraint = failing(row)
         row_constraint.matcher = None
         return row_constraint
 
-    monkeypatch.setattr(bad.batch, "constraint", broken)
+    monkeypatch.setattr(bad.batch.rows, "constraint", broken)
     scheduler.submit(bad)
     scheduler.submit(good)
     assert isinstance(bad.wait().error, Exception)

@@ -6,11 +6,11 @@ between steps, each with its own options, random generators, stop strings and le
     arrive together share one left-padded pass), its first token picked, its cache copied into a free slot
     (slot_cache.py); jobs that arrive meanwhile join too, up to JOIN_ROUNDS rounds -> one forward pass for
     every row in the batch -> each job picks its own rows' tokens
-    (its SamplerChain, each row's generator) -> text pieces (Batch.take, job.piece) -> a finished row frees
+    (its SamplerChain, each row's generator) -> text pieces (Rows.take, job.piece) -> a finished row frees
     its slot at once -> a job whose rows have all finished ends (job.finish)
 
-A job is any object with: `batch` (a runtime Batch; None once start() has done all the work, as a scoring
-request does), start() (called first, in this thread), check() (raises to stop the job: called at every step
+A job is any object with: `batch` (a runtime Batch, whose `rows` (runtime/batching/rows.py) this thread drives;
+None once start() has done all the work, as a scoring request does), start() (called first, in this thread), check() (raises to stop the job: called at every step
 boundary while it waits or runs), piece(Piece), and finish(error) (None: batch.completions is ready; else why
 it ended). Rows join in arrival order as slots free up, so no request waits behind a later one. Whatever
 shares its batch, a greedy or seeded row of an fp32 graph gets the tokens it gets alone (its logits equal to
@@ -27,7 +27,7 @@ from ..engine.decode import PREFILL_CHUNK as CHUNK
 from ..engine.steps import RowState, prefill_inputs
 from ..sampling import SamplerChain, log_softmax
 from ..sampling.constraint import Masks
-from .batch import Piece
+from .rows import Piece
 from .slot_cache import SlotCache
 
 # Rounds of joins one step boundary may run. Requests that arrive while rows are prefilled (clients sending as
@@ -41,15 +41,15 @@ class Entry:
     """A submitted job and its progress: its sampler, one generator per row, and the rows not yet in the batch."""
 
     def __init__(self, job, vocab_size: int, sampling_outputs: bool = True):
-        self.job, self.batch, config = job, job.batch, job.batch.config
+        self.job, self.rows, config = job, job.batch.rows, job.batch.config
         self.sampler = SamplerChain(config, vocab_size)
-        self.constrained = any(g is not None for g in self.batch.grammars)
+        self.constrained = any(g is not None for g in self.rows.grammars)
         # its rows use the graph's sampling outputs (sampling_outputs: the graph has them; a constrained job's never
         # do: those are made from unmasked logits): they go first in the batch
         self.front = sampling_outputs and self.sampler.prepared_temperature is not None and not self.constrained
-        self.rngs = self.batch.generators()
-        self.waiting = deque(range(len(self.batch.rows)))  # rows not yet prefilled, in order
-        self.unfinished = len(self.batch.rows)
+        self.rngs = self.rows.generators()
+        self.waiting = deque(range(len(self.rows)))  # rows not yet prefilled, in order
+        self.unfinished = len(self.rows)
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
 
 
@@ -59,8 +59,8 @@ class Row(RowState):
     __slots__ = ("entry", "index", "next_token")
 
     def __init__(self, entry: Entry, index: int):
-        batch = entry.batch
-        super().__init__(batch.rows[index], batch.stop_ids[index], batch.config.max_new_tokens, batch.constraint(index))
+        rows = entry.rows
+        super().__init__(rows[index], rows.stop_ids[index], rows.config.max_new_tokens, rows.constraint(index))
         self.entry, self.index = entry, index
         self.next_token = -1  # fed at the next step
 
@@ -164,8 +164,8 @@ class Scheduler:
     def _pick(self, entry: Entry, rows: list, logits: np.ndarray, prepared=None, allowed=None) -> None:
         """Pick `rows`' next ids from their logits [k, V] (and the graph's sampling outputs for them, where it has
         them; for a constrained job, its rows' allowed tokens, a constraint.Allowed, computed here when not given) and hand
-        each to the job's Batch (text, stop strings)."""
-        batch, config = entry.batch, entry.batch.config
+        each to the job's Rows (text, stop strings)."""
+        rows_of_job, config = entry.rows, entry.rows.config
         rngs = [entry.rngs[r.index] for r in rows]
         if entry.constrained:  # the first filter, on a copy: a prefill's logits serve each of a prompt's rows
             if allowed is None:
@@ -177,7 +177,7 @@ class Scheduler:
         logprobs = log_softmax(logits) if config.logprobs is not None else None
         for k, (row, token) in enumerate(zip(rows, tokens.tolist())):
             reason = row.append(token)
-            text, reason = batch.take(row.index, token, None if logprobs is None else logprobs[k], reason)
+            text, reason = rows_of_job.take(row.index, token, None if logprobs is None else logprobs[k], reason)
             if text:
                 entry.job.piece(Piece(row.index, text))
             row.next_token, row.finish_reason = token, reason
@@ -213,11 +213,11 @@ class Scheduler:
     def _prefill(self, entry: Entry, index: int) -> None:
         """Row `index` of the job: its prompt through a batch-1 decoder (once for a prompt's n rows), its first
         token picked from the last position's logits, then (unless that finished it) into a slot."""
-        batch = entry.batch
-        prompt = index // batch.config.num_return_sequences
+        rows = entry.rows
+        prompt = index // rows.config.num_return_sequences
         if entry.prefilled is None or entry.prefilled[0] != prompt:
             entry.prefilled = None  # the previous prompt's decoder goes first
-            ids, attention_mask, position_ids = prefill_inputs([batch.rows[index]], 0)
+            ids, attention_mask, position_ids = prefill_inputs([rows[index]], 0)
             decoder = self.engine.decoder(1, ids.shape[1])
             logits = decoder.run(ids, attention_mask, position_ids)[:, -1, :].copy()
             entry.prefilled = (prompt, decoder, logits)
@@ -225,8 +225,8 @@ class Scheduler:
         row = Row(entry, index)
         self._pick(entry, [row], logits)
         if not row.finished:
-            self.cache.join(row, decoder.buffers, len(batch.rows[index]), front=entry.front)
-        if not entry.waiting or entry.waiting[0] // batch.config.num_return_sequences != prompt:
+            self.cache.join(row, decoder.buffers, len(rows[index]), front=entry.front)
+        if not entry.waiting or entry.waiting[0] // rows.config.num_return_sequences != prompt:
             entry.prefilled = None
 
     def _short_arrivals(self) -> list:
@@ -237,7 +237,7 @@ class Scheduler:
         for entry in self.entries:
             if not entry.waiting:
                 continue
-            if len(together) == self.cache.free or len(entry.batch.rows) != 1 or len(entry.batch.rows[0]) >= CHUNK:
+            if len(together) == self.cache.free or len(entry.rows) != 1 or len(entry.rows[0]) >= CHUNK:
                 break
             together.append(entry)
         return together
@@ -245,7 +245,7 @@ class Scheduler:
     def _prefill_together(self, entries: list) -> None:
         """One left-padded prefill pass for `entries`' single rows; each picks its first token, then (all their
         first pieces sent) those it did not finish join slots, the cache grown for all of them at once."""
-        prompts = [entry.batch.rows[0] for entry in entries]
+        prompts = [entry.rows[0] for entry in entries]
         input_ids, attention_mask, position_ids = prefill_inputs(prompts, 0)  # padding is masked: any id serves
         width = input_ids.shape[1]
         try:
@@ -286,8 +286,6 @@ class Scheduler:
         if entry in self.entries:
             self.entries.remove(entry)
         entry.prefilled = None
-        if error is None:
-            entry.batch.collect()
         _finish(entry.job, error)
 
 

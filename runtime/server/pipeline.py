@@ -148,7 +148,7 @@ class GenerationWork(Work):
             job.emit("before", self.before_value)
 
     def piece(self, job, piece) -> None:
-        entries = self.batch.logprobs_so_far(piece.index) if self.streamed else None
+        entries = self.batch.rows.logprobs_so_far(piece.index) if self.streamed else None
         if entries is not None:
             entries, self.sent[piece.index] = entries[self.sent[piece.index] :], len(entries)
         job.emit("piece", (piece, entries))
