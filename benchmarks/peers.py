@@ -19,28 +19,34 @@ with each sampled setting of benchmarks/harness.py (harness.SAMPLED: OpenAI's de
 0.9, transformers' top_k 50, penalties), through each system's own sampler chain, and its ratio to the same
 worker's greedy rate. llama.cpp takes the settings as llama-cpp-python's generate() names them, with min_p
 (default 0.05 there) off; its penalties look back over the last 64 tokens (last_n_tokens_size), edgelm's
-repetition penalty over the whole context. Not part of CI.
+repetition penalty over the whole context. genai-fp32/int8/int4 is onnxruntime-genai (peer_prepare.py says which
+graph it runs). Not part of CI.
+
+Each decode figure counts the tokens the system gave as it gave them, and asks for no more than it times.
+Every round prints its load (peer_load.py): the 1-minute load average and the CPU time other processes used
+during it, flagged CONTENDED above 10% of the round's capacity; the medians are over the uncontended rounds
+when there are at least three of them, and the summary says which.
 """
 
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE / "out" / "peers"
 NEW_TOKENS = 128
 SYSTEMS = [
     "transformers-fp32",
     "optimum-fp32",
     "genai-fp32",
     "genai-int8",
+    "genai-int4",  # a Llama-family checkpoint only: genai's model builder makes it
     "ct2-float32",
     "ct2-int8",
     "llama.cpp-f32",
@@ -67,154 +73,6 @@ def prompt_ids(length: int, vocab: int, eos: int) -> list:
     return [int(i) if i != eos else int(i) - 1 for i in ids]
 
 
-# --- preparing each system's model (once, cached under benchmarks/out/peers) -------------------------
-
-
-def prepare(system: str, checkpoint: Path) -> Path:
-    system = system.removesuffix("-nofa")  # the same model, run without flash attention
-    kind, _, variant = system.partition("-")
-    target = OUT / checkpoint.resolve().name / system
-    if kind in ("transformers",):
-        return checkpoint
-    if target.exists():
-        return target
-    if kind == "edgelm":
-        from edgelm.export.stages import export_model
-
-        weights, _, cache = variant.partition("-")  # int8-kv8: int8 weights, int8 KV cache
-        export_model(
-            str(checkpoint),
-            target,
-            quantize={"fp32": "none"}.get(weights, weights),
-            kv_cache="int8" if cache == "kv8" else "float32",
-        )
-    elif kind in ("optimum", "genai"):
-        _prepare_onnx_peer(checkpoint, target, int8=variant == "int8")
-    elif kind == "ct2":
-        import ctranslate2
-
-        ctranslate2.converters.TransformersConverter(str(checkpoint)).convert(str(target), quantization=variant)
-    elif kind == "llama.cpp":
-        _prepare_gguf(checkpoint, target, variant)
-    return target
-
-
-def _prepare_onnx_peer(checkpoint: Path, target: Path, int8: bool) -> None:
-    base = target.parent / "optimum-fp32"
-    if not base.exists():
-        from optimum.exporters.onnx import main_export
-
-        main_export(str(checkpoint), output=str(base), task="text-generation-with-past", no_post_process=True)
-    if target == base:
-        return
-    shutil.copytree(base, target)
-    if int8:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        quantize_dynamic(str(base / "model.onnx"), str(target / "model.onnx"), weight_type=QuantType.QInt8)
-    config = json.loads((checkpoint / "config.json").read_text())
-    layers, heads, width = config["n_layer"], config["n_head"], config["n_embd"]
-    # onnxruntime-genai has no GPT-2 type; "llama" is its plain decoder loop and runs optimum's graph as it is.
-    (target / "genai_config.json").write_text(
-        json.dumps(
-            {
-                "model": {
-                    "type": "llama",
-                    "context_length": config["n_positions"],
-                    "vocab_size": config["vocab_size"],
-                    "bos_token_id": config["bos_token_id"],
-                    "eos_token_id": config["eos_token_id"],
-                    "pad_token_id": config["eos_token_id"],
-                    "decoder": {
-                        "filename": "model.onnx",
-                        "head_size": width // heads,
-                        "hidden_size": width,
-                        "num_attention_heads": heads,
-                        "num_hidden_layers": layers,
-                        "num_key_value_heads": heads,
-                        "session_options": {
-                            "intra_op_num_threads": int(os.environ.get("PEER_THREADS", 2)),
-                            "inter_op_num_threads": 1,
-                        },
-                        "inputs": {
-                            "input_ids": "input_ids",
-                            "attention_mask": "attention_mask",
-                            "position_ids": "position_ids",
-                            "past_key_names": "past_key_values.%d.key",
-                            "past_value_names": "past_key_values.%d.value",
-                        },
-                        "outputs": {
-                            "logits": "logits",
-                            "present_key_names": "present.%d.key",
-                            "present_value_names": "present.%d.value",
-                        },
-                    },
-                },
-                "search": {
-                    "max_length": config["n_positions"],
-                    "do_sample": False,
-                    "num_beams": 1,
-                    "past_present_share_buffer": False,
-                },
-            },
-            indent=2,
-        )
-    )
-
-
-def _prepare_gguf(checkpoint: Path, target: Path, variant: str) -> None:
-    """convert_hf_to_gguf.py ships in llama-cpp-python's sdist; quantize with the bindings' own call."""
-    f32 = target.parent / "llama.cpp-f32" / "model.gguf"
-    if not f32.exists():
-        source = OUT / "llama-cpp-src"
-        if not source.exists():
-            import tarfile
-
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-binary",
-                    ":all:",
-                    "--no-deps",
-                    "-d",
-                    str(OUT / "sdist"),
-                    "llama-cpp-python==0.3.36",
-                ],
-                check=True,
-            )
-            with tarfile.open(next((OUT / "sdist").glob("llama_cpp_python-*.tar.gz"))) as tar:
-                tar.extractall(source)
-        script = next(source.glob("*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-        if json.loads((checkpoint / "config.json").read_text())["model_type"] != "gpt2":
-            try:
-                import sentencepiece  # noqa: F401
-            except ImportError:
-                raise RuntimeError(
-                    "convert_hf_to_gguf.py imports sentencepiece for this architecture even with a BPE tokenizer: "
-                    "pip install sentencepiece"
-                ) from None
-        f32.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
-        subprocess.run(
-            [sys.executable, str(script), str(checkpoint), "--outtype", "f32", "--outfile", str(f32)],
-            check=True,
-            env=env,
-        )
-    if variant == "f32":
-        return
-    import llama_cpp
-
-    target.mkdir(parents=True, exist_ok=True)
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[variant]
-    params.nthread = 2
-    if llama_cpp.llama_model_quantize(str(f32).encode(), str(target / "model.gguf").encode(), params) != 0:
-        raise RuntimeError(f"llama.cpp could not quantize to {variant}")
-
-
 # --- workers: one system, one process, three figures ---------------------------------------------------
 
 
@@ -222,30 +80,60 @@ def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int, sa
     """sampled: [(key, GenerationConfig options)] to time as well, for the systems with a sampler chain."""
     kind = system.split("-")[0]
     short, long = prompt_ids(8, vocab, eos), prompt_ids(512, vocab, eos)
-    run = RUNNERS[kind](system, model_path, threads)  # run(prompt, n) -> (seconds to first token, seconds for the rest)
+    run = RUNNERS[kind](system, model_path, threads)  # run(prompt, n, options=None) -> Timing
     run(short, 8)  # warm-up
     cpu = time.process_time()
-    first, rest = run(short, NEW_TOKENS)
-    cpu = time.process_time() - cpu  # every thread of this worker: the prefill of 8 tokens and NEW_TOKENS steps
-    ttft, rest_long = run(long, NEW_TOKENS)
+    greedy = run(short, NEW_TOKENS)
+    cpu = time.process_time() - cpu  # every thread of this worker: the prefill of 8 tokens and the decode steps
+    long_prompt = run(long, NEW_TOKENS)
     figures = {
-        "decode_tok_s": (NEW_TOKENS - 1) / rest,
-        "decode_cpu_ms": 1000 * cpu / NEW_TOKENS,
-        "ttft_512_ms": 1000 * ttft,
-        "decode_after_512_tok_s": (NEW_TOKENS - 1) / rest_long,
+        "decode_tok_s": greedy.decode_tok_s,
+        "decode_cpu_ms": 1000 * cpu / greedy.tokens,
+        "ttft_512_ms": 1000 * long_prompt.first_s,
+        "decode_after_512_tok_s": long_prompt.decode_tok_s,
+        "tokens": min(greedy.tokens, long_prompt.tokens),
     }
     for key, options in sampled if kind in SAMPLERS else []:
-        rate = (NEW_TOKENS - 1) / run(short, NEW_TOKENS, options)[1]
+        rate = run(short, NEW_TOKENS, options).decode_tok_s
         figures.update({f"{key}_tok_s": rate, f"{key}_over_greedy": rate / figures["decode_tok_s"]})
     return figures | {"peak_rss_mb": peak_rss_mb()}
 
 
-def _timed(stream):
+@dataclass(frozen=True)
+class Timing:
+    """One generation: the prompt to the first token, the first token to the last, and how many tokens came."""
+
+    first_s: float
+    rest_s: float
+    tokens: int
+
+    @property
+    def decode_tok_s(self) -> float:
+        return (self.tokens - 1) / self.rest_s  # the decode steps after the first token, over their time
+
+
+def take(stream, n: int):
+    """The first n items of stream, asking it for no more. (zip(stream, range(n)) asks the stream for an
+    (n + 1)th item before range runs out: for llama-cpp-python's generate() one more decode step, inside the
+    timing.)"""
+    if n <= 0:
+        return
+    for count, item in enumerate(stream, 1):
+        yield item
+        if count == n:
+            return
+
+
+def timed(stream, n: int) -> Timing:
+    """Times up to n items of a token stream, counting them as they come."""
     started = time.perf_counter()
-    first = None
-    for _ in stream:
+    first, tokens = None, 0
+    for _ in take(stream, n):
+        tokens += 1
         first = first or time.perf_counter()
-    return first - started, time.perf_counter() - first
+    if tokens < 2:
+        raise RuntimeError(f"the system gave {tokens} token(s) where {n} were asked for: no decode step to time")
+    return Timing(first - started, time.perf_counter() - first, tokens)
 
 
 def _edgelm(system, path, threads):
@@ -260,7 +148,7 @@ def _edgelm(system, path, threads):
         config = GenerationConfig(
             max_new_tokens=n, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
         )
-        return _timed(decode_steps(model.engine, [prompt], config, [np.random.default_rng(0)], model.pad_id))
+        return timed(decode_steps(model.engine, [prompt], config, [np.random.default_rng(0)], model.pad_id), n)
 
     return run
 
@@ -295,7 +183,7 @@ def _hf_generate(model, torch):
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False, pad_token_id=0)
             first = time.perf_counter() - started
             started = time.perf_counter()
-            model.generate(
+            out = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=n,
@@ -303,7 +191,7 @@ def _hf_generate(model, torch):
                 do_sample=False,
                 pad_token_id=0,
             )
-            return first, time.perf_counter() - started - first
+            return Timing(first, time.perf_counter() - started - first, out.shape[1] - len(prompt))
 
     return run
 
@@ -311,7 +199,10 @@ def _hf_generate(model, torch):
 def _genai(system, path, threads):
     import onnxruntime_genai as og
 
-    model = og.Model(str(path))
+    config = og.Config(str(path))
+    session = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": session}}}))
+    model = og.Model(config)
 
     def run(prompt, n):
         params = og.GeneratorParams(model)
@@ -324,7 +215,7 @@ def _genai(system, path, threads):
                 generator.generate_next_token()
                 yield
 
-        return _timed(steps())
+        return timed(steps(), n)
 
     return run
 
@@ -336,9 +227,8 @@ def _ct2(system, path, threads):
     vocabulary = json.loads((Path(path) / "vocabulary.json").read_text())  # CTranslate2 takes token strings
 
     def run(prompt, n):
-        return _timed(
-            generator.generate_tokens([vocabulary[i] for i in prompt], max_length=n, sampling_topk=1, end_token=[])
-        )
+        tokens = [vocabulary[i] for i in prompt]
+        return timed(generator.generate_tokens(tokens, max_length=n, sampling_topk=1, end_token=[]), n)
 
     return run
 
@@ -359,8 +249,7 @@ def _llama(system, path, threads):
     def run(prompt, n, options=None):
         model.reset()
         model.set_seed(0)
-        stream = model.generate(prompt, reset=True, **_llama_sampling(options or {}))
-        return _timed(token for token, _ in zip(stream, range(n)))
+        return timed(model.generate(prompt, reset=True, **_llama_sampling(options or {})), n)
 
     return run
 
@@ -410,6 +299,7 @@ def main():
         action="store_true",
         help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what edgelm serve and bench set for themselves on int8 packages)",
     )
+    parser.add_argument("--greedy-only", action="store_true", help="leave out the sampled settings' decodes")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--sampled", default="[]", help=argparse.SUPPRESS)  # JSON [(key, options)] for the worker
@@ -433,124 +323,67 @@ def main():
         )
         return
     from harness import SAMPLED  # the settings harness.py times, greedy excluded
+    from peer_load import load_between, rounds_to_summarize, snapshot
+    from peer_prepare import prepare
+    from peer_report import format_sampled_table, format_table
 
-    sampled = json.dumps([(key, options) for key, _, options in SAMPLED if options])
+    sampled = "[]" if args.greedy_only else json.dumps([(key, options) for key, _, options in SAMPLED if options])
     systems = args.systems.split(",")
-    paths, results, failed = {}, {s: [] for s in systems}, {}
+    paths, results, failed, loads = {}, {s: {} for s in systems}, {}, []
     for system in systems:
         try:
             paths[system] = prepare(system, args.checkpoint)
         except Exception as error:  # a peer that cannot be prepared here is reported, not fatal
             failed[system] = f"prepare: {type(error).__name__}: {str(error)[:200]}"
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        **({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"} if args.huge_pages else {}),
+    }
     for round_ in range(args.rounds):
-        for system in [s for s in systems if s in paths and s not in failed]:
-            command = [
-                sys.executable,
-                __file__,
-                "--worker",
-                system,
-                "--model",
-                str(paths[system]),
-                "--threads",
-                str(args.threads),
-                "--checkpoint",
-                str(args.checkpoint),
-                "--sampled",
-                sampled,
-            ]
-            env = {
-                **os.environ,
-                "OMP_NUM_THREADS": str(args.threads),
-                **({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"} if args.huge_pages else {}),
-            }
+        order = [s for s in systems if s in paths and s not in failed]
+        before = snapshot()
+        for system in order if round_ % 2 == 0 else order[::-1]:  # every other round backwards: drift evens out
+            command = [sys.executable, __file__, "--worker", system, "--model", str(paths[system])]
+            command += ["--threads", str(args.threads), "--checkpoint", str(args.checkpoint), "--sampled", sampled]
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 failed[system] = (
                     done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else f"exit {done.returncode}"
                 )
                 continue
-            results[system].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"round {round_ + 1}: {system} {results[system][-1]}", file=sys.stderr, flush=True)
-    table = {s: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for s, rs in results.items() if rs}
-    print(format_table(table, failed, args))
-    print(format_sampled_table(table, json.loads(sampled)))
+            results[system][round_] = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"round {round_ + 1}: {system} {results[system][round_]}", file=sys.stderr, flush=True)
+        loads.append(load_between(before, snapshot()))
+        print(f"round {round_ + 1}: {loads[-1].describe()}", file=sys.stderr, flush=True)
+    kept, which = rounds_to_summarize(loads)
+    table = {}
+    for system, by_round in results.items():
+        rows = [by_round[r] for r in kept if r in by_round] or list(by_round.values())
+        if rows:
+            table[system] = {k: float(np.median([row[k] for row in rows])) for k in rows[0]}
+    pages = "every worker on glibc.malloc.hugetlb=1" if args.huge_pages else "default malloc"
+    heading = f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, {pages}"
+    print("\n".join(f"round {i + 1}: {load.describe()}" for i, load in enumerate(loads)))
+    print(which)
+    print(format_table(table, failed, heading))
+    print(format_sampled_table(table, json.loads(sampled), NEW_TOKENS))
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
                     "medians": table,
+                    "medians_over_rounds": [r + 1 for r in kept],
+                    "per_round": {s: {r + 1: row for r, row in by_round.items()} for s, by_round in results.items()},
+                    "loads": [asdict(load) | {"contended": load.contended} for load in loads],
                     "failed": failed,
                     "rounds": args.rounds,
                     "threads": args.threads,
                     "huge_pages": args.huge_pages,
-                    "load_average": os.getloadavg(),
                 },
                 indent=2,
             )
         )
-
-
-def format_table(table: dict, failed: dict, args) -> str:
-    pages = "every worker on glibc.malloc.hugetlb=1" if args.huge_pages else "default malloc"
-    lines = [
-        f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, {pages}, load average now {os.getloadavg()[0]:.2f}",
-        "| system | decode tok/s | decode CPU ms/token | first token after 512 (ms) | decode after 512 tok/s | peak RSS (MB) |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for system, row in table.items():
-        lines.append(
-            f"| {system} | {row['decode_tok_s']:.1f} | {row['decode_cpu_ms']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |"
-        )
-    ratios = [("edgelm-fp32", "transformers-fp32", "decode_tok_s"), ("edgelm-fp32", "llama.cpp-f32", "decode_tok_s")]
-    for cache in ("", "-kv8"):
-        ratios += [
-            (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_tok_s"),
-            (f"edgelm-int4{cache}", "llama.cpp-q4_0", "decode_tok_s"),
-            (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_cpu_ms"),
-            (f"edgelm-int4{cache}", "llama.cpp-q4_0", "decode_cpu_ms"),
-            (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_after_512_tok_s"),
-            (f"edgelm-int8{cache}", "ct2-int8", "ttft_512_ms"),
-            (f"edgelm-int8{cache}", "ct2-int8", "peak_rss_mb"),
-        ]
-    lines.append("")
-    for ours, peer, key in ratios:
-        peers = [table[p][key] for p in (peer, peer + "-nofa") if p in table]  # llama.cpp at its best setting
-        if ours in table and peers:
-            lower_is_better = key in ("ttft_512_ms", "peak_rss_mb", "decode_cpu_ms")
-            best = min(peers) if lower_is_better else max(peers)
-            if key == "decode_cpu_ms":  # as a speed: the peer's CPU per token over ours
-                lines.append(f"{ours} / {peer} decode per CPU second: {best / table[ours][key]:.2f}x")
-            else:
-                lines.append(f"{ours} / {peer} {key}: {table[ours][key] / best:.2f}x")
-    for system, why in failed.items():
-        lines.append(f"not measured: {system}: {why}")
-    return "\n".join(lines)
-
-
-def format_sampled_table(table: dict, sampled: list) -> str:
-    """Decode tok/s per sampled setting and its ratio to the same worker's greedy rate; edgelm over llama.cpp."""
-    keys = [key for key, _ in sampled]
-    rows = {s: row for s, row in table.items() if all(f"{k}_tok_s" in row for k in keys)}
-    if not rows:
-        return ""
-    lines = [
-        "",
-        f"sampled decode, batch 1, {NEW_TOKENS} tokens: tok/s (x the same worker's greedy rate)",
-        "| system | greedy | " + " | ".join(keys) + " |",
-        "| --- " * (len(keys) + 2) + "|",
-    ]
-    for system, row in rows.items():
-        cells = [f"{row[f'{k}_tok_s']:.1f} ({row[f'{k}_over_greedy']:.2f}x)" for k in keys]
-        lines.append(f"| {system} | {row['decode_tok_s']:.1f} | " + " | ".join(cells) + " |")
-    for ours, peer in (
-        ("edgelm-int8", "llama.cpp-q8_0"),
-        ("edgelm-int4", "llama.cpp-q4_0"),
-        ("edgelm-fp32", "llama.cpp-f32"),
-    ):
-        if ours in rows and peer in rows:
-            ratios = ", ".join(f"{k} {rows[ours][f'{k}_tok_s'] / rows[peer][f'{k}_tok_s']:.2f}x" for k in keys)
-            lines.append(f"{ours} / {peer} sampled decode: {ratios}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
