@@ -11,10 +11,10 @@ are kept under benchmarks/out/peers/CHECKPOINT_FOLDER_NAME/.
 
 Each measurement runs in its own worker process (so peak RSS is that system's alone); rounds go through
 every system in turn, so machine noise spreads over all of them. Figures are medians over rounds:
-decode tok/s (batch 1, 8-token prompt, 128 greedy tokens), the worker's CPU time per token over that run (all
+decode tok/s (batch 1, 8-token prompt, --new-tokens greedy tokens, 128 unless told), the worker's CPU time per token over that run (all
 its threads: with --threads 1 the work a token costs, the figure other processes on the machine move least;
 with more threads it counts their spinning too), first token after a 512-token prompt, decode tok/s after that
-prompt (128 tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s
+prompt (as many tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s
 with each sampled setting of benchmarks/harness.py (harness.SAMPLED: OpenAI's defaults, top_p
 0.9, transformers' top_k 50, penalties), through each system's own sampler chain, and its ratio to the same
 worker's greedy rate. llama.cpp takes the settings as llama-cpp-python's generate() names them, with min_p
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-NEW_TOKENS = 128
+NEW_TOKENS = 128  # the default of --new-tokens
 SYSTEMS = [
     "transformers-fp32",
     "optimum-fp32",
@@ -76,16 +76,18 @@ def prompt_ids(length: int, vocab: int, eos: int) -> list:
 # --- workers: one system, one process, three figures ---------------------------------------------------
 
 
-def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int, sampled: list) -> dict:
+def worker(
+    system: str, model_path: Path, threads: int, vocab: int, eos: int, sampled: list, new_tokens: int = NEW_TOKENS
+) -> dict:
     """sampled: [(key, GenerationConfig options)] to time as well, for the systems with a sampler chain."""
     kind = system.split("-")[0]
     short, long = prompt_ids(8, vocab, eos), prompt_ids(512, vocab, eos)
     run = RUNNERS[kind](system, model_path, threads)  # run(prompt, n, options=None) -> Timing
     run(short, 8)  # warm-up
     cpu = time.process_time()
-    greedy = run(short, NEW_TOKENS)
+    greedy = run(short, new_tokens)
     cpu = time.process_time() - cpu  # every thread of this worker: the prefill of 8 tokens and the decode steps
-    long_prompt = run(long, NEW_TOKENS)
+    long_prompt = run(long, new_tokens)
     figures = {
         "decode_tok_s": greedy.decode_tok_s,
         "decode_cpu_ms": 1000 * cpu / greedy.tokens,
@@ -94,7 +96,7 @@ def worker(system: str, model_path: Path, threads: int, vocab: int, eos: int, sa
         "tokens": min(greedy.tokens, long_prompt.tokens),
     }
     for key, options in sampled if kind in SAMPLERS else []:
-        rate = run(short, NEW_TOKENS, options).decode_tok_s
+        rate = run(short, new_tokens, options).decode_tok_s
         figures.update({f"{key}_tok_s": rate, f"{key}_over_greedy": rate / figures["decode_tok_s"]})
     return figures | {"peak_rss_mb": peak_rss_mb()}
 
@@ -299,6 +301,7 @@ def main():
         action="store_true",
         help="run every worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what edgelm serve and bench set for themselves on int8 packages)",
     )
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens each decode figure times")
     parser.add_argument("--greedy-only", action="store_true", help="leave out the sampled settings' decodes")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -315,12 +318,8 @@ def main():
         args.checkpoint = build(HERE / "out" / "distilgpt2-random")
     config = json.loads((args.checkpoint / "config.json").read_text())
     if args.worker:
-        sampled = json.loads(args.sampled)
-        print(
-            json.dumps(
-                worker(args.worker, args.model, args.threads, config["vocab_size"], config["eos_token_id"], sampled)
-            )
-        )
+        vocab, eos, sampled = config["vocab_size"], config["eos_token_id"], json.loads(args.sampled)
+        print(json.dumps(worker(args.worker, args.model, args.threads, vocab, eos, sampled, args.new_tokens)))
         return
     from harness import SAMPLED  # the settings harness.py times, greedy excluded
     from peer_load import load_between, rounds_to_summarize, snapshot
@@ -346,6 +345,7 @@ def main():
         for system in order if round_ % 2 == 0 else order[::-1]:  # every other round backwards: drift evens out
             command = [sys.executable, __file__, "--worker", system, "--model", str(paths[system])]
             command += ["--threads", str(args.threads), "--checkpoint", str(args.checkpoint), "--sampled", sampled]
+            command += ["--new-tokens", str(args.new_tokens)]
             done = subprocess.run(command, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 failed[system] = (
@@ -363,11 +363,11 @@ def main():
         if rows:
             table[system] = {k: float(np.median([row[k] for row in rows])) for k in rows[0]}
     pages = "every worker on glibc.malloc.hugetlb=1" if args.huge_pages else "default malloc"
-    heading = f"{args.rounds} rounds, {args.threads} threads, batch 1, {NEW_TOKENS} greedy tokens, {pages}"
+    heading = f"{args.rounds} rounds, {args.threads} threads, batch 1, {args.new_tokens} greedy tokens, {pages}"
     print("\n".join(f"round {i + 1}: {load.describe()}" for i, load in enumerate(loads)))
     print(which)
     print(format_table(table, failed, heading))
-    print(format_sampled_table(table, json.loads(sampled), NEW_TOKENS))
+    print(format_sampled_table(table, json.loads(sampled), args.new_tokens))
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -1,0 +1,119 @@
+"""Where one decode step goes, op type by op type: onnxruntime's profiler over a package's own graph.
+
+    python benchmarks/step_profile.py PKG [PKG ...] --threads 1,2 [--steps 64] [--past 8]
+    python benchmarks/step_profile.py PKG --option session.intra_op.allow_spinning=0
+
+Runs the package's graph directly (the session options of runtime/engine/session.py: extended
+optimizations, inter-op 1, the given intra-op threads, plus each --option as a session config entry) at
+batch 1: a prompt of --past positions, then --steps decode steps feeding the cache back, after 8 warm-up
+steps. Prints, per package and thread count, the step's wall time with the profiler off and on, and per op
+type: kernels per step, ms per step (the kernels' own time summed over the steps, divided by them) and its
+share of the kernels' total. The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
+tied int8 head, looked up by the runtime) is fed random rows: the products' cost does not depend on values.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+WARMUP = 8
+
+
+def make_session(model_file: Path, threads: int, options: dict, profile_dir: str | None) -> ort.InferenceSession:
+    settings = ort.SessionOptions()
+    settings.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    settings.log_severity_level = 4
+    settings.intra_op_num_threads, settings.inter_op_num_threads = threads, 1
+    for key, value in options.items():
+        settings.add_session_config_entry(key, value)
+    if profile_dir:
+        settings.enable_profiling = True
+        settings.profile_file_prefix = os.path.join(profile_dir, "step")
+    return ort.InferenceSession(str(model_file), sess_options=settings, providers=["CPUExecutionProvider"])
+
+
+def feeds_for(session: ort.InferenceSession, past: dict, length: int, position: int, rng) -> dict:
+    """One step's inputs: `length` new positions after `position` cached ones; past: the present.* of the last."""
+    feeds = {}
+    for value in session.get_inputs():
+        name = value.name
+        if name == "input_ids":
+            feeds[name] = rng.integers(0, 1000, size=(1, length), dtype=np.int64)
+        elif name == "inputs_embeds":
+            feeds[name] = rng.standard_normal((1, length, value.shape[2]), dtype=np.float32)
+        elif name == "attention_mask":
+            feeds[name] = np.ones((1, position + length), np.int64)
+        elif name == "position_ids":
+            feeds[name] = np.arange(position, position + length, dtype=np.int64)[None]
+        elif name.startswith("past_key_values."):
+            feeds[name] = past[name]
+    return feeds
+
+
+def run_steps(session, past_length: int, steps: int, rng) -> float:
+    """Prompt, WARMUP steps, then `steps` timed steps; returns the median step in ms."""
+    cache_inputs = [v for v in session.get_inputs() if v.name.startswith("past_key_values.")]
+    dtype = {"tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(float16)": np.float16}
+    past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), dtype[v.type]) for v in cache_inputs}
+    outputs = [o.name for o in session.get_outputs()]
+    position, length, times = 0, past_length, []
+    for step in range(WARMUP + steps + 1):
+        started = time.perf_counter()
+        result = session.run(outputs, feeds_for(session, past, length, position, rng))
+        if step > WARMUP:
+            times.append(time.perf_counter() - started)
+        named = dict(zip(outputs, result))
+        past = {v.name: named["present." + v.name.removeprefix("past_key_values.")] for v in cache_inputs}
+        position, length = position + length, 1
+    return 1000 * float(np.median(times))
+
+
+def op_table(profile_file: str, steps: int) -> dict:
+    """op type -> (kernels per step, ms per step) over the last `steps` runs of the profile."""
+    events = json.loads(Path(profile_file).read_text())
+    runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    start = runs[-steps]
+    per_op = defaultdict(lambda: [0, 0.0])
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= start:
+            row = per_op[event["args"]["op_name"]]
+            row[0] += 1
+            row[1] += event["dur"] / 1000
+    return {op: (count / steps, ms / steps) for op, (count, ms) in per_op.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("packages", nargs="+", type=Path)
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--past", type=int, default=8, help="positions in the cache before the timed steps")
+    parser.add_argument("--option", action="append", default=[], help="KEY=VALUE session config entry")
+    args = parser.parse_args()
+    options = dict(option.split("=", 1) for option in args.option)
+    print(f"load average {os.getloadavg()[0]:.2f}, onnxruntime {ort.__version__}, options {options or 'none'}")
+    for package in args.packages:
+        for threads in (int(t) for t in args.threads.split(",")):
+            rng = np.random.default_rng(0)
+            plain = run_steps(make_session(package / "model.onnx", threads, options, None), args.past, args.steps, rng)
+            with tempfile.TemporaryDirectory() as folder:
+                session = make_session(package / "model.onnx", threads, options, folder)
+                profiled = run_steps(session, args.past, args.steps, rng)
+                table = op_table(session.end_profiling(), args.steps)
+            total = sum(ms for _, ms in table.values())
+            print(f"\n{package.name}, {threads} thread(s): step {plain:.3f} ms ({profiled:.3f} ms profiled)")
+            print(f"| op | kernels/step | ms/step | share | (kernels' sum {total:.3f} ms) |")
+            print("| --- | ---: | ---: | ---: | --- |")
+            for op, (count, ms) in sorted(table.items(), key=lambda item: -item[1][1]):
+                print(f"| {op} | {count:.0f} | {ms:.3f} | {100 * ms / total:.1f}% | |")
+
+
+if __name__ == "__main__":
+    main()
