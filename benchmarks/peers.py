@@ -9,18 +9,17 @@
 GPT-2's tokenizer (benchmarks/random_checkpoint.py says what that changes). Each checkpoint's converted models
 are kept under benchmarks/out/peers/CHECKPOINT_FOLDER_NAME/.
 
-Each measurement runs in its own worker process (so peak RSS is that system's alone); rounds go through
-every system in turn, so machine noise spreads over all of them. Figures are medians over rounds:
-decode tok/s (batch 1, 8-token prompt, --new-tokens greedy tokens, 128 unless told), the worker's CPU time per token over that run (all
-its threads: with --threads 1 the work a token costs, the figure other processes on the machine move least;
-with more threads it counts their spinning too), first token after a 512-token prompt, decode tok/s after that
-prompt (as many tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s
-with each sampled setting of benchmarks/harness.py (harness.SAMPLED: OpenAI's defaults, top_p
-0.9, transformers' top_k 50, penalties), through each system's own sampler chain, and its ratio to the same
-worker's greedy rate. llama.cpp takes the settings as llama-cpp-python's generate() names them, with min_p
-(default 0.05 there) off; its penalties look back over the last 64 tokens (last_n_tokens_size), edgelm's
-repetition penalty over the whole context. genai-fp32/int8/int4 is onnxruntime-genai (peer_prepare.py says which
-graph it runs). Not part of CI.
+Each measurement runs in its own worker process (so peak RSS is that system's alone); rounds go through every
+system in turn, so machine noise spreads over all of them. Figures are medians over rounds: decode tok/s (batch 1,
+8-token prompt, --new-tokens greedy tokens, 128 unless told), the worker's CPU time per token over that run (all
+its threads: with --threads 1 the work a token costs, the figure other processes on the machine move least; with
+more threads it counts their spinning too), first token after a 512-token prompt, decode tok/s after that prompt
+(as many tokens), and peak RSS of the worker. For edgelm and llama.cpp, also decode tok/s with each sampled setting
+of benchmarks/harness.py (harness.SAMPLED: OpenAI's defaults, top_p 0.9, transformers' top_k 50, penalties),
+through each system's own sampler chain, and its ratio to the same worker's greedy rate. llama.cpp takes the
+settings as llama-cpp-python's generate() names them, with min_p (default 0.05 there) off; its penalties look back
+over the last 64 tokens (last_n_tokens_size), edgelm's repetition penalty over the whole context.
+genai-fp32/int8/int4 is onnxruntime-genai (peer_prepare.py says which graph it runs). Not part of CI.
 
 Each decode figure counts the tokens the system gave as it gave them, and asks for no more than it times.
 Every round prints its load (peer_load.py): the 1-minute load average and the CPU time other processes used
