@@ -2,13 +2,17 @@
 
     python benchmarks/step_profile.py PKG [PKG ...] --threads 1,2 [--steps 64] [--past 8]
     python benchmarks/step_profile.py PKG --option session.intra_op.allow_spinning=0
+    python benchmarks/step_profile.py PKG-A PKG-B --rounds 7 --threads 2    # no profile: A/B step times
+    python benchmarks/step_profile.py PKG PKG::session.intra_op.allow_spinning=0 --rounds 5   # one package, two settings
 
 Runs the package's graph directly (the session options of runtime/engine/session.py: extended
 optimizations, inter-op 1, the given intra-op threads, plus each --option as a session config entry) at
 batch 1: a prompt of --past positions, then --steps decode steps feeding the cache back, after 8 warm-up
 steps. Prints, per package and thread count, the step's wall time with the profiler off and on, and per op
 type: kernels per step, ms per step (the kernels' own time summed over the steps, divided by them) and its
-share of the kernels' total. The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
+share of the kernels' total. With --rounds N no profile is taken: every package's session is made once and
+the packages take turns, N rounds of --steps steps each, and the medians of each round's median step are
+printed with each package's ratio to the first (its step time over theirs: above 1 is faster). The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
 tied int8 head, looked up by the runtime) is fed random rows: the products' cost does not depend on values.
 """
 
@@ -57,14 +61,17 @@ def feeds_for(session: ort.InferenceSession, past: dict, length: int, position: 
     return feeds
 
 
-def run_steps(session, past_length: int, steps: int, rng) -> float:
-    """Prompt, WARMUP steps, then `steps` timed steps; returns the median step in ms."""
+def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = None) -> float:
+    """Prompt, WARMUP steps, then `steps` timed steps; returns the median step in ms. cpu, if given, gets the
+    process's CPU ms per timed step (all threads; with 1 thread the step's own work, spinning aside)."""
     cache_inputs = [v for v in session.get_inputs() if v.name.startswith("past_key_values.")]
     dtype = {"tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(float16)": np.float16}
     past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), dtype[v.type]) for v in cache_inputs}
     outputs = [o.name for o in session.get_outputs()]
     position, length, times = 0, past_length, []
     for step in range(WARMUP + steps + 1):
+        if step == WARMUP + 1:
+            cpu_started = time.process_time()
         started = time.perf_counter()
         result = session.run(outputs, feeds_for(session, past, length, position, rng))
         if step > WARMUP:
@@ -72,6 +79,8 @@ def run_steps(session, past_length: int, steps: int, rng) -> float:
         named = dict(zip(outputs, result))
         past = {v.name: named["present." + v.name.removeprefix("past_key_values.")] for v in cache_inputs}
         position, length = position + length, 1
+    if cpu is not None:
+        cpu.append(1000 * (time.process_time() - cpu_started) / steps)
     return 1000 * float(np.median(times))
 
 
@@ -91,14 +100,20 @@ def op_table(profile_file: str, steps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("packages", nargs="+", type=Path)
+    parser.add_argument("packages", nargs="+", help="package folders; PKG::KEY=VALUE adds a config entry to one")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--past", type=int, default=8, help="positions in the cache before the timed steps")
     parser.add_argument("--option", action="append", default=[], help="KEY=VALUE session config entry")
+    parser.add_argument("--rounds", type=int, default=0, help="no profile: the packages' step times, interleaved")
     args = parser.parse_args()
     options = dict(option.split("=", 1) for option in args.option)
+    args.labels = args.packages
+    args.extra = [dict(o.split("=", 1) for o in p.split("::")[1:]) for p in args.packages]
+    args.packages = [Path(p.split("::")[0]) for p in args.packages]
     print(f"load average {os.getloadavg()[0]:.2f}, onnxruntime {ort.__version__}, options {options or 'none'}")
+    if args.rounds:
+        return interleaved(args, options)
     for package in args.packages:
         for threads in (int(t) for t in args.threads.split(",")):
             rng = np.random.default_rng(0)
@@ -113,6 +128,30 @@ def main():
             print("| --- | ---: | ---: | ---: | --- |")
             for op, (count, ms) in sorted(table.items(), key=lambda item: -item[1][1]):
                 print(f"| {op} | {count:.0f} | {ms:.3f} | {100 * ms / total:.1f}% | |")
+
+
+def interleaved(args, options) -> None:
+    for threads in (int(t) for t in args.threads.split(",")):
+        sessions = [
+            make_session(package / "model.onnx", threads, options | extra, None)
+            for package, extra in zip(args.packages, args.extra)
+        ]
+        steps, cpu = [[] for _ in sessions], [[] for _ in sessions]
+        for round_ in range(args.rounds):
+            order = list(range(len(sessions)))
+            for i in order if round_ % 2 == 0 else order[::-1]:
+                rng = np.random.default_rng(round_)
+                steps[i].append(run_steps(sessions[i], args.past, args.steps, rng, cpu[i]))
+        medians, cpu_medians = [float(np.median(s)) for s in steps], [float(np.median(c)) for c in cpu]
+        print(
+            f"\n{threads} thread(s), {args.rounds} rounds of {args.steps} steps, load average {os.getloadavg()[0]:.2f}"
+        )
+        for label, median, c, s in zip(args.labels, medians, cpu_medians, steps):
+            rounds = " ".join(f"{x:.2f}" for x in s)
+            print(
+                f"{Path(label.split('::')[0]).name}{label[len(label.split('::')[0]) :]}: median step {median:.3f} ms, x{medians[0] / median:.3f} the first; CPU {c:.3f} ms"
+                f" a step, x{cpu_medians[0] / c:.3f} the first per CPU second (rounds' steps: {rounds})"
+            )
 
 
 if __name__ == "__main__":
