@@ -39,6 +39,8 @@ def prepare(system: str, checkpoint: Path) -> Path:
     elif kind == "genai" and _model_type(checkpoint) != "gpt2":
         _prepare_genai_builder(checkpoint, target, variant)
     elif kind in ("optimum", "genai"):
+        if variant not in ("fp32", "int8"):
+            raise RuntimeError(f"{system} needs a Llama-family checkpoint: genai's model builder has no GPT-2")
         _prepare_onnx_peer(checkpoint, target, int8=variant == "int8")
     elif kind == "ct2":
         import ctranslate2
