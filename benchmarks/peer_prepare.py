@@ -4,7 +4,8 @@ benchmarks/out/peers/CHECKPOINT_FOLDER_NAME/SYSTEM.
 onnxruntime-genai's model comes from optimum's export for GPT-2 (genai has no GPT-2 builder; its "llama" type is a
 plain decoder loop that runs optimum's graph as it is), and from genai's own model builder
 (`python -m onnxruntime_genai.models.builder`) for every other family: its Llama graph, int8 and int4 weights
-as MatMulNBits (accuracy_level 4, blocks of 32: the builder's defaults for the CPU).
+as MatMulNBits (accuracy_level 4, blocks of 32: the builder's defaults for the CPU); at int8 a tied LM head is
+kept apart from the token table (shared_embeddings=false), which the builder cannot share at 8 bits.
 """
 
 import json
@@ -168,6 +169,10 @@ def _prepare_genai_builder(checkpoint: Path, target: Path, precision: str) -> No
     scratch = target.parent / "genai-builder-cache"
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(checkpoint), "-o", str(target)]
     command += ["-p", precision, "-e", "cpu", "-c", str(scratch)]
+    if precision == "int8":
+        # A tied head shares its quantized matrix with the token lookup, whose GatherBlockQuantized is 4-bit
+        # only: at int8 the builder (0.15.2) writes a graph that reads a 4-bit weight it never wrote.
+        command += ["--extra_options", "shared_embeddings=false"]
     subprocess.run(command, check=True)
     shutil.rmtree(scratch, ignore_errors=True)
 

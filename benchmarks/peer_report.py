@@ -13,7 +13,8 @@ def format_table(table: dict, failed: dict, heading: str) -> str:
             f"| {system} | {row['decode_tok_s']:.1f} | {row['decode_cpu_ms']:.1f} | {row['ttft_512_ms']:.0f} | {row['decode_after_512_tok_s']:.1f} | {row['peak_rss_mb']:.0f} |"
         )
     ratios = [("edgelm-fp32", "transformers-fp32", "decode_tok_s"), ("edgelm-fp32", "llama.cpp-f32", "decode_tok_s")]
-    ratios += [("edgelm-int8", "genai-int8", "decode_tok_s"), ("edgelm-int4", "genai-int4", "decode_tok_s")]
+    for bits in ("int8", "int4"):
+        ratios += [(f"edgelm-{bits}", f"genai-{bits}", key) for key in ("decode_tok_s", "decode_cpu_ms", "ttft_512_ms")]
     for cache in ("", "-kv8"):
         ratios += [
             (f"edgelm-int8{cache}", "llama.cpp-q8_0", "decode_tok_s"),
@@ -43,7 +44,7 @@ def format_sampled_table(table: dict, sampled: list, new_tokens: int) -> str:
     """Decode tok/s per sampled setting and its ratio to the same worker's greedy rate; edgelm over llama.cpp."""
     keys = [key for key, _ in sampled]
     rows = {s: row for s, row in table.items() if all(f"{k}_tok_s" in row for k in keys)}
-    if not rows:
+    if not rows or not keys:  # --greedy-only
         return ""
     lines = [
         "",
