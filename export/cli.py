@@ -5,6 +5,8 @@ import time
 import click
 from edgelm.runtime.errors import EdgelmError
 
+from .quantize import RECIPES
+
 
 @click.command()
 @click.argument("model", default="distilgpt2", required=False)
@@ -16,17 +18,17 @@ from edgelm.runtime.errors import EdgelmError
 )
 @click.option(
     "--quantize",
-    type=click.Choice(["none", "int8", "int4"]),
+    type=click.Choice(list(RECIPES)),
     default="none",
     show_default=True,
-    help="Weight storage: float32, or int8 / int4 with a measured quality report.",
+    help="Weight storage: float32, or int8 / int8-dynamic / int4 with a measured quality report. int8's rows do not depend on each other (a greedy request gives the same tokens alone and in a batch); int8-dynamic quantizes a whole batch's activations with one scale, for faster long prompts and batches (docs/export.md).",
 )
 @click.option(
     "--kv-cache",
     type=click.Choice(["float32", "int8"]),
     default="float32",
     show_default=True,
-    help="Key/value cache storage; int8 (with --quantize int8 or int4) reads a quarter of the bytes per step, scales calibrated at export.",
+    help="Key/value cache storage; int8 (with a quantized --quantize recipe) reads a quarter of the bytes per step, scales calibrated at export.",
 )
 @click.option("--revision", help="Hub branch, tag or commit (default: main).")
 @click.option("--force", is_flag=True, help="Replace an existing package at the output folder.")

@@ -34,7 +34,7 @@ from .errors import ExportError
 from .families import family_for
 from .graph.contract import OPSET
 from .load import load_checkpoint
-from .quantize import RECIPES, recipe_description
+from .quantize import INT8_RECIPES, RECIPES, recipe_description
 from .weights_file import split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
@@ -92,7 +92,7 @@ def export_model(
         raise ExportError(f"unknown KV cache type {kv_cache!r}; choose one of {', '.join(KV_CACHES)}.")
     if kv_cache == "int8" and quantize == "none":
         raise ExportError(
-            "an int8 KV cache goes with quantized weights (--quantize int8 or int4): the float32 package stays token-exact with transformers."
+            "an int8 KV cache goes with quantized weights (--quantize int8, int8-dynamic or int4): the float32 package stays token-exact with transformers."
         )
     if chat_template is not None:
         _check_chat_template(chat_template)
@@ -173,7 +173,7 @@ def export_model(
                 graph=_graph_section(shipped, kv_cache),
                 tokenizer=TOKENIZER_FILE,
                 weights=Weights(
-                    dtype="float32" if quantize == "none" else quantize,
+                    dtype="float32" if quantize == "none" else "int8" if quantize in INT8_RECIPES else quantize,
                     quantization=recipe_description(quantize, tied=arch.tie_word_embeddings),
                     tied_embedding_stored_once=arch.tie_word_embeddings,
                 ),

@@ -172,21 +172,37 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     assert "token rows read from model.onnx.data by the runtime" in info.output
 
 
-def test_int8_package_quality_and_recipe(tiny_package, validated_package_int8):
-    manifest = json.loads((validated_package_int8 / "manifest.json").read_text())
-    recipe = manifest["weights"]["quantization"]
-    assert manifest["weights"]["dtype"] == "int8" and recipe["bits"] == 7 and recipe["reduce_range"] is True
-    quality = manifest["validation"]["int8"]
+@pytest.mark.parametrize(
+    "fixture, recipe, products",
+    [
+        ("validated_package_int8", "int8", "MatMulNBits"),
+        ("validated_package_int8_dynamic", "int8-dynamic", "DynamicQuantizeMatMul"),
+    ],
+)
+def test_int8_package_quality_and_recipe(request, tiny_package, fixture, recipe, products):
+    package = request.getfixturevalue(fixture)
+    manifest = json.loads((package / "manifest.json").read_text())
+    described = manifest["weights"]["quantization"]
+    assert manifest["weights"]["dtype"] == "int8" and described["method"] == recipe
+    if recipe == "int8":
+        assert described["bits"] == 8 and described["block_size"] == 32 and described["batch_invariant"] is True
+    else:
+        assert described["bits"] == 7 and described["reduce_range"] is True and described["batch_invariant"] is False
+    quality = manifest["validation"][recipe]
     assert quality["top1_agreement"] >= 0.85
     assert 0 <= quality["mean_kl_divergence"] <= 0.05
     assert 0 < quality["greedy_agreement"] <= 1
     assert abs(quality["perplexity_change"]) <= 0.05
     # the fp32 graph was validated as the parity gate for the int8 export too
     assert manifest["validation"]["fp32"]["greedy_identical"]
-    ops = {n.op_type for n in onnx.load(str(validated_package_int8 / "model.onnx")).graph.node}
-    assert "DynamicQuantizeMatMul" in ops and "MatMul" not in ops  # every weight product is int8
+    graph = onnx.load(str(package / "model.onnx")).graph
+    ops = {n.op_type for n in graph.node}
+    assert products in ops and "MatMul" not in ops  # every weight product is int8
+    assert ("DynamicQuantizeLinear" in ops) == (recipe == "int8-dynamic")  # int8: no scale spans the batch
+    bits = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
+    assert bits == ({8} if recipe == "int8" else set())
     assert "GroupQueryAttention" in ops  # attention itself stays float (activations only)
-    assert _weights_size(validated_package_int8) < 0.45 * _weights_size(tiny_package)
+    assert _weights_size(package) < 0.45 * _weights_size(tiny_package)
 
 
 def test_int8_weights_never_saturate():

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PREBUILT_NAMES = {
     "tiny_package": "tiny-fp32",
     "tiny_package_int8": "tiny-int8",
+    "tiny_package_int8_dynamic": "tiny-int8-dynamic",
     "tiny_package_int4": "tiny-int4",
     "tiny_package_int8_kv8": "tiny-int8-kv8",
 }
@@ -34,6 +35,7 @@ PREBUILT_NAMES = {
     [
         ("tiny_package", "1.22"),
         ("tiny_package_int8", "1.22"),
+        ("tiny_package_int8_dynamic", "1.22"),
         ("tiny_package_int4", "1.23"),
         ("tiny_package_int8_kv8", "1.28"),
     ],
@@ -108,7 +110,10 @@ def test_a_manifest_from_before_the_field_is_checked_from_its_graph(tiny_package
         rt.load(folder)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_package", "tiny_package_int8", "tiny_package_int4", "tiny_package_int8_kv8"])
+@pytest.mark.parametrize(
+    "fixture",
+    ["tiny_package", "tiny_package_int8", "tiny_package_int8_dynamic", "tiny_package_int4", "tiny_package_int8_kv8"],
+)
 def test_the_installed_onnxruntime_runs_the_package_or_refuses_it_by_name(fixture, request):
     """Against the real onnxruntime: under benchmarks/onnxruntime_matrix.sh's oldest release this is the
     refusal, under a current one the run."""

@@ -1,5 +1,6 @@
 """A runtime on another machine or onnxruntime against the exporting machine's: float32 greedy tokens equal, int8
-and int4 within the greedy agreement their export recorded, scores, chat and a batch working.
+and int4 within the greedy agreement their export recorded, scores, chat and a batch working (and, for a recipe
+whose manifest says batch_invariant, each prompt's tokens the same in a batch as alone).
 
 It needs packages exported elsewhere with their reference.json (tests/reference_tokens.py): EDGELM_TEST_PACKAGES
 names them (benchmarks/onnxruntime_matrix.sh, benchmarks/aarch64_emulated.sh). The default run has none."""
@@ -53,7 +54,7 @@ def test_greedy_tokens_match_the_exporting_machine(name):
     if manifest.weights.dtype == "float32":
         assert ours == reference, f"{name}: float32 greedy tokens differ from {RECORDED['machine']}'s"
         return
-    recorded = manifest.validation.figures.get(manifest.weights.dtype, {}).get("greedy_agreement")
+    recorded = manifest.validation.figures.get(manifest.weights.method, {}).get("greedy_agreement")
     assert recorded is not None, f"{name} was exported without validation: no agreement to hold it to"
     assert agreement(ours, reference) >= min(recorded, 1.0) - 1e-9, (name, ours, reference, recorded)
 
@@ -70,5 +71,8 @@ def test_scores_batches_and_chat_work(name):
         assert max(abs(a - b) for a, b in zip(ours, reference)) < 1e-4
     batch = model.generate([PROMPTS[0], PROMPTS[0]], max_new_tokens=6, min_new_tokens=6, do_sample=False)
     assert batch[0].token_ids == batch[1].token_ids
+    if model.package.manifest.weights.quantization.get("batch_invariant"):  # int8: each row on its own
+        together = model.generate(list(PROMPTS), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+        assert [c.token_ids for c in together] == greedy(model), f"{name}: a row's tokens moved with its batch"
     reply = model.chat([{"role": "user", "content": "Hi there"}], max_new_tokens=4, min_new_tokens=4)
     assert len(reply.token_ids) == 4

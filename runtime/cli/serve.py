@@ -173,8 +173,8 @@ def serve(
     Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
     transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
     ignore_eos, truncate) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
-    greedy request gives what `edgelm generate` gives (with int8 weights, nearly always: their activation scales
-    span the batch). Streamed log-probs come with the text chunk their tokens print in.
+    greedy request gives what `edgelm generate` gives (with int8-dynamic weights, nearly always: their
+    activation scales span the batch). Streamed log-probs come with the text chunk their tokens print in.
     Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
     Binds to 127.0.0.1 unless --host says otherwise. Takes only JSON bodies, only Host names it is known
     by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.

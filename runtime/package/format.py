@@ -205,7 +205,7 @@ def describe(
         f"  fp32 parity   max logits rel. error {_figure(fp32, 'max_logits_relative_error', '.1e')}, cache path "
         f"{_figure(fp32, 'max_cache_path_relative_error', '.1e')}, greedy identical {fp32.get('greedy_identical')}"
     )
-    for recipe in ("int8", "int4"):
+    for recipe in ("int8", "int8-dynamic", "int4"):
         if recipe in v.figures:
             r = v.figures[recipe]
             cached = (

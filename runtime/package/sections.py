@@ -41,7 +41,7 @@ class Weights:
 
 @dataclass(frozen=True)
 class Validation:
-    """validation: figures from comparing the graph with PyTorch at export, by recipe ("fp32", "int8",
+    """validation: figures from comparing the graph with PyTorch at export, by recipe ("fp32", "int8", "int8-dynamic",
     "int4"), or why no comparison was made (`skipped`)."""
 
     figures: dict  # recipe -> its figures (export/validate.py)

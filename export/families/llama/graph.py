@@ -19,9 +19,9 @@ from ...graph.attention import attention_bias, cache_lengths, group_query_attent
 from ...graph.builder import FLOAT, INT8, MS_DOMAIN, GraphBuilder
 from ...graph.contract import OPSET, Decoder, declare_outputs, decoder_inputs, kept_positions
 from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head
-from ...graph.matmuls import MATMULS
+from ...graph.matmuls import MATMULS, nbits_matmul
 from ...graph.norms import rms_norm, skip_rms_norm
-from ...quantize import quantize_int8
+from ...quantize import INT8_RECIPES, quantize_int8, quantize_int8_blocks
 from .packing import pack_weights
 from .rope import rope_tables
 
@@ -84,10 +84,11 @@ def _embedding_and_head(g, weights, recipe, arch):
     """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]): the kit's (graph/embeddings.py) for a tied
     head, where one stored matrix serves both (for int8 the runtime reads the token rows), and for an untied one
     in float32 and int4. An untied int8 head keeps two matrices, and the graph looks tokens up itself
-    (input_ids): its table serves no product, so a row Gather reads it in 8 bits."""
+    (input_ids): its table serves no product, so a row Gather reads it in 8 bits. The head is the recipe's own
+    product: MatMulNBits in 8-bit blocks (int8) or DynamicQuantizeMatMul per output channel (int8-dynamic)."""
     table = weights["model.embed_tokens.weight"]  # [V, C]
     tied = arch.tie_word_embeddings
-    if tied or recipe != "int8":
+    if tied or recipe not in INT8_RECIPES:
         return embedding_and_head(g, table, None if tied else weights["lm_head.weight"], recipe)
     # A row Gather reads the embedding: this table serves nothing else, so onnxruntime keeps it mapped once.
     w = quantize_int8(np.ascontiguousarray(table.T), reduce_range=False)  # no product reads it: 8 bits
@@ -97,6 +98,12 @@ def _embedding_and_head(g, weights, recipe, arch):
     def embed(ids):
         return g.op("Mul", [g.op("Cast", [g.op("Gather", [rows, ids])], to=FLOAT), g.op("Gather", [row_scale, ids])])
 
+    if recipe == "int8":
+        head_blocks = quantize_int8_blocks(weights["lm_head.weight"])  # [V, C] is MatMulNBits' [N, K] already
+        packed = g.weight("lm_head.weight_int8", head_blocks.packed)
+        scales = g.weight("lm_head.weight_scale", head_blocks.scale)
+        vocab, width = weights["lm_head.weight"].shape
+        return embed, lambda x, out: nbits_matmul(g, x, packed, scales, width, vocab, 8, head_blocks.block, [out])
     head_w = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
 
     def lm_head(x, out):
