@@ -6,9 +6,13 @@ a padded batch, scoring) on every onnxruntime release from 1.20 to 1.32, against
 (`benchmarks/onnxruntime_matrix.sh` repeats the check for the oldest and newest supported releases):
 
     recipe                  1.20-1.21  1.22     1.23-1.24  1.25-1.26        1.27              1.28-1.32
-    float32, int8 weights   refused    runs     runs       runs             runs              runs
+    float32, int8-dynamic   refused    runs     runs       runs             runs              runs
     int4 weights            refused    refused  runs       runs             runs              runs
     int8 KV cache           refused    refused  refused    fails at 1st run wrong for batch>1 runs
+
+The int8 recipe (MatMulNBits with bits 8) needs nothing newer than its GroupQueryAttention's 1.22: it was run
+on 1.22.0 and 1.32.0 only (`benchmarks/onnxruntime_matrix.sh oldest`: the runtime tests pass, its batch equal
+to its prompts alone).
 
 `edgelm export` writes the result into the manifest (graph.min_onnxruntime); the loader checks it before
 creating a session, and works it out from the graph itself for a package whose manifest predates the field.
