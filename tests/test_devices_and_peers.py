@@ -168,7 +168,7 @@ def test_loading_at_the_extended_optimization_level_loses_no_fusion(fixture, req
     "fixture, products",
     [
         ("tiny_package", {"MatMul": 4 * 2 + 1}),
-        ("tiny_package_int8", {"DynamicQuantizeMatMul": 4 * 2, "QGemm": 1}),
+        ("tiny_package_int8_dynamic", {"DynamicQuantizeMatMul": 4 * 2, "QGemm": 1}),
         ("tiny_package_int4", {"MatMulNBits": 4 * 2 + 1}),
     ],
 )
