@@ -30,7 +30,8 @@ def prepare(system: str, checkpoint: Path) -> Path:
     if kind == "edgelm":
         from edgelm.export.stages import export_model
 
-        weights, _, cache = variant.partition("-")  # int8-kv8: int8 weights, int8 KV cache
+        # int8-kv8: int8 weights and an int8 KV cache; int8-dynamic: that recipe, float32 cache
+        weights, cache = (variant[: -len("-kv8")], "kv8") if variant.endswith("-kv8") else (variant, "")
         export_model(
             str(checkpoint),
             target,

@@ -54,6 +54,7 @@ SYSTEMS = [
     "llama.cpp-q8_0-nofa",
     "edgelm-fp32",
     "edgelm-int8",
+    "edgelm-int8-dynamic",
     "edgelm-int4",
     "edgelm-int8-kv8",
     "edgelm-int4-kv8",
