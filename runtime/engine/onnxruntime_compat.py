@@ -37,9 +37,23 @@ OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the flo
 # Pi 4 users (onnxruntime issues 23957, 24112, 24512) and reproduced under qemu's cortex-a72 model
 # (benchmarks/aarch64_emulated.sh, which also runs pyproject's minimum and the newest release there).
 NEEDS_DOT_PRODUCT = ("1.21.0",)
-# Releases that import and run tiny float32 and int8 packages, greedy tokens as on x86-64, on qemu's cortex-a72
-# model (`benchmarks/aarch64_emulated.sh --survey`, 2026-12-02); those not listed have not been run there.
-RUNS_WITHOUT_DOT_PRODUCT = ("1.22.0", "1.22.1", "1.23.2", "1.32.0")
+# Releases that import and run tiny float32 and int8 packages on qemu's cortex-a72 model, greedy tokens as x86-64's
+# (int8 within its recorded agreement): `benchmarks/aarch64_emulated.sh --survey`, 2026-12-02
+# (benchmarks/results/2026-12-02-aarch64-survey.md). Those not listed have not been run there.
+RUNS_WITHOUT_DOT_PRODUCT = (
+    "1.22.0",
+    "1.22.1",
+    "1.23.2",
+    "1.24.4",
+    "1.25.1",
+    "1.26.0",
+    "1.27.0",
+    "1.28.0",
+    "1.29.0",
+    "1.30.0",
+    "1.31.1",
+    "1.32.0",
+)
 CPU_WHEEL, GPU_WHEEL = "onnxruntime", "onnxruntime-gpu"
 # Distributions that all install the same `onnxruntime` import package: two of them overwrite each other's files.
 DISTRIBUTIONS = (CPU_WHEEL, GPU_WHEEL, "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn")
