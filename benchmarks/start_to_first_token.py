@@ -1,48 +1,91 @@
 """Process start to first token of `edgelm generate`, the commands taking turns round by round.
 
-    python benchmarks/start_to_first_token.py PKG [--bundle DIR/edgelm/edgelm] [--rounds 9]
+    python benchmarks/start_to_first_token.py PKG [--bundle DIR/edgelm/edgelm] [--base CHECKOUT] [--floor] [--rounds 9]
 
 Each command is `edgelm generate -m PKG "Hello" --max-new-tokens 1`, timed from its start to its exit (the first
 token is its last act): with the package's files checked against the record of the last full check (the
 default), with --verify (every file hashed again), and, given --bundle, the frozen command of `edgelm bundle`.
+--base CHECKOUT adds the same two commands run from another checkout of edgelm (another commit: `git worktree
+add --detach DIR COMMIT`) with this interpreter and its packages, so that before and after take turns in one run.
+--floor adds what any program that runs the package with onnxruntime and tokenizers pays: the interpreter alone,
+its imports of numpy, onnxruntime and tokenizers, and those imports plus the package's tokenizer built and its
+onnxruntime session created (edgelm's session options), nothing of edgelm's.
 Printed: the median and the range over the rounds, per command, and the median CPU time (user + system) of
-the process, which a busy machine changes less than the time. The first round is a warm-up, not counted.
+the process, which a busy machine changes less than the time. The first round is a warm-up, not counted; it
+also writes the bytecode caches an installed package has (PYTHONDONTWRITEBYTECODE is cleared for the commands).
 """
 
 import argparse
+import os
 import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+FLOOR_IMPORTS = "import numpy, onnxruntime, tokenizers"
+# edgelm's own session options (runtime/engine/session.py), with nothing of edgelm imported
+FLOOR_SESSION = """
+import sys, numpy, onnxruntime as ort, tokenizers
+tokenizers.Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
+options = ort.SessionOptions()
+options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+options.log_severity_level, options.inter_op_num_threads = 4, 1
+ort.InferenceSession(sys.argv[1] + "/model.onnx", sess_options=options, providers=["CPUExecutionProvider"])
+"""
+
+
+def base_path(checkout: Path, folder: Path) -> str:
+    """A folder for PYTHONPATH whose edgelm.runtime and edgelm.export are `checkout`'s (pyproject's package-dir)."""
+    package = folder / "edgelm"
+    package.mkdir(parents=True)
+    for name in ("runtime", "export"):
+        (package / name).symlink_to(checkout.resolve() / name, target_is_directory=True)
+    return str(folder)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package")
     parser.add_argument("--bundle", help="the frozen edgelm of a bundle")
+    parser.add_argument("--base", type=Path, help="another checkout of edgelm, run with this interpreter")
+    parser.add_argument("--floor", action="store_true", help="add the floor commands (see above)")
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     edgelm = shutil.which("edgelm", path=str(Path(sys.executable).parent)) or "edgelm"
     tail = ["generate", "-m", args.package, "Hello", "--max-new-tokens", "1"]
-    commands = {"edgelm generate": [edgelm, *tail], "edgelm generate --verify": [edgelm, *tail, "--verify"]}
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    commands = {}  # name -> (command, environment)
+    scratch = tempfile.TemporaryDirectory()
+    if args.base:
+        base_env = {**environ, "PYTHONPATH": base_path(args.base, Path(scratch.name))}
+        commands["base: edgelm generate"] = ([edgelm, *tail], base_env)
+        commands["base: edgelm generate --verify"] = ([edgelm, *tail, "--verify"], base_env)
+    commands["edgelm generate"] = ([edgelm, *tail], environ)
+    commands["edgelm generate --verify"] = ([edgelm, *tail, "--verify"], environ)
     if args.bundle:
-        commands["bundle's edgelm generate"] = [args.bundle, *tail]
+        commands["bundle's edgelm generate"] = ([args.bundle, *tail], environ)
+    if args.floor:
+        commands["floor: python -c pass"] = ([sys.executable, "-c", "pass"], environ)
+        commands["floor: + imports"] = ([sys.executable, "-c", FLOOR_IMPORTS], environ)
+        commands["floor: + tokenizer, session"] = ([sys.executable, "-c", FLOOR_SESSION, args.package], environ)
     times = {name: [] for name in commands}
     cpu = {name: [] for name in commands}
     for round_ in range(args.rounds + 1):
-        for name, command in commands.items():
+        for name, (command, env) in commands.items():
             before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True)
+            subprocess.run(command, check=True, capture_output=True, env=env)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if round_:
                 times[name].append(time.perf_counter() - started)
                 cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    scratch.cleanup()
     for name, seconds in times.items():
         print(
-            f"{name:28} median {statistics.median(seconds):.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}); "
+            f"{name:32} median {statistics.median(seconds):.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}); "
             f"CPU time {statistics.median(cpu[name]):.3f} s"
         )
 

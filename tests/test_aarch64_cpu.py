@@ -35,9 +35,11 @@ def test_a_release_that_needs_dot_product_is_refused_on_a_pi_4(version):
     compat.check_cpu(version, "x86_64", X86)
 
 
-def test_supported_releases_pass_on_a_pi_4():
-    for version in (f"{compat.OLDEST_SUPPORTED}.0", "1.32.0", None):
-        compat.check_cpu(version, "aarch64", A72)
+@pytest.mark.parametrize("version", [f"{compat.OLDEST_SUPPORTED}.0", *compat.RUNS_WITHOUT_DOT_PRODUCT, None])
+def test_releases_that_ran_on_the_emulated_pi_4_pass(version):
+    """What `benchmarks/aarch64_emulated.sh --survey` found running there is never refused on a Pi 4."""
+    assert version not in compat.NEEDS_DOT_PRODUCT
+    compat.check_cpu(version, "aarch64", A72)
 
 
 @pytest.mark.skipif(platform.machine() != "aarch64", reason="reads this CPU's own auxiliary vector: aarch64 only")
@@ -48,3 +50,22 @@ def test_cpuinfo_agrees_with_the_cpu_itself():
     getauxval.restype, getauxval.argtypes = ctypes.c_ulong, (ctypes.c_ulong,)
     has_dot_product = bool(getauxval(16) & (1 << 20))
     assert compat.arm_dot_product("aarch64", Path("/proc/cpuinfo").read_text()) is has_dot_product
+
+
+@pytest.mark.parametrize("installed, refused", [("1.21.0", True), ("1.22.0", False)])
+def test_the_installed_release_is_checked_before_it_is_imported(monkeypatch, installed, refused):
+    """check_cpu_before_import reads the release from pip's folders and the CPU from /proc/cpuinfo."""
+    import io
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(compat.os, "uname", lambda: SimpleNamespace(machine="aarch64"))
+    monkeypatch.setattr(compat, "distribution_versions", lambda: {"onnxruntime": installed})
+    monkeypatch.setattr(compat, "open", lambda path, *a, **k: io.StringIO(A72), raising=False)
+    if refused:
+        with pytest.raises(DeviceError, match=f"onnxruntime {installed} stops with 'Illegal instruction'"):
+            compat.check_cpu_before_import()
+    else:
+        compat.check_cpu_before_import()
+    monkeypatch.setattr(compat.os, "uname", lambda: SimpleNamespace(machine="x86_64"))
+    monkeypatch.setattr(compat, "distribution_versions", lambda: pytest.fail("read on a machine it cannot concern"))
+    compat.check_cpu_before_import()

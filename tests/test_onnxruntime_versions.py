@@ -138,16 +138,28 @@ def test_a_malformed_minimum_is_a_format_error(tiny_package, tmp_path, value):
 
 
 def _pretend_installed(monkeypatch, names):
-    real = metadata.version
+    monkeypatch.setattr(onnxruntime_compat, "distribution_versions", lambda: {name: "1.32.0" for name in names})
 
-    def version(name):
-        if name in onnxruntime_compat.DISTRIBUTIONS:
-            if name in names:
-                return "1.32.0"
-            raise metadata.PackageNotFoundError(name)
-        return real(name)
 
-    monkeypatch.setattr(metadata, "version", version)
+def test_installed_distributions_are_read_from_their_folders(tmp_path, monkeypatch):
+    """The names and versions importlib.metadata would give, from the *.dist-info and *.egg-info folder names
+    on sys.path (first found wins, as there), without importing importlib.metadata."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in ("onnxruntime_gpu-1.24.1.dist-info", "numpy-2.4.6.dist-info", "onnxruntime_tools-1.7.0.dist-info"):
+        (first / folder).mkdir(parents=True)
+    for folder in ("onnxruntime-1.22.0-py3.11.egg-info", "onnxruntime_gpu-1.22.0.dist-info"):
+        (second / folder).mkdir(parents=True)
+    (second / "onnxruntime.dist-info.txt").write_text("not a distribution")
+    monkeypatch.setattr("sys.path", [str(first), "__editable__.finder.__path_hook__", str(second)])
+    assert onnxruntime_compat.distribution_versions() == {"onnxruntime-gpu": "1.24.1", "onnxruntime": "1.22.0"}
+    assert onnxruntime_compat.installed_distributions() == ["onnxruntime", "onnxruntime-gpu"]
+    assert "both installed" in onnxruntime_compat.shadowing_message()
+
+
+def test_the_installed_distribution_matches_what_pip_recorded():
+    found = onnxruntime_compat.distribution_versions()
+    assert found == {name: metadata.version(name) for name in onnxruntime_compat.installed_distributions()}
+    assert found.get("onnxruntime") == onnxruntime_compat.installed_version()
 
 
 class _FakeSession:

@@ -18,10 +18,13 @@ to its prompts alone).
 creating a session, and works it out from the graph itself for a package whose manifest predates the field.
 
 Standard library only, so `edgelm export` and the launcher can use it without loading onnxruntime; logging and
-importlib.metadata are imported where they are used (the launcher reads the table before its restart).
+the installed distributions are read from their folders' names, not through importlib.metadata (the launcher
+reads them before its restart, and every command pays for what it imports).
 """
 
+import os
 import re
+import sys
 
 from ..errors import DeviceError, PackageError
 
@@ -38,6 +41,23 @@ OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the flo
 # Pi 4 users (onnxruntime issues 23957, 24112, 24512) and reproduced under qemu's cortex-a72 model
 # (benchmarks/aarch64_emulated.sh, which also runs pyproject's minimum and the newest release there).
 NEEDS_DOT_PRODUCT = ("1.21.0",)
+# Releases that import and run tiny float32 and int8 packages on qemu's cortex-a72 model, greedy tokens as x86-64's
+# (int8 within its recorded agreement): `benchmarks/aarch64_emulated.sh --survey`, 2026-12-02
+# (benchmarks/results/2026-12-02-aarch64-survey.md). Those not listed have not been run there.
+RUNS_WITHOUT_DOT_PRODUCT = (
+    "1.22.0",
+    "1.22.1",
+    "1.23.2",
+    "1.24.4",
+    "1.25.1",
+    "1.26.0",
+    "1.27.0",
+    "1.28.0",
+    "1.29.0",
+    "1.30.0",
+    "1.31.1",
+    "1.32.0",
+)
 CPU_WHEEL, GPU_WHEEL = "onnxruntime", "onnxruntime-gpu"
 # Distributions that all install the same `onnxruntime` import package: two of them overwrite each other's files.
 DISTRIBUTIONS = (CPU_WHEEL, GPU_WHEEL, "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn")
@@ -71,16 +91,26 @@ def installed_version() -> str:
 
 def installed_distributions() -> list[str]:
     """The onnxruntime distributions pip has installed; more than one means one shadows the other."""
-    from importlib import metadata
+    found = distribution_versions()
+    return [name for name in DISTRIBUTIONS if name in found]
 
-    found = []
-    for name in DISTRIBUTIONS:
+
+def distribution_versions() -> dict[str, str]:
+    """name -> version of the onnxruntime distributions on sys.path, the first found of each as importlib.metadata
+    finds it, read from the names of the *.dist-info and *.egg-info folders themselves: importlib.metadata's own
+    import (email, zipfile, csv...) costs ~0.07 s of every command's start."""
+    found = {}
+    for entry in sys.path:
         try:
-            metadata.version(name)
-        except metadata.PackageNotFoundError:
+            names = os.listdir(entry or ".")
+        except (OSError, TypeError, ValueError):  # a zip, a path hook, a folder gone
             continue
-        found.append(name)
-    return found
+        for name in names:
+            stem, _, suffix = name.rpartition(".")
+            if suffix in ("dist-info", "egg-info") and name.lower().startswith("onnxruntime"):
+                project, _, version = stem.partition("-")
+                found.setdefault(re.sub(r"[-_.]+", "-", project).lower(), version.partition("-")[0])
+    return {name: version for name, version in found.items() if name in DISTRIBUTIONS}
 
 
 def installed_wheel() -> str:
@@ -163,15 +193,15 @@ def check_cpu(version: str | None, machine: str, cpuinfo: str | None) -> None:
 
 def check_cpu_before_import() -> None:
     """check_cpu for this machine and the onnxruntime pip installed, read without importing it."""
-    import platform
-    from importlib import metadata
-
-    found = installed_distributions()
-    if not found or platform.machine().lower() not in ("aarch64", "arm64"):
+    machine = os.uname().machine if hasattr(os, "uname") else ""
+    if machine.lower() not in ("aarch64", "arm64"):  # Windows on ARM has no /proc/cpuinfo to go by either
+        return
+    found = distribution_versions()
+    if not found:
         return
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             cpuinfo = f.read(1 << 20)
     except OSError:
         return
-    check_cpu(metadata.version(found[0]), platform.machine(), cpuinfo)
+    check_cpu(found[installed_distributions()[0]], machine, cpuinfo)

@@ -20,31 +20,38 @@ _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*]|\{\d+,\d*\})(?:[^()\
 
 
 def load_tokenizer(text: str, where: str):
-    """A tokenizers.Tokenizer from tokenizer.json's text; PackageError naming `where` if it is refused."""
+    """A tokenizers.Tokenizer from tokenizer.json's text; PackageError naming `where` if it is refused.
+
+    The checks read the built tokenizer's steps back as JSON (each step's __getstate__, the file's own shape)
+    rather than parsing the whole file in Python: tokenizer.json is mostly vocabulary and merges, and a second
+    parse of them cost more than a tenth of a second of every load (benchmarks/results/2026-12-02-start-to-first-
+    token.md). Building runs nothing of the file's: a step does its work only when a text is encoded or decoded."""
     from tokenizers import Tokenizer
 
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as error:
-        raise PackageError(f"cannot read the tokenizer {where}: {str(error)[:200]}") from None
-    if isinstance(data, dict):
-        for part in ("normalizer", "decoder"):
-            growth = _growth(data.get(part))
-            if growth > MAX_GROWTH:
-                raise PackageError(
-                    f"the tokenizer {where} is refused: its {part} can make a text {growth:,.0f} times longer "
-                    f"(Replace steps; at most {MAX_GROWTH} is allowed), so one token could decode to gigabytes"
-                )
-        for pattern in _split_patterns(data.get("pre_tokenizer")):
-            if _NESTED_QUANTIFIER.search(pattern):
-                raise PackageError(
-                    f"the tokenizer {where} is refused: its pre-tokenizer regex {pattern[:80]!r} repeats a repeated "
-                    "group, which backtracks without end on ordinary text"
-                )
-    try:
-        return Tokenizer.from_str(text)
+        tokenizer = Tokenizer.from_str(text)
     except Exception as error:  # tokenizers raises a bare Exception for a damaged file
         raise PackageError(f"cannot read the tokenizer {where}: {str(error)[:200]}") from None
+    for part in ("normalizer", "decoder"):
+        growth = _growth(_step(tokenizer, part))
+        if growth > MAX_GROWTH:
+            raise PackageError(
+                f"the tokenizer {where} is refused: its {part} can make a text {growth:,.0f} times longer "
+                f"(Replace steps; at most {MAX_GROWTH} is allowed), so one token could decode to gigabytes"
+            )
+    for pattern in _split_patterns(_step(tokenizer, "pre_tokenizer")):
+        if _NESTED_QUANTIFIER.search(pattern):
+            raise PackageError(
+                f"the tokenizer {where} is refused: its pre-tokenizer regex {pattern[:80]!r} repeats a repeated "
+                "group, which backtracks without end on ordinary text"
+            )
+    return tokenizer
+
+
+def _step(tokenizer, part: str):
+    """The tokenizer's `part` ("normalizer", "decoder", "pre_tokenizer") as tokenizer.json writes it; None without."""
+    step = getattr(tokenizer, part, None)
+    return None if step is None else json.loads(step.__getstate__())
 
 
 def encode(tokenizer, text: str, add_special_tokens: bool = True):
