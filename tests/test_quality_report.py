@@ -87,10 +87,10 @@ def test_bad_evaluation_texts_are_refused_in_one_line(tiny_checkpoint, tmp_path)
         "at least 2,048)",
     }
     for name, message in cases.items():
-        result = invoke("export", tiny_checkpoint, "-o", tmp_path / name, "--quantize", "int8", "--eval-text",
-                        tmp_path / name)  # fmt: skip
+        out = tmp_path / f"package-of-{name}"
+        result = invoke("export", tiny_checkpoint, "-o", out, "--quantize", "int8", "--eval-text", tmp_path / name)
         assert result.exit_code in (1, 2) and message in result.output, (name, result.output)
-        assert "Traceback" not in result.output and not (tmp_path / name / "manifest.json").exists()
+        assert "Traceback" not in result.output and not out.exists()
     few = invoke("export", tiny_checkpoint, "-o", tmp_path / "few", "--quantize", "int8", "--eval-tokens", 100)
     assert few.exit_code == 2 and "100 is not in the range x>=2048" in few.output
     unused = invoke("export", tiny_checkpoint, "-o", tmp_path / "fp32", "--eval-text", SAMPLE)
@@ -113,6 +113,16 @@ def test_verify_quality_measures_again_against_the_float32_package(tiny_package,
     assert printed.exit_code == 0 and "match their sha256" in printed.output, printed.output
     kl = next(line for line in printed.output.splitlines() if line.startswith("    mean KL"))
     assert kl.count("over 8,064 tokens") == 1 and kl.endswith("]")  # the manifest's figure beside, in brackets
+
+
+def test_verify_quality_takes_the_checkpoint_itself_as_reference(tiny_checkpoint, validated_package_int8):
+    result = invoke("verify", validated_package_int8, "--quality", "--reference", tiny_checkpoint, "--json")
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)
+    assert measured["reference"] == f"the checkpoint {tiny_checkpoint} in PyTorch"
+    recorded = measured["recorded"]  # measured the same way at export: against the checkpoint in PyTorch
+    assert measured["figures"]["tokens"] == recorded["tokens"] and measured["figures"]["greedy"]["continuations"] == 32
+    assert measured["figures"]["mean_kl_divergence"] == pytest.approx(recorded["mean_kl_divergence"], rel=1e-3)
 
 
 def test_verify_quality_on_a_text_of_ones_own(tiny_package, validated_package_int8, tmp_path):

@@ -2,6 +2,7 @@
 with the manifest's beside them."""
 
 import hashlib
+import importlib
 import json
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import click
 
 from ..errors import EdgelmError
 from ..eval_text import EvalText
+
+# A checkpoint as the reference: the export stage's PyTorch side, imported by name and only then (the runtime
+# itself never imports the export stage; tests/test_import_contract.py).
+CHECKPOINT_REFERENCE = "edgelm.export.validate:checkpoint_reference"
 
 
 def quality_report(package_folder, reference: str, text_path: str | None, eval_tokens: int | None, as_json: bool):
@@ -73,15 +78,15 @@ def _is_checkpoint(folder: Path) -> bool:
 
 def _checkpoint_side(model, folder: Path):
     """The checkpoint in PyTorch as the reference (the export extra's TorchSide), checked to be the package's."""
-    try:
-        from edgelm.export.validate import checkpoint_reference
+    from ..quality_check import check_same_model
+
+    module, name = CHECKPOINT_REFERENCE.split(":")
+    try:  # torch and transformers are imported on the way: ImportError where the export extra is absent
+        side, architecture, tokenizer_text = getattr(importlib.import_module(module), name)(folder)
     except ImportError as error:
         raise click.ClickException(
             f"a checkpoint as the reference needs the export extra ({error.name} is missing): pip install "
             "'edgelm[export]', or give the float32 package instead"
         ) from None
-    from ..quality_check import check_same_model
-
-    side, architecture, tokenizer_text = checkpoint_reference(folder)
     check_same_model(model, architecture, tokenizer_text, f"the checkpoint {folder}")
     return side

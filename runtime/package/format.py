@@ -251,7 +251,7 @@ def figure_lines(recipe: str, figures: dict, vocab_size: int, against: str, besi
         "cache path",
         lambda g: (
             f"mean KL {kl(cache(g))}, top-1 {top1(cache(g))} over {_count(cache(g), 'tokens')} tokens decoded "
-            f"one at a time through the {g.get('kv_cache', '?')} cache"
+            f"one at a time through the cache ({g.get('kv_cache', '?')})"
         ),
         lambda g: f"{kl(cache(g))}, {top1(cache(g))}",
     )
