@@ -32,18 +32,16 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=64)
     args = parser.parse_args()
     from edgelm.runtime import load
-    from edgelm.runtime.quality import compare_engines
+    from edgelm.runtime.quality import Plan, compare_engines
 
     reference = load(args.reference)
     ids = reference.encode(args.text.read_text(encoding="utf-8"), add_special_tokens=False)
     window = min(args.window, reference.arch.n_positions)
+    plan = Plan(window, prompts=args.prompts, new_tokens=args.new_tokens)
     rows = []
     for path in args.packages:
         model = load(path)
-        figures = compare_engines(
-            reference.engine, model.engine, ids, window, prompts=args.prompts, new_tokens=args.new_tokens,
-            eos_token_id=None,
-        )  # fmt: skip
+        figures = compare_engines(reference.engine, model.engine, ids, plan)
         row = {"package": path, "graph_bytes": graph_bytes(Path(path))} | figures
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -4,6 +4,7 @@ import time
 
 import click
 from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.eval_text import DEFAULT_EVAL_TOKENS, MIN_EVAL_TOKENS, EvalText
 
 from .quantize import RECIPES
 
@@ -49,11 +50,31 @@ from .quantize import RECIPES
     type=click.File("r", encoding="utf-8"),
     help="A Jinja chat template (transformers' format) for the package's tokenizer_config.json; edgelm chat and the server use it.",
 )
-def export(model, output, quantize, kv_cache, revision, force, validate, name, chat_template):
+@click.option(
+    "--eval-text",
+    type=click.Path(dir_okay=False),
+    help="A UTF-8 text file for the quantized package's quality report (default: chapters 1-4 of Austen's Persuasion, "
+    "shipped with edgelm); the manifest records its name and sha256.",
+)
+@click.option(
+    "--eval-tokens",
+    type=click.IntRange(min=MIN_EVAL_TOKENS),
+    default=DEFAULT_EVAL_TOKENS,
+    show_default=True,
+    help=f"Tokens of the evaluation text the quality report measures (at least {MIN_EVAL_TOKENS}; the text must hold them).",
+)
+def export(model, output, quantize, kv_cache, revision, force, validate, name, chat_template, eval_text, eval_tokens):
     """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
 
     Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch (unless --no-validate), save.
+    A quantized package's quality report (KL, top-1, greedy agreement, perplexity) measures --eval-tokens tokens of
+    --eval-text; edgelm info shows it, edgelm verify --quality measures it again on any text.
     """
+    if eval_text is not None:
+        try:
+            EvalText.read(eval_text)  # the file's faults before the checkpoint is read; its length once it is
+        except EdgelmError as error:
+            raise click.BadParameter(str(error), param_hint="--eval-text") from None
     try:
         from rich.console import Console
 
@@ -86,6 +107,8 @@ def export(model, output, quantize, kv_cache, revision, force, validate, name, c
             kv_cache=kv_cache,
             name=name,
             chat_template=_read_template(chat_template),
+            eval_text=eval_text,
+            eval_tokens=eval_tokens,
         )
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
@@ -97,18 +120,16 @@ def export(model, output, quantize, kv_cache, revision, force, validate, name, c
     console.print(f"Try it: edgelm generate -m {result.path} \"Hello, my name is\"")
 
 
-QUALITY_LINES = ("fp32 parity", "int8 quality", "int4 quality", "validation")  # edgelm info's lines about it
-
-
 def _quality_lines(package_folder) -> list:
-    """The quantized package's measured quality (top-1 agreement, KL, perplexity change), as edgelm info shows it."""
+    """The quantized package's measured quality, as edgelm info shows it (from its eval text line on)."""
     from edgelm.runtime.package.open import open_package
 
     try:
-        described = open_package(package_folder, verify=False).describe()
+        described = open_package(package_folder, verify=False).describe().splitlines()
     except EdgelmError:
         return []
-    return [line.strip() for line in described.splitlines() if line.strip().startswith(QUALITY_LINES)]
+    start = next((i for i, line in enumerate(described) if line.startswith("  eval text")), len(described))
+    return [line for line in described[start:] if not line.startswith("  made with")]
 
 
 def _read_template(file) -> str | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgelm.runtime.engine.onnxruntime_compat import graph_minimum
+from edgelm.runtime.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.package.format import (
@@ -38,6 +39,8 @@ from .quantize import INT8_RECIPES, RECIPES, recipe_description
 from .weights_file import split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
 
+# The evaluation text a quantized package's quality report measures unless given another: package data.
+DEFAULT_EVAL_TEXT = Path(__file__).resolve().parent / "data" / "persuasion-chapters-1-4.txt"
 NOT_VALIDATED = "exported with --no-validate (validate=False): no comparison against PyTorch was made"
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
 KV_CACHES = ("float32", "int8")
@@ -78,6 +81,8 @@ def export_model(
     validate: bool = True,
     name: str | None = None,
     chat_template: str | None = None,
+    eval_text=None,
+    eval_tokens: int = DEFAULT_EVAL_TOKENS,
 ) -> ExportResult:
     """Export a checkpoint of a family edgelm exports (hub id or local folder; export/families/) to a validated
     model package.
@@ -85,7 +90,11 @@ def export_model(
     validate=False (`edgelm export --no-validate`) skips the comparison against PyTorch, nearly all of a small
     model's export time: the manifest then records no figures but says why, and `edgelm info` says so.
     chat_template (Jinja source) is written into the package's tokenizer_config.json, where the runtime and
-    transformers' AutoTokenizer read it."""
+    transformers' AutoTokenizer read it.
+
+    eval_text (a path; default export/data/'s sample) is the text a quantized package's quality report measures,
+    its first eval_tokens tokens (default 8,192, at least 2,048: runtime/eval_text.py). The manifest records the
+    text's name, sha256 and token count."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
     if kv_cache not in KV_CACHES:
@@ -96,6 +105,7 @@ def export_model(
         )
     if chat_template is not None:
         _check_chat_template(chat_template)
+    text = _eval_text(eval_text, eval_tokens, quantize, validate)
     output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
     package_name = output.name if name is None else check_name(name)  # the model id servers answer to, the store name
     report = progress or (lambda stage, event, detail: None)
@@ -117,6 +127,7 @@ def export_model(
     tokenizer_json = _tokenizer_json(checkpoint.folder)
     tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
     tokenizer = _tokenizer(tokenizer_json)
+    eval_ids = text.tokens(tokenizer, eval_tokens) if text is not None else None  # refused here, before the work
     arch = checkpoint.arch
     generation_defaults = _generation_defaults(checkpoint)
     family = family_for(arch.model_type)
@@ -147,8 +158,10 @@ def export_model(
         stage("quantize", "done", f"{shipped.size / 1e6:.1f} MB of weights")
 
     if validate:
+        from .validate import validate_stage
+
         validation = Validation.from_dict(
-            _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage, family)
+            validate_stage(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage, family, text, eval_ids)
         )
     else:
         validation = Validation({}, skipped=NOT_VALIDATED)
@@ -193,19 +206,19 @@ def export_model(
     return ExportResult(output, manifest)
 
 
-def _validate(shipped, fp32_graph, reference, tokenizer, arch, quantize: str, stage, family) -> dict:
-    """The validate stage: fp32 parity against transformers, and the quantized package's quality figures."""
-    stage("validate", "start", "against transformers (PyTorch)")
-    from .validate import check_fp32, quality_report
-
-    validation = {
-        "reference": f"transformers {family.reference_class(arch.model_type)}, float32, eager attention",
-        "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
-    }
-    if quantize != "none":
-        validation[quantize] = quality_report(shipped, reference, tokenizer, arch)
-    stage("validate", "done", f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}")
-    return validation
+def _eval_text(path, eval_tokens, quantize: str, validate: bool):
+    """The evaluation text a quantized, validated export measures (EvalText), read and checked before any work;
+    None for an export that measures none. Refuses a text or a size given to an export that would not use it."""
+    if quantize == "none" or not validate:
+        if path is not None or eval_tokens != DEFAULT_EVAL_TOKENS:
+            why = "a float32 export (--quantize none)" if quantize == "none" else "an export with --no-validate"
+            raise ExportError(
+                f"--eval-text and --eval-tokens set the text a quantized package's quality report measures; {why} "
+                "has no quality report."
+            )
+        return None
+    check_eval_tokens(eval_tokens)
+    return EvalText.read(DEFAULT_EVAL_TEXT if path is None else path)
 
 
 def _check_int4_widths(arch) -> None:

@@ -1,18 +1,18 @@
 """Stage 5, validate: run the exported graph through edgelm's own runtime engine and compare it with the
-same checkpoint run by transformers in PyTorch, on a fixed set of cases.
+same checkpoint run by transformers in PyTorch.
 
-fp32 is a gate (export fails, nothing is written, when it misses); int8 and int4 (with or without an int8
-KV cache) get a measured quality report.
+fp32 is a gate on a fixed set of cases (export fails, nothing is written, when it misses); a quantized graph
+(int8 or int4, with or without an int8 KV cache) gets a quality report on the evaluation text
+(runtime/eval_text.py), its figures computed by runtime/quality.py, the same code `edgelm verify --quality` runs.
 Relative error is max |ours - reference| / max |reference| over real (unpadded) positions.
 """
-
-import weakref
 
 import numpy as np
 import onnxruntime as ort
 from edgelm.runtime.engine.decode import Engine, decode_steps, left_pad, position_ids_from_mask
 from edgelm.runtime.engine.session import graph_io
 from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.quality import Plan, cache_path_logits, measure
 
 from .errors import ParityError
 from .weights_file import ShippedGraph
@@ -22,18 +22,11 @@ GREEDY_TOKENS = 16
 # The longest case's prompt: near the position limit, up to this many tokens. PyTorch's eager attention holds
 # [heads, T, T] scores per layer: 32K positions (Qwen2.5) would need 60 GB; 2048 need 235 MB.
 LONGEST_CASE = 2048
-CACHE_STEPS = 32  # held-out positions the quality report decodes one at a time through the cache
 PROMPTS = (
     "The quick brown fox",
     "Once upon a time, in a land far away,",
     "import numpy as np\n",
     "Émile a visité 東京 🚀",
-)
-# Held-out text for perplexity: written for this project, not part of any training set we know of.
-HELD_OUT = (
-    "The lighthouse keeper rowed out at dawn to read the tide gauge, as he had every morning for eleven years. "
-    "The numbers went into a ledger that nobody else opened, but he kept it neatly, because a record kept "
-    "carelessly is worse than none. By noon the fog had lifted, and the supply boat was late again."
 )
 
 
@@ -64,21 +57,9 @@ def _torch_logits(model, rows):
     return out.logits.float().numpy(), mask
 
 
-# model -> {(rows, new_tokens, eos): tokens}: the fp32 check and the quantized graph's quality report compare with
-# the same reference generations, and transformers' generate is nearly all of the validate stage's time.
-_REFERENCE_TOKENS = weakref.WeakKeyDictionary()
-
-
 def _torch_greedy(model, rows, new_tokens, eos):
-    """transformers' own greedy generate: the tokens ours must equal (computed once per model and case)."""
-    done = _REFERENCE_TOKENS.setdefault(model, {})
-    key = (tuple(map(tuple, rows)), int(new_tokens), eos)
-    if key not in done:
-        done[key] = _generate(model, rows, new_tokens, eos)
-    return done[key]
-
-
-def _generate(model, rows, new_tokens, eos):
+    """transformers' own greedy generate of exactly new_tokens (end-of-text held back until then): the tokens
+    ours are compared with."""
     import torch
 
     ids, mask = left_pad(rows, 0)
@@ -183,7 +164,7 @@ def check_fp32(graph, model, tokenizer, arch) -> dict:
         )
         logits_error = _relative_error(full, reference, mask)
         del full  # [B, T, V] each: 1 GB at 2,048 tokens of a 128K vocabulary, not kept through the passes below
-        cached = _cache_path_logits(engine, ids, mask)
+        cached = cache_path_logits(engine, ids, mask)
         cache_error = _relative_error(cached, reference[:, -cached.shape[1] :], mask[:, -cached.shape[1] :])
         del reference
         new_tokens = min(GREEDY_TOKENS, arch.n_positions - ids.shape[1])
@@ -213,77 +194,90 @@ def check_fp32(graph, model, tokenizer, arch) -> dict:
     return report
 
 
-def _cache_path_logits(engine, ids, mask, steps: int = 4):
-    """Prefill all but the last `steps` tokens, then feed them one at a time through the cache."""
-    steps = min(steps, ids.shape[1] - 1)
-    if steps <= 0:
-        logits, _ = engine.forward(
-            ids, mask, position_ids_from_mask(mask), engine.empty_past(len(ids)), logits_to_keep=1
-        )
+class TorchSide:
+    """The checkpoint in PyTorch as the reference side of runtime/quality.py's `measure`: window logits for a
+    batch of equal-length windows in one pass, greedy continuations from transformers' generate."""
+
+    def __init__(self, model, eos_token_id):
+        self.model, self.eos_token_id = model, eos_token_id
+
+    def logits(self, windows: np.ndarray) -> np.ndarray:
+        """[B, T] ids (no padding) -> [B, T, V] float32 logits."""
+        logits, _ = _torch_logits(self.model, [list(w) for w in windows])
         return logits
-    positions = position_ids_from_mask(mask)
-    head = ids.shape[1] - steps
-    _, past = engine.forward(ids[:, :head], mask[:, :head], positions[:, :head], engine.empty_past(len(ids)))
-    collected = []
-    for t in range(head, ids.shape[1]):
-        logits, past = engine.forward(ids[:, t : t + 1], mask[:, : t + 1], positions[:, t : t + 1], past)
-        collected.append(logits[:, -1])
-    return np.stack(collected, axis=1)
+
+    def greedy(self, prompts: list, new_tokens: int) -> np.ndarray:
+        """Equal-length prompts -> [N, new_tokens]: the argmax of each step, end-of-text held back, through
+        transformers' cache. The tokens of transformers' generate (min_new_tokens = max_new_tokens), without its
+        attention mask: the prompts are unpadded, and building that mask each step was most of the time."""
+        import torch
+
+        eos = [self.eos_token_id] if isinstance(self.eos_token_id, int) else list(self.eos_token_id or ())
+        tokens, past, step = [], None, torch.tensor(prompts, dtype=torch.int64)
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                out = self.model(input_ids=step, past_key_values=past, use_cache=True)
+                logits = out.logits[:, -1].float()
+                logits[:, eos] = -torch.inf
+                step, past = logits.argmax(-1, keepdim=True), out.past_key_values
+                tokens.append(step)
+        return torch.cat(tokens, dim=1).numpy()
 
 
-def quality_report(graph, model, tokenizer, arch) -> dict:
-    """How far a quantized graph is from the PyTorch reference: top-1, KL, greedy agreement, perplexity."""
+def checkpoint_reference(folder) -> tuple:
+    """A checkpoint folder as the reference of `edgelm verify --quality`: (its TorchSide, its Architecture as
+    a manifest records it, its tokenizer's JSON text), for the runtime to check against the package's."""
+    from .families import family_for
+    from .load import load_checkpoint
+    from .stages import _tokenizer_json
+
+    checkpoint = load_checkpoint(str(folder), None)
+    model = family_for(checkpoint.arch.model_type).reference_model(checkpoint)
+    return TorchSide(model, checkpoint.arch.eos_token_id), checkpoint.arch.to_dict(), _tokenizer_json(checkpoint.folder)
+
+
+def quality_report(graph, model, arch, ids, prefix=()) -> dict:
+    """How far a quantized graph is from the PyTorch reference on the evaluation text's token ids (the first
+    eval_tokens of it, `prefix` before each window and prompt): runtime/quality.py's figures, and the KV cache
+    the graph keeps."""
     engine = _engine(graph, arch)
-    held_out = tokenizer.encode(HELD_OUT).ids[: arch.n_positions]
-    reference, mask = _torch_logits(model, [held_out])
-    ids, _ = left_pad([held_out], 0)
-    ours, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(1), logits_to_keep=0)
-    ref_lp, our_lp = _log_softmax(reference[0]), _log_softmax(ours[0])
-    kl = lambda ref, our: np.sum(np.exp(ref) * (ref - our), axis=-1)  # noqa: E731  KL(reference || ours) per position
-    # The last CACHE_STEPS positions again, one token at a time through the cache (where an int8 cache acts).
-    cached_lp = _log_softmax(_cache_path_logits(engine, ids, mask, steps=CACHE_STEPS)[0])
-    targets = np.asarray(held_out[1:])
-    ppl = lambda lp: float(np.exp(-lp[np.arange(len(targets)), targets].mean()))  # noqa: E731
-    agreement = []
-    for name, rows in validation_cases(tokenizer, arch).items():
-        if name in ("near_limit",):
-            continue
-        new_tokens = min(GREEDY_TOKENS, arch.n_positions - max(len(r) for r in rows))
-        ours_tokens, torch_tokens = (
-            _ours_greedy(engine, rows, new_tokens, arch),
-            _torch_greedy(model, rows, new_tokens, arch.eos_token_id),
-        )
-        for a, b in zip(ours_tokens, torch_tokens):
-            differ = np.flatnonzero(a != b)
-            agreement.append((differ[0] if len(differ) else new_tokens) / new_tokens)
-    report = {
-        "held_out_tokens": len(held_out),
-        "top1_agreement": float((reference[0].argmax(-1) == ours[0].argmax(-1)).mean()),
-        "mean_kl_divergence": float(kl(ref_lp, our_lp).mean()),
-        "cache_path_mean_kl_divergence": float(kl(ref_lp[-len(cached_lp) :], cached_lp).mean()),
-        "cache_path_positions": len(cached_lp),
-        "kv_cache": engine.io.cache_dtype,
-        "greedy_agreement": float(np.mean(agreement)),
-        "greedy_agreement_means": "tokens before the first divergence / tokens generated, averaged over prompts",
-        "perplexity_reference": ppl(ref_lp[:-1]),
-        "perplexity": ppl(our_lp[:-1]),
-        "perplexity_change": ppl(our_lp[:-1]) / ppl(ref_lp[:-1]) - 1,
+    plan = Plan.for_context(arch.n_positions)
+    figures = measure(TorchSide(model, arch.eos_token_id), engine, ids, plan, arch.eos_token_id, prefix)
+    return _finite(figures | {"kv_cache": engine.io.cache_dtype})
+
+
+def validate_stage(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage, family, text, eval_ids) -> dict:
+    """The validate stage: fp32 parity against transformers, and the quantized package's quality figures on the
+    evaluation text, keyed by the recipe's name as weights.quantization.method records it."""
+    from .quantize import recipe_description
+
+    stage("validate", "start", "against transformers (PyTorch)")
+    validation = {
+        "reference": f"transformers {family.reference_class(arch.model_type)}, float32, eager attention",
+        "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
     }
-    return _finite(report)
+    done = f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}"
+    if quantize != "none":
+        ids, prefix, total = eval_ids
+        recipe = recipe_description(quantize, tied=arch.tie_word_embeddings)["method"]
+        validation["text"] = text.record(total, len(ids))
+        figures = validation[recipe] = quality_report(shipped, reference, arch, ids, prefix)
+        done += (
+            f"; {recipe} mean KL {figures['mean_kl_divergence']:.4f}, top-1 {figures['top1_agreement']:.3f} over "
+            f"{figures['tokens']:,} tokens of {text.name}"
+        )
+    stage("validate", "done", done)
+    return validation
 
 
 def _finite(report: dict) -> dict:
     """A NaN or Inf figure means the graph or the reference computed garbage; it must not read as a result."""
-    bad = [k for k, v in report.items() if isinstance(v, float) and not np.isfinite(v)]
+    flat = report | {f"{k}.{n}": v for k, part in report.items() if isinstance(part, dict) for n, v in part.items()}
+    bad = [k for k, v in flat.items() if isinstance(v, float) and not np.isfinite(v)]
     if bad:
         raise ParityError(
-            f"the quality report has non-finite figures ({', '.join(f'{k}={report[k]}' for k in bad)}): the exported "
+            f"the quality report has non-finite figures ({', '.join(f'{k}={flat[k]}' for k in bad)}): the exported "
             "graph or the PyTorch reference produced NaN or Inf. No package was written; please report this with "
             "the checkpoint's config.json."
         )
     return report
-
-
-def _log_softmax(logits):
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

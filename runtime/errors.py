@@ -56,3 +56,8 @@ class ChatError(EdgelmError, ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class QualityError(EdgelmError, ValueError):
+    """A package's quality cannot be measured as asked: the evaluation text is missing, empty, binary, too large
+    or too short, or the reference is not the float32 package of the same architecture and vocabulary."""

@@ -178,5 +178,7 @@ def test_a_quantized_export_prints_its_quality_figures(tiny_checkpoint, tmp_path
     assert result.exit_code == 0, result.output
     for stage in ("load", "export", "optimize", "quantize", "validate", "save"):  # a line of progress per stage
         assert any(line.startswith(f"✓ {stage} ") for line in result.stderr.splitlines()), result.stderr
-    quality = [line for line in result.stdout.splitlines() if line.startswith("int8 quality")]
-    assert len(quality) == 1 and "top-1" in quality[0] and "perplexity" in quality[0], result.stdout
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("  eval text     persuasion-chapters-1-4.txt") for line in lines), result.stdout
+    quality = [line.split()[0] for line in lines[lines.index(next(x for x in lines if "int8 quality" in x)) + 1 :]]
+    assert quality[:5] == ["mean", "top-1", "cache", "greedy", "perplexity"], result.stdout

@@ -196,7 +196,8 @@ def test_info(validated_package, validated_package_int8):
     assert "fp32 parity" in result.output and "greedy identical True" in result.output
     int8 = invoke("info", validated_package_int8)
     assert int8.exit_code == 0, int8.output
-    assert "int8 quality  top-1" in int8.output
+    assert "int8 quality  against transformers GPT2LMHeadModel" in int8.output
+    assert "    mean KL     " in int8.output and "    top-1       " in int8.output
 
 
 def test_info_json(validated_package):

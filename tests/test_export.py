@@ -191,7 +191,7 @@ def test_int8_package_quality_and_recipe(request, tiny_package, fixture, recipe,
     quality = manifest["validation"][recipe]
     assert quality["top1_agreement"] >= 0.85
     assert 0 <= quality["mean_kl_divergence"] <= 0.05
-    assert 0 < quality["greedy_agreement"] <= 1
+    assert 0 < quality["greedy"]["prefix_agreement"] <= 1
     assert abs(quality["perplexity_change"]) <= 0.05
     # the fp32 graph was validated as the parity gate for the int8 export too
     assert manifest["validation"]["fp32"]["greedy_identical"]
@@ -224,8 +224,9 @@ def test_int4_package(tiny_package, validated_package_int4):
     manifest = json.loads((validated_package_int4 / "manifest.json").read_text())
     assert manifest["weights"]["dtype"] == "int4" and manifest["weights"]["quantization"]["block_size"] == 32
     quality = manifest["validation"]["int4"]
-    # 4 bits on a 32-wide toy model (one block per row) is coarse; the figures are recorded, and must stay sane.
-    assert quality["top1_agreement"] >= 0.5 and quality["mean_kl_divergence"] <= 0.5
+    # 4 bits on a 32-wide toy model (one block per row) is coarse; the figures are recorded, and must stay sane
+    # (on the evaluation text: top-1 0.53, KL 0.17; a broken graph agrees on about 1/320 of the positions).
+    assert quality["top1_agreement"] >= 0.4 and quality["mean_kl_divergence"] <= 0.5
     graph = onnx.load(str(validated_package_int4 / "model.onnx")).graph
     matmuls = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert len(matmuls) == 2 * 4 + 1  # four products per block and the LM head

@@ -131,7 +131,7 @@ def test_float32_check_computes_on_the_arrays_in_place(llama_checkpoint, monkeyp
     logits, _ = fed.forward(ids, np.ones_like(ids), np.arange(4)[None], fed.empty_past(1), logits_to_keep=0)
     assert np.abs(logits - reference).max() <= 1e-5 * np.abs(reference).max()
     steps = validate._ours_greedy(fed, [ids[0].tolist()], 4, loaded.arch)  # the bound decode path
-    assert steps.tolist() == validate._generate(model, [ids[0].tolist()], 4, loaded.arch.eos_token_id).tolist()
+    assert steps.tolist() == validate._torch_greedy(model, [ids[0].tolist()], 4, loaded.arch.eos_token_id).tolist()
 
 
 def test_relative_error_in_pieces_is_the_whole_arrays_figure():

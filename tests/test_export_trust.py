@@ -77,10 +77,10 @@ def test_nan_parity_figure_fails_the_export(tiny_checkpoint, tmp_path, monkeypat
 
 def test_nan_quality_figure_fails_the_export(tiny_checkpoint, tmp_path, monkeypatch):
     import numpy as np
-    from edgelm.export import validate
     from edgelm.export.stages import export_model
+    from edgelm.runtime import quality
 
-    monkeypatch.setattr(validate, "_log_softmax", lambda logits: np.full_like(logits, np.nan))
+    monkeypatch.setattr(quality, "log_softmax", lambda logits: np.full_like(logits, np.nan, dtype=np.float32))
     with pytest.raises(ParityError, match="non-finite figures.*mean_kl_divergence=nan"):
         export_model(str(tiny_checkpoint), tmp_path / "out", quantize="int8")
     assert not (tmp_path / "out").exists()

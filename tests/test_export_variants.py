@@ -58,15 +58,16 @@ def _relative_error(ours, reference):
 def _graph_logits(arch, weights, recipe, ids):
     """The decoder built in memory, its logits for one padded batch, full and through the cache."""
     from edgelm.export.families.gpt2.graph import build_decoder
-    from edgelm.export.validate import _cache_path_logits, _engine
+    from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights
     from edgelm.runtime.engine.decode import position_ids_from_mask
+    from edgelm.runtime.quality import cache_path_logits
 
     decoder = build_decoder(arch, weights, recipe)
     engine = _engine(split_weights(decoder.model.SerializeToString(), decoder.arrays), arch)
     mask = (ids != 0).astype(np.int64)
     full, _ = engine.forward(ids, mask, position_ids_from_mask(mask), engine.empty_past(len(ids)), logits_to_keep=0)
-    return full, _cache_path_logits(engine, ids, mask), mask
+    return full, cache_path_logits(engine, ids, mask), mask
 
 
 def _torch_logits(model, ids, mask):

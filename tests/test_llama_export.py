@@ -119,9 +119,9 @@ def test_quantized_quality_figures(request, tmp_path, checkpoint, quantize, kv_c
     checkpoint = request.getfixturevalue(checkpoint)
     manifest = _export(checkpoint, tmp_path / "pkg", quantize=quantize, kv_cache=kv_cache).manifest
     quality = manifest["validation"][quantize]
-    assert quality["kv_cache"] == kv_cache and quality["cache_path_positions"] > 0
+    assert quality["kv_cache"] == kv_cache and quality["cache_path"]["tokens"] > 0
     assert quality["top1_agreement"] >= (0.6 if quantize == "int8" else 0.1)
-    assert 0 <= quality["mean_kl_divergence"] and 0 <= quality["cache_path_mean_kl_divergence"]
+    assert 0 <= quality["mean_kl_divergence"] and 0 <= quality["cache_path"]["mean_kl_divergence"]
 
 
 def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):

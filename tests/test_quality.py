@@ -5,6 +5,7 @@ import pytest
 from edgelm.runtime import load
 from edgelm.runtime.quality import (
     LogitAgreement,
+    Plan,
     compare_engines,
     greedy_agreement,
     greedy_prompts,
@@ -75,12 +76,22 @@ def test_random_weights_are_recognised():
 def test_a_package_compared_with_itself_agrees_and_int8_differs(tiny_package, tiny_package_int8):
     reference = load(tiny_package)
     ids = np.random.default_rng(1).integers(0, reference.arch.vocab_size, size=200)
-    same = compare_engines(
-        reference.engine, load(tiny_package).engine, ids, 64, prompts=4, prompt_tokens=8, new_tokens=8
-    )
+    plan = Plan(64, prompts=4, prompt_tokens=8, new_tokens=8)
+    same = compare_engines(reference.engine, load(tiny_package).engine, ids, plan)
     assert same["top1_agreement"] == 1.0 and same["mean_kl_divergence"] == pytest.approx(0.0, abs=1e-6)
     assert same["greedy"]["identical"] == 4 and same["tokens"] == 199 - 3  # four windows, one target lost at each edge
-    int8 = compare_engines(
-        reference.engine, load(tiny_package_int8).engine, ids, 64, prompts=4, prompt_tokens=8, new_tokens=8
-    )
+    assert same["cache_path"]["mean_kl_divergence"] == pytest.approx(0.0, abs=1e-6)
+    assert same["cache_path"]["tokens"] == 3 * 32  # the three full windows' last 32 positions, through the cache
+    int8 = compare_engines(reference.engine, load(tiny_package_int8).engine, ids, plan)
     assert int8["mean_kl_divergence"] > 0 and int8["tokens"] == same["tokens"]
+
+
+def test_windows_and_prompts_start_with_the_tokenizers_prefix():
+    windows = text_windows(list(range(10, 20)), 4, prefix=[1])
+    assert [w.tolist() for w in windows] == [[1, 10, 11, 12], [1, 13, 14, 15], [1, 16, 17, 18], [1, 19]]
+    assert greedy_prompts(list(range(100)), 2, 5, prefix=[1]) == [[1, 0, 1, 2, 3], [1, 96, 97, 98, 99]]
+
+
+def test_the_plan_fits_the_context():
+    assert Plan.for_context(2048) == Plan(1024, 32, 32, 64, 4, 32)
+    assert Plan.for_context(64) == Plan(64, 32, 16, 48, 4, 32)

@@ -54,7 +54,7 @@ def test_greedy_tokens_match_the_exporting_machine(name):
     if manifest.weights.dtype == "float32":
         assert ours == reference, f"{name}: float32 greedy tokens differ from {RECORDED['machine']}'s"
         return
-    recorded = manifest.validation.figures.get(manifest.weights.method, {}).get("greedy_agreement")
+    recorded = manifest.validation.greedy_agreement(manifest.weights.method)
     assert recorded is not None, f"{name} was exported without validation: no agreement to hold it to"
     assert agreement(ours, reference) >= min(recorded, 1.0) - 1e-9, (name, ours, reference, recorded)
 

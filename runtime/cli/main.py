@@ -6,6 +6,7 @@ import sys
 import click
 
 from ..errors import EdgelmError
+from ..eval_text import MIN_EVAL_TOKENS
 from ..generation_config import sampling_implied
 from ..inputs import decode_utf8
 from .options import (
@@ -281,17 +282,55 @@ def info(package, as_json):
 
 @main.command()
 @package_option_or_argument
-def verify(package):
-    """Check every file of a package against the sizes and sha256 in its manifest (NAME_OR_PATH is the same as -m)."""
+@click.option(
+    "--quality",
+    is_flag=True,
+    help="Also measure the package's quality again, against --reference, and print it beside the manifest's figures.",
+)
+@click.option(
+    "--reference",
+    type=click.Path(exists=True, file_okay=False),
+    help="With --quality: the float32 package of the same checkpoint (or the checkpoint folder, with the export extra).",
+)
+@click.option(
+    "--text",
+    "text_path",
+    type=click.Path(dir_okay=False),
+    help="With --quality: a UTF-8 text to measure on (default: the one the manifest names, where edgelm ships it).",
+)
+@click.option(
+    "--eval-tokens",
+    type=click.IntRange(min=MIN_EVAL_TOKENS),
+    help="With --quality: tokens of the text to measure (default: as many as the manifest's figures measured).",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --quality: print the figures as JSON.")
+def verify(package, quality, reference, text_path, eval_tokens, as_json):
+    """Check every file of a package against the sizes and sha256 in its manifest (NAME_OR_PATH is the same as -m).
+
+    \b
+    With --quality, measure it again against a reference on a text: perplexity, KL, top-1, greedy agreement.
+    edgelm verify models/x-int8 --quality --reference models/x
+    edgelm verify models/x-int8 --quality --reference models/x --text notes.txt
+    """
     from ..package.open import open_package
     from ..store.local import resolve_package
 
+    if not quality and (reference or text_path or eval_tokens or as_json):
+        raise click.UsageError("--reference, --text, --eval-tokens and --json go with --quality")
+    if quality and reference is None:
+        raise click.UsageError("--quality needs --reference: the float32 package of the same checkpoint")
     pkg = open_package(resolve_package(package), verify="full")
-    echo(
+    checked = (
         f"OK: {len(pkg.manifest.files)} files of {pkg.folder} match their sha256"
         if pkg.manifest
         else f"{pkg.folder} is an optimum folder with no manifest: nothing to verify"
     )
+    if not quality:
+        return echo(checked)
+    from .quality import quality_report
+
+    report = quality_report(pkg.folder, reference, text_path, eval_tokens, as_json)
+    echo(report if as_json else f"{checked}\n{report}")
 
 
 @main.command()

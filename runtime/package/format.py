@@ -205,20 +205,82 @@ def describe(
         f"  fp32 parity   max logits rel. error {_figure(fp32, 'max_logits_relative_error', '.1e')}, cache path "
         f"{_figure(fp32, 'max_cache_path_relative_error', '.1e')}, greedy identical {fp32.get('greedy_identical')}"
     )
-    for recipe in ("int8", "int8-dynamic", "int4"):
-        if recipe in v.figures:
-            r = v.figures[recipe]
-            cached = (
-                f", through the cache {_figure(r, 'cache_path_mean_kl_divergence', '.4f')}"
-                if "cache_path_mean_kl_divergence" in r
-                else ""
-            )
-            lines.append(
-                f"  {recipe} quality  top-1 {_figure(r, 'top1_agreement', '.3f')}, mean KL {_figure(r, 'mean_kl_divergence', '.4f')}"
-                f"{cached}, greedy agreement {_figure(r, 'greedy_agreement', '.3f')}, perplexity "
-                f"{_figure(r, 'perplexity_reference', '.2f')} -> {_figure(r, 'perplexity', '.2f')} ({_figure(r, 'perplexity_change', '+.2%')})"
-            )
+    if v.text is not None:
+        t = v.text
+        lines.append(
+            f"  eval text     {t.name}: its first {t.measured_tokens:,} of {t.tokens:,} tokens (sha256 {t.sha256[:12]}...)"
+        )
+    for recipe, figures in v.quality.items():
+        lines += figure_lines(recipe, figures.to_dict(), a.vocab_size, v.reference or "the reference")
+    for recipe, r in v.figures.items():  # a package measured before the evaluation text: its figures as they were
+        if recipe == "fp32":
+            continue
+        cached = (
+            f", through the cache {_figure(r, 'cache_path_mean_kl_divergence', '.4f')}"
+            if "cache_path_mean_kl_divergence" in r
+            else ""
+        )
+        lines.append(
+            f"  {recipe} quality  top-1 {_figure(r, 'top1_agreement', '.3f')}, mean KL {_figure(r, 'mean_kl_divergence', '.4f')}"
+            f"{cached}, greedy agreement {_figure(r, 'greedy_agreement', '.3f')}, perplexity "
+            f"{_figure(r, 'perplexity_reference', '.2f')} -> {_figure(r, 'perplexity', '.2f')} ({_figure(r, 'perplexity_change', '+.2%')})"
+            f" on a {r.get('held_out_tokens', '?')}-token paragraph (an older export's report)"
+        )
     return "\n".join(lines + _tools(m))
+
+
+def figure_lines(recipe: str, figures: dict, vocab_size: int, against: str, beside: dict | None = None) -> list:
+    """A heading, then one line per quality figure of `recipe` (QualityFigures' keys, runtime/quality.py's
+    measure) against the reference `against` names: KL and top-1 first, then through the cache, greedy agreement
+    and perplexity. `beside`: figures to show after each, in brackets (edgelm verify --quality: the manifest's
+    beside the ones just measured)."""
+    rows = [f"  {recipe} quality  against {against}, windows of {_count(figures, 'window')} tokens"]
+    if beside is not None:
+        rows[0] += "; [the manifest's figures]"
+
+    def add(label, text, short, note=""):
+        rows.append(f"    {label:<11} {text(figures)}{note}" + (f"   [{short(beside)}]" if beside is not None else ""))
+
+    cache = lambda g: g.get("cache_path", {})  # noqa: E731
+    greedy = lambda g: g.get("greedy", {})  # noqa: E731
+    kl = lambda g: _figure(g, "mean_kl_divergence", ".4f")  # noqa: E731
+    top1 = lambda g: _figure(g, "top1_agreement", ".4f")  # noqa: E731
+    add("mean KL", lambda g: f"{kl(g)} over {_count(g, 'tokens')} tokens", kl)
+    add("top-1", lambda g: f"{top1(g)} over {_count(g, 'tokens')} tokens", top1)
+    add(
+        "cache path",
+        lambda g: (
+            f"mean KL {kl(cache(g))}, top-1 {top1(cache(g))} over {_count(cache(g), 'tokens')} tokens decoded "
+            f"one at a time through the cache ({g.get('kv_cache', '?')})"
+        ),
+        lambda g: f"{kl(cache(g))}, {top1(cache(g))}",
+    )
+    same = lambda g: f"{_count(greedy(g), 'identical')} of {_count(greedy(g), 'continuations')}"  # noqa: E731
+    prefix = lambda g: _figure(greedy(g), "prefix_agreement", ".3f")  # noqa: E731
+    equal = lambda g: _figure(greedy(g), "token_agreement", ".3f")  # noqa: E731
+    add(
+        "greedy",
+        lambda g: (
+            f"{same(g)} continuations identical ({_count(greedy(g), 'tokens_each')} tokens from "
+            f"{_count(greedy(g), 'prompt_tokens')}-token prompts), {prefix(g)} before the first difference, "
+            f"{equal(g)} of tokens equal"
+        ),
+        lambda g: f"{same(g)}, {prefix(g)}, {equal(g)}",
+    )
+    ppl = lambda g: (  # noqa: E731
+        f"{_figure(g, 'perplexity_reference', '.2f')} -> {_figure(g, 'perplexity', '.2f')} "
+        f"({_figure(g, 'perplexity_change', '+.2%')})"
+    )
+    random = figures.get("perplexity_meaningful") is False
+    note = "; means nothing for this checkpoint: the reference's is above a tenth of the vocabulary "
+    note += f"({vocab_size:,}), as random weights' is"
+    add("perplexity", lambda g: f"{ppl(g)} over {_count(g, 'tokens')} tokens", ppl, note if random else "")
+    return rows
+
+
+def _count(figures: dict, key: str) -> str:
+    value = figures.get(key)
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else "?"
 
 
 def family_summary(a: Architecture) -> str:
