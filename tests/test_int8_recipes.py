@@ -51,7 +51,7 @@ def test_each_recipe_generates_scores_and_follows_float32(request, tiny_package,
     manifest = json.loads((package / "manifest.json").read_text())
     assert manifest["weights"]["quantization"]["method"] == recipe
     assert manifest["graph"]["min_onnxruntime"] == "1.22"  # benchmarks/onnxruntime_matrix.sh runs it there
-    reported = manifest["validation"][recipe]["greedy_agreement"]
+    reported = manifest["validation"][recipe]["greedy"]["prefix_agreement"]
     model, fp32 = load(package), load(tiny_package)
     agreement = []
     for prompt in PROMPTS:
