@@ -43,7 +43,9 @@ class Int4Options:
     """How `--quantize int4` stores the weights; checked once, here (ExportError with the valid choices)."""
 
     block_size: int = 32  # weights per scale along the input dimension
-    method: str = "clip"  # one of METHODS (module docstring)
+    # one of METHODS (module docstring). kquant: the lowest KL of the recipes within 15% of rtn's bytes on both
+    # trained test models (benchmarks/results/2026-12-02-int4-methods.md)
+    method: str = "kquant"
     head_bits: int = (
         4  # the LM head and token table: 4 like the blocks, or 8 (MatMulNBits / GatherBlockQuantized bits=8)
     )
