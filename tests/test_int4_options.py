@@ -121,7 +121,7 @@ def test_the_export_command_takes_the_int4_options(tiny_checkpoint, tmp_path):
     recorded = json.loads((tmp_path / "p" / "manifest.json").read_text())["weights"]["quantization"]
     assert (recorded["block_size"], recorded["rounding"], recorded["head_bits"]) == (64, "kquant", 8)
     info = CliRunner().invoke(main, ["info", str(tmp_path / "p")])
-    assert "4-bit, kquant, one float32 scale and a uint8 zero point per block of 64 inputs" in info.output
+    assert "4-bit, kquant, one float32 scale and a 4-bit zero point per block of 64 inputs" in info.output
 
 
 @settings(max_examples=60, deadline=None)
