@@ -5,6 +5,7 @@ import json
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from edgelm.runtime.package.open import file_record
 
 
