@@ -14,9 +14,11 @@ chosen once, by the clip search (export/int4.py) on the updated weights when the
 and the codes are kept as they were rounded.
 """
 
+from dataclasses import replace
+
 import numpy as np
 
-from .int4 import clip, symmetric_codes
+from .int4 import Int4Options, clip, symmetric_codes
 
 DAMPING = 0.01  # of the Hessian's mean diagonal, added to it: keeps the inverse stable (the paper's lambda)
 LAZY_COLUMNS = 128  # columns rounded before the rest of the matrix is updated (the paper's lazy batch)
@@ -88,3 +90,11 @@ def calibration_hessians(graph, rows: list, arch) -> dict:
             sums[name] = sums.get(name, 0.0) + x.T @ x
         tokens += ids.shape[1]
     return {weight: 2 * sums[name] / tokens for name, weights in readers.items() for weight in weights}
+
+
+def with_hessians(int4: Int4Options, fp32_graph, tokenizer, arch) -> Int4Options:
+    """The options with gptq's Hessians of every block product's inputs, from the float32 graph on the
+    calibration rows (export/calibrate.py)."""
+    from .calibrate import calibration_rows
+
+    return replace(int4, hessians=calibration_hessians(fp32_graph, calibration_rows(tokenizer, arch), arch))

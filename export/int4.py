@@ -60,6 +60,16 @@ class Int4Options:
         if isinstance(self.head_bits, bool) or self.head_bits not in HEAD_BITS:
             raise ExportError(f"int4 head bits {self.head_bits!r} is not one of {', '.join(map(str, HEAD_BITS))}.")
 
+    @classmethod
+    def for_recipe(cls, quantize: str, given) -> "Int4Options | None":
+        """The options an export with `quantize` runs with: `given` (an Int4Options or None, the defaults) for
+        int4, None for any other recipe, which refuses options given to it."""
+        if given is not None and quantize != "int4":
+            raise ExportError(f"int4 options go with quantize='int4' (--quantize int4), not {quantize!r}.")
+        if given is not None and not isinstance(given, cls):
+            raise ExportError(f"int4 must be an Int4Options (edgelm.export.Int4Options), not {type(given).__name__}.")
+        return (given or cls()) if quantize == "int4" else None
+
     @property
     def head_method(self) -> str:
         """How the LM head and token table are rounded (the module docstring says why it may differ)."""

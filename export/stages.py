@@ -7,7 +7,7 @@ Each stage reports to an optional `progress(stage, event, detail)` callback; the
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
@@ -102,11 +102,7 @@ def export_model(
     Int4Options())."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
-    if int4 is not None and quantize != "int4":
-        raise ExportError(f"int4 options go with quantize='int4' (--quantize int4), not {quantize!r}.")
-    if int4 is not None and not isinstance(int4, Int4Options):
-        raise ExportError(f"int4 must be an Int4Options (edgelm.export.Int4Options), not {type(int4).__name__}.")
-    int4 = (int4 or Int4Options()) if quantize == "int4" else None
+    int4 = Int4Options.for_recipe(quantize, int4)
     if kv_cache not in KV_CACHES:
         raise ExportError(f"unknown KV cache type {kv_cache!r}; choose one of {', '.join(KV_CACHES)}.")
     if kv_cache == "int8" and quantize == "none":
@@ -166,7 +162,9 @@ def export_model(
         if kv_cache == "int8":
             scales = family.kv_cache_scales(reference, tokenizer, arch)
         if int4 is not None and int4.method == "gptq":
-            int4 = _with_hessians(int4, fp32_graph, tokenizer, arch)
+            from .gptq import with_hessians
+
+            int4 = with_hessians(int4, fp32_graph, tokenizer, arch)
         decoder = family.build_decoder(arch, checkpoint.weights, quantize, scales, int4=int4)
         shipped = split_weights(_optimize(decoder.model), decoder.arrays)
         del decoder
@@ -234,14 +232,6 @@ def _eval_text(path, eval_tokens, quantize: str, validate: bool):
         return None
     check_eval_tokens(eval_tokens)
     return EvalText.read(DEFAULT_EVAL_TEXT if path is None else path)
-
-
-def _with_hessians(int4: Int4Options, fp32_graph, tokenizer, arch) -> Int4Options:
-    """gptq's Hessians of every block product's inputs, from the float32 graph on the calibration rows."""
-    from .calibrate import calibration_rows
-    from .gptq import calibration_hessians
-
-    return replace(int4, hessians=calibration_hessians(fp32_graph, calibration_rows(tokenizer, arch), arch))
 
 
 def _optimize(model) -> bytes:
