@@ -8,6 +8,10 @@ from edgelm.runtime.eval_text import DEFAULT_EVAL_TOKENS, MIN_EVAL_TOKENS, EvalT
 
 from .quantize import RECIPES
 
+from .int4 import BLOCK_SIZES, HEAD_BITS, METHODS, Int4Options
+
+INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
+
 
 @click.command()
 @click.argument("model", default="distilgpt2", required=False)
@@ -23,6 +27,24 @@ from .quantize import RECIPES
     default="none",
     show_default=True,
     help="Weight storage: float32, or int8 / int8-dynamic / int4 with a measured quality report. int8's rows do not depend on each other (a greedy request gives the same tokens alone and in a batch); int8-dynamic quantizes a whole batch's activations with one scale, for faster long prompts and batches (docs/export.md).",
+)
+@click.option(
+    "--int4-block",
+    type=click.Choice([str(b) for b in BLOCK_SIZES]),
+    help=f"With --quantize int4: weights per scale along each product's input (default {INT4_DEFAULT.block_size}).",
+)
+@click.option(
+    "--int4-method",
+    type=click.Choice(METHODS),
+    help=f"With --quantize int4: how each block is rounded (default {INT4_DEFAULT.method}): rtn plain rounding, clip a per-block "
+    "clipping search, kquant llama.cpp's k-quant, hqq half-quadratic (asymmetric), gptq with calibration text. "
+    "See docs/quantization.md.",
+)
+@click.option(
+    "--int4-head",
+    type=click.Choice([str(b) for b in HEAD_BITS]),
+    help=f"With --quantize int4: bits of the LM head and token table (default {INT4_DEFAULT.head_bits}; 8 costs "
+    "bytes, gains quality).",
 )
 @click.option(
     "--kv-cache",
@@ -63,7 +85,8 @@ from .quantize import RECIPES
     show_default=True,
     help=f"Tokens of the evaluation text the quality report measures (at least {MIN_EVAL_TOKENS}; the text must hold them).",
 )
-def export(model, output, quantize, kv_cache, revision, force, validate, name, chat_template, eval_text, eval_tokens):
+def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache, revision, force, validate, name,
+           chat_template, eval_text, eval_tokens):  # fmt: skip
     """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
 
     Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch (unless --no-validate), save.
@@ -83,6 +106,7 @@ def export(model, output, quantize, kv_cache, revision, force, validate, name, c
         raise click.ClickException(
             f"edgelm export needs the export extra ({error.name} is missing): pip install 'edgelm[export]'"
         ) from None
+    int4 = _int4_options(quantize, int4_block, int4_method, int4_head)
     console = Console(stderr=True, highlight=False)
     started = {}
 
@@ -109,6 +133,7 @@ def export(model, output, quantize, kv_cache, revision, force, validate, name, c
             chat_template=_read_template(chat_template),
             eval_text=eval_text,
             eval_tokens=eval_tokens,
+            int4=int4,
         )
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
@@ -141,3 +166,19 @@ def _read_template(file) -> str | None:
         raise click.BadParameter(
             f"{file.name} is not UTF-8 text ({error.reason})", param_hint="--chat-template"
         ) from None
+
+
+FLAGS = {"block_size": "--int4-block", "method": "--int4-method", "head_bits": "--int4-head"}
+
+
+def _int4_options(quantize, block, method, head):
+    """The --int4-* options as an Int4Options (None when none is given); refused without --quantize int4."""
+    given = {k: v for k, v in (("block_size", block), ("method", method), ("head_bits", head)) if v is not None}
+    if not given:
+        return None
+    if quantize != "int4":
+        flags = ", ".join(
+            "--int4-" + {"block_size": "block", "method": "method", "head_bits": "head"}[k] for k in given
+        )
+        raise click.UsageError(f"{flags} go with --quantize int4, not --quantize {quantize}.")
+    return Int4Options(**{k: v if k == "method" else int(v) for k, v in given.items()})

@@ -13,15 +13,19 @@ CPUs without VNNI (AVX2 only, like this project's machines) they use VPMADDUBSW,
 products into a saturating int16. With full-range weights 2 * 255 * 127 = 64,770 overflows 32,767 and
 results silently saturate; with 7-bit weights 2 * 255 * 64 = 32,640 cannot. onnxruntime's own
 quantize_dynamic calls this `reduce_range`. The lost bit is measured by the export's quality report.
+
+int4 (blocks along the input, its options and rounding methods) and the block layout both share live in
+export/int4.py.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from .int4 import BlockWeight, Int4Options, quantize_blocks
+
 RECIPES = ("none", "int8", "int8-dynamic", "int4")
 INT8_RECIPES = ("int8", "int8-dynamic")  # the recipes whose weights are int8 (the manifest's weights.dtype "int8")
-INT4_BLOCK = 32  # weights per scale along the input dimension (llama.cpp q4_0 uses 32 too)
 INT8_BLOCK = 32  # the int8 recipe's inputs per scale (64: the same quality on trained checkpoints, benchmarks/NOTES.md)
 
 
@@ -42,51 +46,14 @@ def quantize_int8(weight: np.ndarray, reduce_range: bool = True) -> Int8Weight:
     return Int8Weight(q=q, scale=scale)
 
 
-@dataclass(frozen=True)
-class Int4Weight:
-    """A logical [K, N] weight stored as onnxruntime's MatMulNBits expects: transposed, 4-bit, in blocks."""
-
-    packed: np.ndarray  # uint8 [N, K / 32, 16]: two 4-bit values per byte, low nibble first
-    scale: np.ndarray  # float32 [N, K / 32]: w ~= (q - 8) * scale
-
-
-def quantize_int4(weight_nk: np.ndarray) -> Int4Weight:
-    """Symmetric 4-bit, one scale per block of 32 inputs, zero point 8 (the ops' default); weight_nk is [N, K]."""
-    n, k = weight_nk.shape
-    if k % INT4_BLOCK:
-        raise ValueError(f"int4 needs input widths divisible by {INT4_BLOCK}, got {k}")
-    blocks = weight_nk.reshape(n, k // INT4_BLOCK, INT4_BLOCK)
-    absmax = np.abs(blocks).max(axis=-1)
-    scale = np.where(absmax > 0, absmax / 7, 1.0).astype(np.float32)
-    q = (np.clip(np.rint(blocks / scale[..., None]), -8, 7) + 8).astype(np.uint8)
-    return Int4Weight(packed=q[..., 0::2] | (q[..., 1::2] << 4), scale=scale)
-
-
-@dataclass(frozen=True)
-class BlockWeight:
-    """A logical [K, N] weight as MatMulNBits stores it: transposed, in blocks of `block` inputs, unsigned with the
-    zero point 2 ** (bits - 1) (the op's default); K is padded with zeros to whole blocks."""
-
-    packed: np.ndarray  # uint8 [N, ceil(K / block), block * bits / 8]
-    scale: np.ndarray  # float32 [N, ceil(K / block)]: w ~= (q - 2 ** (bits - 1)) * scale
-    bits: int
-    block: int
-
-
 def quantize_int8_blocks(weight_nk: np.ndarray, block: int = INT8_BLOCK) -> BlockWeight:
-    """Symmetric 8-bit ([-127, 127], stored + 128), one scale per block of `block` inputs; weight_nk is [N, K]."""
-    n, k = weight_nk.shape
-    padded = np.zeros((n, -(-k // block) * block), dtype=np.float32)
-    padded[:, :k] = weight_nk
-    blocks = padded.reshape(n, -1, block)
-    absmax = np.abs(blocks).max(axis=-1)
-    scale = np.where(absmax > 0, absmax / 127, 1.0).astype(np.float32)
-    q = (np.clip(np.rint(blocks / scale[..., None]), -127, 127) + 128).astype(np.uint8)
-    return BlockWeight(packed=q, scale=scale, bits=8, block=block)
+    """Symmetric 8-bit ([-127, 127], stored + 128), one scale per block of `block` inputs, K padded with zeros to
+    whole blocks; weight_nk is [N, K]. The int4 recipe's plain rounding at 8 bits (export/int4.py)."""
+    return quantize_blocks(weight_nk, block, "rtn", 8)
 
 
-def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True) -> dict:
-    """What the manifest records about how the weights were stored."""
+def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True, int4=None) -> dict:
+    """What the manifest records about how the weights were stored; int4: the int4 recipe's Int4Options."""
     covers = (
         "every block MatMul and the tied embedding / LM head matrix (stored once)"
         if tied
@@ -95,11 +62,15 @@ def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True
     if recipe == "none":
         return {"method": "none", "weights": "float32"}
     if recipe == "int4":
+        int4 = int4 or Int4Options()
+        zero_point = {"kquant": "a 4-bit zero point", "hqq": "a float32 zero point"}.get(int4.method, "zero point 8")
+        head = "" if int4.head_bits == 4 else "; the LM head and token table 8-bit, zero point 128"
         return {
             "method": "int4",
-            "weights": f"4-bit, symmetric, one float32 scale per block of {INT4_BLOCK} inputs, zero point 8",
+            "weights": f"4-bit, {int4.method}, one float32 scale and {zero_point} per block of {int4.block_size} "
+            f"inputs{head}",
             "bits": 4,
-            "block_size": INT4_BLOCK,
+            **int4.describe(),
             "ops": "MatMulNBits (accuracy_level 4: int8 activations) and GatherBlockQuantized for the token lookup",
             "covers": covers,
             "kept_float32": "position table, biases, layer norms",

@@ -34,6 +34,7 @@ from edgelm.runtime.store.local import check_name
 from .errors import ExportError
 from .families import family_for
 from .graph.contract import OPSET
+from .int4 import Int4Options
 from .load import load_checkpoint
 from .quantize import INT8_RECIPES, RECIPES, recipe_description
 from .weights_file import split_weights
@@ -83,6 +84,7 @@ def export_model(
     chat_template: str | None = None,
     eval_text=None,
     eval_tokens: int = DEFAULT_EVAL_TOKENS,
+    int4: Int4Options | None = None,
 ) -> ExportResult:
     """Export a checkpoint of a family edgelm exports (hub id or local folder; export/families/) to a validated
     model package.
@@ -94,9 +96,13 @@ def export_model(
 
     eval_text (a path; default export/data/'s sample) is the text a quantized package's quality report measures,
     its first eval_tokens tokens (default 8,192, at least 2,048: runtime/eval_text.py). The manifest records the
-    text's name, sha256 and token count."""
+    text's name, sha256 and token count.
+
+    int4 (with quantize="int4"): block size, rounding method and the head's bits (export/int4.py; default
+    Int4Options())."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
+    int4 = Int4Options.for_recipe(quantize, int4)
     if kv_cache not in KV_CACHES:
         raise ExportError(f"unknown KV cache type {kv_cache!r}; choose one of {', '.join(KV_CACHES)}.")
     if kv_cache == "int8" and quantize == "none":
@@ -122,8 +128,6 @@ def export_model(
 
     stage("load", "start", model)
     checkpoint = load_checkpoint(model, revision)
-    if quantize == "int4":
-        _check_int4_widths(checkpoint.arch)
     tokenizer_json = _tokenizer_json(checkpoint.folder)
     tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
     tokenizer = _tokenizer(tokenizer_json)
@@ -148,11 +152,20 @@ def export_model(
 
     shipped = fp32_graph  # what is written: model.onnx and model.onnx.data
     if quantize != "none":
-        stage("quantize", "start", quantize + (" weights, int8 KV cache" if kv_cache == "int8" else ""))
+        what = (
+            quantize
+            if int4 is None
+            else f"int4 ({int4.method}, blocks of {int4.block_size}, {int4.head_bits}-bit head)"
+        )
+        stage("quantize", "start", what + (" weights, int8 KV cache" if kv_cache == "int8" else ""))
         scales = None
         if kv_cache == "int8":
             scales = family.kv_cache_scales(reference, tokenizer, arch)
-        decoder = family.build_decoder(arch, checkpoint.weights, quantize, scales)
+        if int4 is not None and int4.method == "gptq":
+            from .gptq import with_hessians
+
+            int4 = with_hessians(int4, fp32_graph, tokenizer, arch)
+        decoder = family.build_decoder(arch, checkpoint.weights, quantize, scales, int4=int4)
         shipped = split_weights(_optimize(decoder.model), decoder.arrays)
         del decoder
         stage("quantize", "done", f"{shipped.size / 1e6:.1f} MB of weights")
@@ -187,7 +200,7 @@ def export_model(
                 tokenizer=TOKENIZER_FILE,
                 weights=Weights(
                     dtype="float32" if quantize == "none" else "int8" if quantize in INT8_RECIPES else quantize,
-                    quantization=recipe_description(quantize, tied=arch.tie_word_embeddings),
+                    quantization=recipe_description(quantize, tied=arch.tie_word_embeddings, int4=int4),
                     tied_embedding_stored_once=arch.tie_word_embeddings,
                 ),
                 source=checkpoint.source | {"weights_file": checkpoint.weight_file},
@@ -219,18 +232,6 @@ def _eval_text(path, eval_tokens, quantize: str, validate: bool):
         return None
     check_eval_tokens(eval_tokens)
     return EvalText.read(DEFAULT_EVAL_TEXT if path is None else path)
-
-
-def _check_int4_widths(arch) -> None:
-    """int4 blocks hold 32 inputs: every product's input width (n_embd, the MLP width) must split into them."""
-    from .quantize import INT4_BLOCK
-
-    for name, width in (("n_embd", arch.n_embd), ("the MLP width (n_inner)", arch.mlp_width)):
-        if width % INT4_BLOCK:
-            raise ExportError(
-                f"--quantize int4 stores weights in blocks of {INT4_BLOCK} inputs, and {name} is {width}, not a "
-                f"multiple of {INT4_BLOCK}; export with --quantize int8 or none."
-            )
 
 
 def _optimize(model) -> bytes:

@@ -251,17 +251,31 @@ def test_a_head_that_config_ties_but_the_weights_do_not_is_refused(tiny_checkpoi
         load_checkpoint(str(folder))
 
 
-def test_int4_refuses_widths_its_blocks_cannot_split(tiny_checkpoint):
+def test_int4_pads_widths_its_blocks_cannot_split(tmp_path):
+    """An MLP 40 wide, not a multiple of the 32-input blocks: its blocks are padded with zeros (MatMulNBits'
+    ceil(K / block_size) blocks) and the graph computes the float32 graph's products on the stored weights."""
+    from checkpoints import build_checkpoint
+    from edgelm.export.int4 import Int4Options, quantize_blocks
     from edgelm.export.load import load_checkpoint
-    from edgelm.export.stages import _check_int4_widths
 
-    arch = load_checkpoint(str(tiny_checkpoint)).arch
-    _check_int4_widths(arch)
-    with pytest.raises(ExportError, match=r"n_inner\) is 40, not a multiple of 32; export with --quantize int8"):
-        _check_int4_widths(replace(arch, n_inner=40))
+    checkpoint = load_checkpoint(str(build_checkpoint(tmp_path / "narrow", n_inner=40)))
+    assert checkpoint.arch.mlp_width == 40
+    int4 = Int4Options()
+
+    def stored(name, w):  # GPT-2's Conv1D [in, out] -> the weight as the int4 graph stores it
+        if name == "transformer.wte.weight":  # [V, C], the tied head's [N, K]
+            return quantize_blocks(w, int4.block_size, int4.head_method, int4.head_bits).dequantized()
+        return quantize_blocks(np.ascontiguousarray(w.T), int4.block_size, int4.method).dequantized().T
+
+    rounded = {
+        k: stored(k, v) if v.ndim == 2 and k != "transformer.wpe.weight" else v for k, v in checkpoint.weights.items()
+    }
+    full, _, mask = _graph_logits(checkpoint.arch, checkpoint.weights, "int4", IDS)
+    expected, _, _ = _graph_logits(checkpoint.arch, rounded, "none", IDS)
+    real = mask.astype(bool)
+    assert (full.argmax(-1) == expected.argmax(-1))[real].mean() >= 0.85
 
 
-@pytest.mark.slow
 def test_untied_variant_int4_records_its_quality(variant_checkpoint, tmp_path):
     """The same gate for int4 with a head of its own: fp32 parity, then the int4 figures in the manifest."""
     from edgelm.export.stages import export_model

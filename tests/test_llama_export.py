@@ -129,17 +129,19 @@ def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
     activations): the 4-bit layouts, block scales and the tied lookup are read as they were written."""
     from edgelm.export.families.llama.graph import build_decoder
     from edgelm.export.load import load_checkpoint
-    from edgelm.export.quantize import INT4_BLOCK, quantize_int4
+    from edgelm.export.int4 import Int4Options, quantize_blocks
     from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights
 
-    def dequantized(w):  # [N, K] -> the same shape, through 4 bits
-        q = quantize_int4(w)
-        nibbles = np.stack([q.packed & 15, q.packed >> 4], axis=-1).reshape(*q.scale.shape, INT4_BLOCK)
-        return ((nibbles.astype(np.float32) - 8) * q.scale[..., None]).reshape(w.shape)
+    int4 = Int4Options()  # the defaults; tests/test_int4_options.py checks the other options the same way
+
+    def dequantized(name, w):  # [N, K] -> the same shape, as stored
+        head = name == "model.embed_tokens.weight"
+        method, bits = (int4.head_method, int4.head_bits) if head else (int4.method, 4)
+        return quantize_blocks(w, int4.block_size, method, bits).dequantized()
 
     checkpoint = load_checkpoint(str(qwen2_checkpoint))
-    rounded = {k: dequantized(v) if v.ndim == 2 else v for k, v in checkpoint.weights.items()}
+    rounded = {k: dequantized(k, v) if v.ndim == 2 else v for k, v in checkpoint.weights.items()}
     ids = np.random.default_rng(0).integers(0, checkpoint.arch.vocab_size, size=(1, 40))
     logits = []
     for weights, recipe in ((rounded, "none"), (checkpoint.weights, "int4")):

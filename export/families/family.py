@@ -27,7 +27,8 @@ class Family:
     read_config: Callable[[dict, Path], Architecture]
     # (folder, arch) -> (float32 arrays under the family's Hugging Face names, checked; the file or index read)
     read_weights: Callable[[Path, Architecture], tuple[dict[str, np.ndarray], str]]
-    # (arch, weights, recipe (export/quantize.py RECIPES) = "none", cache scales or None = None) -> the decoder graph
+    # (arch, weights, recipe (export/quantize.py RECIPES) = "none", cache scales or None = None,
+    #  int4=Int4Options or None (export/int4.py)) -> the decoder graph
     build_decoder: Callable[..., Decoder]
     # Checkpoint -> the same weights in transformers (a torch.nn.Module, float32, eager attention), not copied
     reference_model: Callable[[Checkpoint], Any]

@@ -3,7 +3,7 @@
 float32: a Gather and a MatMul; int8 and int8-dynamic: the runtime looks the tokens up from int8 rows in
 model.onnx.data (the graph takes inputs_embeds) and the LM head is QGemm over those rows, in slices (int8 scales
 each row of activations by its own largest value first, int8-dynamic quantizes them all with one scale); int4: GatherBlockQuantized and
-MatMulNBits over one 4-bit copy. The layouts are part of the graph contract (models/README.md).
+MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are part of the graph contract (models/README.md).
 """
 
 import math
@@ -11,15 +11,16 @@ import math
 import numpy as np
 from edgelm.runtime.package.format import ALIGN, TOKEN_ROWS, TOKEN_SCALE
 
-from ..quantize import INT4_BLOCK, INT8_RECIPES, quantize_int4, quantize_int8
+from ..int4 import Int4Options, quantize_blocks
+from ..quantize import INT8_RECIPES, quantize_int8
 from .builder import MS_DOMAIN
-from .matmuls import nbits_matmul
+from .matmuls import matmul_nbits, nbits_weights
 
 EMBEDDINGS_OUTSIDE = INT8_RECIPES  # recipes whose graph takes inputs_embeds: the runtime looks tokens up
 LM_HEAD_PARTS = 4
 
 
-def embedding_and_head(g, wte, head, recipe):
+def embedding_and_head(g, wte, head, recipe, int4: Int4Options | None = None):
     """Returns (embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]) for the token embedding wte [V, C]
     and the LM head's matrix head [V, C] (as nn.Linear keeps it), or head None when the two are tied. Tied, the
     two share one stored matrix; untied, the LM head has its own. For int8 the tokens arrive embedded
@@ -28,7 +29,7 @@ def embedding_and_head(g, wte, head, recipe):
     tied = head is None
     head = wte if tied else head  # [V, C]
     if recipe == "int4":
-        return _embedding_int4(g, wte, head, tied)
+        return _embedding_int4(g, wte, head, tied, int4 or Int4Options())
     if recipe in INT8_RECIPES:
         return _embedding_int8(g, wte, head, tied, per_row=recipe == "int8")
     head_t = g.weight("lm_head.weight_t", np.ascontiguousarray(head.T))  # [C, V]
@@ -112,32 +113,43 @@ def _int8_lm_head(g, rows, scale, names, per_row):
     return lm_head
 
 
-def _embedding_int4(g, wte, head, tied):
-    """wte [V, C] is already MatMulNBits' [N, K] layout: tied, one 4-bit copy serves the LM head and the lookup;
-    untied, the lookup and the head each quantize their own matrix the same way."""
+def _embedding_int4(g, wte, head, tied, int4: Int4Options):
+    """wte [V, C] is already MatMulNBits' [N, K] layout: tied, one copy serves the LM head and the lookup;
+    untied, the lookup and the head each quantize their own matrix the same way: at int4.head_bits, rounded by
+    int4.head_method. A width C that is not a multiple of the block is padded, and the lookup drops the padding."""
     vocab, width = wte.shape
+    bits = int4.head_bits
 
-    def blocks(name, matrix):
-        w = quantize_int4(matrix)
-        return g.weight(f"{name}_int4", w.packed), g.weight(f"{name}_scale", w.scale)  # [V, C/32, 16], [V, C/32]
+    def blocks(matrix):
+        return quantize_blocks(matrix, int4.block_size, int4.head_method, bits)
 
-    head_table, head_scale = blocks("lm_head.weight", head)
-    table, scale = (head_table, head_scale) if tied else blocks("transformer.wte.weight", wte)
-    block_scale = g.op("Unsqueeze", [scale, g.const([2])])  # [V, C / 32, 1]: one block per row of the table
+    head_w = blocks(head)
+    head_weights = nbits_weights(g, head_w, "lm_head.weight")
+    table_w = head_w if tied else blocks(wte)
+    # Tied, the lookup reads the LM head's own codes and scales: the matrix is stored once.
+    table, scale = head_weights[:2] if tied else nbits_weights(g, table_w, "transformer.wte.weight")[:2]
+    # GatherBlockQuantized reads [V, nb, B] with one scale (and zero point) per row of its last axis: [V, nb, 1].
+    lookup = [g.op("Unsqueeze", [scale, g.const([2])])]
+    if table_w.zero_point is not None:  # uint8, one a byte: bits 8, or the 4-bit code in the low nibble
+        lookup.append(g.weight(f"{table}_zero_point_rows", table_w.zero_point[..., None]))
+    padded = table_w.codes.shape[1] * int4.block_size  # C rounded up to whole blocks
 
     def embed(ids):
         rows = g.op(
             "GatherBlockQuantized",
-            [table, ids, block_scale],
+            [table, ids, *lookup],
             domain=MS_DOMAIN,
-            bits=4,
-            block_size=INT4_BLOCK,
+            bits=bits,
+            block_size=int4.block_size,
             gather_axis=0,
             quantize_axis=2,
         )
-        return g.op("Reshape", [rows, g.const([0, 0, width])])  # [B, T, C/32, 32] -> [B, T, C]
+        rows = g.op("Reshape", [rows, g.const([0, 0, padded])])  # [B, T, nb, B] -> [B, T, nb * B]
+        if padded == width:
+            return rows
+        return g.op("Slice", [rows, g.const([0]), g.const([width]), g.const([2])])  # the padding dropped: [B, T, C]
 
     def lm_head(x, out):
-        return nbits_matmul(g, x, head_table, head_scale, width, vocab, 4, INT4_BLOCK, outputs=[out])
+        return matmul_nbits(g, x, head_w, head_weights, outputs=[out])
 
     return embed, lm_head

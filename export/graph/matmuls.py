@@ -1,43 +1,49 @@
 """x @ W for each weight recipe, W [in, out] (GPT-2's Conv1D layout; the Llama family packs its projections
 into it): float32, int8 (8-bit blocks of INT8_BLOCK inputs, MatMulNBits), int8-dynamic (per output channel,
-DynamicQuantizeMatMul) and int4 (blocks of INT4_BLOCK inputs). The bias, where there is one, is added by the op
-that follows."""
+DynamicQuantizeMatMul) and int4 (blocks along the input, export/int4.py). The bias, where there is one, is added
+by the op that follows. `matmul_nbits` writes the one MatMulNBits node both block recipes use, at 4 or 8 bits."""
 
 import numpy as np
 
-from ..quantize import INT4_BLOCK, BlockWeight, quantize_int4, quantize_int8, quantize_int8_blocks
+from ..int4 import BlockWeight, Int4Options, quantize_blocks
+from ..quantize import quantize_int8, quantize_int8_blocks
 from .builder import MS_DOMAIN
 
 
-def nbits_matmul(g, x, packed: str, scale: str, k: int, n: int, bits: int, block: int, outputs=1):
-    """The one MatMulNBits node builder: x [..., K] @ W -> [..., N], W stored [N, blocks, block * bits / 8] under the
-    initializer `packed`, its float32 scales [N, blocks] under `scale`, zero point 2 ** (bits - 1) (the op's
-    default). accuracy_level 4 quantizes x to int8 per row and block of inputs, so each row's result depends on
-    that row alone; at accuracy_level 0 (float32 activations) the products are ~3x slower."""
-    inputs = [x, packed, scale]
-    attrs = dict(K=k, N=n, bits=bits, block_size=block, accuracy_level=4)
-    return g.op("MatMulNBits", inputs, outputs=outputs, domain=MS_DOMAIN, **attrs)
+def nbits_weights(g, w: BlockWeight, name: str) -> list:
+    """The BlockWeight w's MatMulNBits initializers: name + "_int{bits}" [N, nb, B * bits / 8], "_scale" [N, nb]
+    and, for an asymmetric method, "_zero_point" (none: the op's default 2^(bits-1))."""
+    names = [g.weight(f"{name}_int{w.bits}", w.packed), g.weight(f"{name}_scale", w.scale)]
+    zero_points = w.matmul_zero_points()
+    if zero_points is not None:
+        names.append(g.weight(f"{name}_zero_point", zero_points))
+    return names
 
 
-def _stored_nbits(g, x, name, w: BlockWeight, k: int):
-    packed, scale = g.weight(f"{name}_int{w.bits}", w.packed), g.weight(f"{name}_scale", w.scale)
-    return nbits_matmul(g, x, packed, scale, k, w.packed.shape[0], w.bits, w.block)
+def matmul_nbits(g, x, w: BlockWeight, weights: list, outputs=1):
+    """The one MatMulNBits node builder: x [..., K] @ the BlockWeight w ([N, K] in blocks, stored as `weights`,
+    nbits_weights) -> [..., N], at w's bits and block size. accuracy_level 4 quantizes x to int8 per row and block
+    of inputs, so each row's result depends on that row alone; at accuracy_level 0 (float32 activations) the
+    products are ~3x slower."""
+    n, _, block_size = w.codes.shape
+    attributes = dict(K=w.width, N=n, bits=w.bits, block_size=block_size, accuracy_level=4)
+    return g.op("MatMulNBits", [x, *weights], outputs=outputs, domain=MS_DOMAIN, **attributes)
 
 
-# Each: (g, x [B, T, in], weights {name: array}, prefix) -> x @ weights[prefix + ".weight"], [B, T, out].
-def float_matmul(g, x, weights, prefix):
+# Each: (g, x [B, T, in], weights {name: array}, prefix[, int4 options]) -> x @ weights[prefix + ".weight"].
+def float_matmul(g, x, weights, prefix, int4=None):
     """x @ W, W [in, out] as the checkpoint's float32 array (no copy)."""
     return g.op("MatMul", [x, g.weight(prefix + ".weight", weights[prefix + ".weight"])])
 
 
-def int8_block_matmul(g, x, weights, prefix):
+def int8_block_matmul(g, x, weights, prefix, int4=None):
     """x @ W with W in 8-bit blocks; activations quantized per row and block: the result is batch-invariant."""
     weight = weights[prefix + ".weight"]  # [K, N]
     w = quantize_int8_blocks(np.ascontiguousarray(weight.T))
-    return _stored_nbits(g, x, prefix + ".weight", w, weight.shape[0])
+    return matmul_nbits(g, x, w, nbits_weights(g, w, prefix + ".weight"))
 
 
-def int8_dynamic_matmul(g, x, weights, prefix):
+def int8_dynamic_matmul(g, x, weights, prefix, int4=None):
     """The same product with int8 weights per output channel; onnxruntime quantizes the activations on the fly,
     with one scale for the whole [B, T, in] tensor."""
     w = quantize_int8(weights[prefix + ".weight"])
@@ -48,12 +54,13 @@ def int8_dynamic_matmul(g, x, weights, prefix):
     )
 
 
-def int4_matmul(g, x, weights, prefix):
-    """x @ W with W in 4-bit blocks; accuracy_level 4 quantizes x to int8 (its default 0 is ~100x slower)."""
-    weight = weights[prefix + ".weight"]  # [K, N]
-    k = weight.shape[0]
-    w = quantize_int4(np.ascontiguousarray(weight.T))
-    return _stored_nbits(g, x, prefix + ".weight", BlockWeight(w.packed, w.scale, 4, INT4_BLOCK), k)
+def int4_matmul(g, x, weights, prefix, int4: Int4Options | None = None):
+    """x @ W with W in 4-bit blocks, rounded by the options' method (gptq with the product's Hessian)."""
+    int4 = int4 or Int4Options()
+    name = prefix + ".weight"
+    hessian = (int4.hessians or {}).get(name) if int4.method == "gptq" else None
+    w = quantize_blocks(np.ascontiguousarray(weights[name].T), int4.block_size, int4.method, 4, hessian)
+    return matmul_nbits(g, x, w, nbits_weights(g, w, name))
 
 
 MATMULS = {

@@ -1,6 +1,8 @@
 """Build the GPT-2 decoder as one ONNX graph that serves both the prompt step and every decode step, from the
 graph kit (export/graph/). The graph contract is written once, in models/README.md."""
 
+from functools import partial
+
 import numpy as np
 from edgelm.runtime.package.format import WEIGHTS_FILE, Architecture
 
@@ -10,11 +12,16 @@ from ...graph.contract import OPSET, Decoder, declare_outputs, decoder_inputs, k
 from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head
 from ...graph.matmuls import MATMULS
 from ...graph.norms import layer_norm, skip_layer_norm
+from ...int4 import Int4Options
 from .activations import mlp_activation
 
 
 def build_decoder(
-    arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none", cache_scales: dict | None = None
+    arch: Architecture,
+    weights: dict[str, np.ndarray],
+    recipe: str = "none",
+    cache_scales: dict | None = None,
+    int4: Int4Options | None = None,
 ) -> Decoder:
     """weights: a GPT-2 state dict as NumPy arrays (HF names). cache_scales, for an int8 cache: layer ->
     (key scale, value scale), each float32 [H, D] (families/gpt2/reference.py)."""
@@ -25,12 +32,12 @@ def build_decoder(
         g, arch, H, cache_type, inputs_embeds=recipe in EMBEDDINGS_OUTSIDE
     )
 
-    matmul = MATMULS[recipe]
+    matmul = partial(MATMULS[recipe], int4=int4)  # int4: the int4 recipe's options (export/int4.py)
     bias = lambda name: g.weight(name, weights[name])  # noqa: E731
     mask_bias = attention_bias(g, tokens, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
     seqlens_k, total_length = cache_lengths(g, tokens, attention_mask)
     head = None if arch.tie_word_embeddings else weights["lm_head.weight"]
-    embed, lm_head = embedding_and_head(g, weights["transformer.wte.weight"], head, recipe)
+    embed, lm_head = embedding_and_head(g, weights["transformer.wte.weight"], head, recipe, int4)
     x = g.op("Add", [embed(tokens), g.op("Gather", [g.weight("wpe", weights["transformer.wpe.weight"]), position_ids])])
     h = layer_norm(g, x, weights, "transformer.h.0.ln_1", arch)
 

@@ -12,6 +12,8 @@ cache_lengths), so a padded row's positions would be off by its padding. com.mic
 position_ids input instead, which counts real tokens only (transformers' rule), from cos/sin tables baked here.
 """
 
+from functools import partial
+
 import numpy as np
 from edgelm.runtime.package.format import WEIGHTS_FILE, Architecture
 
@@ -19,15 +21,20 @@ from ...graph.attention import attention_bias, cache_lengths, group_query_attent
 from ...graph.builder import FLOAT, INT8, MS_DOMAIN, GraphBuilder
 from ...graph.contract import OPSET, Decoder, declare_outputs, decoder_inputs, kept_positions
 from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head
-from ...graph.matmuls import MATMULS, nbits_matmul
+from ...graph.matmuls import MATMULS, matmul_nbits, nbits_weights
 from ...graph.norms import rms_norm, skip_rms_norm
+from ...int4 import Int4Options
 from ...quantize import INT8_RECIPES, quantize_int8, quantize_int8_blocks
 from .packing import pack_weights
 from .rope import rope_tables
 
 
 def build_decoder(
-    arch: Architecture, weights: dict[str, np.ndarray], recipe: str = "none", cache_scales: dict | None = None
+    arch: Architecture,
+    weights: dict[str, np.ndarray],
+    recipe: str = "none",
+    cache_scales: dict | None = None,
+    int4: Int4Options | None = None,
 ) -> Decoder:
     """weights: a LlamaForCausalLM / Qwen2ForCausalLM state dict as NumPy arrays (HF names, torch Linear's
     [out, in] layout). cache_scales, for an int8 cache: layer -> (key scale, value scale), float32
@@ -40,11 +47,11 @@ def build_decoder(
     )
 
     packed = pack_weights(arch, weights)  # GPT-2's [in, out] layout, Q/K/V and gate/up packed
-    matmul = MATMULS[recipe]
+    matmul = partial(MATMULS[recipe], int4=int4)  # int4: the int4 recipe's options (export/int4.py)
     mask_bias = attention_bias(g, tokens, attention_mask)  # float [B, 1, T, P + T]: 0 or -large
     seqlens_k, total_length = cache_lengths(g, tokens, attention_mask)
     cos, sin = (g.weight(name, table) for name, table in zip(("rope.cos_cache", "rope.sin_cache"), rope_tables(arch)))
-    embed, lm_head = _embedding_and_head(g, weights, recipe, arch)
+    embed, lm_head = _embedding_and_head(g, weights, recipe, arch, int4)
     x = embed(tokens)
     h = rms_norm(g, x, packed, "model.layers.0.input_layernorm.weight", arch)
 
@@ -80,7 +87,7 @@ def build_decoder(
     return Decoder(g.model(OPSET, doc=doc), g.arrays)
 
 
-def _embedding_and_head(g, weights, recipe, arch):
+def _embedding_and_head(g, weights, recipe, arch, int4):
     """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]): the kit's (graph/embeddings.py) for a tied
     head, where one stored matrix serves both (for int8 the runtime reads the token rows), and for an untied one
     in float32 and int4. An untied int8 head keeps two matrices, and the graph looks tokens up itself
@@ -89,7 +96,7 @@ def _embedding_and_head(g, weights, recipe, arch):
     table = weights["model.embed_tokens.weight"]  # [V, C]
     tied = arch.tie_word_embeddings
     if tied or recipe not in INT8_RECIPES:
-        return embedding_and_head(g, table, None if tied else weights["lm_head.weight"], recipe)
+        return embedding_and_head(g, table, None if tied else weights["lm_head.weight"], recipe, int4)
     # A row Gather reads the embedding: this table serves nothing else, so onnxruntime keeps it mapped once.
     w = quantize_int8(np.ascontiguousarray(table.T), reduce_range=False)  # no product reads it: 8 bits
     rows = g.weight("model.embed_tokens.weight_int8", np.ascontiguousarray(w.q.T))  # [V, C]
@@ -100,10 +107,8 @@ def _embedding_and_head(g, weights, recipe, arch):
 
     if recipe == "int8":
         head_blocks = quantize_int8_blocks(weights["lm_head.weight"])  # [V, C] is MatMulNBits' [N, K] already
-        packed = g.weight("lm_head.weight_int8", head_blocks.packed)
-        scales = g.weight("lm_head.weight_scale", head_blocks.scale)
-        vocab, width = weights["lm_head.weight"].shape
-        return embed, lambda x, out: nbits_matmul(g, x, packed, scales, width, vocab, 8, head_blocks.block, [out])
+        stored = nbits_weights(g, head_blocks, "lm_head.weight")  # lm_head.weight_int8, lm_head.weight_scale
+        return embed, lambda x, out: matmul_nbits(g, x, head_blocks, stored, [out])
     head_w = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
 
     def lm_head(x, out):
