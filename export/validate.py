@@ -9,10 +9,9 @@ Relative error is max |ours - reference| / max |reference| over real (unpadded) 
 
 import numpy as np
 import onnxruntime as ort
-from edgelm.runtime.engine.decode import Engine, decode_steps, left_pad, position_ids_from_mask
+from edgelm.runtime.engine.decode import Engine, left_pad, position_ids_from_mask
 from edgelm.runtime.engine.session import graph_io
-from edgelm.runtime.generation_config import GenerationConfig
-from edgelm.runtime.quality import Plan, cache_path_logits, measure
+from edgelm.runtime.quality import Plan, cache_path_logits, greedy_tokens, measure
 
 from .errors import ParityError
 from .weights_file import ShippedGraph
@@ -131,9 +130,7 @@ class _Fed:
 
 
 def _ours_greedy(engine, rows, new_tokens, arch):
-    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=arch.eos_token_id)
-    steps = [tokens for tokens, _ in decode_steps(engine, rows, config, [None] * len(rows), pad_id=0)]
-    return np.stack(steps, axis=1)
+    return greedy_tokens(engine, rows, new_tokens, arch.eos_token_id)
 
 
 def _relative_error(ours, reference, mask, positions_at_once: int = 64):

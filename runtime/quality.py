@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .sampling.filters import log_softmax  # row-wise, float32: the samplers' own
+
 POSITIONS_AT_ONCE = 256  # log-softmax over [positions, vocabulary] a slice at a time: 1,024 x 152K floats is 600 MB
 WINDOW_LIMIT = 1024  # positions per window: the model's context, or this where the context is longer
 LOGITS_BYTES_AT_ONCE = 256 << 20  # windows per reference pass: [B, T, V] float32 logits up to this size
@@ -42,13 +44,6 @@ class Plan:
         window = min(n_positions, WINDOW_LIMIT)
         prompt_tokens = max(1, min(32, n_positions // 4))
         return cls(window, 32, prompt_tokens, min(64, n_positions - prompt_tokens), 4, min(32, window // 2))
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax of [T, V] logits, in float32."""
-    logits = np.asarray(logits, dtype=np.float32)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 @dataclass
