@@ -42,19 +42,26 @@ OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the flo
 # (benchmarks/aarch64_emulated.sh, which also runs pyproject's minimum and the newest release there).
 NEEDS_DOT_PRODUCT = ("1.21.0",)
 # Releases that import and run tiny float32 and int8 packages on qemu's cortex-a72 model, greedy tokens as x86-64's
-# (int8 within its recorded agreement): `benchmarks/aarch64_emulated.sh --survey`, 2026-12-02
-# (benchmarks/results/2026-12-02-aarch64-survey.md). Those not listed have not been run there.
+# (int8 within its recorded agreement): `benchmarks/aarch64_emulated.sh --survey`, 2026-12-02 and 2026-12-05
+# (benchmarks/results/2026-12-02-aarch64-survey.md, 2026-12-05-aarch64-survey.md). Those not listed have not been run there.
 RUNS_WITHOUT_DOT_PRODUCT = (
     "1.22.0",
     "1.22.1",
+    "1.23.0",
+    "1.23.1",
     "1.23.2",
+    "1.24.1",
+    "1.24.2",
+    "1.24.3",
     "1.24.4",
+    "1.25.0",
     "1.25.1",
     "1.26.0",
     "1.27.0",
     "1.28.0",
     "1.29.0",
     "1.30.0",
+    "1.31.0",
     "1.31.1",
     "1.32.0",
 )
