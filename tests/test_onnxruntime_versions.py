@@ -40,12 +40,49 @@ PREBUILT_NAMES = {
         ("tiny_package_int8_kv8", "1.28"),
     ],
 )
-def test_the_manifest_records_the_oldest_onnxruntime_that_runs_the_package(fixture, minimum, request):
+def test_the_manifest_records_the_oldest_onnxruntime_that_runs_the_package(fixture, minimum, request, monkeypatch):
+    monkeypatch.setattr(onnxruntime_compat, "this_machine", lambda: "x86_64")
     folder = request.getfixturevalue(fixture)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["graph"]["min_onnxruntime"] == minimum
     assert open_package(folder).min_onnxruntime == minimum
     assert f"onnxruntime   {minimum} or newer" in open_package(folder).describe()
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "arm64"])
+def test_64_bit_arm_needs_1_23_for_the_int8_recipe(machine, tiny_package_int8, tiny_package, monkeypatch):
+    """onnxruntime 1.22's aarch64 build has no 8-bit MatMulNBits kernel: the int8 package it cannot run is refused by
+    name there, while the manifest keeps the minimum of x86-64, where 1.22 runs it."""
+    monkeypatch.setattr(onnxruntime_compat, "this_machine", lambda: machine)
+    assert json.loads((tiny_package_int8 / "manifest.json").read_text())["graph"]["min_onnxruntime"] == "1.22"
+    package = open_package(tiny_package_int8)
+    assert ("MatMulNBits", "bits=8") in package.uses and package.min_onnxruntime == "1.23"
+    assert f"onnxruntime   1.23 or newer on {machine}, 1.22 elsewhere" in package.describe()
+    assert open_package(tiny_package).min_onnxruntime == "1.22"  # float32 has no MatMulNBits
+    monkeypatch.setattr(onnxruntime_compat, "installed_version", lambda: "1.22.1")
+    _refuse_sessions(monkeypatch)
+    with pytest.raises(PackageError) as caught:
+        rt.load(tiny_package_int8)
+    assert "needs onnxruntime 1.23 or newer for 8-bit MatMulNBits on 64-bit ARM (the int8 recipe);" in str(caught.value)
+    monkeypatch.setattr(onnxruntime_compat, "this_machine", lambda: "x86_64")
+    assert open_package(tiny_package_int8).min_onnxruntime == "1.22"
+
+
+def test_an_int4_package_on_arm_is_refused_for_its_own_operator(tiny_package_int4, monkeypatch):
+    """The reason named is that of an operator the graph uses, not of whichever table row shares the version."""
+    monkeypatch.setattr(onnxruntime_compat, "this_machine", lambda: "aarch64")
+    monkeypatch.setattr(onnxruntime_compat, "installed_version", lambda: "1.22.0")
+    _refuse_sessions(monkeypatch)
+    with pytest.raises(PackageError, match=re.escape("for the int4 token lookup (GatherBlockQuantized's bits")):
+        rt.load(tiny_package_int4)
+
+
+def test_the_graph_scan_reads_integer_attributes_with_their_values(tiny_package_int4, tiny_package_int8_dynamic):
+    assert ("MatMulNBits", "bits=4") in open_package(tiny_package_int4).uses
+    assert not any(op == "MatMulNBits" for op, _ in open_package(tiny_package_int8_dynamic).uses)
+    assert onnxruntime_compat.graph_minimum({("MatMulNBits", "bits=8")}) is None  # on any machine: nothing needed
+    assert onnxruntime_compat.graph_minimum({("MatMulNBits", "bits=8")}, "aarch64") == "1.23"
+    assert onnxruntime_compat.graph_minimum({("MatMulNBits", "bits=4")}, "aarch64") is None
 
 
 def test_pyproject_requires_what_the_float32_package_needs():

@@ -10,9 +10,9 @@ a padded batch, scoring) on every onnxruntime release from 1.20 to 1.32, against
     int4 weights            refused    refused  runs       runs             runs              runs
     int8 KV cache           refused    refused  refused    fails at 1st run wrong for batch>1 runs
 
-The int8 recipe (MatMulNBits with bits 8) needs nothing newer than its GroupQueryAttention's 1.22: it was run
-on 1.22.0 and 1.32.0 only (`benchmarks/onnxruntime_matrix.sh oldest`: the runtime tests pass, its batch equal
-to its prompts alone).
+The int8 recipe (MatMulNBits with bits 8) needs nothing newer than its GroupQueryAttention's 1.22 on x86-64: it
+was run on 1.22.0 and 1.32.0 only (`benchmarks/onnxruntime_matrix.sh oldest`: the runtime tests pass, its batch
+equal to its prompts alone). On 64-bit ARM it needs 1.23 (`ARM64_MINIMUM`).
 
 `edgelm export` writes the result into the manifest (graph.min_onnxruntime); the loader checks it before
 creating a session, and works it out from the graph itself for a package whose manifest predates the field.
@@ -35,15 +35,25 @@ OPERATOR_MINIMUM = {
     ("GatherBlockQuantized", "bits"): ("1.23", "the int4 token lookup (GatherBlockQuantized's bits attribute)"),
     ("GroupQueryAttention", "kv_cache_bit_width"): ("1.28", "the int8 KV cache"),  # 1.25-1.27: see the table above
 }
+# Where 64-bit ARM needs a newer release than OPERATOR_MINIMUM: onnxruntime 1.22's aarch64 build has no 8-bit
+# MatMulNBits kernel, and the int8 recipe's first step fails in MatMulNBits<T1>::Compute (1.22.0 and 1.22.1 under
+# qemu's cortex-a72 and cortex-a76, benchmarks/aarch64_emulated.sh 1.22.0 1.22.1; 1.23.0 runs it). The scan
+# records integer attributes as "name=value" (package/graph_scan.py).
+ARM64_MINIMUM = {
+    ("MatMulNBits", "bits=8"): ("1.23", "8-bit MatMulNBits on 64-bit ARM (the int8 recipe)"),
+}
+ARM64 = ("aarch64", "arm64")
 OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the float32 package's: pyproject's minimum
 # Releases whose aarch64 wheel stops the process with "Illegal instruction" as it is imported, on a 64-bit ARM CPU
 # without the dot-product instructions (Cortex-A72: Raspberry Pi 4, Cortex-A53: Pi 3 and Zero 2 W); reported by
 # Pi 4 users (onnxruntime issues 23957, 24112, 24512) and reproduced under qemu's cortex-a72 model
 # (benchmarks/aarch64_emulated.sh, which also runs pyproject's minimum and the newest release there).
 NEEDS_DOT_PRODUCT = ("1.21.0",)
-# Releases that import and run tiny float32 and int8 packages on qemu's cortex-a72 model, greedy tokens as x86-64's
-# (int8 within its recorded agreement): `benchmarks/aarch64_emulated.sh --survey`, 2026-12-02 and 2026-12-05
-# (benchmarks/results/2026-12-02-aarch64-survey.md, 2026-12-05-aarch64-survey.md). Those not listed have not been run there.
+# Releases that import onnxruntime and run the tiny packages they are new enough for on qemu's cortex-a72 model,
+# greedy tokens as x86-64's (quantized within their recorded agreement), refusing the others by name:
+# `benchmarks/aarch64_emulated.sh --survey`, 2026-12-02 and 2026-12-05 (benchmarks/results/2026-12-0[25]-aarch64-
+# survey.md; 1.22.x ran the int8 recipe of the time, DynamicQuantizeMatMul: today's is refused there, ARM64_MINIMUM).
+# Those not listed have not been run there.
 RUNS_WITHOUT_DOT_PRODUCT = (
     "1.22.0",
     "1.22.1",
@@ -77,16 +87,41 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
 
 
-def graph_minimum(uses) -> str | None:
-    """The oldest onnxruntime that runs a graph using `uses`, (operator, attribute or None) pairs; None when
-    the graph uses nothing in the table."""
-    needed = [OPERATOR_MINIMUM[use][0] for use in set(uses) if use in OPERATOR_MINIMUM]
+def this_machine() -> str:
+    """The machine's architecture, lower case: os.uname()'s ('x86_64', 'aarch64', 'arm64'), on Windows the
+    PROCESSOR_ARCHITECTURE it sets ('amd64', 'arm64'); '' where neither says."""
+    return (os.uname().machine if hasattr(os, "uname") else os.environ.get("PROCESSOR_ARCHITECTURE", "")).lower()
+
+
+def _tables(machine: str | None) -> list[dict]:
+    return [ARM64_MINIMUM, OPERATOR_MINIMUM] if (machine or "").lower() in ARM64 else [OPERATOR_MINIMUM]
+
+
+def graph_minimum(uses, machine: str | None = None) -> str | None:
+    """The oldest onnxruntime that runs a graph using `uses`, (operator, attribute or None) pairs, on any machine
+    (machine None: what a manifest records) or on `machine` (os.uname's name); None when the graph uses nothing
+    in the tables."""
+    needed = [table[use][0] for table in _tables(machine) for use in set(uses) if use in table]
     return max(needed, key=version_tuple) if needed else None
 
 
-def reason(minimum: str) -> str:
-    """Why a graph needs `minimum`: the table's words for that version."""
-    return next((why for version, why in OPERATOR_MINIMUM.values() if version == minimum), "the operators it uses")
+def minimum_here(recorded: str | None, uses) -> str | None:
+    """The oldest onnxruntime that runs a package on this machine: the one its manifest records (or its graph
+    needs anywhere), raised where this machine's architecture needs a newer one for an operator the graph uses."""
+    found = [v for v in (recorded or graph_minimum(uses), graph_minimum(uses, this_machine())) if v]
+    return max(found, key=version_tuple) if found else None
+
+
+def reason(minimum: str, uses=None, machine: str | None = None) -> str:
+    """Why a graph needs `minimum` on `machine` (None: this one): the tables' words for the operators in `uses`
+    that need it, or for any that does where `uses` is None."""
+    rows = [
+        table[use]
+        for table in _tables(this_machine() if machine is None else machine)
+        for use in (table if uses is None else set(uses))
+        if use in table
+    ]
+    return next((why for version, why in rows if version == minimum), "the operators it uses")
 
 
 def installed_version() -> str:
@@ -126,15 +161,16 @@ def installed_wheel() -> str:
     return found[0] if len(found) == 1 else CPU_WHEEL
 
 
-def check_installed(minimum: str | None, what) -> None:
-    """Refuse, before any session is created, an onnxruntime older than the package needs."""
+def check_installed(minimum: str | None, what, uses=None) -> None:
+    """Refuse, before any session is created, an onnxruntime older than the package needs (for the operators in
+    `uses`, where given: the reason named)."""
     if minimum is None:
         return
     installed = installed_version()
     if version_tuple(installed) >= version_tuple(minimum):
         return
     raise PackageError(
-        f"{what} needs onnxruntime {minimum} or newer for {reason(minimum)}; this is onnxruntime {installed}. "
+        f"{what} needs onnxruntime {minimum} or newer for {reason(minimum, uses)}; this is onnxruntime {installed}. "
         f"Install a newer one: pip install -U '{installed_wheel()}>={minimum}'"
     )
 
@@ -180,7 +216,7 @@ def cuda_missing_error() -> DeviceError:
 def arm_dot_product(machine: str, cpuinfo: str | None) -> bool | None:
     """Whether a 64-bit ARM CPU has the dot-product instructions (asimddp in /proc/cpuinfo's Features); None for
     another machine, or where /proc/cpuinfo says nothing (not Linux)."""
-    if machine.lower() not in ("aarch64", "arm64") or not cpuinfo:
+    if machine.lower() not in ARM64 or not cpuinfo:
         return None
     features = [line.partition(":")[2].split() for line in cpuinfo.splitlines() if line.startswith("Features")]
     return bool(features) and all("asimddp" in row for row in features)
@@ -200,8 +236,8 @@ def check_cpu(version: str | None, machine: str, cpuinfo: str | None) -> None:
 
 def check_cpu_before_import() -> None:
     """check_cpu for this machine and the onnxruntime pip installed, read without importing it."""
-    machine = os.uname().machine if hasattr(os, "uname") else ""
-    if machine.lower() not in ("aarch64", "arm64"):  # Windows on ARM has no /proc/cpuinfo to go by either
+    machine = this_machine()
+    if machine not in ARM64:  # Windows on ARM has no /proc/cpuinfo to go by either
         return
     found = distribution_versions()
     if not found:

@@ -164,10 +164,17 @@ class Manifest:
 
 
 def describe(
-    name: str, kind: str, folder, arch: Architecture, manifest: Manifest | None = None, eos_ids: tuple | None = None
+    name: str,
+    kind: str,
+    folder,
+    arch: Architecture,
+    manifest: Manifest | None = None,
+    eos_ids: tuple | None = None,
+    needs_here: tuple | None = None,
 ) -> str:
     """What `edgelm info` prints about a package: architecture, weights, files and validation figures. eos_ids: the
-    end-of-text ids generation_config.json lists, where it lists them (generation stops at any), else arch's."""
+    end-of-text ids generation_config.json lists, where it lists them (generation stops at any), else arch's.
+    needs_here: (onnxruntime version, machine) where the machine needs a newer release than the manifest says."""
     a = arch
     eos = ", ".join(map(str, eos_ids)) if eos_ids else a.eos_token_id
     lines = [
@@ -192,7 +199,8 @@ def describe(
     lines += [
         f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), {head}{lookup}",
         f"  KV cache      {g.kv_cache_dtype}, updated in place: {g.kv_cache_in_place}",
-        *([f"  onnxruntime   {g.min_onnxruntime} or newer"] if g.min_onnxruntime else []),
+        *([f"  onnxruntime   {g.min_onnxruntime} or newer"] if g.min_onnxruntime and not needs_here else []),
+        *([f"  onnxruntime   {needs_here[0]} or newer on {needs_here[1]}, {g.min_onnxruntime} elsewhere"] if needs_here else []),
         f"  source        {source} {m.source.get('revision') or ''}".rstrip(),
         "  files         " + ", ".join(f"{n} {f.size / 1e6:.1f} MB" for n, f in m.files.items()),
     ]

@@ -7,7 +7,7 @@ or is a link leading out of the model's folder, and one that is not a regular fi
 every file it names is one the manifest lists (so it was checked against its sha256).
 
 Field numbers are onnx.proto3's: ModelProto.graph 7; GraphProto node 1, initializer 5, sparse_initializer 15;
-NodeProto input 1, op_type 4, attribute 5; AttributeProto name 1, t 5, g 6, tensors 10, graphs 11;
+NodeProto input 1, op_type 4, attribute 5; AttributeProto name 1, i 3, t 5, g 6, tensors 10, graphs 11;
 TensorProto dims 1, name 8, external_data 13 (StringStringEntryProto key 1, value 2);
 SparseTensorProto values 1, indices 2.
 """
@@ -29,7 +29,9 @@ class ScanError(ValueError):
 class GraphFacts:
     external_files: set = field(default_factory=set)  # every external data `location` in the model
     position_rows: int | None = None  # rows of the table read with position_ids (Gather, RotaryEmbedding); or None
-    uses: set = field(default_factory=set)  # (op_type, None) per operator, (op_type, attribute name) per attribute
+    # (op_type, None) per operator, (op_type, attribute name) per attribute, and (op_type, "name=value") per
+    # integer attribute (a negative one reads as its 64-bit two's complement)
+    uses: set = field(default_factory=set)
 
 
 def scan_model(path: Path) -> GraphFacts:
@@ -74,13 +76,18 @@ def _node(view, span, facts, tensors, gathers, depth):
         elif number == 4 and isinstance(value, tuple):
             op_type = _text(view, value)
         elif number == 5 and isinstance(value, tuple):
+            name, integer = None, None
             for part, inner in _fields(view, *value):
                 if part == 1 and isinstance(inner, tuple):
-                    attributes.append(_text(view, inner))
+                    name = _text(view, inner)
+                elif part == 3 and isinstance(inner, int):
+                    integer = inner
                 elif part in (5, 10) and isinstance(inner, tuple):
                     _tensor(view, inner, facts, {})
                 elif part in (6, 11) and isinstance(inner, tuple):
                     _graph(view, inner, facts, {}, [], depth + 1)
+            if name is not None:
+                attributes += [name] if integer is None else [name, f"{name}={integer}"]
     facts.uses |= {(op_type, None)} | {(op_type, name) for name in attributes}
     if op_type == "Gather" and len(inputs) >= 2:
         gathers.append((inputs[0], inputs[1]))

@@ -11,10 +11,11 @@ bounded), and every file the runtime reads must be listed in the manifest, the g
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.onnxruntime_compat import graph_minimum
+from ..engine import onnxruntime_compat
+from ..engine.onnxruntime_compat import minimum_here
 from ..errors import GenerationOptionError, PackageError
 from ..generation_config import GenerationConfig
 from . import verified
@@ -55,7 +56,8 @@ class Package:
     kind: str = "edgelm"  # "edgelm" or "optimum"
     weights_file: Path | None = None  # the graph's external data, where it has one
     verified: bool = False  # every listed file had its recorded size and sha256 when the folder was opened
-    min_onnxruntime: str | None = None  # the oldest onnxruntime that runs the graph: the manifest's, else the graph's
+    min_onnxruntime: str | None = None  # the oldest onnxruntime that runs the graph on this machine (minimum_here)
+    uses: frozenset = field(default=frozenset(), repr=False)  # the graph's operators and attributes (graph_scan.GraphFacts.uses)
 
     @property
     def name(self) -> str:
@@ -96,7 +98,9 @@ class Package:
             ids = GenerationConfig(eos_token_id=eos).eos_token_id
         except GenerationOptionError:  # a damaged file: `edgelm info` still describes the rest
             ids = None
-        return describe(self.name, self.kind, self.folder, self.arch, self.manifest, ids)
+        recorded = self.manifest.graph.min_onnxruntime if self.manifest else None
+        here = (self.min_onnxruntime, onnxruntime_compat.this_machine()) if self.min_onnxruntime not in (None, recorded) else None
+        return describe(self.name, self.kind, self.folder, self.arch, self.manifest, ids, here)
 
     def to_dict(self) -> dict:
         """The manifest as JSON (`edgelm info --json`); for an optimum folder, what was read from it."""
@@ -135,9 +139,11 @@ def open_package(path, verify: bool | str = True) -> Package:
         paths[GENERATION_CONFIG], manifest.files[GENERATION_CONFIG].size if verify else MAX_JSON_BYTES
     )
     weights = paths.get(manifest.graph.weights_file) if manifest.graph.weights_file else None
-    minimum = manifest.graph.min_onnxruntime or graph_minimum(uses)  # a manifest from before the field: the graph's
+    minimum = minimum_here(manifest.graph.min_onnxruntime, uses)  # no field (an older manifest): the graph's
     tokenizer = paths[manifest.tokenizer]
-    return Package(folder, arch, model_file, tokenizer, generation, manifest, "edgelm", weights, verify, minimum)
+    return Package(
+        folder, arch, model_file, tokenizer, generation, manifest, "edgelm", weights, verify, minimum, frozenset(uses)
+    )
 
 
 def read_manifest(folder: Path) -> Manifest:
@@ -219,5 +225,7 @@ def _open_optimum_folder(folder: Path) -> Package:
 
     uses = _check_graph(model_file, arch, absent_or_regular_here, "that is not a regular file of the folder")
     weights = inside(folder, WEIGHTS_FILE) if regular_file_here(WEIGHTS_FILE) else None
-    minimum = graph_minimum(uses)
-    return Package(folder, arch, model_file, tokenizer_file, generation, None, "optimum", weights, False, minimum)
+    minimum = minimum_here(None, uses)
+    return Package(
+        folder, arch, model_file, tokenizer_file, generation, None, "optimum", weights, False, minimum, frozenset(uses)
+    )
