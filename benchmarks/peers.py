@@ -272,6 +272,14 @@ def _llama_sampling(options: dict) -> dict:
     }
 
 
+# llama-cpp-python 0.3.36 built with GGML_NATIVE on a CPU with AMX multiplies q8_0 and q4_0 with ggml's AMX
+# kernels, which crash in ggml_backend_amx_mul_mat at the first prompt (ggml-org/llama.cpp issue 20824); f32 runs.
+AMX_CRASH = (
+    "; SIGSEGV: on a CPU with AMX, rebuild llama-cpp-python without its AMX kernels: CMAKE_ARGS='-DGGML_NATIVE=OFF "
+    "-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON "
+    "-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF' "
+    "pip install --force-reinstall --no-deps --no-binary llama-cpp-python llama-cpp-python"
+)
 SAMPLERS = ("edgelm", "llama.cpp")  # the systems timed with the sampled settings too
 RUNNERS = {
     "edgelm": _edgelm,
@@ -350,7 +358,7 @@ def main():
             if done.returncode != 0:
                 failed[system] = (
                     done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else f"exit {done.returncode}"
-                )
+                ) + (AMX_CRASH if done.returncode == -11 and system.startswith("llama.cpp") else "")
                 continue
             results[system][round_] = json.loads(done.stdout.strip().splitlines()[-1])
             print(f"round {round_ + 1}: {system} {results[system][round_]}", file=sys.stderr, flush=True)
