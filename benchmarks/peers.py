@@ -277,7 +277,8 @@ def _llama_sampling(options: dict) -> dict:
 AMX_CRASH = (
     "; SIGSEGV: on a CPU with AMX, rebuild llama-cpp-python without its AMX kernels: CMAKE_ARGS='-DGGML_NATIVE=OFF "
     "-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON "
-    "-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF' "
+    "-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF "
+    "-DGGML_AMX_BF16=OFF' "
     "pip install --force-reinstall --no-deps --no-binary llama-cpp-python llama-cpp-python"
 )
 SAMPLERS = ("edgelm", "llama.cpp")  # the systems timed with the sampled settings too

@@ -55,7 +55,8 @@ class Model:
         self.package, self.arch = package, package.arch
         prefix_cache_bytes = cache_bytes(prefix_cache_mb)  # a bad option fails before anything is read
         self.tokenizer = load_tokenizer(package.tokenizer_text(), package.tokenizer_file)
-        check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)  # before onnxruntime sees it
+        # before onnxruntime sees it
+        check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)
         quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
         session, self.device = create_session(package.model_file, device, threads, quantized, spinning)
         check_graph_shapes(session, package)

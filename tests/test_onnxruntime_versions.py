@@ -142,6 +142,7 @@ def test_a_manifest_from_before_the_field_is_checked_from_its_graph(tiny_package
     _rewrite_manifest(folder, lambda m: m["graph"].pop("min_onnxruntime"))
     assert open_package(folder).manifest.graph.min_onnxruntime is None
     assert open_package(folder).min_onnxruntime == "1.28"  # read from the operators model.onnx uses
+    assert "elsewhere" not in open_package(folder).describe()  # no recorded minimum for this machine to raise
     monkeypatch.setattr(onnxruntime_compat, "installed_version", lambda: "1.27.0")
     with pytest.raises(PackageError, match="needs onnxruntime 1.28"):
         rt.load(folder)

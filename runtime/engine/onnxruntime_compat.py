@@ -108,19 +108,15 @@ def graph_minimum(uses, machine: str | None = None) -> str | None:
 def minimum_here(recorded: str | None, uses) -> str | None:
     """The oldest onnxruntime that runs a package on this machine: the one its manifest records (or its graph
     needs anywhere), raised where this machine's architecture needs a newer one for an operator the graph uses."""
-    found = [v for v in (recorded or graph_minimum(uses), graph_minimum(uses, this_machine())) if v]
+    found = [v for v in (recorded, graph_minimum(uses, this_machine())) if v]  # this machine's tables hold the rest
     return max(found, key=version_tuple) if found else None
 
 
-def reason(minimum: str, uses=None, machine: str | None = None) -> str:
-    """Why a graph needs `minimum` on `machine` (None: this one): the tables' words for the operators in `uses`
-    that need it, or for any that does where `uses` is None."""
-    rows = [
-        table[use]
-        for table in _tables(this_machine() if machine is None else machine)
-        for use in (table if uses is None else set(uses))
-        if use in table
-    ]
+def reason(minimum: str, uses=None) -> str:
+    """Why a graph needs `minimum` on this machine: the tables' words for the operators in `uses` that need it, or
+    for any that does where `uses` is None."""
+    tables = _tables(this_machine())
+    rows = [table[use] for table in tables for use in (table if uses is None else set(uses)) if use in table]
     return next((why for version, why in rows if version == minimum), "the operators it uses")
 
 

@@ -199,8 +199,13 @@ def describe(
     lines += [
         f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), {head}{lookup}",
         f"  KV cache      {g.kv_cache_dtype}, updated in place: {g.kv_cache_in_place}",
-        *([f"  onnxruntime   {g.min_onnxruntime} or newer"] if g.min_onnxruntime and not needs_here else []),
-        *([f"  onnxruntime   {needs_here[0]} or newer on {needs_here[1]}, {g.min_onnxruntime} elsewhere"] if needs_here else []),
+        *(
+            [f"  onnxruntime   {needs_here[0]} or newer on {needs_here[1]}, {g.min_onnxruntime} elsewhere"]
+            if needs_here
+            else [f"  onnxruntime   {g.min_onnxruntime} or newer"]
+            if g.min_onnxruntime
+            else []
+        ),
         f"  source        {source} {m.source.get('revision') or ''}".rstrip(),
         "  files         " + ", ".join(f"{n} {f.size / 1e6:.1f} MB" for n, f in m.files.items()),
     ]

@@ -57,7 +57,7 @@ class Package:
     weights_file: Path | None = None  # the graph's external data, where it has one
     verified: bool = False  # every listed file had its recorded size and sha256 when the folder was opened
     min_onnxruntime: str | None = None  # the oldest onnxruntime that runs the graph on this machine (minimum_here)
-    uses: frozenset = field(default=frozenset(), repr=False)  # the graph's operators and attributes (graph_scan.GraphFacts.uses)
+    uses: frozenset = field(default=frozenset(), repr=False)  # the graph's operators and attributes (GraphFacts)
 
     @property
     def name(self) -> str:
@@ -99,7 +99,8 @@ class Package:
         except GenerationOptionError:  # a damaged file: `edgelm info` still describes the rest
             ids = None
         recorded = self.manifest.graph.min_onnxruntime if self.manifest else None
-        here = (self.min_onnxruntime, onnxruntime_compat.this_machine()) if self.min_onnxruntime not in (None, recorded) else None
+        raised = recorded is not None and self.min_onnxruntime != recorded  # by this machine's architecture
+        here = (self.min_onnxruntime, onnxruntime_compat.this_machine()) if raised else None
         return describe(self.name, self.kind, self.folder, self.arch, self.manifest, ids, here)
 
     def to_dict(self) -> dict:

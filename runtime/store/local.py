@@ -298,7 +298,8 @@ def install_folder(folder: Path, name: str, source: dict, force: bool = False) -
     """Verify a filled staging folder and rename it into the store as NAME, recording its source beside it."""
     refuse_taken(name, force)
     package = check_package(folder)
-    check_installed(package.min_onnxruntime, f"the package {package.name!r}", package.uses)  # no install that cannot run here
+    # no install that cannot run here
+    check_installed(package.min_onnxruntime, f"the package {package.name!r}", package.uses)
     manifest = _name_package(folder, package.manifest, name)
     root, target = store_dir(), store_dir() / name
     record = root / META / f".{name}.json{TEMP}{os.getpid()}"
