@@ -2,7 +2,7 @@
 
     from edgelm.export import export_model
     export_model("distilgpt2", "models/distilgpt2-int8", quantize="int8")
-    export_model("distilgpt2", "models/distilgpt2-int4", quantize="int4", int4=Int4Options(block_size=64))
+    export_model("distilgpt2", "models/distilgpt2-int4", quantize="int4", int4=Int4Options(block_size=32))
 
 The stages (stages.py) read the checkpoint (checkpoint.py, load.py), ask its architecture family (families/)
 to build the decoder from the graph kit (graph/), quantize (quantize.py, int4.py, gptq.py, calibrate.py), validate against PyTorch

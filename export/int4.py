@@ -42,7 +42,10 @@ SMALLEST_SCALE = np.finfo(np.float32).tiny  # a block of subnormal weights keeps
 class Int4Options:
     """How `--quantize int4` stores the weights; checked once, here (ExportError with the valid choices)."""
 
-    block_size: int = 32  # weights per scale along the input dimension
+    # weights per scale along the input dimension. 128, the group size of GPTQ and AWQ checkpoints: a decode step
+    # 1.2-1.35x faster than at 32 with fewer bytes, within the quality target on both trained test models
+    # (benchmarks/results/2026-12-06-int4-block.md)
+    block_size: int = 128
     # one of METHODS (module docstring). kquant: the lowest KL of the recipes within 15% of rtn's bytes on both
     # trained test models (benchmarks/results/2026-12-02-int4-methods.md)
     method: str = "kquant"

@@ -222,7 +222,7 @@ def test_int8_weights_never_saturate():
 
 def test_int4_package(tiny_package, validated_package_int4):
     manifest = json.loads((validated_package_int4 / "manifest.json").read_text())
-    assert manifest["weights"]["dtype"] == "int4" and manifest["weights"]["quantization"]["block_size"] == 32
+    assert manifest["weights"]["dtype"] == "int4" and manifest["weights"]["quantization"]["block_size"] == 128
     quality = manifest["validation"]["int4"]
     # 4 bits on a 32-wide toy model (one block per row) is coarse; the figures are recorded, and must stay sane
     # (on the evaluation text: top-1 0.53, KL 0.17; a broken graph agrees on about 1/320 of the positions).
@@ -231,7 +231,9 @@ def test_int4_package(tiny_package, validated_package_int4):
     matmuls = [n for n in graph.node if n.op_type == "MatMulNBits"]
     assert len(matmuls) == 2 * 4 + 1  # four products per block and the LM head
     assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in matmuls)
-    assert _weights_size(validated_package_int4) < 0.3 * _weights_size(tiny_package)
+    # blocks of 128 (the default): the toy model's 32-wide products pad to one block each, so 4 bits take about
+    # half of float32's bytes here; unpadded widths take under a third (test_int4_options)
+    assert _weights_size(validated_package_int4) < 0.6 * _weights_size(tiny_package)
 
 
 def test_int4_quantization_round_trip():

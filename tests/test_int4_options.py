@@ -26,7 +26,7 @@ OPTIONS = [  # (block size, method, head bits): every block size and every metho
 
 @pytest.mark.parametrize("block_size, method, head_bits", OPTIONS)
 def test_each_option_exports_a_package_that_loads_and_generates(
-    tiny_checkpoint, tmp_path, block_size, method, head_bits
+    tiny_checkpoint, tiny_package, tmp_path, block_size, method, head_bits
 ):
     from edgelm.export import export_model
     from edgelm.runtime import load
@@ -44,6 +44,10 @@ def test_each_option_exports_a_package_that_loads_and_generates(
             assert attributes["block_size"] == block_size and attributes["bits"] == (head_bits if head else 4)
     completion = load(result.path).generate("Hello", max_new_tokens=6, min_new_tokens=6)
     assert len(completion.token_ids) == 6
+    if block_size <= 32 and head_bits == 4:  # no padding on the 32-wide model: 4-bit codes and their block scales
+        files = ("model.onnx", "model.onnx.data")
+        weights = [sum((package / name).stat().st_size for name in files) for package in (result.path, tiny_package)]
+        assert weights[0] < weights[1] / 3  # float32 tables, norms and biases stay; 16 and hqq carry more per block
 
 
 @pytest.mark.parametrize("options", [(16, "kquant", 4), (128, "hqq", 4), (64, "clip", 8), (32, "rtn", 8)])
