@@ -1,4 +1,5 @@
-"""Tiny random GPT-2 checkpoints, with a tiny byte-level BPE tokenizer, built on the spot (export side only)."""
+"""Tiny random GPT-2 checkpoints, with a tiny byte-level BPE tokenizer, built on the spot (export side only), and
+the bytes of what a package exported from one stores as its graph."""
 
 import json
 from pathlib import Path
@@ -90,3 +91,8 @@ def copy_with_config(checkpoint: Path, folder: Path, **changes) -> Path:
     config = json.loads((folder / "config.json").read_text()) | changes
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def graph_bytes(package: Path) -> int:
+    """model.onnx and model.onnx.data together: the weights and the graph that reads them."""
+    return sum((package / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))

@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from checkpoints import graph_bytes
 from edgelm.runtime.package.open import file_record
 
 
@@ -26,10 +27,6 @@ def _feed(ids, n_layer=2, heads=4, head_size=8):
         for kind in ("key", "value"):
             feed[f"past_key_values.{i}.{kind}"] = np.zeros((ids.shape[0], heads, 0, head_size), np.float32)
     return feed
-
-
-def _weights_size(package):
-    return sum((package / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))
 
 
 def test_package_files_and_manifest(validated_package):
@@ -202,7 +199,7 @@ def test_int8_package_quality_and_recipe(request, tiny_package, fixture, recipe,
     bits = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
     assert bits == ({8} if recipe == "int8" else set())
     assert "GroupQueryAttention" in ops  # attention itself stays float (activations only)
-    assert _weights_size(package) < 0.45 * _weights_size(tiny_package)
+    assert graph_bytes(package) < 0.45 * graph_bytes(tiny_package)
 
 
 def test_int8_weights_never_saturate():
@@ -233,7 +230,7 @@ def test_int4_package(tiny_package, validated_package_int4):
     assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in matmuls)
     # blocks of 128 (the default): the toy model's 32-wide products pad to one block each, so 4 bits take about
     # half of float32's bytes here; unpadded widths take under a third (test_int4_options)
-    assert _weights_size(validated_package_int4) < 0.6 * _weights_size(tiny_package)
+    assert graph_bytes(validated_package_int4) < 0.6 * graph_bytes(tiny_package)
 
 
 def test_int4_quantization_round_trip():
