@@ -22,7 +22,7 @@ import sys
 import onnxruntime
 
 from edgelm.runtime.errors import DeviceError
-from edgelm.runtime.onnxruntime_compat import installed_distributions
+from edgelm.runtime.package.onnxruntime_compat import installed_distributions
 from edgelm.runtime.session import choose_providers
 
 print(f"onnxruntime {onnxruntime.__version__} ({', '.join(installed_distributions()) or 'no distribution metadata'}),",

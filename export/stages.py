@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from edgelm.runtime.engine.onnxruntime_compat import graph_minimum
+from edgelm.runtime.package.onnxruntime_compat import graph_minimum
 from edgelm.runtime.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
@@ -300,7 +300,7 @@ def _graph_section(shipped, kv_cache: str) -> Graph:
         weights_file=WEIGHTS_FILE,
         token_embeddings=shipped.token_embeddings,
         kv_cache=_kv_cache_description(kv_cache),
-        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/engine/onnxruntime_compat.py
+        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/package/onnxruntime_compat.py
     )
 
 

@@ -17,7 +17,7 @@ from .batching.prefix_cache import PrefixCache, cache_bytes
 from .engine import decode as engine_module
 from .engine.decode import Engine
 from .engine.embeddings import TokenEmbeddings
-from .engine.onnxruntime_compat import check_installed
+from .package.onnxruntime_compat import check_installed
 from .engine.session import check_graph_shapes, create_session, drop_mapped_pages, graph_io, release_freed_memory
 from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
 from .generation_config import GenerationConfig, without_constraint

@@ -12,7 +12,7 @@ from ..errors import DeviceError, PackageError
 from ..sampling import graph_outputs
 from . import native
 from .fast_path import first_line
-from .onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
+from ..package.onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
 
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"

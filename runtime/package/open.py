@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine import onnxruntime_compat
-from ..engine.onnxruntime_compat import minimum_here
+from . import onnxruntime_compat
+from .onnxruntime_compat import minimum_here
 from ..errors import GenerationOptionError, PackageError
 from ..generation_config import GenerationConfig
 from . import verified
