@@ -29,8 +29,8 @@ _LAZY = {
     "Score": "model",
     "Stream": "model",
     "load": "model",
-    "pipeline": "text.pipeline",
-    "PromptFile": "prompt_file",
+    "pipeline": "apps.pipeline",
+    "PromptFile": "apps.prompt_file",
     "ToolCall": "text.tools",
     "tool_format": "text.tools",
 }
