@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgelm.runtime.package.onnxruntime_compat import graph_minimum
-from edgelm.runtime.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
+from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.package.format import (
@@ -95,7 +95,7 @@ def export_model(
     transformers' AutoTokenizer read it.
 
     eval_text (a path; default export/data/'s sample) is the text a quantized package's quality report measures,
-    its first eval_tokens tokens (default 8,192, at least 2,048: runtime/eval_text.py). The manifest records the
+    its first eval_tokens tokens (default 8,192, at least 2,048: runtime/quality/eval_text.py). The manifest records the
     text's name, sha256 and token count.
 
     int4 (with quantize="int4"): block size, rounding method and the head's bits (export/int4.py; default

@@ -6,7 +6,7 @@ import sys
 import click
 
 from ..errors import EdgelmError
-from ..eval_text import MIN_EVAL_TOKENS
+from ..quality.eval_text import MIN_EVAL_TOKENS
 from ..generation_config import sampling_implied
 from ..inputs import decode_utf8
 from .options import (
