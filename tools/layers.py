@@ -28,8 +28,8 @@ ROOT = "(root)"  # runtime/__init__.py
 # Bottom-up. Each line: the units of one layer, then what they hold.
 LAYERS = (
     ("errors",),  # the exception types every layer raises
-    ("inputs",),  # checks of what callers send that is not an option (token ids, text)
-    ("generation_config", "constraint_text"),  # the settings of one request, valid by construction
+    ("inputs", "constraint_text"),  # checks of what callers send: token ids, text, a constraint's text
+    ("generation_config",),  # the settings of one request, valid by construction
     ("package",),  # the package folder: format, manifest, files, the onnxruntime it needs
     ("sampling", "text", "store"),  # next-token choice on ids; text <-> ids and chat; installed packages
     ("engine",),  # the forward pass and the decode loop, on ids

@@ -6,6 +6,7 @@ tokenized once, in a worker thread (a template error names the message at fault)
 `chat.completion`, or a stream of `chat.completion.chunk` events ending in `data: [DONE]` (chat_answers.py).
 """
 
+from ...sampling.constraint import check as check_constraint
 from ...text.chat_bounds import deadline as render_deadline
 from ..request_path import Endpoint, Ready, Result, StreamWriter, sse
 from . import chat_answers as shapes
@@ -28,7 +29,7 @@ class Chat(Endpoint):
 
             tools.check_schemas()
             if req.answer_format:  # checked alone first, so that a bad schema names response_format
-                config.with_options(**req.answer_format)
+                check_constraint(config.with_options(**req.answer_format))
             req.tool_format = tool_format(model)
             config = config.with_options(**tools.constraint(req.tool_format, req.answer_format))
         with render_deadline(deadline):
