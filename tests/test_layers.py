@@ -6,6 +6,7 @@ runtime/ is parsed once for the whole session; the test that plants bad imports 
 
 import functools
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -105,3 +106,14 @@ def test_the_command_prints_both_graphs():
     assert done.returncode == 0, done.stderr
     assert "edgelm.runtime (runtime/)\n" in done.stdout and "\nedgelm.export (export/)\n" in done.stdout
     assert "  model -> " in done.stdout and "layers, bottom-up: errors < " in done.stdout
+
+
+def test_every_subpackage_is_in_the_wheel():
+    """pyproject.toml lists the packages a wheel holds: a folder moved or added under runtime/ or export/ is there."""
+    listed = re.search(r"^packages = \[(.*?)\]", (REPOSITORY / "pyproject.toml").read_text(), re.M | re.S).group(1)
+    folders = {
+        ".".join(("edgelm", *init.parent.relative_to(REPOSITORY).parts))
+        for tree in (RUNTIME, EXPORT)
+        for init in tree.rglob("__init__.py")
+    }
+    assert "edgelm.runtime.apps" in folders and set(re.findall(r'"([\w.]+)"', listed)) == folders
