@@ -46,6 +46,7 @@ def test_no_import_runs_against_the_layer_order():
     assert "edgelm.runtime.engine.decode" in found.modules["edgelm.runtime.model"]
     assert "edgelm.runtime.package.onnxruntime_compat" in found.modules["edgelm.runtime.engine"]
     assert "edgelm.runtime.apps.bench" in found.modules["edgelm.runtime.cli.main"]  # inside a function
+    assert "edgelm.runtime.apps.pipeline" in found.modules["edgelm.runtime"]  # the public names' _LAZY table
     assert found.against_the_order() == {}
 
 
@@ -60,8 +61,9 @@ def test_gptq_and_the_int4_methods_import_one_way():
 
 
 def test_the_checks_find_each_kind_of_bad_import_planted(tmp_path):
-    """A copy of runtime/ with an import up the order hidden in a function, one by a computed-looking literal
-    name, one between two units of the same layer, a folder with no layer and a lazy module cycle: each is named."""
+    """A copy of runtime/ with an import up the order hidden in a function, one by a literal name, one in the
+    public names' table, one between two units of the same layer, a folder with no layer and a lazy module cycle:
+    each is named."""
     root = shutil.copytree(RUNTIME, tmp_path / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     with open(root / "engine" / "decode.py", "a") as decode:
         decode.write("\n\ndef _hidden():\n    from ..model import load\n")
@@ -71,10 +73,13 @@ def test_the_checks_find_each_kind_of_bad_import_planted(tmp_path):
         messages.write("\n\ndef _hidden():\n    from ..sampling.draw import pick\n")
     with open(root / "text" / "tokenizer.py", "a") as tokenizer:
         tokenizer.write("\n\ndef _hidden():\n    from . import stream\n")  # stream.py imports tokenizer.py
+    init = (root / "__init__.py").read_text()
+    (root / "__init__.py").write_text(init.replace('_LAZY = {', '_LAZY = {\n    "create_app": "server.app",', 1))
     (root / "newthing").mkdir()
     (root / "newthing" / "__init__.py").write_text("from ..errors import EdgelmError\n")
     found = layers.Imports(root, layers.RUNTIME_PACKAGE)
     assert found.against_the_order() == {
+        "(root) -> server": ["edgelm.runtime -> edgelm.runtime.server.app"],
         "engine -> model": ["edgelm.runtime.engine.decode -> edgelm.runtime.model"],
         "sampling -> server": ["edgelm.runtime.sampling.filters -> edgelm.runtime.server.app"],
         "text -> sampling": ["edgelm.runtime.text.chat_messages -> edgelm.runtime.sampling.draw"],

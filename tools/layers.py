@@ -5,7 +5,7 @@
     python tools/layers.py PATH         # the same for another checkout of the repository
 
 A unit is a subpackage of runtime/ (engine, text, ...) or a module at its root (model, errors, ...); `(root)` is
-runtime/__init__.py, the public names, which it imports on first use. Each unit sits in one layer of LAYERS,
+runtime/__init__.py, the public names, which it imports on first use (its `_LAZY` table). Each unit sits in one layer of LAYERS,
 read bottom-up: a module may import its own unit and any unit of a lower layer, never one of its own layer or
 above. Units that share a layer (sampling and text) know nothing of each other. tests/test_layers.py fails on any
 import against the order, lazy (function-level) imports and __import__ / import_module with a literal name
@@ -54,11 +54,15 @@ def modules(root: Path, package: str) -> dict:
 
 def imported_names(name: str, path: Path) -> set:
     """The absolute names a module imports at any depth (functions, try blocks, __import__ / import_module with a
-    literal name); `from a import b` gives a.b, which may be a module or a name defined in a."""
+    literal name, and the modules a package's `_LAZY` table of public names imports on first use); `from a import
+    b` gives a.b, which may be a module or a name defined in a."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["_LAZY"]:
+            values = node.value.values if isinstance(node.value, ast.Dict) else []
+            found |= {f"{package}.{v.value}" for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
+        elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level else ""
