@@ -185,14 +185,16 @@ class Imports:
         if per_module:
             graph, marked = self.modules, cyclic(self.modules)
             name = lambda module: module[len(self.package) + 1 :] or ROOT  # noqa: E731
+            unit = lambda module: unit_of(module, self.package)  # noqa: E731
         else:
             graph, marked = self.unit_graph, cyclic(self.unit_graph)
-            name = lambda unit: unit  # noqa: E731
+            name = unit = lambda unit: unit  # noqa: E731
         wrong = {tuple(key.split(" -> ")) for key in self.against_the_order()} if layered else set()
-        order = (lambda u: (layer_of(u) if layer_of(u) is not None else len(LAYERS), u)) if layered else None
+        layer = lambda node: layer_of(unit(node)) if layer_of(unit(node)) is not None else len(LAYERS)  # noqa: E731
+        order = (lambda node: (layer(node), node)) if layered else None
         for a in sorted({*graph, *(b for bs in graph.values() for b in bs)}, key=order):
             shown = [
-                name(b) + ("!" if (a, b) in wrong else "") + ("*" if (a, b) in marked else "")
+                name(b) + ("!" if (unit(a), unit(b)) in wrong else "") + ("*" if (a, b) in marked else "")
                 for b in sorted(graph.get(a, ()), key=order)
             ]
             lines.append(f"  {name(a)} -> {', '.join(shown) if shown else '(nothing)'}")
