@@ -5,9 +5,9 @@
     python tools/layers.py PATH         # the same for another checkout of the repository
 
 A unit is a subpackage of runtime/ (engine, text, ...) or a module at its root (model, errors, ...); `(root)` is
-runtime/__init__.py, the public names, which it imports on first use (its `_LAZY` table). Each unit sits in one layer of LAYERS,
-read bottom-up: a module may import its own unit and any unit of a lower layer, never one of its own layer or
-above. Units that share a layer (sampling and text) know nothing of each other. tests/test_layers.py fails on any
+runtime/__init__.py, the public names, which it imports on first use (its `_LAZY` table). Each unit sits in one
+layer of LAYERS, read bottom-up: a module may import its own unit and any unit of a lower layer, never one of its
+own layer or above. Units that share a layer (sampling and text) know nothing of each other. tests/test_layers.py fails on any
 import against the order, lazy (function-level) imports and __import__ / import_module with a literal name
 included, and on a unit that has no layer.
 
@@ -33,7 +33,7 @@ LAYERS = (
     ("package",),  # the package folder: format, manifest, files, the onnxruntime it needs
     ("sampling", "text", "store"),  # next-token choice on ids; text <-> ids and chat; installed packages
     ("engine",),  # the forward pass and the decode loop, on ids
-    ("speculative",),  # several tokens per forward pass, over the engine and the samplers
+    ("speculative",),  # several tokens per forward pass, over the engine and the samplers (placed ahead of it)
     ("batching", "quality"),  # many requests at once, text out of ids; distance between two models' outputs
     ("model",),  # load(): a package, its tokenizer and engine, generate / stream / chat / score
     ("apps",),  # jobs built on a model: prompt files, pipeline(), bench, bundle
