@@ -33,7 +33,7 @@ LAYERS = (
     ("package",),  # the package folder: format, manifest, files, the onnxruntime it needs
     ("sampling", "text", "store"),  # next-token choice on ids; text <-> ids and chat; installed packages
     ("engine",),  # the forward pass and the decode loop, on ids
-    ("speculative",),  # several tokens per forward pass, over the engine and the samplers (placed ahead of it)
+    ("speculative",),  # several tokens per forward pass, over the engine and the samplers
     ("batching", "quality"),  # many requests at once, text out of ids; distance between two models' outputs
     ("model",),  # load(): a package, its tokenizer and engine, generate / stream / chat / score
     ("apps",),  # jobs built on a model: prompt files, pipeline(), bench, bundle
