@@ -17,7 +17,7 @@
 #
 # The survey (1 to 10 minutes a release on 2 shared cores; not in .ci/run) says per release whether it runs the
 # packages on a Raspberry Pi 4's CPU, stops with "Illegal instruction", or has no aarch64 wheel for the emulated
-# Python; its table is $ARM_WORK/survey.txt, and docs/install.md and runtime/engine/onnxruntime_compat.py
+# Python; its table is $ARM_WORK/survey.txt, and docs/install.md and runtime/package/onnxruntime_compat.py
 # (NEEDS_DOT_PRODUCT, RUNS_WITHOUT_DOT_PRODUCT) hold its result. The runtime is copied when a run starts, but
 # the tests are read from the checkout as each release's turn comes: leave them alone while it runs.
 #

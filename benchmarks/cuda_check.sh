@@ -22,7 +22,7 @@ import sys
 import onnxruntime
 
 from edgelm.runtime.errors import DeviceError
-from edgelm.runtime.onnxruntime_compat import installed_distributions
+from edgelm.runtime.package.onnxruntime_compat import installed_distributions
 from edgelm.runtime.session import choose_providers
 
 print(f"onnxruntime {onnxruntime.__version__} ({', '.join(installed_distributions()) or 'no distribution metadata'}),",
@@ -63,7 +63,7 @@ fi
 echo "== 3/4 edgelm bench $package --device cuda (and cpu)"
 for device in cuda cpu; do
     "$PYTHON" -m edgelm.runtime.cli bench "$package" --device "$device" --json >"$OUT/bench-$device.json"
-    "$PYTHON" -c "import json, sys; from edgelm.runtime.bench import format_table; print(format_table(json.load(open(sys.argv[1]))))" "$OUT/bench-$device.json"
+    "$PYTHON" -c "import json, sys; from edgelm.runtime.apps.bench import format_table; print(format_table(json.load(open(sys.argv[1]))))" "$OUT/bench-$device.json"
 done
 echo "== 4/4 CUDA against the CPU on $package"
 "$PYTHON" benchmarks/cuda_parity.py "$package" | tee "$OUT/parity.jsonl"

@@ -4,7 +4,7 @@
 
 run as a script: decode speed at batch 1 under SAMPLED's settings against greedy, the settings' decodes taking
 turns step by step (lockstep_steps). The scripts import their helpers from here: timed_tokens, prompt_ids,
-cold_start, ReadProbe, peak_rss_mb and SETTLE_S are edgelm.runtime.bench's (which `edgelm bench` measures with),
+cold_start, ReadProbe, peak_rss_mb and SETTLE_S are edgelm.runtime.apps.bench's (which `edgelm bench` measures with),
 the rest is this module's own.
 """
 
@@ -14,7 +14,7 @@ import os
 import time
 
 import numpy as np
-from edgelm.runtime.bench import (  # noqa: F401  (the scripts' helpers, re-exported)
+from edgelm.runtime.apps.bench import (  # noqa: F401  (the scripts' helpers, re-exported)
     SETTLE_S,
     ReadProbe,
     cold_start,

@@ -29,7 +29,7 @@ def peak_in_fresh_process(package: str, chunk: int) -> float:
     code = (
         "import json, edgelm.runtime as e\n"
         "from edgelm.runtime import engine\n"
-        "from edgelm.runtime.bench import peak_rss_mb, prompt_ids, timed_tokens\n"
+        "from edgelm.runtime.apps.bench import peak_rss_mb, prompt_ids, timed_tokens\n"
         f"engine.PREFILL_CHUNK = {chunk}\n"
         f"m = e.load({package!r})\n"
         f"timed_tokens(m, [prompt_ids(m, {PROMPT})], 128)\n"

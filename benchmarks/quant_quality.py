@@ -32,7 +32,7 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=64)
     args = parser.parse_args()
     from edgelm.runtime import load
-    from edgelm.runtime.quality import Plan, compare_engines
+    from edgelm.runtime.quality.measure import Plan, compare_engines
 
     reference = load(args.reference)
     ids = reference.encode(args.text.read_text(encoding="utf-8"), add_special_tokens=False)

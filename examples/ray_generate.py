@@ -4,7 +4,7 @@
     python examples/ray_generate.py prompts.jsonl results/ -m models/distilgpt2 --concurrency 4 --max-new-tokens 30
 
 The lines are those of `edgelm generate --input` ({"prompt": ...} or {"messages": [...]}, an optional "id", any
-generation option by its Python name), answered by the same code (edgelm.runtime.prompt_file.generate_records):
+generation option by its Python name), answered by the same code (edgelm.runtime.apps.prompt_file.generate_records):
 each output row is its input row plus the answer's fields (text, finish_reason, token_ids, ...; "error" for a
 line that cannot be run, which does not stop the others). Ray writes `results/` as one JSON-lines file per
 block. What differs from `edgelm generate --input` on one machine:
@@ -33,7 +33,7 @@ class Generate:
         self.config = self.model.settings(**options)  # options given once for every line, checked here
 
     def __call__(self, batch):
-        from edgelm.runtime.prompt_file import generate_records
+        from edgelm.runtime.apps.prompt_file import generate_records
 
         table = hasattr(batch, "to_pylist")
         rows = batch.to_pylist() if table else [dict(zip(batch, values)) for values in zip(*batch.values())]

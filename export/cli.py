@@ -4,7 +4,7 @@ import time
 
 import click
 from edgelm.runtime.errors import EdgelmError
-from edgelm.runtime.eval_text import DEFAULT_EVAL_TOKENS, MIN_EVAL_TOKENS, EvalText
+from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, MIN_EVAL_TOKENS, EvalText
 
 from .quantize import RECIPES
 

@@ -10,7 +10,7 @@ evaluation text the quality figures are measured on.
 Why not onnxruntime's own `gptq` (onnxruntime.quantization.neural_compressor.weight_only): it returns the
 rounded weights as floats, and its caller derives each block's scale again from their min and max, which
 rounds a block whose extreme codes are unused a second time, onto another grid. Here each block's scale is
-chosen once, by the clip search (export/int4.py) on the updated weights when the block's first column comes up,
+chosen once, by the clip search (export/rounding.py) on the updated weights when the block's first column comes up,
 and the codes are kept as they were rounded.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .int4 import Int4Options, clip, symmetric_codes
+from .rounding import clip, symmetric_codes
 
 DAMPING = 0.01  # of the Hessian's mean diagonal, added to it: keeps the inverse stable (the paper's lambda)
 LAZY_COLUMNS = 128  # columns rounded before the rest of the matrix is updated (the paper's lazy batch)
@@ -92,9 +92,9 @@ def calibration_hessians(graph, rows: list, arch) -> dict:
     return {weight: 2 * sums[name] / tokens for name, weights in readers.items() for weight in weights}
 
 
-def with_hessians(int4: Int4Options, fp32_graph, tokenizer, arch) -> Int4Options:
-    """The options with gptq's Hessians of every block product's inputs, from the float32 graph on the
-    calibration rows (export/calibrate.py)."""
+def with_hessians(int4, fp32_graph, tokenizer, arch):
+    """The int4 options (an Int4Options, export/int4.py) with gptq's Hessians of every block product's inputs,
+    from the float32 graph on the calibration rows (export/calibrate.py)."""
     from .calibrate import calibration_rows
 
     return replace(int4, hessians=calibration_hessians(fp32_graph, calibration_rows(tokenizer, arch), arch))

@@ -10,7 +10,8 @@ The methods (`METHODS`), each a function (blocks [M, B] float32, bits) -> (codes
   rtn     symmetric round to nearest, scale = absmax / (2^(bits-1) - 1), zero point 2^(bits-1) implied.
   clip    symmetric, each block's scale chosen among CLIP_STEPS shrunk absmax candidates (1 down to CLIP_MIN
           times absmax) to minimise the block's squared error; the first candidate is rtn's, so a block is never
-          worse than rtn. (GPTQ's and AWQ's clipping searches do the same per group.)
+          worse than rtn. (GPTQ's and AWQ's clipping searches do the same per group.) rtn and clip are written
+          in export/rounding.py, which gptq shares.
   kquant  asymmetric, llama.cpp's k-quant search (onnxruntime's quant_tensor_k_quant_cpu, called as it is).
   hqq     asymmetric, Half-Quadratic Quantization (Badri & Shaji 2023): onnxruntime's HQQ quantize_internal, in
           torch; its zero points are float.
@@ -28,14 +29,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ExportError
+from .rounding import block_error, clip, rtn  # noqa: F401 (block_error: callers measure a method's blocks here)
 
 BLOCK_SIZES = (16, 32, 64, 128)  # MatMulNBits takes powers of two from 16
 METHODS = ("rtn", "clip", "kquant", "hqq", "gptq")
 HEAD_BITS = (4, 8)
 ASYMMETRIC = ("kquant", "hqq")  # the methods that store a zero point per block
-CLIP_STEPS = 20  # candidates between absmax and CLIP_MIN x absmax
-CLIP_MIN = 0.5
-SMALLEST_SCALE = np.finfo(np.float32).tiny  # a block of subnormal weights keeps a scale it can divide by
 
 
 @dataclass(frozen=True)
@@ -147,38 +146,6 @@ def quantize_blocks(weight_nk: np.ndarray, block_size: int, method: str = "rtn",
     return BlockWeight(
         codes.reshape(blocks.shape), scale.reshape(shape), None if zero is None else zero.reshape(shape), bits, k
     )
-
-
-def symmetric_codes(blocks: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
-    """[M, B] blocks at [M] scales -> uint8 codes, round to nearest, clipped to the 2^bits levels."""
-    half = 2 ** (bits - 1)
-    return (np.clip(np.rint(blocks / scale[:, None]), -half, half - 1) + half).astype(np.uint8)
-
-
-def rtn(blocks: np.ndarray, bits: int):
-    """Symmetric round to nearest: the block's absmax maps to the largest positive level."""
-    absmax = np.abs(blocks).max(axis=-1)
-    scale = np.where(absmax > 0, np.maximum(absmax / (2 ** (bits - 1) - 1), SMALLEST_SCALE), 1.0).astype(np.float32)
-    return symmetric_codes(blocks, scale, bits), scale, None
-
-
-def block_error(blocks: np.ndarray, codes: np.ndarray, scale: np.ndarray, bits: int) -> np.ndarray:
-    """[M] squared error of each symmetric block as stored."""
-    restored = (codes.astype(np.float32) - 2 ** (bits - 1)) * scale[:, None]
-    return np.square(restored - blocks).sum(axis=-1)
-
-
-def clip(blocks: np.ndarray, bits: int):
-    """Symmetric, each block's scale the best of CLIP_STEPS shrunk absmax candidates (rtn's first, kept on ties)."""
-    codes, scale, _ = rtn(blocks, bits)
-    best = block_error(blocks, codes, scale, bits)
-    for factor in np.linspace(1.0, CLIP_MIN, CLIP_STEPS + 1)[1:]:
-        trial_scale = np.maximum(scale * factor, SMALLEST_SCALE).astype(np.float32)
-        trial = symmetric_codes(blocks, trial_scale, bits)
-        error = block_error(blocks, trial, trial_scale, bits)
-        better = error < best
-        codes[better], scale[better], best[better] = trial[better], trial_scale[better], error[better]
-    return codes, scale, None
 
 
 def kquant(blocks: np.ndarray, bits: int):

@@ -12,8 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from edgelm.runtime.engine.onnxruntime_compat import graph_minimum
-from edgelm.runtime.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
+from edgelm.runtime.package.onnxruntime_compat import graph_minimum
+from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.package.format import (
@@ -95,7 +95,7 @@ def export_model(
     transformers' AutoTokenizer read it.
 
     eval_text (a path; default export/data/'s sample) is the text a quantized package's quality report measures,
-    its first eval_tokens tokens (default 8,192, at least 2,048: runtime/eval_text.py). The manifest records the
+    its first eval_tokens tokens (default 8,192, at least 2,048: runtime/quality/eval_text.py). The manifest records the
     text's name, sha256 and token count.
 
     int4 (with quantize="int4"): block size, rounding method and the head's bits (export/int4.py; default
@@ -300,7 +300,7 @@ def _graph_section(shipped, kv_cache: str) -> Graph:
         weights_file=WEIGHTS_FILE,
         token_embeddings=shipped.token_embeddings,
         kv_cache=_kv_cache_description(kv_cache),
-        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/engine/onnxruntime_compat.py
+        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/package/onnxruntime_compat.py
     )
 
 

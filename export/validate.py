@@ -3,7 +3,7 @@ same checkpoint run by transformers in PyTorch.
 
 fp32 is a gate on a fixed set of cases (export fails, nothing is written, when it misses); a quantized graph
 (int8 or int4, with or without an int8 KV cache) gets a quality report on the evaluation text
-(runtime/eval_text.py), its figures computed by runtime/quality.py, the same code `edgelm verify --quality` runs.
+(runtime/quality/eval_text.py), its figures computed by runtime/quality/measure.py, the same code `edgelm verify --quality` runs.
 Relative error is max |ours - reference| / max |reference| over real (unpadded) positions.
 """
 
@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 from edgelm.runtime.engine.decode import Engine, left_pad, position_ids_from_mask
 from edgelm.runtime.engine.session import graph_io
-from edgelm.runtime.quality import Plan, cache_path_logits, greedy_tokens, measure
+from edgelm.runtime.quality.measure import Plan, cache_path_logits, greedy_tokens, measure
 
 from .errors import ParityError
 from .weights_file import ShippedGraph
@@ -192,7 +192,7 @@ def check_fp32(graph, model, tokenizer, arch) -> dict:
 
 
 class TorchSide:
-    """The checkpoint in PyTorch as the reference side of runtime/quality.py's `measure`: window logits for a
+    """The checkpoint in PyTorch as the reference side of runtime/quality/measure.py's `measure`: window logits for a
     batch of equal-length windows in one pass, greedy continuations from transformers' generate."""
 
     def __init__(self, model, eos_token_id):
@@ -235,7 +235,7 @@ def checkpoint_reference(folder) -> tuple:
 
 def quality_report(graph, model, arch, ids, prefix=()) -> dict:
     """How far a quantized graph is from the PyTorch reference on the evaluation text's token ids (the first
-    eval_tokens of it, `prefix` before each window and prompt): runtime/quality.py's figures, and the KV cache
+    eval_tokens of it, `prefix` before each window and prompt): runtime/quality/measure.py's figures, and the KV cache
     the graph keeps."""
     engine = _engine(graph, arch)
     plan = Plan.for_context(arch.n_positions)

@@ -8,6 +8,9 @@
 
 The other names are imported on first use, so that the `edgelm` command can decide to restart itself with
 huge pages (cli/launch.py) before it pays for NumPy, onnxruntime and tokenizers.
+
+The subpackages stack in one order, written once as LAYERS in tools/layers.py: `python tools/layers.py` prints
+the import graph, and tests/test_layers.py fails on any import against the order.
 """
 
 from .errors import (
@@ -29,8 +32,8 @@ _LAZY = {
     "Score": "model",
     "Stream": "model",
     "load": "model",
-    "pipeline": "text.pipeline",
-    "PromptFile": "prompt_file",
+    "pipeline": "apps.pipeline",
+    "PromptFile": "apps.prompt_file",
     "ToolCall": "text.tools",
     "tool_format": "text.tools",
 }

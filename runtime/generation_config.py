@@ -5,8 +5,10 @@ A GenerationConfig is valid by construction: building one normalizes the values 
 tuple, lists become tuples, logit_bias keys become ints) and raises GenerationOptionError, whose `param`
 names the option, for the first value out of range. With `vocab_size` set (a model's settings() sets it),
 every token id an option names is checked against the vocabulary too, so nothing downstream checks again.
-A constraint (json_schema, json_object, regex, grammar, choices) is compiled by llguidance as it is checked
-(runtime/sampling/constraint.py, cached); what needs the tokenizer is checked when a model compiles it for a batch.
+A constraint (json_schema, json_object, regex, grammar, choices) is held as plain text, checked here for its
+shape and size only (runtime/constraint_text.py); llguidance reads it where generation runs
+(runtime/sampling/constraint.py): Model.settings refuses one it cannot read, and a model compiles it for its
+tokenizer before the first token.
 Which value turns each sampling filter off is written once, in runtime/sampling/chain.py.
 """
 
@@ -14,6 +16,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from numbers import Integral, Real
 
+from .constraint_text import MAX_TEXT, schema_text
 from .errors import GenerationOptionError
 from .inputs import is_token_id
 
@@ -241,8 +244,6 @@ def _normalized(c: GenerationConfig) -> dict:
 
 def _constraint_values(c: GenerationConfig) -> dict:
     """The constraint options in canonical form: the schema as JSON text, the choices as a tuple of strings."""
-    from .sampling.constraint import MAX_TEXT, schema_text  # NumPy and json only: llguidance is imported on use
-
     out = {}
     if c.json_schema is not None:
         out["json_schema"] = schema_text(c.json_schema)
@@ -348,7 +349,3 @@ def _check(c: GenerationConfig) -> None:
     check_token_ids("bad_words_ids", {t for word in c.bad_words_ids for t in word}, c.vocab_size)
     given = [name for name in CONSTRAINTS if getattr(c, name) is not None and getattr(c, name) is not False]
     _need(len(given) <= 1, given[-1] if given else "", f"give at most one constraint; got {' and '.join(given)}")
-    if given:
-        from .sampling.constraint import grammar_text
-
-        grammar_text(*c.constraint)  # compiles and checks it (cached): GenerationOptionError naming the option

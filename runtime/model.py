@@ -17,15 +17,16 @@ from .batching.prefix_cache import PrefixCache, cache_bytes
 from .engine import decode as engine_module
 from .engine.decode import Engine
 from .engine.embeddings import TokenEmbeddings
-from .engine.onnxruntime_compat import check_installed
 from .engine.session import check_graph_shapes, create_session, drop_mapped_pages, graph_io, release_freed_memory
 from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
 from .generation_config import GenerationConfig, without_constraint
 from .inputs import check_text, check_token_ids
 from .package.format import GENERATION_CONFIG, MANIFEST
+from .package.onnxruntime_compat import check_installed
 from .package.open import Package, open_package
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
+from .sampling.constraint import check as check_constraint
 from .store.local import resolve_package
 from .text import tokenizer as tokenizing
 from .text.chat_template import ChatTemplate
@@ -91,8 +92,11 @@ class Model:
 
     def settings(self, **options) -> GenerationConfig:
         """The settings in effect: the package's defaults, then these options, validated once (token ids against
-        this model's vocabulary included). Pass the result as config= to generate, stream or batch."""
-        return self.defaults.with_options(**options)
+        this model's vocabulary included, and a constraint read by llguidance). Pass the result as config= to
+        generate, stream or batch."""
+        config = self.defaults.with_options(**options)
+        check_constraint(config)
+        return config
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
         """Token ids of `text`; add_special_tokens applies the tokenizer's own additions (Llama's start token)."""

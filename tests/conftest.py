@@ -57,7 +57,7 @@ def _tiny(request, name, **options):
     that needs a package the installed onnxruntime is too old for is skipped there (test_onnxruntime_versions.py
     checks that such a package is refused)."""
     if PREBUILT:
-        from edgelm.runtime.engine.onnxruntime_compat import installed_version, version_tuple
+        from edgelm.runtime.package.onnxruntime_compat import installed_version, version_tuple
         from edgelm.runtime.package.open import open_package
 
         folder = Path(PREBUILT) / name

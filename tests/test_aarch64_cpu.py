@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from edgelm.runtime import DeviceError
-from edgelm.runtime.engine import onnxruntime_compat as compat
+from edgelm.runtime.package import onnxruntime_compat as compat
 
 A72 = "processor\t: 0\nFeatures\t: fp asimd evtstrm crc32 cpuid\nCPU part\t: 0xd08\n"
 A76 = (

@@ -275,7 +275,7 @@ def test_pack_onto_a_full_disk_leaves_no_file(tiny_package, tmp_path, monkeypatc
 
 def test_a_package_that_needs_a_newer_onnxruntime_installs_nothing(packed, store, monkeypatch):
     """Installed, it could not run here: refused with the version to install, and the store is left as it was."""
-    from edgelm.runtime.engine import onnxruntime_compat
+    from edgelm.runtime.package import onnxruntime_compat
 
     monkeypatch.setattr(onnxruntime_compat, "installed_version", lambda: "1.21.0")
     before = listing(store)

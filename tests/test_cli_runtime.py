@@ -317,7 +317,7 @@ def test_ctrl_c_keeps_the_printed_text_and_exits_130(gpt2_vocab_package):
 
 
 def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package, monkeypatch):
-    from edgelm.runtime import bench
+    from edgelm.runtime.apps import bench
 
     result = invoke("bench", tiny_package, "--runs", "1", "--threads", "1", "--json")
     assert result.exit_code == 0, result.output
@@ -345,7 +345,7 @@ def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package, monkeyp
 
 
 def test_bench_on_cuda_leaves_out_the_host_memory_ceiling(tiny_package, monkeypatch):
-    from edgelm.runtime import bench
+    from edgelm.runtime.apps import bench
 
     def on_cuda(path, device, threads):  # the figures come from the CPU; the model says it runs on CUDA
         model = rt.load(path, device="cpu", threads=threads)
@@ -409,7 +409,7 @@ def test_the_sampled_settings_take_turns_step_by_step(monkeypatch):
 def test_the_bench_read_probe_is_a_matmul_onnxruntime_runs():
     import numpy as np
     import onnxruntime as ort
-    from edgelm.runtime.bench import READ_PROBE, ReadProbe
+    from edgelm.runtime.apps.bench import READ_PROBE, ReadProbe
 
     probe = ort.InferenceSession(READ_PROBE, providers=["CPUExecutionProvider"])
     a, b = (

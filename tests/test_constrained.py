@@ -268,11 +268,11 @@ def test_every_bad_constraint_is_one_clear_line(model, options, param, words):
     assert caught.value.param == param and words in message and "\n" not in message and len(message) < 400
 
 
-def test_a_grammar_over_the_compile_limits_is_refused(monkeypatch):
+def test_a_grammar_over_the_compile_limits_is_refused(model, monkeypatch):
     monkeypatch.setitem(constraint_module.LIMITS, "initial_lexer_fuel", 50)  # as a far larger grammar would need
     monkeypatch.setattr(constraint_module, "_grammar_texts", type(constraint_module._grammar_texts)())
     with pytest.raises(GenerationOptionError, match="too complex to compile within edgelm's limits") as caught:
-        GenerationConfig(json_schema={"type": "string", "pattern": "[a-z]{3,9}x"})
+        model.settings(json_schema={"type": "string", "pattern": "[a-z]{3,9}x"})
     assert caught.value.param == "json_schema"
 
 
@@ -307,7 +307,7 @@ def test_a_package_never_sets_a_constraint():
     assert config.constraint is None and config.max_new_tokens == 5
 
 
-def test_without_llguidance_a_constraint_says_what_to_install(monkeypatch):
+def test_without_llguidance_a_constraint_says_what_to_install(model, monkeypatch):
     import builtins
 
     real_import = builtins.__import__
@@ -320,8 +320,23 @@ def test_without_llguidance_a_constraint_says_what_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_llguidance)
     monkeypatch.setattr(constraint_module, "_grammar_texts", type(constraint_module._grammar_texts)())
     with pytest.raises(GenerationOptionError, match=r"pip install 'edgelm\[constrained\]'"):
-        GenerationConfig(regex="[a-z]+")
-    assert GenerationConfig(max_new_tokens=3).constraint is None  # no constraint, no llguidance needed
+        model.settings(regex="[a-z]+")
+    assert model.settings(max_new_tokens=3).constraint is None  # no constraint, no llguidance needed
+
+
+def test_the_settings_hold_a_constraint_as_text_and_the_model_refuses_a_bad_one_as_it_enters(model, monkeypatch):
+    """GenerationConfig checks a constraint's shape only and never loads llguidance; Model.settings, where a
+    request enters, has llguidance read it, before any prompt is tokenized or step run."""
+    monkeypatch.setattr(constraint_module, "_grammar_texts", type(constraint_module._grammar_texts)())
+    read = []
+    real = constraint_module.llguidance
+    monkeypatch.setattr(constraint_module, "llguidance", lambda *a: read.append(a) or real(*a))
+    config = GenerationConfig(regex="a(")
+    assert config.constraint == ("regex", "a(") and read == []
+    monkeypatch.setattr(model, "encode", lambda *a, **k: pytest.fail("a prompt was tokenized"))
+    with pytest.raises(GenerationOptionError, match="unclosed group") as caught:
+        model.generate("Hi", regex="a(")
+    assert caught.value.param == "regex" and read
 
 
 def test_only_the_constraint_module_imports_llguidance():

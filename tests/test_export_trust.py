@@ -78,7 +78,7 @@ def test_nan_parity_figure_fails_the_export(tiny_checkpoint, tmp_path, monkeypat
 def test_nan_quality_figure_fails_the_export(tiny_checkpoint, tmp_path, monkeypatch):
     import numpy as np
     from edgelm.export.stages import export_model
-    from edgelm.runtime import quality
+    from edgelm.runtime.quality import measure as quality
 
     monkeypatch.setattr(quality, "log_softmax", lambda logits: np.full_like(logits, np.nan, dtype=np.float32))
     with pytest.raises(ParityError, match="non-finite figures.*mean_kl_divergence=nan"):

@@ -61,7 +61,7 @@ def _graph_logits(arch, weights, recipe, ids):
     from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights
     from edgelm.runtime.engine.decode import position_ids_from_mask
-    from edgelm.runtime.quality import cache_path_logits
+    from edgelm.runtime.quality.measure import cache_path_logits
 
     decoder = build_decoder(arch, weights, recipe)
     engine = _engine(split_weights(decoder.model.SerializeToString(), decoder.arrays), arch)

@@ -2,7 +2,7 @@
 (runtime/_pyinstaller, the pyinstaller40 entry point), which lists the modules runtime/__init__.py imports lazily.
 `edgelm bundle` freezes the command itself beside a package, for a machine with no Python.
 
-Both freeze in a clean virtual environment they make (runtime/bundle.py: the runtime's dependencies and
+Both freeze in a clean virtual environment they make (runtime/apps/bundle.py: the runtime's dependencies and
 PyInstaller from PyPI), never in the one running the tests, so neither depends on PyInstaller being installed
 here, and what the environment running the tests holds (torch, onnx, pytest) cannot reach the frozen app."""
 
@@ -34,7 +34,7 @@ def _no_python_environ(tmp_path: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_frozen_app_loads_a_package_and_generates(tiny_package, tmp_path):
-    from edgelm.runtime.bundle import _environment, _run
+    from edgelm.runtime.apps.bundle import _environment, _run
 
     work = tmp_path / "work"
     work.mkdir()

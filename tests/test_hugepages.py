@@ -146,7 +146,7 @@ def test_the_command_imports_nothing_heavy_before_it_may_restart():
 
 
 def test_huge_page_memory_is_read_from_the_kernel(tmp_path):
-    from edgelm.runtime.bench import _proc_mb, huge_page_mb
+    from edgelm.runtime.apps.bench import _proc_mb, huge_page_mb
 
     rollup = tmp_path / "smaps_rollup"
     rollup.write_text("Rss:               10240 kB\nAnonHugePages:      4096 kB\n")

@@ -13,6 +13,7 @@ names, lazy attributes):
 """
 
 import ast
+import functools
 import json
 import re
 import shutil
@@ -47,12 +48,31 @@ def modules(root: Path, package: str = PACKAGE) -> dict:
     return found
 
 
+def parsed(path: Path) -> ast.Module:
+    """The module's syntax tree, parsed once per version of the file (a planted import changes its size and time),
+    so the checks share one parse of runtime/ in a session."""
+    stat = path.stat()
+    return _parse(str(path), (stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: str, version: tuple) -> ast.Module:
+    return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+
+
 def imports(name: str, path: Path) -> set:
     """The absolute names a module imports at any depth (functions, try blocks, __import__ / import_module with a
     literal name); `from a import b` gives both a and a.b, since b may be a module."""
+    stat = path.stat()
+    return set(_imports(name, str(path), (stat.st_mtime_ns, stat.st_size)))
+
+
+@functools.lru_cache(maxsize=None)
+def _imports(name: str, file: str, version: tuple) -> frozenset:
+    path = Path(file)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -65,7 +85,7 @@ def imports(name: str, path: Path) -> set:
         ):
             if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 found.add(node.args[0].value)
-    return found
+    return frozenset(found)
 
 
 def top_level(names) -> set:
@@ -92,7 +112,7 @@ def runtime_imports_of_export(root: Path) -> dict:
         imported = {n for n in imports(name, path) if EXPORT_NAME.fullmatch(n)}
         named = {
             node.value
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            for node in ast.walk(parsed(path))
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and EXPORT_NAME.fullmatch(node.value)
         }
         if imported or (named and not within(name, COMMAND_LINE)):

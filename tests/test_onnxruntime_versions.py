@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 from edgelm.runtime import DeviceError, PackageError
 from edgelm.runtime.cli.main import main
-from edgelm.runtime.engine import onnxruntime_compat, session
+from edgelm.runtime.engine import session
+from edgelm.runtime.package import onnxruntime_compat
 from edgelm.runtime.engine.session import CPU, CUDA
 from edgelm.runtime.package.open import open_package
 

@@ -1,4 +1,4 @@
-"""Files of prompts (`edgelm generate/score --input FILE --output FILE`, runtime/prompt_file.py): every line
+"""Files of prompts (`edgelm generate/score --input FILE --output FILE`, runtime/apps/prompt_file.py): every line
 answered or reported, ids carried, an interrupted output resumed without redoing a line, another job's output
 refused, nothing written ever lost, and the progress bar silent where stderr is not a terminal."""
 
@@ -8,10 +8,10 @@ import json
 import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
-from edgelm.runtime import prompt_file
+from edgelm.runtime.apps import prompt_file
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.cli.prompt_file import progress_bar
-from edgelm.runtime.prompt_file import PromptFile
+from edgelm.runtime.apps.prompt_file import PromptFile
 
 GOOD = [
     {"prompt": "The quick brown", "id": "first"},

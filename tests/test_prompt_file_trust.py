@@ -9,8 +9,8 @@ import sys
 
 import edgelm.runtime as rt
 import pytest
-from edgelm.runtime import output_lock, prompt_file
-from edgelm.runtime.prompt_file import PromptFile
+from edgelm.runtime.apps import output_lock, prompt_file
+from edgelm.runtime.apps.prompt_file import PromptFile
 from test_prompt_file import GOOD, read_output, run, write_lines
 
 

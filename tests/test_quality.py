@@ -1,9 +1,9 @@
-"""runtime/quality.py: the figures that compare two models' next-token distributions on the same text."""
+"""runtime/quality/measure.py: the figures that compare two models' next-token distributions on the same text."""
 
 import numpy as np
 import pytest
 from edgelm.runtime import load
-from edgelm.runtime.quality import (
+from edgelm.runtime.quality.measure import (
     LogitAgreement,
     Plan,
     compare_engines,

@@ -13,7 +13,7 @@ from pathlib import Path
 import edgelm.runtime as rt
 import pytest
 from edgelm.runtime import PackageError
-from edgelm.runtime.engine.onnxruntime_compat import installed_version, version_tuple
+from edgelm.runtime.package.onnxruntime_compat import installed_version, version_tuple
 from edgelm.runtime.package.open import open_package
 from reference_tokens import NEW_TOKENS, PROMPTS, REFERENCE, greedy
 

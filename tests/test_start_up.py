@@ -19,7 +19,7 @@ NOT_NEEDED = (
     "edgelm.runtime.cli.serve",
     "edgelm.runtime.cli.chat",
     "edgelm.runtime.cli.bundle",
-    "edgelm.runtime.bench",
+    "edgelm.runtime.apps.bench",
     "torch",
     "transformers",
     "llguidance",

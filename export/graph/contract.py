@@ -1,5 +1,5 @@
 """The decoder graph's inputs and outputs, the same for every family (the graph contract, written once in
-models/README.md), and what a family's build_decoder returns."""
+docs/package-format.md), and what a family's build_decoder returns."""
 
 from dataclasses import dataclass
 

@@ -3,7 +3,7 @@
 float32: a Gather and a MatMul; int8 and int8-dynamic: the runtime looks the tokens up from int8 rows in
 model.onnx.data (the graph takes inputs_embeds) and the LM head is QGemm over those rows, in slices (int8 scales
 each row of activations by its own largest value first, int8-dynamic quantizes them all with one scale); int4: GatherBlockQuantized and
-MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are part of the graph contract (models/README.md).
+MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are part of the graph contract (docs/package-format.md).
 """
 
 import math

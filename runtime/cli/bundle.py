@@ -17,7 +17,7 @@ def bundle(package, output, force):
     \b
     edgelm bundle -m models/distilgpt2-int8 -o dist/edgelm-distilgpt2
     """
-    from ..bundle import build_bundle
+    from ..apps.bundle import build_bundle
     from ..store.local import resolve_package
 
     try:

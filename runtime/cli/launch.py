@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import EdgelmError
 
 RESTARTING_COMMANDS = ("serve", "bench")  # long-running: the restart's start-up is paid back many times
-MODEL_OPTIONS = ("-m", "--model")  # cli_package.py's option
+MODEL_OPTIONS = ("-m", "--model")  # options.py's package option
 
 
 def package_to_load(args: list[str]):

@@ -6,7 +6,7 @@ import sys
 import click
 
 from ..errors import EdgelmError
-from ..eval_text import MIN_EVAL_TOKENS
+from ..quality.eval_text import MIN_EVAL_TOKENS
 from ..generation_config import sampling_implied
 from ..inputs import decode_utf8
 from .options import (
@@ -253,7 +253,7 @@ def score(text, package, top_logprobs, device, threads, verify, input_path, outp
     edgelm score --input texts.jsonl --output scores.jsonl
     """
     from ..model import load
-    from ..prompt_file import score_records
+    from ..apps.prompt_file import score_records
 
     from_file = check_file_options(text, input_path, output_path)
     text = None if from_file else _prompt(text, package, "score")
@@ -342,7 +342,7 @@ def verify(package, quality, reference, text_path, eval_tokens, as_json):
 def bench(package, runs, threads, device, as_json):
     """Measure load time, time to first token, decode speed (batch 1, 8, 16), memory and the bandwidth ceiling
     (NAME_OR_PATH is the same as -m)."""
-    from ..bench import format_table, run_bench
+    from ..apps.bench import format_table, run_bench
 
     if runs < 1:
         raise click.BadParameter("must be at least 1", param_hint="--runs")

@@ -1,4 +1,4 @@
-"""The --input / --output options of `edgelm generate` and `edgelm score`: a file of prompts (prompt_file.py)
+"""The --input / --output options of `edgelm generate` and `edgelm score`: a file of prompts (apps/prompt_file.py)
 run with a progress bar on stderr, each failed line reported by number, and an exit status that says whether
 every line was answered."""
 
@@ -65,7 +65,7 @@ def progress_bar(total: int, initial: int, quiet: bool, stream=None):
 
 def run_file(model, input_path, output_path, task, batch_size, overwrite, quiet, **options) -> None:
     """Run the file job, reporting each failed line on stderr; exits 1 when some lines failed, 130 on Ctrl-C."""
-    from ..prompt_file import PromptFile
+    from ..apps.prompt_file import PromptFile
 
     job = PromptFile(model, input_path, output_path, task, overwrite=overwrite, **options)
     with progress_bar(job.total, len(job.answered), quiet) as bar:

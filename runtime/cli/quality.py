@@ -1,4 +1,4 @@
-"""`edgelm verify --quality`: find the reference and the text, call runtime/quality_check.py, print the figures
+"""`edgelm verify --quality`: find the reference and the text, call runtime/quality/check.py, print the figures
 with the manifest's beside them."""
 
 import hashlib
@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import EdgelmError
-from ..eval_text import EvalText
+from ..quality.eval_text import EvalText
 
 # A checkpoint as the reference: the export stage's PyTorch side, imported by name and only then (the runtime
 # itself never imports the export stage; tests/test_import_contract.py).
@@ -20,7 +20,7 @@ def quality_report(package_folder, reference: str, text_path: str | None, eval_t
     """The text `edgelm verify --quality` prints: a line naming what was measured, then the figures."""
     from ..model import load
     from ..package.format import figure_lines
-    from ..quality_check import package_reference, remeasure
+    from ..quality.check import package_reference, remeasure
 
     model = load(package_folder, verify=False)  # its files were just checked
     text = _text(model, text_path)
@@ -78,7 +78,7 @@ def _is_checkpoint(folder: Path) -> bool:
 
 def _checkpoint_side(model, folder: Path):
     """The checkpoint in PyTorch as the reference (the export extra's TorchSide), checked to be the package's."""
-    from ..quality_check import check_same_model
+    from ..quality.check import check_same_model
 
     module, name = CHECKPOINT_REFERENCE.split(":")
     try:  # torch and transformers are imported on the way: ImportError where the export extra is absent

@@ -55,7 +55,7 @@ class Engine:
             embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/engine/embeddings.py)
         )
         self.token_input_name = "inputs_embeds" if io.takes_embeddings else "input_ids"
-        # OrtValues in, OrtValues out, through onnxruntime's private fast path where it has one (ort_fast_path.py)
+        # OrtValues in, OrtValues out, through onnxruntime's private fast path where it has one (fast_path.py)
         self.runner = ort_fast_path.runner(session, str(graph_file) if graph_file is not None else "the graph")
         self.kv_heads, self.head_size = kv_heads, head_size  # the cache is [B, kv_heads, positions, head_size]
         self._present_names = [n for pair in zip(io.present_keys, io.present_values) for n in pair]

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
 from ..errors import InferenceError
-from .onnxruntime_compat import installed_wheel
+from ..package.onnxruntime_compat import installed_wheel
 
 log = logging.getLogger("edgelm")
 

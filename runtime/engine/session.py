@@ -12,7 +12,7 @@ from ..errors import DeviceError, PackageError
 from ..sampling import graph_outputs
 from . import native
 from .fast_path import first_line
-from .onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
+from ..package.onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
 
 DEVICES = ("auto", "cpu", "cuda")
 CUDA = "CUDAExecutionProvider"
@@ -92,7 +92,7 @@ def create_session(
     # cost ~0.1 s of each process start: 0.29 -> 0.18 s for the distilgpt2-shaped int8 graph).
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     # Fatal only: the overridable logits_to_keep initializer is intended, and a failed load or run reaches the user
-    # as one of edgelm's errors (ort_fast_path.py), not as onnxruntime's log lines besides it.
+    # as one of edgelm's errors (fast_path.py), not as onnxruntime's log lines besides it.
     options.log_severity_level = 4
     if threads is not None:
         options.intra_op_num_threads = check_threads(threads)

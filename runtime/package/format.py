@@ -243,7 +243,7 @@ def describe(
 
 
 def figure_lines(recipe: str, figures: dict, vocab_size: int, against: str, beside: dict | None = None) -> list:
-    """A heading, then one line per quality figure of `recipe` (QualityFigures' keys, runtime/quality.py's
+    """A heading, then one line per quality figure of `recipe` (QualityFigures' keys, runtime/quality/measure.py's
     measure) against the reference `against` names: KL and top-1 first, then through the cache, greedy agreement
     and perplexity. `beside`: figures to show after each, in brackets (edgelm verify --quality: the manifest's
     beside the ones just measured)."""

@@ -100,7 +100,7 @@ class Graph:
     token_embeddings: TokenTable | None = None
     kv_cache: dict | None = None  # {"dtype": "float32" | "int8", ...how it is scaled}
     min_onnxruntime: str | None = (
-        None  # the oldest onnxruntime that runs the graph (runtime/engine/onnxruntime_compat.py)
+        None  # the oldest onnxruntime that runs the graph (runtime/package/onnxruntime_compat.py)
     )
     logits_to_keep: str = "optional scalar input, default 0 = logits for every position; 1 = last position only"
     past_layout: str = "[batch, heads, past_sequence, head_size]"

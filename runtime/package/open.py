@@ -1,12 +1,12 @@
 """Read a model package folder: the manifest, its checksums, and everything the engine needs to know.
 
 Two kinds of folder load:
-- an edgelm package (manifest.json written by `edgelm export`), checked against the format (package_format.py)
+- an edgelm package (manifest.json written by `edgelm export`), checked against the format (format.py)
   and file by file against its sizes and sha256;
 - a plain folder from `optimum-cli export onnx --task text-generation-with-past` (model.onnx, config.json,
   tokenizer.json), whose input and output names are read from the graph itself.
 
-A package is untrusted input: every file is opened through package_files.py (inside the folder, regular,
+A package is untrusted input: every file is opened through files.py (inside the folder, regular,
 bounded), and every file the runtime reads must be listed in the manifest, the graph's external data included.
 """
 
@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine import onnxruntime_compat
-from ..engine.onnxruntime_compat import minimum_here
+from . import onnxruntime_compat
+from .onnxruntime_compat import minimum_here
 from ..errors import GenerationOptionError, PackageError
 from ..generation_config import GenerationConfig
 from . import verified

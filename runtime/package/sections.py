@@ -43,7 +43,7 @@ class Weights:
 
 @dataclass(frozen=True)
 class EvalTextRecord:
-    """validation.text: the text the quality figures were measured on (runtime/eval_text.py)."""
+    """validation.text: the text the quality figures were measured on (runtime/quality/eval_text.py)."""
 
     name: str  # the file's name (export/data/'s sample, or the one given with --eval-text)
     sha256: str  # of the file's bytes
@@ -67,7 +67,7 @@ class EvalTextRecord:
 
 @dataclass(frozen=True)
 class QualityFigures:
-    """validation[recipe]: a quantized graph against the reference on the evaluation text (runtime/quality.py's
+    """validation[recipe]: a quantized graph against the reference on the evaluation text (runtime/quality/measure.py's
     `measure`). The logit figures are over `tokens` scored positions of windows of `window` tokens."""
 
     tokens: int

@@ -1,12 +1,12 @@
 """Constrained decoding: the one module that speaks to llguidance.
 
-A constraint (GenerationConfig's json_schema, json_object, regex, grammar or choices) becomes an llguidance grammar
-(grammar_text: checked once, when the settings are built), then, for one tokenizer, a compiled Grammar (Compiler:
-a bounded LRU per (tokenizer, kind, text)) whose row() is one row's matcher (RowConstraint). The engine sees only
-ids: before each step, Masks computes every constrained row's allowed tokens as a bitmask [rows, ceil(V / 32)]
-int32 (bit t of a row: token t is allowed), then per row the shorter list of allowed or forbidden ids (an Allowed),
-in a thread of its own while the graph runs (llguidance releases the GIL); Allowed.apply writes -inf over the
-forbidden tokens, the sampler chain's first filter (filters.py's order).
+A constraint (GenerationConfig's json_schema, json_object, regex, grammar or choices, held as plain text) becomes
+an llguidance grammar (grammar_text: checked once, as the request enters, by check()), then, for one tokenizer, a
+compiled Grammar (Compiler: a bounded LRU per (tokenizer, kind, text)) whose row() is one row's matcher
+(RowConstraint). The engine sees only ids: before each step, Masks computes every constrained row's allowed tokens
+as a bitmask [rows, ceil(V / 32)] int32 (bit t of a row: token t is allowed), then per row the shorter list of
+allowed or forbidden ids (an Allowed), in a thread of its own while the graph runs (llguidance releases the GIL);
+Allowed.apply writes -inf over the forbidden tokens, the sampler chain's first filter (filters.py's order).
 
 End-of-text is allowed exactly where the grammar may end (llguidance sets those bits only then); a matcher that
 is stopped (nothing can follow) ends its row with "stop".
@@ -23,12 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..constraint_text import MAX_TEXT, schema_text  # noqa: F401 (the settings' limit and form, read here too)
+from ..constraint_text import one_line as _one_line
 from ..errors import GenerationOptionError
 
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
-# Characters of schema, regex, grammar or choices one request may send: a compile takes time in proportion to them
-# (0.28 s for a 32,000-character schema on a loaded 2-core machine, benchmarks/results/2026-12-01-constrained.md).
-MAX_TEXT = 64_000
 CACHED_GRAMMARS = 64  # compiled grammars kept per process (each a few hundred KB at most, under LIMITS)
 # llguidance's limits: construction fuel (~50k per ms), per-step fuel (~14k per ms) and Earley items (~20k per ms),
 # lexer states (1-2 KB each) and grammar size. Above them a compile or a step fails, and edgelm refuses the request.
@@ -59,39 +58,6 @@ def llguidance(param: str = "json_schema"):
 
 def _limits():
     return llguidance().LLParserLimits(**LIMITS, verbose_errors=False)
-
-
-def _one_line(message: str, limit: int = 300) -> str:
-    """llguidance's message on one line, without the source excerpt and caret it draws under it."""
-    lines = [x for x in str(message).splitlines() if x.strip(" ^") and not re.match(r"\s*\d+ \|", x)]
-    line = " ".join(" ".join(lines).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def schema_text(value) -> str:
-    """A JSON schema as JSON text: a dict, JSON text, or a class with model_json_schema() (a pydantic model; the
-    runtime never imports pydantic). Raises GenerationOptionError(param="json_schema")."""
-    if hasattr(value, "model_json_schema") and callable(value.model_json_schema):
-        value = value.model_json_schema()
-    if isinstance(value, str):
-        if len(value) > MAX_TEXT:
-            raise GenerationOptionError(f"json_schema is over {MAX_TEXT:,} characters", param="json_schema")
-        try:
-            value = json.loads(value)
-        except ValueError as error:
-            raise GenerationOptionError(f"json_schema is not valid JSON: {_one_line(error)}", "json_schema") from None
-    if not isinstance(value, dict):
-        raise GenerationOptionError(
-            f"json_schema must be a JSON schema (an object), its JSON text, or a pydantic model class; got {type(value).__name__}",
-            param="json_schema",
-        )
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise GenerationOptionError(f"json_schema is not JSON: {_one_line(error)}", "json_schema") from None
-    if len(text) > MAX_TEXT:
-        raise GenerationOptionError(f"json_schema is over {MAX_TEXT:,} characters", param="json_schema")
-    return text
 
 
 def _lark_choices(choices: tuple) -> str:
@@ -152,6 +118,13 @@ def _problem_line(kind: str, problem: str) -> str:
     if kind in ("regex", "choices"):  # positions count in the grammar edgelm wraps them in, not in the option
         line = re.sub(r"^at \d+\(\d+\): ", "", line)
     return f"{kind} is invalid: {line}"
+
+
+def check(config) -> None:
+    """Refuse the constraint of `config` (a GenerationConfig), if it has one, where llguidance cannot read it or it
+    is over LIMITS: GenerationOptionError naming the option. Needs no tokenizer; cached with grammar_text."""
+    if config.constraint is not None:
+        grammar_text(*config.constraint)
 
 
 class Compiler:

@@ -1,13 +1,13 @@
 """`edgelm serve`: an OpenAI-compatible HTTP server over one loaded package (the optional `server` extra).
 
-    pipeline.py        the one path of a request that runs on the model: parse, settings, prepare, job, answer
+    request_path.py    the one path of a request that runs on the model: parse, settings, prepare, job, answer
     completions.py     POST /v1/completions: its prompts, echo and stream chunks
     chat.py            POST /v1/chat/completions: the conversation rendered once, its chunks
     schema.py          pydantic bodies checked, the first problem as one ApiError
     requests.py        the fields the endpoints share, the server's limits -> runtime options; completions' body
     chat_requests.py   the chat body -> runtime options
-    responses.py       Completions -> response bodies (pydantic models of OpenAI's shapes)
-    chat_responses.py  the chat shapes
+    completion_answers.py  Completions -> response bodies (pydantic models of OpenAI's shapes)
+    chat_answers.py    the chat shapes
     errors.py          OpenAI's error body; the one mapping from what was raised to what the client sees
     jobs.py            the FIFO of slots and the worker threads that run each request's Batch
     waiting.py         waiting for a slot, watching for the client leaving

@@ -13,7 +13,7 @@
     POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
     POST /detokenize          {"tokens": [ids]} -> {"content"}
 
-Every request that runs on the model takes the one path of pipeline.py: read (JSON only, within
+Every request that runs on the model takes the one path of request_path.py: read (JSON only, within
 --read-timeout), parsed, its settings built once (Model.settings), prepared in a worker thread, then it waits
 for a slot and runs as a Job (jobs.py). A non-streaming request that loses its client, or a stream whose
 client goes away, stops its job at once; the job then drops its Batch, whatever ended it. Every error a request causes is answered in OpenAI's error shape on a connection
@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from ..batching.scheduler import Scheduler
 from ..errors import EdgelmError
-from .api import requests, responses
+from .api import completion_answers, requests
 from .api.chat import Chat
 from .api.completions import Completions
 from .api.requests import Limits, ModelNames
@@ -42,7 +42,7 @@ from .bodies import json_response, read_json
 from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
-from .pipeline import Endpoint, Ready, Serving, route
+from .request_path import Endpoint, Ready, Serving, route
 from .text_work import TextWork
 from .waiting import ClientGone
 
@@ -193,7 +193,7 @@ class Score(Endpoint):
         return Ready(None, [], lambda: self.model.score(req.text))
 
     def answer(self, req: ScoreRequest, result):
-        return responses.score(result.before, self.serving.model_id)
+        return completion_answers.score(result.before, self.serving.model_id)
 
     def tokens(self, result) -> int:
         return len(result.before.token_ids)

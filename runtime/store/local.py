@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..engine.onnxruntime_compat import check_installed
+from ..package.onnxruntime_compat import check_installed
 from ..errors import PackageError, StoreError
 from ..package.format import MANIFEST, MAX_MANIFEST_BYTES, FormatError, Manifest
 from ..package.open import DEFAULT_PACKAGE, Package, open_package

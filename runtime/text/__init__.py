@@ -1,1 +1,2 @@
-"""Text above the engine: streaming detokenization, chat templates and their bounds, and pipeline()."""
+"""Text above the engine: the tokenizer, streaming detokenization, chat templates and their bounds, and tool
+calls' formats."""

@@ -1,5 +1,5 @@
 """Build the GPT-2 decoder as one ONNX graph that serves both the prompt step and every decode step, from the
-graph kit (export/graph/). The graph contract is written once, in models/README.md."""
+graph kit (export/graph/). The graph contract is written once, in docs/package-format.md."""
 
 from functools import partial
 

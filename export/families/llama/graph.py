@@ -1,7 +1,7 @@
 """Build the Llama-family decoder (Llama, Qwen2) as one ONNX graph for the prompt step and every decode step,
 from the graph kit (export/graph/).
 
-The same contract as GPT-2's (models/README.md, "Llama and Qwen2"): the same inputs and outputs, the cache
+The same contract as GPT-2's (docs/package-format.md, "Llama and Qwen2"): the same inputs and outputs, the cache
 [B, kv_heads, P, D] with one head per key/value head. Per block: RMSNorm, Q/K/V from one packed product (plus
 Qwen2's biases), rotary embeddings on Q and K, grouped-query attention, RMSNorm with the residual add, and a
 SwiGLU MLP (gate and up from one packed product).

@@ -1,16 +1,17 @@
 """POST /v1/chat/completions: OpenAI's chat endpoint over the package's chat template, on the same path as
-completions (pipeline.py).
+completions (request_path.py).
 
 The body is parsed by chat_requests.py; the conversation is rendered by the package's chat template and
 tokenized once, in a worker thread (a template error names the message at fault); the answer is OpenAI's
-`chat.completion`, or a stream of `chat.completion.chunk` events ending in `data: [DONE]` (chat_responses.py).
+`chat.completion`, or a stream of `chat.completion.chunk` events ending in `data: [DONE]` (chat_answers.py).
 """
 
+from ...sampling.constraint import check as check_constraint
 from ...text.chat_bounds import deadline as render_deadline
-from ..pipeline import Endpoint, Ready, Result, StreamWriter, sse
-from . import chat_responses as shapes
+from ..request_path import Endpoint, Ready, Result, StreamWriter, sse
+from . import chat_answers as shapes
 from .chat_requests import ChatRequest, parse_chat_request
-from .responses import usage
+from .completion_answers import usage
 
 
 class Chat(Endpoint):
@@ -28,7 +29,7 @@ class Chat(Endpoint):
 
             tools.check_schemas()
             if req.answer_format:  # checked alone first, so that a bad schema names response_format
-                config.with_options(**req.answer_format)
+                check_constraint(config.with_options(**req.answer_format))
             req.tool_format = tool_format(model)
             config = config.with_options(**tools.constraint(req.tool_format, req.answer_format))
         with render_deadline(deadline):

@@ -1,13 +1,13 @@
 """POST /v1/completions: OpenAI's legacy completions over Model.batch, streamed or not; prompts as text or token ids.
 
-The body is parsed by requests.py, runs through the one request path (pipeline.py), and is answered in the
-shapes of responses.py: a `text_completion`, or a stream of them ending in `data: [DONE]`. With echo the prompt
+The body is parsed by requests.py, runs through the one request path (request_path.py), and is answered in the
+shapes of completion_answers.py: a `text_completion`, or a stream of them ending in `data: [DONE]`. With echo the prompt
 comes first (with logprobs, once the prompts are scored, with their log-probs); max_tokens 0 generates nothing.
 """
 
 from ...text import tokenizer as tokenizing
-from ..pipeline import Endpoint, Ready, Result, StreamWriter, sse
-from . import responses
+from ..request_path import Endpoint, Ready, Result, StreamWriter, sse
+from . import completion_answers as answers
 from .requests import CompletionRequest, parse_completion_request
 
 
@@ -34,9 +34,9 @@ class Completions(Endpoint):
         return Ready(batch, [len(ids) for ids in batch.prompts], before)
 
     def answer(self, req: CompletionRequest, result: Result):
-        choices = responses.choices(req, result.completions, result.before)
-        usage = responses.usage(sum(result.prompt_tokens), result.tokens)
-        return responses.completion(req, self.serving.model_id, choices, usage)
+        choices = answers.choices(req, result.completions, result.before)
+        usage = answers.usage(sum(result.prompt_tokens), result.tokens)
+        return answers.completion(req, self.serving.model_id, choices, usage)
 
     def writer(self, req: CompletionRequest, ready: Ready) -> StreamWriter:
         return CompletionStream(req, self.serving.model_id)
@@ -50,20 +50,20 @@ class CompletionStream(StreamWriter):
     def __init__(self, req: CompletionRequest, model_id: str):
         self.req, self.model_id = req, model_id
         rows = len(req.prompts) * req.n
-        # per choice: log-prob entries sent so far, and the text_offset of the next (as responses.logprobs counts it)
+        # per choice: log-prob entries sent so far, and the text_offset of the next (as answers.logprobs counts it)
         self.entries_sent = [0] * rows
         self.offsets = [len(req.prompt_texts[i // req.n]) for i in range(rows)]
 
     def chunk(self, choices: list, usage=None) -> str:
-        return sse(responses.completion(self.req, self.model_id, choices, usage))
+        return sse(answers.completion(self.req, self.model_id, choices, usage))
 
     def echo(self, scores) -> str:
         req = self.req
         echoed = [
-            responses.choice(
+            answers.choice(
                 i,
                 req.prompt_texts[i // req.n],
-                responses.logprobs(req, responses.prompt_entries(scores[i // req.n] if scores else None), 0),
+                answers.logprobs(req, answers.prompt_entries(scores[i // req.n] if scores else None), 0),
             )
             for i in range(len(req.prompts) * req.n)
         ]
@@ -77,19 +77,19 @@ class CompletionStream(StreamWriter):
             return [self.echo(value)]
         piece, entries = value
         entries = entries or []
-        lp = responses.logprobs(self.req, entries, self.offsets[piece.index])
+        lp = answers.logprobs(self.req, entries, self.offsets[piece.index])
         self.entries_sent[piece.index] += len(entries)
         self.offsets[piece.index] += sum(len(e["token"]) for e in entries)
-        return [self.chunk([responses.choice(piece.index, piece.text, lp)])]
+        return [self.chunk([answers.choice(piece.index, piece.text, lp)])]
 
     def closing(self, result: Result) -> list:
         req, completions = self.req, result.completions
         out = []
-        for c in responses.choices(req, completions, None):
+        for c in answers.choices(req, completions, None):
             # the log-probs of tokens no piece covered (text held back, or cut by a stop string)
             left = (completions[c.index].logprobs or [])[self.entries_sent[c.index] :] if completions else []
-            lp = responses.logprobs(req, left, self.offsets[c.index])
-            out.append(self.chunk([responses.choice(c.index, "", lp, c.finish_reason)]))
+            lp = answers.logprobs(req, left, self.offsets[c.index])
+            out.append(self.chunk([answers.choice(c.index, "", lp, c.finish_reason)]))
         if req.include_usage:
-            out.append(self.chunk([], responses.usage(sum(result.prompt_tokens), result.tokens)))
+            out.append(self.chunk([], answers.usage(sum(result.prompt_tokens), result.tokens)))
         return out + ["data: [DONE]\n\n"]

@@ -12,7 +12,7 @@
 
 No state is kept: `store` is accepted and ignored (nothing is stored; the answer says store: false), and
 `previous_response_id` and `conversation` are refused, so a client sends the whole conversation each time.
-The answer's shapes and stream events: responses_output.py.
+The answer's shapes and stream events: responses_answers.py.
 """
 
 import secrets
@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import ApiError
-from ..pipeline import Ready, Result, StreamWriter
+from ..request_path import Ready, Result, StreamWriter
 from .chat import Chat
 from .chat_requests import ChatRequest
 from .fields import RESPONSES_REFUSED, ResponsesExtras, refuse
@@ -220,11 +220,11 @@ class Responses(Chat):
         return parse_responses_request(body, serving.names, self.model.arch.vocab_size, serving.limits)
 
     def answer(self, req: ResponsesRequest, result: Result):
-        from .responses_output import response
+        from .responses_answers import response
 
         return response(req, self.serving.model_id, result)
 
     def writer(self, req: ResponsesRequest, ready: Ready) -> StreamWriter:
-        from .responses_output import ResponsesStream
+        from .responses_answers import ResponsesStream
 
         return ResponsesStream(req, self.serving.model_id)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ...errors import GenerationOptionError
 from ...generation_config import GenerationConfig
+from ...sampling.constraint import check as check_constraint
 from ..errors import ApiError
 from .schema import json_type
 
@@ -59,7 +60,7 @@ class ToolUse:
             if not isinstance(schema, dict):
                 continue  # absent, or the wrong shape: the text layer names it
             try:
-                GenerationConfig(json_schema=schema)
+                check_constraint(GenerationConfig(json_schema=schema))
             except GenerationOptionError as error:
                 where = f"tools[{i}].function.parameters"
                 raise ApiError(400, f"{where}: {str(error).replace('json_schema', 'the schema', 1)}", where) from None

@@ -21,9 +21,9 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from .engine.decode import decode_steps
-from .generation_config import GenerationConfig
-from .model import load
+from ..engine.decode import decode_steps
+from ..generation_config import GenerationConfig
+from ..model import load
 
 # onnxruntime's worker threads spin for a while after a run; on a 2-core machine a probe started at once
 # reads at about half speed (measured: 10-13 GB/s right after a decode, 19-24 GB/s after 0.2 s).

@@ -16,7 +16,7 @@ import math
 from pydantic import BaseModel
 
 from .chat_requests import ChatRequest
-from .responses import Usage
+from .completion_answers import Usage
 
 MISSING_LOGPROB = -9999.0  # OpenAI's value for a log-prob of minus infinity (JSON has no -Infinity)
 

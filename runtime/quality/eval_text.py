@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import QualityError
+from ..errors import QualityError
 
 DEFAULT_EVAL_TOKENS = 8192  # tokens measured by default: eight 1,024-token windows
 MIN_EVAL_TOKENS = 2048  # the least the command line accepts: two windows; below it KL and top-1 wander
@@ -71,7 +71,7 @@ class EvalText:
         """(ids, prefix, total): the first eval_tokens ids of the text (no special tokens), the ids the tokenizer
         puts before any text (a BOS, or none: each window and prompt starts with them) and the text's token count.
         QualityError when the text holds fewer than eval_tokens."""
-        from .text import tokenizer as tokenizing
+        from ..text import tokenizer as tokenizing
 
         ids = tokenizing.encode(tokenizer, self.text, add_special_tokens=False).ids
         if len(ids) < eval_tokens:

@@ -1,5 +1,5 @@
 """A package's quality measured again, by the runtime alone, against a reference on a text (`edgelm verify
---quality`): the same figures the export's report records (runtime/quality.py's `measure`), with the recorded
+--quality`): the same figures the export's report records (runtime/quality/measure.py's `measure`), with the recorded
 ones beside them.
 
 The reference is normally the float32 package of the same checkpoint (an EngineSide); the command line can also
@@ -7,9 +7,9 @@ hand in the checkpoint itself in PyTorch where the export extra is installed (ex
 Either must have the package's architecture and vocabulary: figures between two different models mean nothing.
 """
 
-from .errors import QualityError
+from ..errors import QualityError
 from .eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
-from .quality import EngineSide, Plan, measure
+from .measure import EngineSide, Plan, measure
 
 
 def package_reference(model, reference) -> EngineSide:

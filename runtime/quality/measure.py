@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sampling.filters import log_softmax  # row-wise, float32: the samplers' own
+from ..sampling.filters import log_softmax  # row-wise, float32: the samplers' own
 
 POSITIONS_AT_ONCE = 256  # log-softmax over [positions, vocabulary] a slice at a time: 1,024 x 152K floats is 600 MB
 WINDOW_LIMIT = 1024  # positions per window: the model's context, or this where the context is longer
@@ -135,8 +135,8 @@ def window_logits(engine, window: np.ndarray) -> np.ndarray:
 def greedy_tokens(engine, prompts: list, new_tokens: int, eos_token_id=None, pad_id: int = 0) -> np.ndarray:
     """[N, new_tokens] greedy continuations from a runtime Engine, batched, exactly new_tokens each (end-of-text
     is never picked before then)."""
-    from .engine.decode import decode_steps
-    from .generation_config import GenerationConfig
+    from ..engine.decode import decode_steps
+    from ..generation_config import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=eos_token_id)
     steps = [tokens for tokens, _ in decode_steps(engine, prompts, config, [None] * len(prompts), pad_id=pad_id)]
@@ -146,7 +146,7 @@ def greedy_tokens(engine, prompts: list, new_tokens: int, eos_token_id=None, pad
 def cache_path_logits(engine, ids, mask, steps: int = 4) -> np.ndarray:
     """[B, steps, V]: prefill all but the last `steps` of [B, T] ids (left-padded by `mask`), then feed them one at
     a time through the cache, keeping each step's logits."""
-    from .engine.steps import position_ids_from_mask
+    from ..engine.steps import position_ids_from_mask
 
     steps = min(steps, ids.shape[1] - 1)
     positions = position_ids_from_mask(mask)

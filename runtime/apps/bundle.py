@@ -19,7 +19,7 @@ import venv
 from importlib import metadata
 from pathlib import Path
 
-from .errors import EdgelmError
+from ..errors import EdgelmError
 
 # what the frozen command imports: the runtime's dependencies (pyproject.toml), the server extra, the freezer
 RUNTIME = ("onnxruntime", "numpy", "tokenizers", "click", "huggingface_hub", "jinja2", "tqdm")
@@ -45,7 +45,7 @@ def requirement(name: str) -> str:
 def build_bundle(package: Path, out: Path, force: bool = False, log=lambda line: None) -> Path:
     """Freeze `edgelm` and copy the package folder `package` into the new folder `out`; returns the executable.
     `log(line)` is told each step."""
-    from .package.open import open_package
+    from ..package.open import open_package
 
     package = Path(package)
     opened = open_package(package, verify="full")  # a damaged package is refused before minutes of building
@@ -82,7 +82,7 @@ def _environment(work: Path, log) -> str:
     _run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *wanted, cwd=work)
     # the runtime as it is imported here, with its distribution's metadata, on the new environment's path
     staged = work / "site"
-    source = Path(__file__).resolve().parent
+    source = Path(__file__).resolve().parents[1]  # runtime/, above apps/
     shutil.copytree(source, staged / "edgelm" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     distribution = metadata.distribution("edgelm")
     info = getattr(distribution, "_path", None)

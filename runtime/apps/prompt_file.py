@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import output_lock
-from .errors import EdgelmError, GenerationOptionError, PromptError, PromptFileError
-from .generation_config import GenerationConfig, sampling_implied
-from .inputs import decode_utf8
+from ..errors import EdgelmError, GenerationOptionError, PromptError, PromptFileError
+from ..generation_config import GenerationConfig, sampling_implied
+from ..inputs import decode_utf8
 
 GENERATE, SCORE = "generate", "score"
 MAX_LINE_BYTES = 16 << 20  # one input line; longer ones are reported, never read into memory whole

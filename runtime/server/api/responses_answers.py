@@ -16,8 +16,8 @@
 
 import secrets
 
-from ..pipeline import Result, StreamWriter, sse
-from . import chat_responses as shapes
+from ..request_path import Result, StreamWriter, sse
+from . import chat_answers as shapes
 
 
 def usage(result: Result) -> dict:
