@@ -12,6 +12,7 @@ huge pages (cli/launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 
 from .errors import (
     ChatError,
+    DeadlineError,
     DeviceError,
     EdgelmError,
     GenerationOptionError,
@@ -19,6 +20,8 @@ from .errors import (
     PackageError,
     PromptError,
     PromptFileError,
+    QualityError,
+    StoreError,
 )
 
 _LAZY = {
@@ -55,6 +58,9 @@ __all__ = [
     "PromptFileError",
     "ChatError",
     "InferenceError",
+    "StoreError",
+    "QualityError",
+    "DeadlineError",
 ]
 
 
