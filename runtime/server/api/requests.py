@@ -24,6 +24,7 @@ from ... import inputs
 from ...errors import GenerationOptionError, PromptError
 from ...generation_config import logit_bias_ids
 from ..errors import ApiError
+from ..limits import Limits  # noqa: F401  (the endpoints' and the tests' name for it)
 from .schema import STRICT, TEXTS, Text, validate
 from .structured import response_format_options
 
@@ -46,19 +47,6 @@ PASSTHROUGH = (
     "truncate",
 )
 PROMPTS = "a string or a list of strings, or token ids: a list of integers or a list of such lists"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for; each is a command-line option of `edgelm serve`."""
-
-    max_tokens: int = 1024  # max_tokens above this is refused (default: the model's context)
-    max_n: int = 8  # completions per prompt
-    max_prompts: int = 32  # prompts in one request (LangChain's OpenAI sends 20 at a time)
-    max_body_bytes: int = 1_000_000  # request body size (413 above)
-    request_timeout: float = 300.0  # seconds from arrival, queue time included (408 above)
-    max_batch_tokens: int = 32_768  # prompts x n x (prompt + max_tokens): the tokens one request may hold
-    read_timeout: float = 5.0  # seconds for a request's headers, and again for its body (408 / closed)
 
 
 @dataclass(frozen=True)
