@@ -35,6 +35,7 @@ GENERATION_CONFIG = "generation_config.json"
 HF_CONFIG = "config.json"  # the checkpoint's config: all an optimum folder is described by
 ALIGN = 65536  # offsets of large tensors and of the token table: onnxruntime maps aligned external data
 TOKEN_ROWS, TOKEN_SCALE = "transformer.wte.weight_int8", "transformer.wte.weight_scale"  # + ".{part}"
+KV_CACHES = ("float32", "int8")  # the key/value cache storage a graph may have (`edgelm export --kv-cache`)
 # The graph's sampling outputs (docs/package-format.md): at the last position, softmax(logits / temperature) padded
 # with zeros to whole blocks of SAMPLING_BLOCK tokens, and each block's sum, for the first R rows, R the rows of the
 # temperature (an overridable initializer, [R, 1], default [[1]]). The sampler draws from them without a pass of
