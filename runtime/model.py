@@ -89,10 +89,15 @@ class Model:
 
     max_batch_tokens = MAX_BATCH_TOKENS  # rows x positions one call may decode; raise it on an instance to allow more
 
-    def settings(self, **options) -> GenerationConfig:
-        """The settings in effect: the package's defaults, then these options, validated once (token ids against
-        this model's vocabulary included). Pass the result as config= to generate, stream or batch."""
-        return self.defaults.with_options(**options)
+    def settings(self, config: GenerationConfig | None = None, /, **options) -> GenerationConfig:
+        """The settings in effect: `config` (default: the package's defaults), then these options, validated once
+        (token ids against this model's vocabulary included). Pass the result as config= to generate, stream or
+        batch. `ban` (words never to generate) adds the token sequences that write them to bad_words_ids."""
+        banned = options.pop("ban", None)
+        if banned is not None:  # with bad_words_ids given too: both
+            banned, given = tokenizing.banned_ids(self.tokenizer, banned), options.get("bad_words_ids")
+            options["bad_words_ids"] = (*given, *banned) if isinstance(given, (list, tuple)) else given or banned
+        return (config if config is not None else self.defaults).with_options(**options)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
         """Token ids of `text`; add_special_tokens applies the tokenizer's own additions (Llama's start token)."""

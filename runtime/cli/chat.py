@@ -12,28 +12,16 @@ import click
 
 from ..errors import EdgelmError, PromptError
 from ..generation_config import sampling_implied
+from ..generation_options import OPTIONS
 from ..inputs import decode_utf8
 from .main import generate
 from .options import prefix_cache_option, verify_mode
 from .terminal import echo, generated
 
-# generate's options that mean the same in a conversation; they are declared once, on generate
+# generate's options that mean the same in a conversation; they are declared once (runtime/generation_options.py)
 SHARED_OPTIONS = (
     "package",
-    "max_new_tokens",
-    "min_new_tokens",
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "frequency_penalty",
-    "presence_penalty",
-    "stop",
-    "seed",
+    *(option.name for option in OPTIONS if option.chat),
     "device",
     "threads",
     "no_verify",

@@ -5,6 +5,7 @@ import os
 
 import click
 
+from ..generation_options import EXTRA, request_fields
 from ..server.limits import Limits
 from .options import device_option, package_option_or_argument, prefix_cache_option, threads_option, verify_options
 from .terminal import echo
@@ -176,8 +177,7 @@ def serve(
     GET  /v1/models, /health
 
     Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
-    transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
-    ignore_eos, truncate) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
+    transformers' options and edgelm's (EXTRA_FIELDS) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
     greedy request gives what `edgelm generate` gives (with int8-dynamic weights, nearly always: their
     activation scales span the batch). Streamed log-probs come with the text chunk their tokens print in.
     Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
@@ -245,3 +245,9 @@ def serve(
         port,
     )
     run(app, host, port, log_level, shutdown_timeout)
+
+
+# the request fields of edgelm's own, as runtime/generation_options.py declares them
+serve.help = serve.help.replace(
+    "EXTRA_FIELDS", ", ".join(o.alias or o.name for o in request_fields() if o.http == EXTRA)
+)
