@@ -316,13 +316,21 @@ class Model:
 
     def chat_prompt(self, messages, config: GenerationConfig, tools=None) -> tuple[list, GenerationConfig]:
         """(prompt token ids, settings) for the assistant's next message: `messages` (and `tools`) rendered by the
-        package's chat template (with the assistant's turn opened), the template's stop strings added to `config`'s."""
+        package's chat template (with the assistant's turn opened), the template's stop strings added to `config`'s
+        (settings already holding them are returned as they are)."""
+        stop = self.chat_stop(config.stop)
+        return self.chat_ids(messages, tools), config.with_options(stop=stop) if stop != config.stop else config
+
+    def chat_ids(self, messages, tools=None) -> list:
+        """The prompt token ids of chat_prompt, alone."""
         prompt = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
-        extra = tuple(s for s in self.chat_template.stop if s not in config.stop)
         # The template writes the start token itself where the model wants one (Llama 3's {{ bos_token }}), so the
         # tokenizer adds none, as transformers' apply_chat_template(tokenize=True) does.
-        ids = self.encode(prompt, add_special_tokens=False)
-        return ids, config.with_options(stop=config.stop + extra) if extra else config
+        return self.encode(prompt, add_special_tokens=False)
+
+    def chat_stop(self, stop: tuple) -> tuple:
+        """The stop strings `stop` and those of the chat template it lacks: what ends an assistant's message."""
+        return (*stop, *(s for s in self.chat_template.stop if s not in stop))
 
     def chat(self, messages, config: GenerationConfig | None = None, *, tools=None, **options):
         """The assistant's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]) as a Completion, or a

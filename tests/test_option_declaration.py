@@ -129,3 +129,42 @@ def test_the_server_takes_ban_as_an_extension_field(server, model):
     assert HTTP.post(server.url + "/v1/chat/completions", json=chat).status_code == 200
     refused = complete(server, {"prompt": PROMPT, "ban": [""]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "ban"
+
+
+# --- a chat request's settings are built once ------------------------------------------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"max_tokens": 4, "stop": "x"}, {"tools": [WEATHER], "tool_choice": "required", "truncate": True, "max_tokens": 50}],
+    ids=["no-max-tokens", "max-tokens-and-stop", "forced-tool-call"],
+)
+def test_a_chat_request_builds_its_settings_once(server, model, monkeypatch, extra):
+    """The options, the tools' constraint, the template's stop strings and the reply's length: one with_options
+    (a tool's schema is checked on its own, by tool_calls.check_schemas)."""
+    built = []
+    with_options = GenerationConfig.with_options
+    monkeypatch.setattr(GenerationConfig, "with_options", lambda self, **o: built.append(o) or with_options(self, **o))
+    body = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, **extra}
+    answer = HTTP.post(server.url + "/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    assert len(built) == 1
+    assert set(model.chat_template.stop) <= set(built[0]["stop"]) and built[0]["max_new_tokens"] >= 1
+
+
+def test_the_chat_command_builds_its_settings_once_for_every_turn(tiny_package, monkeypatch):
+    from edgelm.runtime.cli.main import main
+
+    built = []
+    with_options = GenerationConfig.with_options
+    monkeypatch.setattr(GenerationConfig, "with_options", lambda self, **o: built.append(o) or with_options(self, **o))
+    result = CliRunner().invoke(
+        main, ["chat", "-m", str(tiny_package), "--max-new-tokens", "3", "--stop", "x"], input="The fox\nTime\nA\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert len(built) == 1 and built[0]["stop"][0] == "x"

@@ -50,6 +50,8 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
         verify=verify_mode(no_verify, full_verify),
         prefix_cache_mb=prefix_cache_mb,
     )
+    # built once, with the template's stop strings, so that no turn builds them again (model.chat_prompt)
+    options["stop"] = model.chat_stop(options.get("stop", model.defaults.stop))
     config = model.settings(**options)
     model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
     interactive = sys.stdin.isatty()
