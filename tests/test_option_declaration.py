@@ -141,7 +141,11 @@ WEATHER = {
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"max_tokens": 4, "stop": "x"}, {"tools": [WEATHER], "tool_choice": "required", "truncate": True, "max_tokens": 50}],
+    [
+        {},
+        {"max_tokens": 4, "stop": "x"},
+        {"tools": [WEATHER], "tool_choice": "required", "truncate": True, "max_tokens": 50},
+    ],
     ids=["no-max-tokens", "max-tokens-and-stop", "forced-tool-call"],
 )
 def test_a_chat_request_builds_its_settings_once(server, model, monkeypatch, extra):
