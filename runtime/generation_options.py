@@ -1,11 +1,11 @@
 """Every generation option a user can set, declared once: its command-line flag and its HTTP request field.
 
-GenerationConfig (generation_config.py) holds each option's type, default and check; OPTIONS below says how
-each is offered: the flag's help (in the order `edgelm generate --help` lists them), whether `edgelm chat` takes
-it too, and the request field the server reads it from. The command line (cli/options.py, generation_options)
-and the request body (server/api/requests.py, sampling_body) are built from this table, so a new option is its
-GenerationConfig field and check, and one entry here; tests/test_generation_options.py fails for a field that
-is in neither OPTIONS nor NOT_OFFERED.
+GenerationConfig (generation_config.py) holds each option's type, default and check (a number's interval in
+RANGES, which the help shows); OPTIONS below says how each is offered: the flag's help (in the order
+`edgelm generate --help` lists them), whether `edgelm chat` takes it too, and the request field the server reads
+it from. The command line (cli/options.py, generation_options) and the request body (server/api/requests.py,
+sampling_body) are built from this table, so a new option is its GenerationConfig field and check, and one entry
+here; tests/test_option_declaration.py fails for a field that is in neither OPTIONS nor NOT_OFFERED.
 
 An option whose request field has endpoint-specific meaning (max_new_tokens is max_tokens, max_completion_tokens
 or max_output_tokens; temperature 0 means greedy; n is bounded by the server; logit_bias takes OpenAI's string
@@ -14,7 +14,7 @@ keys and range; logprobs differs per endpoint) is read by the endpoint itself: i
 
 from dataclasses import dataclass, fields
 
-from .generation_config import GenerationConfig
+from .generation_config import RANGES, GenerationConfig
 
 OPENAI, EXTRA = "openai", "extra"  # an OpenAI request field; a field of edgelm's own (docs/serve.md)
 NOT_SET = object()
@@ -66,21 +66,21 @@ OPTIONS = (
         http=EXTRA,
         server_default=0,  # OpenAI has no top-k: a client expects plain temperature/top_p sampling
     ),
-    Option("top_p", "Nucleus sampling mass in (0, 1].", chat=True, http=OPENAI, server_default=1.0),
+    Option("top_p", f"Nucleus sampling mass in {RANGES['top_p']}.", chat=True, http=OPENAI, server_default=1.0),
     Option("min_p", "Drop tokens below min-p x p(most likely).", chat=True, http=EXTRA),
-    Option("typical_p", "Locally typical sampling mass in (0, 1].", chat=True, http=EXTRA),
+    Option("typical_p", f"Locally typical sampling mass in {RANGES['typical_p']}.", chat=True, http=EXTRA),
     Option("repetition_penalty", "Penalise every token already seen (1.0 = off).", chat=True, http=EXTRA),
     Option("no_repeat_ngram_size", "Never repeat an n-gram of this size.", chat=True, http=EXTRA),
     Option(
         "frequency_penalty",
-        "OpenAI-style, per occurrence in the output, in [-2, 2].",
+        f"OpenAI-style, per occurrence in the output, in {RANGES['frequency_penalty']}.",
         chat=True,
         http=OPENAI,
         server_default=0.0,
     ),
     Option(
         "presence_penalty",
-        "OpenAI-style, once per token present in the output, in [-2, 2].",
+        f"OpenAI-style, once per token present in the output, in {RANGES['presence_penalty']}.",
         chat=True,
         http=OPENAI,
         server_default=0.0,

@@ -61,6 +61,22 @@ def test_an_option_added_to_the_declaration_is_a_field_of_the_request_body():
         validate(body, {"draft_tokens": "four"})
 
 
+def test_a_number_options_interval_is_what_the_check_and_the_help_say():
+    import re
+
+    from edgelm.runtime.generation_config import RANGES, Interval
+
+    helps = {o.name: o.help for o in OPTIONS}
+    for name, interval in RANGES.items():
+        assert interval.high in interval and (interval.low + interval.high) / 2 in interval
+        assert (interval.low in interval) != interval.low_open
+        with pytest.raises(GenerationOptionError, match=re.escape(str(interval))):
+            GenerationConfig(**{name: interval.high + 1})
+        assert name == "min_p" or str(interval) in helps[name]
+    assert str(Interval(0, 1, low_open=True)) == "(0, 1]" and 0 not in Interval(0, 1, low_open=True)
+    assert float("nan") not in Interval(-2, 2) and True not in Interval(0, 1)
+
+
 def test_the_real_commands_and_body_are_built_from_the_declaration():
     generate, chat = main.get_command(None, "generate"), main.get_command(None, "chat")
     for option in OPTIONS:
