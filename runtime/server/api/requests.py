@@ -1,5 +1,5 @@
-"""Request bodies in: the fields every generation endpoint shares, the server's limits, and the runtime options
-they become; the /v1/completions, /v1/score, /tokenize and /detokenize bodies.
+"""Request bodies in: the fields every generation endpoint shares, the server's limits (limits.py), and the runtime
+options they become; the /v1/completions, /v1/score, /tokenize and /detokenize bodies.
 
 Nothing here touches the network or threads. Shapes are checked by the pydantic models (schema.py); value
 ranges belong to the runtime's GenerationConfig, which the pipeline builds once from `request.options`. What
@@ -87,10 +87,10 @@ def sampling_body(options=OPTIONS) -> type[BaseModel]:
     fields = {}
     for option in request_fields(options):
         if option.form == "repeated":
-            field = (Text | list[Text] | None, Field(None, description=TEXTS))
+            typed = (Text | list[Text] | None, Field(None, description=TEXTS))
         else:
-            field = (option.field_type | None, None)
-        fields.update({name: field for name in (option.name, option.alias) if name})
+            typed = (option.field_type | None, None)
+        fields.update({name: typed for name in (option.name, option.alias) if name})
     return create_model("SamplingBody", __base__=EndpointFields, __module__=__name__, **fields)
 
 
