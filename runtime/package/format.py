@@ -1,8 +1,8 @@
 """The model package format, written once: its file names and constants, the graph's input and output names, the
-manifest as typed sections
-(architecture.py, graph_section.py, sections.py, their JSON values read by fields.py), the files a package must
-list, and the text `edgelm info` prints. `edgelm export` builds a Manifest and writes `to_dict()`; the runtime reads one with `Manifest.from_dict`, which checks every
-type and range, and uses nothing it has not checked. Standard library only: the launcher reads a manifest
+manifest as typed sections (architecture.py, graph_section.py, sections.py, their JSON values read by fields.py),
+the files a package must list, and the text `edgelm info` prints. `edgelm export` builds a Manifest and writes
+`to_dict()`; the runtime reads one with `Manifest.from_dict`, which checks every type and range, and uses nothing
+it has not checked. Standard library only: the launcher reads a manifest
 before anything heavy is imported.
 
 A package folder (format_version 2) holds, each listed in manifest.json's `files` with its size and sha256:
