@@ -4,6 +4,7 @@ import time
 
 import click
 from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.package.format import KV_CACHES
 from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, MIN_EVAL_TOKENS, EvalText
 
 from .quantize import RECIPES
@@ -48,7 +49,7 @@ INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
 )
 @click.option(
     "--kv-cache",
-    type=click.Choice(["float32", "int8"]),
+    type=click.Choice(KV_CACHES),
     default="float32",
     show_default=True,
     help="Key/value cache storage; int8 (with a quantized --quantize recipe) reads a quarter of the bytes per step, scales calibrated at export.",

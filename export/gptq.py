@@ -17,6 +17,7 @@ and the codes are kept as they were rounded.
 from dataclasses import replace
 
 import numpy as np
+from edgelm.runtime.package.format import ATTENTION_MASK, INPUT_IDS, PAST, POSITION_IDS
 
 from .rounding import clip, symmetric_codes
 
@@ -83,8 +84,8 @@ def calibration_hessians(graph, rows: list, arch) -> dict:
     activations = list(readers)
     for row in rows:
         ids = np.asarray(row, dtype=np.int64)[None]
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.arange(ids.shape[1])[None]}
-        feeds |= {i.name: past for i in session.get_inputs() if i.name.startswith("past_key_values.")}
+        feeds = {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids), POSITION_IDS: np.arange(ids.shape[1])[None]}
+        feeds |= {i.name: past for i in session.get_inputs() if i.name.startswith(PAST)}
         for name, x in zip(activations, session.run(activations, feeds)):
             x = x.reshape(-1, x.shape[-1]).astype(np.float64)  # [T, K]
             sums[name] = sums.get(name, 0.0) + x.T @ x

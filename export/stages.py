@@ -20,6 +20,7 @@ from edgelm.runtime.package.format import (
     GENERATION_CONFIG,
     GRAPH_FILE,
     HF_CONFIG,
+    KV_CACHES,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
     Graph,
@@ -44,7 +45,6 @@ from .writer import PackageWriter, check_destination, refuse_existing, sweep_par
 DEFAULT_EVAL_TEXT = Path(__file__).resolve().parent / "data" / "persuasion-chapters-1-4.txt"
 NOT_VALIDATED = "exported with --no-validate (validate=False): no comparison against PyTorch was made"
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
-KV_CACHES = ("float32", "int8")
 TOOLS = (
     "edgelm",
     "torch",

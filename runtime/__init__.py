@@ -15,6 +15,7 @@ the import graph, and tests/test_layers.py fails on any import against the order
 
 from .errors import (
     ChatError,
+    DeadlineError,
     DeviceError,
     EdgelmError,
     GenerationOptionError,
@@ -22,6 +23,8 @@ from .errors import (
     PackageError,
     PromptError,
     PromptFileError,
+    QualityError,
+    StoreError,
 )
 
 _LAZY = {
@@ -58,6 +61,9 @@ __all__ = [
     "PromptFileError",
     "ChatError",
     "InferenceError",
+    "StoreError",
+    "QualityError",
+    "DeadlineError",
 ]
 
 

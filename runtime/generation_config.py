@@ -28,6 +28,25 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p")  # me
 CONSTRAINTS = ("json_schema", "json_object", "regex", "grammar", "choices")  # at most one per request
 
 
+@dataclass(frozen=True)
+class Interval:
+    """The values a number option may take, written once: checked here, shown in its help and its error."""
+
+    low: float
+    high: float
+    low_open: bool = False  # low itself is outside
+
+    def __contains__(self, value) -> bool:
+        return _is_number(value) and (self.low < value if self.low_open else self.low <= value) and value <= self.high
+
+    def __str__(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+RANGES = {"top_p": Interval(0, 1, low_open=True), "min_p": Interval(0, 1), "typical_p": Interval(0, 1, low_open=True)}
+RANGES |= {"frequency_penalty": Interval(-2, 2), "presence_penalty": Interval(-2, 2)}  # OpenAI's
+
+
 def sampling_implied(options: dict) -> dict:
     """The options with do_sample=True added when a sampling option is given and do_sample is not: what a
     command-line option or a line of a prompt file means by "--temperature 0.7" alone."""
@@ -295,13 +314,9 @@ def _check(c: GenerationConfig) -> None:
     _need(
         _is_int(c.top_k) and c.top_k >= 0, "top_k", f"top_k must be an integer >= 0 (0 turns it off), got {c.top_k!r}"
     )
-    _need(_is_number(c.top_p) and 0 < c.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {c.top_p!r}")
-    _need(_is_number(c.min_p) and 0 <= c.min_p <= 1, "min_p", f"min_p must be in [0, 1], got {c.min_p!r}")
-    _need(
-        _is_number(c.typical_p) and 0 < c.typical_p <= 1,
-        "typical_p",
-        f"typical_p must be in (0, 1], got {c.typical_p!r}",
-    )
+    for name in ("top_p", "min_p", "typical_p"):
+        value = getattr(c, name)
+        _need(value in RANGES[name], name, f"{name} must be in {RANGES[name]}, got {value!r}")
     _need(
         _is_number(c.repetition_penalty) and c.repetition_penalty > 0,
         "repetition_penalty",
@@ -314,7 +329,7 @@ def _check(c: GenerationConfig) -> None:
     )
     for name in ("frequency_penalty", "presence_penalty"):
         value = getattr(c, name)
-        _need(_is_number(value) and -2 <= value <= 2, name, f"{name} must be a number in [-2, 2], got {value!r}")
+        _need(value in RANGES[name], name, f"{name} must be a number in {RANGES[name]}, got {value!r}")
     _need(
         _is_int(c.num_return_sequences) and c.num_return_sequences >= 1,
         "num_return_sequences",

@@ -90,11 +90,16 @@ class Model:
 
     max_batch_tokens = MAX_BATCH_TOKENS  # rows x positions one call may decode; raise it on an instance to allow more
 
-    def settings(self, **options) -> GenerationConfig:
-        """The settings in effect: the package's defaults, then these options, validated once (token ids against
-        this model's vocabulary included, and a constraint read by llguidance). Pass the result as config= to
-        generate, stream or batch."""
-        config = self.defaults.with_options(**options)
+    def settings(self, config: GenerationConfig | None = None, /, **options) -> GenerationConfig:
+        """The settings in effect: `config` (default: the package's defaults), then these options, validated once
+        (token ids against this model's vocabulary included, and a constraint read by llguidance). Pass the result
+        as config= to generate, stream or batch. `ban` (words never to generate) adds the token sequences that
+        write them to bad_words_ids."""
+        banned = options.pop("ban", None)
+        if banned is not None:  # with bad_words_ids given too: both
+            banned, given = tokenizing.banned_ids(self.tokenizer, banned), options.get("bad_words_ids")
+            options["bad_words_ids"] = (*given, *banned) if isinstance(given, (list, tuple)) else given or banned
+        config = (config if config is not None else self.defaults).with_options(**options)
         check_constraint(config)
         return config
 
@@ -315,13 +320,21 @@ class Model:
 
     def chat_prompt(self, messages, config: GenerationConfig, tools=None) -> tuple[list, GenerationConfig]:
         """(prompt token ids, settings) for the assistant's next message: `messages` (and `tools`) rendered by the
-        package's chat template (with the assistant's turn opened), the template's stop strings added to `config`'s."""
+        package's chat template (with the assistant's turn opened), the template's stop strings added to `config`'s
+        (settings already holding them are returned as they are)."""
+        stop = self.chat_stop(config.stop)
+        return self.chat_ids(messages, tools), config.with_options(stop=stop) if stop != config.stop else config
+
+    def chat_ids(self, messages, tools=None) -> list:
+        """The prompt token ids of chat_prompt, alone."""
         prompt = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
-        extra = tuple(s for s in self.chat_template.stop if s not in config.stop)
         # The template writes the start token itself where the model wants one (Llama 3's {{ bos_token }}), so the
         # tokenizer adds none, as transformers' apply_chat_template(tokenize=True) does.
-        ids = self.encode(prompt, add_special_tokens=False)
-        return ids, config.with_options(stop=config.stop + extra) if extra else config
+        return self.encode(prompt, add_special_tokens=False)
+
+    def chat_stop(self, stop: tuple) -> tuple:
+        """The stop strings `stop` and those of the chat template it lacks: what ends an assistant's message."""
+        return (*stop, *(s for s in self.chat_template.stop if s not in stop))
 
     def chat(self, messages, config: GenerationConfig | None = None, *, tools=None, **options):
         """The assistant's reply to `messages` ([{"role": "user", "content": "Hi"}, ...]) as a Completion, or a

@@ -520,3 +520,15 @@ def test_an_int8_package_reads_token_rows_not_the_whole_table(tiny_package_int8)
     ids = np.array([[4, 9, 4]])
     np.testing.assert_array_equal(model.engine.embeddings(ids), rows[ids] * scale[ids][..., None])
     assert reads == [4, 9, 4]
+
+
+def test_every_error_class_is_a_public_name():
+    """Each error the library raises can be caught by its name from edgelm.runtime."""
+    import inspect
+
+    from edgelm.runtime import errors
+
+    classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, rt.EdgelmError)}
+    assert {"StoreError", "QualityError", "DeadlineError"} <= classes
+    assert classes <= set(rt.__all__)
+    assert all(getattr(rt, name) is getattr(errors, name) for name in classes)

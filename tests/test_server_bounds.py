@@ -80,3 +80,14 @@ def test_tokenize_and_detokenize_of_a_large_body_equal_the_tokenizer(server, mod
     back = HTTP.post(server.url + "/detokenize", json={"tokens": tokens.json()["tokens"][:5000]}, timeout=120)
     assert back.json()["content"] == model.tokenizer.decode(tokens.json()["tokens"][:5000], skip_special_tokens=False)
     assert json.loads(HTTP.get(server.url + "/health").text)["status"] == "ok"
+
+
+def test_serve_shows_the_limits_defaults_the_server_applies():
+    """Each limit's default is the one Limits holds: `edgelm serve` restates none of them."""
+    import dataclasses
+
+    from edgelm.runtime.cli.serve import serve
+
+    defaults = {p.name: p.default for p in serve.params}
+    limits = {f.name: f.default for f in dataclasses.fields(Limits) if f.name != "max_tokens"}
+    assert limits and all(defaults[name] == value for name, value in limits.items())

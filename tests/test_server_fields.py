@@ -17,7 +17,7 @@ from server_harness import HTTP, InProcessServer
 
 # edgelm's own fields, under transformers' names (docs/serve.md), beside OpenAI's.
 EDGELM = {"top_k", "min_p", "typical_p", "repetition_penalty", "no_repeat_ngram_size", "min_tokens", "min_new_tokens"}
-EDGELM |= {"ignore_eos", "truncate"}
+EDGELM |= {"ignore_eos", "truncate", "ban"}
 
 
 def keys(*typed_dicts) -> set:

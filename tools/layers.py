@@ -30,6 +30,7 @@ LAYERS = (
     ("errors",),  # the exception types every layer raises
     ("inputs", "constraint_text"),  # checks of what callers send: token ids, text, a constraint's text
     ("generation_config",),  # the settings of one request, valid by construction
+    ("generation_options",),  # each option's flag, help and request field, from which the CLI and server derive
     ("package",),  # the package folder: format, manifest, files, the onnxruntime it needs
     ("sampling", "text", "store"),  # next-token choice on ids; text <-> ids and chat; installed packages
     ("engine",),  # the forward pass and the decode loop, on ids

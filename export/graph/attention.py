@@ -2,6 +2,7 @@
 the attention op itself (the cache update and the attention in one onnxruntime op, float32 or int8 cache)."""
 
 import numpy as np
+from edgelm.runtime.package.format import present_name
 
 from .builder import MS_DOMAIN, GraphBuilder
 
@@ -48,7 +49,7 @@ def group_query_attention(g, i, qkv, past, lengths, cache, heads, kv_heads, **at
     return g.op(
         "GroupQueryAttention",
         inputs,
-        outputs=[f"attn_{i}", f"present.{i}.key", f"present.{i}.value"],
+        outputs=[f"attn_{i}", present_name(i, "key"), present_name(i, "value")],
         domain=MS_DOMAIN,
         num_heads=heads,
         kv_num_heads=kv_heads,

@@ -4,7 +4,17 @@ docs/package-format.md), and what a family's build_decoder returns."""
 from dataclasses import dataclass
 
 import numpy as np
-from edgelm.runtime.package.format import Architecture
+from edgelm.runtime.package.format import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    INPUTS_EMBEDS,
+    LOGITS,
+    LOGITS_TO_KEEP,
+    POSITION_IDS,
+    Architecture,
+    past_name,
+    present_name,
+)
 
 from .builder import FLOAT, INT64, GraphBuilder
 from .sampling import sampling_outputs
@@ -26,21 +36,21 @@ def decoder_inputs(g: GraphBuilder, arch: Architecture, kv_heads: int, cache_typ
     [B, kv_heads, P, D], and logits_to_keep (a scalar, 0 by default: every position).
     Returns (tokens, attention_mask, position_ids, past [(key, value) per layer], logits_to_keep)."""
     if inputs_embeds:  # the runtime looks the tokens up (runtime/engine/embeddings.py)
-        tokens = g.input("inputs_embeds", FLOAT, ["batch", "sequence", arch.n_embd])
+        tokens = g.input(INPUTS_EMBEDS, FLOAT, ["batch", "sequence", arch.n_embd])
     else:
-        tokens = g.input("input_ids", INT64, ["batch", "sequence"])
-    attention_mask = g.input("attention_mask", INT64, ["batch", "total_sequence"])
-    position_ids = g.input("position_ids", INT64, ["batch", "sequence"])
+        tokens = g.input(INPUT_IDS, INT64, ["batch", "sequence"])
+    attention_mask = g.input(ATTENTION_MASK, INT64, ["batch", "total_sequence"])
+    position_ids = g.input(POSITION_IDS, INT64, ["batch", "sequence"])
     shape = ["batch", kv_heads, "past_sequence", arch.head_size]
     past = [
         (
-            g.input(f"past_key_values.{i}.key", cache_type, shape),
-            g.input(f"past_key_values.{i}.value", cache_type, shape),
+            g.input(past_name(i, "key"), cache_type, shape),
+            g.input(past_name(i, "value"), cache_type, shape),
         )
         for i in range(arch.n_layer)
     ]
-    logits_to_keep = g.input("logits_to_keep", INT64, [])
-    g.weight("logits_to_keep", np.array(0, dtype=np.int64))  # default: every position
+    logits_to_keep = g.input(LOGITS_TO_KEEP, INT64, [])
+    g.weight(LOGITS_TO_KEEP, np.array(0, dtype=np.int64))  # default: every position
     return tokens, attention_mask, position_ids, past, logits_to_keep
 
 
@@ -54,8 +64,8 @@ def kept_positions(g, logits_to_keep: str, tensors) -> list:
 def declare_outputs(g, arch, cache_type: int, kv_heads: int) -> None:
     """The graph contract's outputs: logits [B, K, V], each layer's present key and value, then the sampling
     outputs (sampling_outputs)."""
-    g.output("logits", FLOAT, ["batch", "kept_sequence", arch.vocab_size])
+    g.output(LOGITS, FLOAT, ["batch", "kept_sequence", arch.vocab_size])
     for i in range(arch.n_layer):
         for kind in ("key", "value"):
-            g.output(f"present.{i}.{kind}", cache_type, ["batch", kv_heads, "total_sequence", arch.head_size])
-    sampling_outputs(g, "logits", arch.vocab_size)
+            g.output(present_name(i, kind), cache_type, ["batch", kv_heads, "total_sequence", arch.head_size])
+    sampling_outputs(g, LOGITS, arch.vocab_size)

@@ -200,7 +200,7 @@ def _generate_request(model, config: GenerationConfig, record: dict) -> tuple:
     if "messages" not in record:
         _text_of(record, ("prompt",))  # the missing prompt said before any unknown option
     options = {k: v for k, v in record.items() if k not in ("prompt", "messages", *COMMON_KEYS)}
-    settings = config.with_options(**sampling_implied(options)) if options else config
+    settings = model.settings(config, **sampling_implied(options)) if options else config
     if "messages" in record:
         return model.chat_prompt(record["messages"], settings)
     return record["prompt"], settings

@@ -12,28 +12,16 @@ import click
 
 from ..errors import EdgelmError, PromptError
 from ..generation_config import sampling_implied
+from ..generation_options import OPTIONS
 from ..inputs import decode_utf8
 from .main import generate
 from .options import prefix_cache_option, verify_mode
 from .terminal import echo, generated
 
-# generate's options that mean the same in a conversation; they are declared once, on generate
+# generate's options that mean the same in a conversation; they are declared once (runtime/generation_options.py)
 SHARED_OPTIONS = (
     "package",
-    "max_new_tokens",
-    "min_new_tokens",
-    "do_sample",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "frequency_penalty",
-    "presence_penalty",
-    "stop",
-    "seed",
+    *(option.name for option in OPTIONS if option.chat),
     "device",
     "threads",
     "no_verify",
@@ -62,6 +50,8 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
         verify=verify_mode(no_verify, full_verify),
         prefix_cache_mb=prefix_cache_mb,
     )
+    # built once, with the template's stop strings, so that no turn builds them again (model.chat_prompt)
+    options["stop"] = model.chat_stop(options.get("stop", model.defaults.stop))
     config = model.settings(**options)
     model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now
     interactive = sys.stdin.isatty()

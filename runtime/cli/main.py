@@ -12,6 +12,7 @@ from ..inputs import decode_utf8
 from .options import (
     constraint_options,
     device_option,
+    generation_options,
     package_option,
     package_option_or_argument,
     threads_option,
@@ -69,40 +70,7 @@ def main():
 @main.command()
 @click.argument("prompt", required=False)
 @package_option
-@click.option("--max-new-tokens", type=int, help="Stop after this many new tokens.")
-@click.option("--min-new-tokens", type=int, help="Do not end before this many new tokens.")
-@click.option(
-    "--do-sample/--greedy",
-    default=None,
-    help="Sample, or pick the most likely token. Sampling options below turn sampling on unless --greedy is given.",
-)
-@click.option("--temperature", type=float, help="Divide logits by this: below 1 sharpens, above 1 flattens (sampling).")
-@click.option("--top-k", type=int, help="Keep the k most likely tokens; 0 turns it off (transformers' default 50).")
-@click.option("--top-p", type=float, help="Nucleus sampling mass in (0, 1].")
-@click.option("--min-p", type=float, help="Drop tokens below min-p x p(most likely).")
-@click.option("--typical-p", type=float, help="Locally typical sampling mass in (0, 1].")
-@click.option("--repetition-penalty", type=float, help="Penalise every token already seen (1.0 = off).")
-@click.option("--no-repeat-ngram-size", type=int, help="Never repeat an n-gram of this size.")
-@click.option("--frequency-penalty", type=float, help="OpenAI-style, per occurrence in the output, in [-2, 2].")
-@click.option("--presence-penalty", type=float, help="OpenAI-style, once per token present in the output, in [-2, 2].")
-@click.option(
-    "--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS", help="Add BIAS to token ID's logit (repeatable)."
-)
-@click.option("--ban", multiple=True, metavar="TEXT", help="Never generate this word or token sequence (repeatable).")
-@click.option("--stop", multiple=True, help="End when this text appears; it is not printed (repeatable).")
-@click.option("--ignore-eos", is_flag=True, default=None, help="Keep going past end-of-text.")
-@click.option(
-    "-n", "--num-return-sequences", type=int, help="Completions for the prompt; above 1 needs sampling (--do-sample)."
-)
-@click.option("--seed", type=int, help="Same seed, prompt and options give the same text.")
-@click.option("--logprobs", type=int, help="Include the chosen and top-N tokens' log-probs (with --json).")
-@constraint_options
-@click.option(
-    "--truncate",
-    is_flag=True,
-    default=None,
-    help="Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.",
-)
+@generation_options(before={"truncate": constraint_options})
 @device_option
 @threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
@@ -117,8 +85,6 @@ def generate(
     as_json,
     show_config,
     verify,
-    logit_bias,
-    ban,
     input_path,
     output_path,
     batch_size,
@@ -145,17 +111,8 @@ def generate(
 
     from_file = check_file_options(prompt, input_path, output_path, json=as_json)
     prompt = None if from_file else _prompt(prompt, package)
-    options = {k: v for k, v in options.items() if v is not None}
-    if options.get("stop") == ():
-        options.pop("stop")
-    options = sampling_implied(options)
-    if logit_bias:
-        options["logit_bias"] = _parse_bias(logit_bias)
+    options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
     model = load(package, device=device, threads=threads, verify=verify)
-    if ban:
-        options["bad_words_ids"] = [model.encode(w) for w in ban] + [
-            model.encode(" " + w) for w in ban if not w.startswith(" ")
-        ]
     settings = model.settings(**options)
     if show_config:
         click.echo(
@@ -223,17 +180,6 @@ def _prompt(prompt: str | None, package: str | None, command: str = "generate") 
 def _read_stdin() -> str:
     text = decode_utf8(sys.stdin.buffer.read(), "stdin")
     return text[:-1] if text.endswith("\n") else text
-
-
-def _parse_bias(items) -> dict:
-    bias = {}
-    for item in items:
-        token, _, value = item.partition("=")
-        try:
-            bias[int(token)] = float(value)
-        except ValueError:
-            raise click.BadParameter(f"{item!r} is not ID=BIAS, e.g. 50256=-100", param_hint="--logit-bias") from None
-    return bias
 
 
 @main.command()

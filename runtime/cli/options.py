@@ -10,6 +10,8 @@ import functools
 
 import click
 
+from ..generation_options import OPTIONS
+
 HELP = (
     "The package: an installed name (edgelm list) or a package folder. Default: the one set with edgelm default, "
     "else the only installed package, else models/distilgpt2."
@@ -45,6 +47,57 @@ def device_option(command):
         show_default=True,
         help="Where to run: auto picks CUDA for a float32 package when onnxruntime-gpu and a GPU are present, else the CPU (int8 and int4 run faster there).",
     )(command)
+
+
+def generation_options(options=OPTIONS, before: dict | None = None):
+    """A decorator adding a flag for each option of `options` that has help (runtime/generation_options.py), in
+    their order; each passes the command a value, or None (a repeated one: ()) when not given. `before` maps an
+    option's name to a decorator whose flags go just before that option's (generate's constraint_options)."""
+
+    def decorate(command):
+        decorators = []
+        for option in options:
+            if option.help is None:
+                continue
+            if before and option.name in before:
+                decorators.append(before[option.name])
+            decorators.append(_flag(option))
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return decorate
+
+
+def _flag(option):
+    """The click option of one declared option."""
+    names = option.flags or ("--" + option.name.replace("_", "-"),)
+    given = {"metavar": option.metavar, "callback": CALLBACKS.get(option.name)}
+    kwargs = {"help": option.help, **{k: v for k, v in given.items() if v is not None}}
+    if option.form == "repeated":
+        kwargs["multiple"] = True
+    elif option.form == "flag":
+        kwargs.update(is_flag=True, default=None)
+    elif option.form == "switch":
+        kwargs["default"] = None  # None when not given, so that the settings' own value stays
+    else:
+        kwargs["type"] = option.field_type
+    return click.option(*names, option.name, **kwargs)
+
+
+def _bias_pairs(ctx, param, items):
+    """--logit-bias ID=BIAS ... as {ID: BIAS} (None when not given)."""
+    bias = {}
+    for item in items:
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is not ID=BIAS, e.g. 50256=-100", param_hint="--logit-bias") from None
+    return bias or None
+
+
+CALLBACKS = {"logit_bias": _bias_pairs}  # options whose flag's text is parsed into the option's value
 
 
 def constraint_options(command):

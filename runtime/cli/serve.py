@@ -5,6 +5,8 @@ import os
 
 import click
 
+from ..generation_options import EXTRA, request_fields
+from ..server.limits import Limits
 from .options import device_option, package_option_or_argument, prefix_cache_option, threads_option, verify_options
 from .terminal import echo
 
@@ -53,39 +55,43 @@ from .terminal import echo
     help="Largest max_tokens a request may ask for (default: the model's context).",
 )
 @click.option(
-    "--max-n", default=8, show_default=True, type=click.IntRange(min=1), help="Largest n (completions per prompt)."
+    "--max-n",
+    default=Limits.max_n,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest n (completions per prompt).",
 )
 @click.option(
     "--max-prompts",
-    default=32,
+    default=Limits.max_prompts,
     show_default=True,
     type=click.IntRange(min=1),
     help="Most prompts in one request (--max-batch-tokens bounds what they may hold).",
 )
 @click.option(
     "--max-body-bytes",
-    default=1_000_000,
+    default=Limits.max_body_bytes,
     show_default=True,
     type=click.IntRange(min=1),
     help="Largest request body; more gets 413.",
 )
 @click.option(
     "--request-timeout",
-    default=300.0,
+    default=Limits.request_timeout,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds a request may take, queue included: then 408 (or an error event ending the stream).",
 )
 @click.option(
     "--max-batch-tokens",
-    default=32_768,
+    default=Limits.max_batch_tokens,
     show_default=True,
     type=click.IntRange(min=1),
     help="Tokens one request may hold: prompts x n x (prompt + max_tokens); more gets 400.",
 )
 @click.option(
     "--read-timeout",
-    default=5.0,
+    default=Limits.read_timeout,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds a client has to send a request's headers, and again its body; then the connection is closed.",
@@ -171,8 +177,7 @@ def serve(
     GET  /v1/models, /health
 
     Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
-    transformers' options (top_k, min_p, typical_p, repetition_penalty, no_repeat_ngram_size, min_tokens,
-    ignore_eos, truncate) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
+    transformers' options and edgelm's (EXTRA_FIELDS) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
     greedy request gives what `edgelm generate` gives (with int8-dynamic weights, nearly always: their
     activation scales span the batch). Streamed log-probs come with the text chunk their tokens print in.
     Clients name the model by the id printed at start (--model-name sets it; --accept-any-model takes any).
@@ -180,7 +185,6 @@ def serve(
     by (--allow-host adds some) and sends no CORS headers unless --allow-origin names an origin.
     """
     try:
-        from ..server.api.requests import Limits
         from ..server.app import create_app
         from ..server.uvicorn_server import run
     except ImportError as error:
@@ -200,13 +204,13 @@ def serve(
         package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False
     )
     limits = Limits(
-        max_tokens_limit or model.arch.n_positions,
-        max_n,
-        max_prompts,
-        max_body_bytes,
-        request_timeout,
-        max_batch_tokens,
-        read_timeout,
+        max_tokens=max_tokens_limit or model.arch.n_positions,
+        max_n=max_n,
+        max_prompts=max_prompts,
+        max_body_bytes=max_body_bytes,
+        request_timeout=request_timeout,
+        max_batch_tokens=max_batch_tokens,
+        read_timeout=read_timeout,
     )
     app = create_app(
         model,
@@ -241,3 +245,9 @@ def serve(
         port,
     )
     run(app, host, port, log_level, shutdown_timeout)
+
+
+# the request fields of edgelm's own, as runtime/generation_options.py declares them
+serve.help = serve.help.replace(
+    "EXTRA_FIELDS", ", ".join(o.alias or o.name for o in request_fields() if o.http == EXTRA)
+)

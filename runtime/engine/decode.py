@@ -20,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..generation_config import GenerationConfig
+from ..package.format import ATTENTION_MASK, INPUT_IDS, INPUTS_EMBEDS, LOGITS, LOGITS_TO_KEEP, POSITION_IDS
 from ..sampling import SamplerChain, graph_outputs
 from ..sampling.constraint import Masks
 from ..sampling.graph_outputs import Prepared
@@ -54,13 +55,13 @@ class Engine:
         self.embeddings = (
             embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/engine/embeddings.py)
         )
-        self.token_input_name = "inputs_embeds" if io.takes_embeddings else "input_ids"
+        self.token_input_name = INPUTS_EMBEDS if io.takes_embeddings else INPUT_IDS
         # OrtValues in, OrtValues out, through onnxruntime's private fast path where it has one (fast_path.py)
         self.runner = ort_fast_path.runner(session, str(graph_file) if graph_file is not None else "the graph")
         self.kv_heads, self.head_size = kv_heads, head_size  # the cache is [B, kv_heads, positions, head_size]
         self._present_names = [n for pair in zip(io.present_keys, io.present_values) for n in pair]
         self._past_names = [n for pair in zip(io.past_keys, io.past_values) for n in pair]
-        self._output_names = ["logits", *self._present_names]
+        self._output_names = [LOGITS, *self._present_names]
 
     def empty_past(self, batch: int) -> list:
         empty = np.zeros((batch, self.kv_heads, 0, self.head_size), dtype=self.io.cache_dtype)  # nothing to borrow
@@ -68,12 +69,12 @@ class Engine:
 
     def forward(self, input_ids, attention_mask, position_ids, past: list, logits_to_keep: int = 1):
         """One pass. Returns logits [B, K, V] as NumPy (K = logits_to_keep, 0 = all) and the present cache."""
-        arrays = {"attention_mask": attention_mask}
+        arrays = {ATTENTION_MASK: attention_mask}
         if self.io.has_position_ids:
-            arrays["position_ids"] = position_ids
+            arrays[POSITION_IDS] = position_ids
         if self.io.has_logits_to_keep:
             # An overridable initializer (default 0, every position), fed like an input.
-            arrays["logits_to_keep"] = np.array(logits_to_keep)
+            arrays[LOGITS_TO_KEEP] = np.array(logits_to_keep)
         # The OrtValues borrow the NumPy buffers: `arrays` keeps them alive until the run is over.
         arrays = {self.token_input_name: self.token_input(input_ids)} | {
             name: np.ascontiguousarray(a, dtype=np.int64) for name, a in arrays.items()
@@ -160,8 +161,8 @@ class InPlaceDecoder:
         self.cache = [runner.value(b) for b in self.buffers]  # they borrow the buffers
         self.id_inputs = 3 if engine.io.has_position_ids else 2  # the tokens, attention_mask[, position_ids]
         names = [
-            *(engine.token_input_name, "attention_mask", "position_ids")[: self.id_inputs],
-            "logits_to_keep",
+            *(engine.token_input_name, ATTENTION_MASK, POSITION_IDS)[: self.id_inputs],
+            LOGITS_TO_KEEP,
             *engine._past_names,
         ]
         outputs = dict(zip(engine._output_names, [self.logits, *self.buffers]))

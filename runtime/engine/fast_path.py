@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 
 from ..errors import InferenceError
+from ..package.format import LOGITS, PAST
 from ..package.onnxruntime_compat import installed_wheel
 
 log = logging.getLogger("edgelm")
@@ -141,7 +142,7 @@ class BindingRunner(_Runner):
             binding.bind_ortvalue_input(name, value)
         for name in output_names:
             # The logits come back to the host (the caller reads them); the cache stays where its past was.
-            binding.bind_output(name, "cpu" if name == "logits" else self._device_of(feeds))
+            binding.bind_output(name, "cpu" if name == LOGITS else self._device_of(feeds))
         try:
             self.session.run_with_iobinding(binding)
         except ORT_ERRORS as error:
@@ -152,7 +153,7 @@ class BindingRunner(_Runner):
         return BoundBinding(self, input_names, outputs)
 
     def _device_of(self, feeds: dict) -> str:
-        past = [value for name, value in feeds.items() if name.startswith("past_key_values.")]
+        past = [value for name, value in feeds.items() if name.startswith(PAST)]
         return past[0].device_name().lower() if past else "cpu"
 
 

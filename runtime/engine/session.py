@@ -9,6 +9,17 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import DeviceError, PackageError
+from ..package.format import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    INPUTS_EMBEDS,
+    LOGITS,
+    LOGITS_TO_KEEP,
+    PAST,
+    POSITION_IDS,
+    past_name,
+    present_name,
+)
 from ..sampling import graph_outputs
 from . import native
 from .fast_path import first_line
@@ -131,20 +142,20 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
     outputs = {o.name for o in session.get_outputs()}
     overridable = {i.name for i in session.get_overridable_initializers()}
     names = GraphIO(
-        past_keys=tuple(f"past_key_values.{i}.key" for i in range(n_layer)),
-        past_values=tuple(f"past_key_values.{i}.value" for i in range(n_layer)),
-        present_keys=tuple(f"present.{i}.key" for i in range(n_layer)),
-        present_values=tuple(f"present.{i}.value" for i in range(n_layer)),
-        has_position_ids="position_ids" in inputs,
-        has_logits_to_keep="logits_to_keep" in inputs | overridable,
+        past_keys=tuple(past_name(i, "key") for i in range(n_layer)),
+        past_values=tuple(past_name(i, "value") for i in range(n_layer)),
+        present_keys=tuple(present_name(i, "key") for i in range(n_layer)),
+        present_values=tuple(present_name(i, "value") for i in range(n_layer)),
+        has_position_ids=POSITION_IDS in inputs,
+        has_logits_to_keep=LOGITS_TO_KEEP in inputs | overridable,
         kv_cache_in_place=kv_cache_in_place,
-        cache_dtype=_CACHE_TYPES.get(input_types.get("past_key_values.0.key"), "float32"),
-        takes_embeddings="inputs_embeds" in inputs,
+        cache_dtype=_CACHE_TYPES.get(input_types.get(past_name(0, "key")), "float32"),
+        takes_embeddings=INPUTS_EMBEDS in inputs,
         has_sampling=graph_outputs.in_graph(outputs, overridable),
     )
-    tokens = "inputs_embeds" if names.takes_embeddings else "input_ids"
-    missing = [n for n in (tokens, "attention_mask", *names.past_keys, *names.past_values) if n not in inputs]
-    missing += [n for n in ("logits", *names.present_keys, *names.present_values) if n not in outputs]
+    tokens = INPUTS_EMBEDS if names.takes_embeddings else INPUT_IDS
+    missing = [n for n in (tokens, ATTENTION_MASK, *names.past_keys, *names.past_values) if n not in inputs]
+    missing += [n for n in (LOGITS, *names.present_keys, *names.present_values) if n not in outputs]
     if missing:
         raise PackageError(
             f"the graph lacks {missing[0]} (and {len(missing) - 1} more): it is not a decoder with a key/value cache. Export with edgelm export, or optimum-cli export onnx --task text-generation-with-past."
@@ -199,8 +210,8 @@ def check_graph_shapes(session, package) -> None:
     layer, each [batch, kv_heads, past, head_size], wherever the graph gives those sizes as numbers (package: an
     open package.open.Package)."""
     arch, inputs = package.arch, session.get_inputs()
-    columns = next((o.shape[-1] for o in session.get_outputs() if o.name == "logits" and o.shape), None)
-    past = [i for i in inputs if i.name.startswith("past_key_values.")]
+    columns = next((o.shape[-1] for o in session.get_outputs() if o.name == LOGITS and o.shape), None)
+    past = [i for i in inputs if i.name.startswith(PAST)]
     expected = (arch.kv_heads, arch.head_size)
     wrong = next(
         (

@@ -1,7 +1,8 @@
-"""The model package format, written once: its file names and constants, the manifest as typed sections
-(architecture.py, graph_section.py, sections.py, their JSON values read by fields.py), the files a package must
-list, and the text `edgelm info` prints. `edgelm export` builds a Manifest and writes `to_dict()`; the runtime reads one with `Manifest.from_dict`, which checks every
-type and range, and uses nothing it has not checked. Standard library only: the launcher reads a manifest
+"""The model package format, written once: its file names and constants, the graph's input and output names, the
+manifest as typed sections (architecture.py, graph_section.py, sections.py, their JSON values read by fields.py),
+the files a package must list, and the text `edgelm info` prints. `edgelm export` builds a Manifest and writes
+`to_dict()`; the runtime reads one with `Manifest.from_dict`, which checks every type and range, and uses nothing
+it has not checked. Standard library only: the launcher reads a manifest
 before anything heavy is imported.
 
 A package folder (format_version 2) holds, each listed in manifest.json's `files` with its size and sha256:
@@ -35,6 +36,25 @@ GENERATION_CONFIG = "generation_config.json"
 HF_CONFIG = "config.json"  # the checkpoint's config: all an optimum folder is described by
 ALIGN = 65536  # offsets of large tensors and of the token table: onnxruntime maps aligned external data
 TOKEN_ROWS, TOKEN_SCALE = "transformer.wte.weight_int8", "transformer.wte.weight_scale"  # + ".{part}"
+KV_CACHES = ("float32", "int8")  # the key/value cache storage a graph may have (`edgelm export --kv-cache`)
+# The graph's inputs and outputs by name (docs/package-format.md): export/graph/contract.py declares them, the
+# engine (runtime/engine) feeds and reads them. An optimum folder's graph has the same names.
+INPUT_IDS, INPUTS_EMBEDS = "input_ids", "inputs_embeds"  # the tokens: their ids, or their rows (int8 packages)
+ATTENTION_MASK, POSITION_IDS, LOGITS_TO_KEEP = "attention_mask", "position_ids", "logits_to_keep"
+LOGITS = "logits"
+PAST, PRESENT = "past_key_values.", "present."  # the cache in and out: PAST + "{layer}.key", PRESENT + "{layer}.value"
+
+
+def past_name(layer: int, kind: str) -> str:
+    """The cache input of `layer`, kind "key" or "value": past_key_values.{layer}.{kind}."""
+    return f"{PAST}{layer}.{kind}"
+
+
+def present_name(layer: int, kind: str) -> str:
+    """The cache output of `layer`, kind "key" or "value": present.{layer}.{kind}."""
+    return f"{PRESENT}{layer}.{kind}"
+
+
 # The graph's sampling outputs (docs/package-format.md): at the last position, softmax(logits / temperature) padded
 # with zeros to whole blocks of SAMPLING_BLOCK tokens, and each block's sum, for the first R rows, R the rows of the
 # temperature (an overridable initializer, [R, 1], default [[1]]). The sampler draws from them without a pass of

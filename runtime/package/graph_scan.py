@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .files import open_regular
+from .format import POSITION_IDS
 
 MAX_DEPTH = 16  # subgraphs in subgraphs; a real decoder has none
 
@@ -49,7 +50,7 @@ def scan_model(path: Path) -> GraphFacts:
                         _graph(view, value, facts, tensors, gathers, 0)
             finally:
                 view.release()
-    rows = [tensors.get(table) for table, indices in gathers if indices == "position_ids"]
+    rows = [tensors.get(table) for table, indices in gathers if indices == POSITION_IDS]
     facts.position_rows = next((r for r in rows if r), None)
     return facts
 

@@ -4,6 +4,7 @@
     completions.py     POST /v1/completions: its prompts, echo and stream chunks
     chat.py            POST /v1/chat/completions: the conversation rendered once, its chunks
     schema.py          pydantic bodies checked, the first problem as one ApiError
+    limits.py          the server's limits and their defaults (no server extra needed to read them)
     requests.py        the fields the endpoints share, the server's limits -> runtime options; completions' body
     chat_requests.py   the chat body -> runtime options
     completion_answers.py  Completions -> response bodies (pydantic models of OpenAI's shapes)

@@ -2,7 +2,7 @@
 
     body   read_json (JSON only, within --read-timeout and the request's deadline)
     parse  endpoint.parse(body): the request (shape and the server's limits; ApiError naming the field)
-    config model.settings(**request.options): every option's range, checked once
+    config endpoint.settings(request): model.settings(**request.options), every option's range checked once
     ready  endpoint.prepare(request, config) in a worker thread: prompts rendered and tokenized once, the Batch
     hold   the tokens the rows would hold, against --max-batch-tokens, now that the prompts are counted
     job    admit(): a slot in the FIFO (429 / 408), then GenerationWork runs in the model's thread (jobs.py)
@@ -72,6 +72,10 @@ class Endpoint:
     def parse(self, body):
         raise NotImplementedError
 
+    def settings(self, request):
+        """The request's settings, every option's range checked once; None for a request without runtime options."""
+        return None if request.options is None else self.model.settings(**request.options)
+
     def prepare(self, request, config, deadline: float) -> Ready:
         """In a worker thread: tokenizing must not block the event loop. `config` is None for a request without
         runtime options; `deadline` (time.monotonic()) is when the request runs out of time."""
@@ -114,7 +118,7 @@ def route(endpoint: Endpoint):
         deadline = time.monotonic() + limits.request_timeout
         req = endpoint.parse(await read_json(request, limits, deadline))
         try:
-            config = None if req.options is None else serving.model.settings(**req.options)
+            config = endpoint.settings(req)
             ready = await asyncio.to_thread(endpoint.prepare, req, config, deadline)
         except EdgelmError as error:
             raise api_error(error, field_of=req.field_of) from None

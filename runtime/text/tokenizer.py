@@ -13,8 +13,11 @@ so a long text does not stop the other threads, the server's event loop among th
 import json
 import re
 
-from ..errors import PackageError, PromptError
+from ..errors import GenerationOptionError, PackageError, PromptError
+from ..inputs import text_problem
 
+MAX_BANNED = 64  # words one request may ban: each is looked for at the end of every row at every step
+MAX_BANNED_CHARS = 4096  # all of them together
 MAX_GROWTH = 16  # how many times a normalizer or decoder chain may lengthen a text; real ones: 1 ("▁" <-> " ")
 _NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*(?:[+*]|\{\d+,\d*\})(?:[^()\\]|\\.)*\)(?:[+*]|\{\d+,\d*\})")
 
@@ -59,6 +62,28 @@ def encode(tokenizer, text: str, add_special_tokens: bool = True):
     if not hasattr(tokenizer, "encode_batch"):  # a stand-in with encode() only
         return _guarded(lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens), "encode")
     return _guarded(lambda: tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0], "encode")
+
+
+def banned_ids(tokenizer, words) -> tuple:
+    """The token-id sequences that write `words` (the ban option, a word or a list of them), for bad_words_ids:
+    each word as the tokenizer writes it, and after a space (how a word within a sentence is written) unless it
+    starts with one. GenerationOptionError(param="ban") for anything but non-empty texts within the bounds."""
+    words = (words,) if isinstance(words, str) else words
+    if not (isinstance(words, (list, tuple)) and all(isinstance(w, str) and w for w in words)):
+        raise GenerationOptionError(
+            f'ban must be a list of non-empty strings, e.g. ["darn", "heck"], got {str(words)[:80]}', param="ban"
+        )
+    if len(words) > MAX_BANNED or sum(map(len, words)) > MAX_BANNED_CHARS:
+        raise GenerationOptionError(
+            f"ban lists {len(words)} words of {sum(map(len, words))} characters; at most {MAX_BANNED} words and "
+            f"{MAX_BANNED_CHARS} characters are allowed",
+            param="ban",
+        )
+    problem = next(filter(None, (text_problem(w, "ban") for w in words)), None)
+    if problem:
+        raise GenerationOptionError(problem, param="ban")
+    texts = [*words, *(" " + w for w in words if not w.startswith(" "))]
+    return tuple(tuple(encode(tokenizer, text, add_special_tokens=False).ids) for text in texts)
 
 
 def decode(tokenizer, ids, skip_special_tokens: bool = True) -> str:

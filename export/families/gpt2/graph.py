@@ -4,7 +4,7 @@ graph kit (export/graph/). The graph contract is written once, in docs/package-f
 from functools import partial
 
 import numpy as np
-from edgelm.runtime.package.format import WEIGHTS_FILE, Architecture
+from edgelm.runtime.package.format import LOGITS, WEIGHTS_FILE, Architecture
 
 from ...graph.attention import attention_bias, cache_lengths, group_query_attention
 from ...graph.builder import FLOAT, INT8, GraphBuilder
@@ -74,7 +74,7 @@ def build_decoder(
     # Keep only the positions the caller wants logits for, then the last residual add, final norm, LM head.
     kept = kept_positions(g, logits_to_keep, (m, x))
     h, _ = skip_layer_norm(g, *kept, weights, "transformer.ln_f", p + "mlp.c_proj.bias", arch)
-    lm_head(h, "logits")
+    lm_head(h, LOGITS)
     declare_outputs(g, arch, cache_type, H)
     doc = f"GPT-2 decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
     return Decoder(g.model(OPSET, doc=doc), g.arrays)

@@ -15,7 +15,7 @@ position_ids input instead, which counts real tokens only (transformers' rule), 
 from functools import partial
 
 import numpy as np
-from edgelm.runtime.package.format import WEIGHTS_FILE, Architecture
+from edgelm.runtime.package.format import LOGITS, WEIGHTS_FILE, Architecture
 
 from ...graph.attention import attention_bias, cache_lengths, group_query_attention
 from ...graph.builder import FLOAT, INT8, MS_DOMAIN, GraphBuilder
@@ -81,7 +81,7 @@ def build_decoder(
     # Keep only the positions the caller wants logits for, then the last residual add, final norm, LM head.
     kept = kept_positions(g, logits_to_keep, (m, x))
     h, _ = skip_rms_norm(g, *kept, packed, "model.norm.weight", p + "mlp.down_proj.bias", arch)
-    lm_head(h, "logits")
+    lm_head(h, LOGITS)
     declare_outputs(g, arch, cache_type, KV)
     doc = f"{arch.model_type} decoder with KV cache ({'int8' if cache_scales else 'float32'}), weights: {recipe}"
     return Decoder(g.model(OPSET, doc=doc), g.arrays)

@@ -6,7 +6,6 @@ tokenized once, in a worker thread (a template error names the message at fault)
 `chat.completion`, or a stream of `chat.completion.chunk` events ending in `data: [DONE]` (chat_answers.py).
 """
 
-from ...sampling.constraint import check as check_constraint
 from ...text.chat_bounds import deadline as render_deadline
 from ..request_path import Endpoint, Ready, Result, StreamWriter, sse
 from . import chat_answers as shapes
@@ -19,25 +18,33 @@ class Chat(Endpoint):
         serving = self.serving
         return parse_chat_request(body, serving.names, self.model.arch.vocab_size, serving.limits)
 
+    def settings(self, req: ChatRequest):
+        """None: a chat request's settings are built once, in prepare, when its prompt is counted."""
+        return None
+
     def prepare(self, req: ChatRequest, config, deadline: float) -> Ready:
         """The Batch for the assistant's reply, its conversation (and tools) rendered and tokenized once; a call
         forced by tool_choice constrains the reply. Without max_tokens the reply may fill what the context
-        leaves, up to the server's --max-tokens-limit. A render stops at the request's deadline."""
-        model, tools = self.model, req.tools
+        leaves, up to the server's --max-tokens-limit. A render stops at the request's deadline. The settings
+        are built once, from the request's options, the tools' constraint, the template's stop strings and the
+        reply's length."""
+        model, tools, options = self.model, req.tools, dict(req.options)
         if tools.active:
             from ...text.tools import tool_format
 
             tools.check_schemas()
             if req.answer_format:  # checked alone first, so that a bad schema names response_format
-                check_constraint(config.with_options(**req.answer_format))
+                model.settings(**req.answer_format)
             req.tool_format = tool_format(model)
-            config = config.with_options(**tools.constraint(req.tool_format, req.answer_format))
+            options.update(tools.constraint(req.tool_format, req.answer_format))
         with render_deadline(deadline):
-            ids, config = model.chat_prompt(req.messages, config, tools=tools.tools if tools.active else None)
+            ids = model.chat_ids(req.messages, tools=tools.tools if tools.active else None)
         if req.max_tokens is None:
             req.max_tokens = max(1, min(req.default_max_tokens, model.arch.n_positions - len(ids)))
-            config = config.with_options(max_new_tokens=req.max_tokens)
-        batch = model.batch([ids], config=config)
+            options["max_new_tokens"] = req.max_tokens
+        stop = options.get("stop", model.defaults.stop)  # the request's (a string or a list), else the package's
+        options["stop"] = model.chat_stop((stop,) if isinstance(stop, str) else tuple(stop))
+        batch = model.batch([ids], config=model.settings(**options))
         return Ready(batch, [len(batch.prompts[0])])
 
     def answer(self, req: ChatRequest, result: Result):

@@ -1,5 +1,5 @@
-"""Request bodies in: the fields every generation endpoint shares, the server's limits, and the runtime options
-they become; the /v1/completions, /v1/score, /tokenize and /detokenize bodies.
+"""Request bodies in: the fields every generation endpoint shares, the server's limits (limits.py), and the runtime
+options they become; the /v1/completions, /v1/score, /tokenize and /detokenize bodies.
 
 Nothing here touches the network or threads. Shapes are checked by the pydantic models (schema.py); value
 ranges belong to the runtime's GenerationConfig, which the pipeline builds once from `request.options`. What
@@ -11,6 +11,9 @@ OpenAI semantics on top of the runtime's transformers names:
     top_k defaults to 0 (off): OpenAI has no top-k; the package's generation_config.json may say otherwise,
     but an OpenAI client expects plain temperature/top_p sampling. Send "top_k" to turn it on.
     max_tokens -> max_new_tokens (default 16, as OpenAI); n -> num_return_sequences; min_tokens -> min_new_tokens
+    ban (words never to generate) -> bad_words_ids, the token sequences that write them (model.settings)
+The fields that pass to the runtime under their own name, and the server's defaults, are declared with the options
+(runtime/generation_options.py).
 """
 
 import secrets
@@ -18,47 +21,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from ... import inputs
 from ...errors import GenerationOptionError, PromptError
 from ...generation_config import logit_bias_ids
+from ...generation_options import OPTIONS, request_fields, server_defaults
 from ..errors import ApiError
+from ..limits import Limits  # noqa: F401  (the endpoints' and the tests' name for it)
 from .schema import STRICT, TEXTS, Text, validate
 from .structured import response_format_options
 
 DEFAULT_MAX_TOKENS = 16
-# OpenAI's defaults, applied over the package's generation_config.json; n > 1 at temperature 0 gives n greedy copies.
-OPENAI_DEFAULTS = {"top_p": 1.0, "top_k": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "greedy_copies": True}
-# Fields passed to the runtime under the same name, when given.
-PASSTHROUGH = (
-    "top_p",
-    "stop",
-    "seed",
-    "frequency_penalty",
-    "presence_penalty",
-    "top_k",
-    "min_p",
-    "typical_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "ignore_eos",
-    "truncate",
-)
+# The request fields each generation option is read from, where they differ from the option's name (for `param`).
+FIELD_OF = {"max_new_tokens": "max_tokens", "num_return_sequences": "n", "do_sample": "temperature"}
+FIELD_OF["bad_words_ids"] = "ban"  # the body has no bad_words_ids: the ban's words became them
+ALIASES = {o.name: o.alias for o in request_fields() if o.alias}  # min_new_tokens: also min_tokens
 PROMPTS = "a string or a list of strings, or token ids: a list of integers or a list of such lists"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for; each is a command-line option of `edgelm serve`."""
-
-    max_tokens: int = 1024  # max_tokens above this is refused (default: the model's context)
-    max_n: int = 8  # completions per prompt
-    max_prompts: int = 32  # prompts in one request (LangChain's OpenAI sends 20 at a time)
-    max_body_bytes: int = 1_000_000  # request body size (413 above)
-    request_timeout: float = 300.0  # seconds from arrival, queue time included (408 above)
-    max_batch_tokens: int = 32_768  # prompts x n x (prompt + max_tokens): the tokens one request may hold
-    read_timeout: float = 5.0  # seconds for a request's headers, and again for its body (408 / closed)
 
 
 @dataclass(frozen=True)
@@ -88,33 +67,34 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None  # OpenAI pads its events against length side channels; nothing to pad
 
 
-class SamplingBody(BaseModel):
-    """The fields the completions and chat endpoints share: OpenAI's sampling options, then edgelm's extras under
-    transformers' names. Each endpoint's body adds its own."""
+class EndpointFields(BaseModel):
+    """The fields the completions and chat endpoints share that each reads with OpenAI's own meaning."""
 
     model_config = STRICT
     model: Text | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int | None = None
+    temperature: float | None = None  # 0: greedy (do_sample=False)
+    n: int | None = None  # num_return_sequences, up to --max-n
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    stop: Text | list[Text] | None = Field(None, description=TEXTS)
-    seed: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[Text, float] | None = None
+    logit_bias: dict[Text, float] | None = None  # token ids as strings, biases in [-100, 100]
     response_format: Any = None  # checked by structured.py, which names the bad part
     user: Text | None = None  # accepted and ignored (fields.py)
-    top_k: int | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    repetition_penalty: float | None = None
-    no_repeat_ngram_size: int | None = None
-    min_tokens: int | None = None
-    min_new_tokens: int | None = None
-    ignore_eos: bool | None = None
-    truncate: bool | None = None
+
+
+def sampling_body(options=OPTIONS) -> type[BaseModel]:
+    """The body model with EndpointFields and a field for each option of `options` a request carries under its own
+    name or alias (runtime/generation_options.py): OpenAI's sampling options, then edgelm's own."""
+    fields = {}
+    for option in request_fields(options):
+        if option.form == "repeated":
+            typed = (Text | list[Text] | None, Field(None, description=TEXTS))
+        else:
+            typed = (option.field_type | None, None)
+        fields.update({name: typed for name in (option.name, option.alias) if name})
+    return create_model("SamplingBody", __base__=EndpointFields, __module__=__name__, **fields)
+
+
+SamplingBody = sampling_body()  # each endpoint's body adds its own fields
 
 
 @dataclass(kw_only=True)
@@ -129,16 +109,14 @@ class GenerationRequest:
     given: frozenset = frozenset()  # the fields the body set
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
-    # the request field each runtime option came from, where the names differ (for an error's `param`)
-    renamed = {"max_new_tokens": "max_tokens", "num_return_sequences": "n", "do_sample": "temperature"}
 
     def field_of(self, option: str | None) -> str | None:
         """The request field a runtime option (or a PromptError's "prompt") came from, for the error's `param`."""
-        if option == "min_new_tokens":
-            return "min_tokens" if "min_tokens" in self.given else "min_new_tokens"
+        if option in ALIASES:
+            return ALIASES[option] if ALIASES[option] in self.given else option
         if option in ("json_schema", "json_object"):
             return "response_format"
-        return self.renamed.get(option, option)
+        return FIELD_OF.get(option, option)
 
     def tokens_held(self, prompt_tokens: list) -> int:
         """Tokens this request's rows hold at their longest: n x (prompt + max_tokens), over its prompts."""
@@ -146,26 +124,29 @@ class GenerationRequest:
         return self.n * sum(count + length for count in prompt_tokens)
 
 
-def sampling_request(parsed: SamplingBody, given: set, vocab_size: int, limits: Limits) -> dict:
-    """The shared fields' checks and options: a dict of GenerationRequest's fields (options, n, stream, ...)."""
+def sampling_request(parsed: SamplingBody, given: set, vocab_size: int, limits: Limits, declared=OPTIONS) -> dict:
+    """The shared fields' checks and options: a dict of GenerationRequest's fields (options, n, stream, ...).
+    `declared`: the options the body was built from (sampling_body)."""
     n = 1 if parsed.n is None else parsed.n
     if not 1 <= n <= limits.max_n:
         raise ApiError(400, f"n must be from 1 to {limits.max_n} on this server (--max-n), got {n}", "n")
     stream = bool(parsed.stream)
     if parsed.stream_options is not None and not stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
-    if "min_tokens" in given and "min_new_tokens" in given:
-        raise ApiError(400, "give min_tokens or min_new_tokens, not both (they are the same option)", "min_tokens")
+    for option, alias in ALIASES.items():
+        if option in given and alias in given:
+            raise ApiError(400, f"give {alias} or {option}, not both (they are the same option)", alias)
     temperature = 1.0 if parsed.temperature is None else parsed.temperature
-    options = {**OPENAI_DEFAULTS, **{k: getattr(parsed, k) for k in PASSTHROUGH if k in given}}
+    options = server_defaults(declared)
+    for option in request_fields(declared):
+        for name in (option.name, option.alias):
+            if name in given:
+                options[option.name] = getattr(parsed, name)
     options.update(num_return_sequences=n, do_sample=temperature != 0)
     if temperature != 0:
         options["temperature"] = temperature  # a negative one is refused by the runtime's check
     if "logit_bias" in given:
         options["logit_bias"] = logit_bias(parsed.logit_bias, vocab_size)
-    for name in ("min_tokens", "min_new_tokens"):
-        if name in given:
-            options["min_new_tokens"] = getattr(parsed, name)
     options.update(response_format_options(parsed.response_format))
     return {
         "options": options,
