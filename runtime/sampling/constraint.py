@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import GenerationOptionError
+from .token_bytes import engine_tokenizer
 
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
 # Characters of schema, regex, grammar or choices one request may send: a compile takes time in proportion to them
@@ -154,6 +155,22 @@ def _problem_line(kind: str, problem: str) -> str:
     return f"{kind} is invalid: {line}"
 
 
+def refuse_special_text(kind: str, text, template, specials: list) -> None:
+    """GenerationOptionError(param=kind) where every answer must hold a special token's text (`specials`): what the
+    matcher `template` forces from the start, or a choice. Such an answer, sent back in a conversation, reads as
+    that token (the end of a turn, a new role), and the model itself never writes it as text."""
+    outputs = list(text) if kind == "choices" else [template.deep_copy().compute_ff_bytes().decode("utf-8", "replace")]
+    for output in outputs:
+        found = next((s for s in specials if s in output), None)
+        if found is not None:
+            which = f"the choice {output[:80]!r}" if kind == "choices" else "every answer"
+            raise GenerationOptionError(
+                f"{kind}: {which} would hold {found!r}, the text of a special token of this model, which a "
+                f"conversation reads back as that token; change the {kind}",
+                param=kind,
+            )
+
+
 class Compiler:
     """Compiles constraints for one tokenizer (a package's tokenizer.json text), for a model of `vocab_size` logits
     whose end-of-text ids are `eos_ids`. The llguidance tokenizer is built on first use (about 0.5 s for GPT-2's
@@ -165,14 +182,20 @@ class Compiler:
         self.key = (digest, vocab_size, self.eos_ids)
 
     def tokenizer(self):
+        """The llguidance tokenizer: every id with the bytes it spells (sampling/token_bytes.py)."""
+        return self._tokenizer()[0]
+
+    def special_texts(self) -> list:
+        """The texts of the tokenizer's special tokens, longest first."""
+        return self._tokenizer()[1]
+
+    def _tokenizer(self) -> tuple:
         with _compiled_lock:
             found = _tokenizers.get(self.key)
         if found is None:
             lg = llguidance()
             try:
-                found = lg.LLTokenizer(
-                    self.tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_ids) or None
-                )
+                found = engine_tokenizer(lg, self.tokenizer_json, self.vocab_size, self.eos_ids)
             except Exception as error:  # the package's tokenizer.json is one llguidance cannot read
                 raise GenerationOptionError(
                     f"constrained generation cannot use this package's tokenizer: {_one_line(error)}", "json_schema"
@@ -198,6 +221,7 @@ class Compiler:
             template = llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
             if template.is_error():
                 raise GenerationOptionError(_problem_line(kind, template.get_error()), param=kind)
+            refuse_special_text(kind, text, template, self.special_texts())
             shortest = None
             if kind == "choices":
                 shortest = min(len(tokenizer.tokenize_str(c)) for c in text)
