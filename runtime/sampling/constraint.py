@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import GenerationOptionError
+from .constraint_bounds import bounded_numbers, check_choices, refuse_special_text
 from .token_bytes import engine_tokenizer
 
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
@@ -113,11 +114,14 @@ def grammar_text(kind: str, text) -> str:
         if key in _grammar_texts:
             _grammar_texts.move_to_end(key)
             return _grammar_texts[key]
+    if kind == "choices":
+        check_choices(text)
     lg = llguidance(kind)
     matcher = lg.LLMatcher
     try:
-        if kind == "json_schema":
-            grammar = matcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+        if kind == "json_schema":  # bounded numbers with bounded digits (constraint_bounds.py)
+            schema = json.dumps(bounded_numbers(json.loads(text)), ensure_ascii=False)
+            grammar = matcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         elif kind == "json_object":
             grammar = matcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
         elif kind == "regex":
@@ -130,6 +134,8 @@ def grammar_text(kind: str, text) -> str:
             raise GenerationOptionError(f"unknown constraint {kind!r}", param=kind)  # GenerationConfig names the known
     except ValueError as error:
         raise GenerationOptionError(f"{kind} is invalid: {_one_line(error)}", param=kind) from None
+    except RecursionError:
+        raise GenerationOptionError(f"{kind} is nested too deeply; flatten it", param=kind) from None
     problem = matcher.validate_grammar(grammar, None, limits=_limits())
     if problem:
         raise GenerationOptionError(_problem_line(kind, problem), param=kind)
@@ -153,22 +159,6 @@ def _problem_line(kind: str, problem: str) -> str:
     if kind in ("regex", "choices"):  # positions count in the grammar edgelm wraps them in, not in the option
         line = re.sub(r"^at \d+\(\d+\): ", "", line)
     return f"{kind} is invalid: {line}"
-
-
-def refuse_special_text(kind: str, text, template, specials: list) -> None:
-    """GenerationOptionError(param=kind) where every answer must hold a special token's text (`specials`): what the
-    matcher `template` forces from the start, or a choice. Such an answer, sent back in a conversation, reads as
-    that token (the end of a turn, a new role), and the model itself never writes it as text."""
-    outputs = list(text) if kind == "choices" else [template.deep_copy().compute_ff_bytes().decode("utf-8", "replace")]
-    for output in outputs:
-        found = next((s for s in specials if s in output), None)
-        if found is not None:
-            which = f"the choice {output[:80]!r}" if kind == "choices" else "every answer"
-            raise GenerationOptionError(
-                f"{kind}: {which} would hold {found!r}, the text of a special token of this model, which a "
-                f"conversation reads back as that token; change the {kind}",
-                param=kind,
-            )
 
 
 class Compiler:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ...errors import GenerationOptionError
 from ...generation_config import GenerationConfig
+from ...sampling.constraint_bounds import bounded_numbers
 from ..errors import ApiError
 from .schema import json_type
 
@@ -94,6 +95,7 @@ def calls_or_json(calls: str, answer: dict) -> str:
     schema = answer.get("json_schema") or {"type": "object"}
     schema = json.loads(schema) if isinstance(schema, str) else dict(schema)
     schema["x-guidance"] = {"whitespace_flexible": False, **schema.get("x-guidance", {})}
+    schema = bounded_numbers(schema)  # as a json_schema's (sampling/constraint_bounds.py)
     renamed = re.sub(r"(?m)^start:", "tool_calls:", calls)
     return f"start: tool_calls | json_answer\njson_answer: %json {json.dumps(schema)}\n{renamed}"
 
