@@ -79,7 +79,8 @@ def test_sampled_answers_with_bounded_numbers_end(model):
 
 
 def test_a_forced_calls_bounded_numbers_have_bounded_digits(compiler):
-    tool = {"type": "function", "function": {"name": "set", "parameters": {"type": "object", "properties": {"p": UNIT}}}}
+    parameters = {"type": "object", "properties": {"p": UNIT}}
+    tool = {"type": "function", "function": {"name": "set", "parameters": parameters}}
     fmt = FORMATS["edgelm"]
     kind, grammar = fmt.constraint([tool], "required")
     assert _accepts(compiler, kind, grammar, fmt.call_text([("set", {"p": 0.123456})]))[0]

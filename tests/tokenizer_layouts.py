@@ -89,7 +89,11 @@ LAYOUTS = {
         dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"),
         ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"),
     ),
-    "smollm2": (SMOLLM2, dict(bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>"), ("<|im_end|>",)),
+    "smollm2": (
+        SMOLLM2,
+        dict(bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>"),
+        ("<|im_end|>",),
+    ),
     "tinyllama": (None, dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"), ("</s>",)),
 }
 

@@ -11,6 +11,7 @@ from ..pipeline import Endpoint, Ready, Result, StreamWriter, sse
 from . import chat_responses as shapes
 from .chat_requests import ChatRequest, parse_chat_request
 from .responses import usage
+from .tool_calls import finish_reason, named_as_tools
 
 
 class Chat(Endpoint):
@@ -30,13 +31,15 @@ class Chat(Endpoint):
             if req.answer_format:  # checked alone first, so that a bad schema names response_format
                 config.with_options(**req.answer_format)
             req.tool_format = tool_format(model)
-            config = config.with_options(**tools.constraint(req.tool_format, req.answer_format))
+            with named_as_tools(tools, req.field_of):  # the grammar is edgelm's: its errors are said of the tools
+                config = config.with_options(**tools.constraint(req.tool_format, req.answer_format))
         with render_deadline(deadline):
             ids, config = model.chat_prompt(req.messages, config, tools=tools.tools if tools.active else None)
         if req.max_tokens is None:
             req.max_tokens = max(1, min(req.default_max_tokens, model.arch.n_positions - len(ids)))
             config = config.with_options(max_new_tokens=req.max_tokens)
-        batch = model.batch([ids], config=config)
+        with named_as_tools(tools, req.field_of):
+            batch = model.batch([ids], config=config)
         return Ready(batch, [len(batch.prompts[0])])
 
     def answer(self, req: ChatRequest, result: Result):
@@ -84,10 +87,10 @@ class ChatStream(StreamWriter):
         for c in result.completions:
             i = c.index
             if self.readers is not None:
-                out += self._deltas(i, self._read(i, self.readers[i].finish()))
+                out += self._deltas(i, self._read(i, self.readers[i].finish(cut=c.finish_reason == "length")))
             left = (c.logprobs or [])[self.entries_sent[i] :]  # tokens no chunk carried (held back, or cut by a stop)
             lp = shapes.logprobs(self.req, left) if left else None
-            reason = "tool_calls" if self.calls[i] else c.finish_reason
+            reason = finish_reason(c.finish_reason, self.calls[i])
             out.append(self.chunk([shapes.ChunkChoice(index=i, delta={}, logprobs=lp, finish_reason=reason)]))
         if self.req.include_usage:
             out.append(self.chunk([], usage(sum(result.prompt_tokens), result.tokens)))
