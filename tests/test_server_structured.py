@@ -211,3 +211,39 @@ def test_auto_tools_with_a_format_answer_a_call_or_the_json(server):
         else:
             assert choice.finish_reason == "stop", choice
             jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "path, extra, words",
+    [
+        ("/v1/chat/completions", {"response_format": FORMAT}, "stop cannot be given with response_format"),
+        ("/v1/completions", {"response_format": {"type": "json_object"}}, "stop cannot be given with response_format"),
+        ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": "required"}, "forces a call"),
+    ],
+)
+def test_stop_with_a_constrained_answer_is_refused(server, path, extra, words):
+    """A stop string the answer holds would cut it into text the schema does not allow under finish_reason "stop"
+    ({"const": "STOPWORD"} with stop ["STOP"] gave `"`): the conflict is refused before generation."""
+    body = {"max_tokens": 150, "stop": ["STOP"], **extra}
+    body.update({"messages": ASK} if "chat" in path else {"prompt": "Hi"})
+    response = HTTP.post(server.url + path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "stop" and words in error["message"] and "\n" not in error["message"], error
+    del body["stop"]
+    assert HTTP.post(server.url + path, json=body).status_code == 200
+    with_tools_auto = {"messages": ASK, "max_tokens": 4, "stop": ["STOP"], "tools": [WEATHER]}  # nothing forced
+    assert HTTP.post(server.url + "/v1/chat/completions", json=with_tools_auto).status_code == 200
+
+
+def test_a_schema_whose_answer_is_a_special_tokens_text_is_refused_before_generation(server):
+    """{"const": "<|endoftext|>"} passed the checks, then failed after the first token inside llguidance."""
+    special = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": "<|endoftext|>"}}}
+    response = HTTP.post(server.url + "/v1/chat/completions", json={"messages": ASK, "response_format": special})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "response_format" and "special token" in error["message"], error
+    assert "\n" not in error["message"] and "ÿ" not in error["message"]
+    text = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": "<|endoftext"}}}  # not special
+    answer = chat(server, response_format=text, max_tokens=40).choices[0]
+    assert answer.finish_reason == "stop" and json.loads(answer.message.content) == "<|endoftext"

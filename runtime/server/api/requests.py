@@ -25,7 +25,7 @@ from ...errors import GenerationOptionError, PromptError
 from ...generation_config import logit_bias_ids
 from ..errors import ApiError
 from .schema import STRICT, TEXTS, Text, validate
-from .structured import response_format_options
+from .structured import refuse_stop, response_format_options
 
 DEFAULT_MAX_TOKENS = 16
 # OpenAI's defaults, applied over the package's generation_config.json; n > 1 at temperature 0 gives n greedy copies.
@@ -167,6 +167,7 @@ def sampling_request(parsed: SamplingBody, given: set, vocab_size: int, limits: 
         if name in given:
             options["min_new_tokens"] = getattr(parsed, name)
     options.update(response_format_options(parsed.response_format))
+    refuse_stop(options, "response_format" if {"json_schema", "json_object"} & set(options) else None)
     return {
         "options": options,
         "n": n,

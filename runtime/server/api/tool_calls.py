@@ -52,6 +52,11 @@ class ToolUse:
         """Whether the tools are rendered and the answer is read for calls."""
         return bool(self.tools) and self.choice != "none"
 
+    @property
+    def forced(self) -> bool:
+        """Whether the answer must be a call (tool_choice "required" or a named function)."""
+        return self.active and self.choice != "auto"
+
     def check_schemas(self) -> None:
         """Each tool's parameter schema compiled as a forced call would compile it, so that a schema edgelm cannot
         enforce is a 400 naming the tool even under "auto". Where llguidance is not installed (no forced calls
