@@ -237,29 +237,33 @@ def tiny_package_long(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def qwen25_package(tmp_path_factory):
-    """A tiny Qwen2 model whose tokenizer and chat template are laid out as Qwen2.5-Instruct's (its added tokens,
-    `<tool_call>` among them as text, its padded logits, its end ids: tests/tokenizer_layouts.py), with 1,024
-    positions for tools in the prompt; exported fp32."""
-    if PREBUILT:
-        return Path(PREBUILT) / "tiny-qwen2.5"
-    from llama_checkpoints import build_llama_checkpoint
-    from tokenizer_layouts import build_layout, eos_ids, logits_size
+def layout_package(tmp_path_factory):
+    """`layout_package(name)`: a tiny model whose tokenizer and chat template are laid out as family `name`'s
+    ("qwen2.5", "llama3.2", "smollm2": their added tokens, Qwen2.5's `<tool_call>` among them as text, its padded
+    logits, their end ids; tests/tokenizer_layouts.py), with 2,048 positions for tools in the prompt; exported fp32
+    without validation, once per run."""
 
-    def build(folder):
-        layout = build_layout(folder / "tokenizer", "qwen2.5")
-        ends = list(eos_ids(layout, "qwen2.5"))
-        checkpoint = build_llama_checkpoint(
-            folder / "checkpoint",
-            "qwen2",
-            n_positions=1024,
-            seed=2,
-            chat_template=None,
-            tokenizer_folder=layout,
-            vocab_size=logits_size(layout, "qwen2.5"),
-            bos_token_id=ends[1],
-            eos_token_id=ends,
-        )
-        _export(checkpoint, folder / "tiny-qwen2.5", validate=False)
+    def package(name: str) -> Path:
+        if PREBUILT:
+            return Path(PREBUILT) / f"tiny-{name}"
+        from llama_checkpoints import build_llama_checkpoint
+        from tokenizer_layouts import build_layout, eos_ids, logits_size
 
-    return _once(tmp_path_factory, "tiny-qwen2.5", build) / "tiny-qwen2.5"
+        def build(folder):
+            layout = build_layout(folder / "tokenizer", name)
+            ends = list(eos_ids(layout, name))
+            checkpoint = build_llama_checkpoint(
+                folder / "checkpoint",
+                "qwen2" if name == "qwen2.5" else "llama-gqa",
+                n_positions=2048,
+                seed=2,
+                chat_template=None,  # the layout's own
+                tokenizer_folder=layout,
+                vocab_size=logits_size(layout, name),
+                eos_token_id=ends,
+            )
+            _export(checkpoint, folder / f"tiny-{name}", validate=False)
+
+        return _once(tmp_path_factory, f"tiny-{name}", build) / f"tiny-{name}"
+
+    return package

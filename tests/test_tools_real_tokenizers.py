@@ -1,8 +1,10 @@
-"""Forced tool calls on a Qwen2-family package with Qwen2.5-Instruct's tokenizer layout and chat template
-(tests/tokenizer_layouts.py): `<tool_call>` and `</tool_call>` are added tokens that are text, and a call is
-written with them, through the Python API and the server (chat, streamed, and the Responses API) with the
-openai client. The weights are random: the model either samples (every finished reply parses and validates) or
-answers a script (server_harness.scripted), the call written as Qwen2.5 writes it."""
+"""Forced tool calls on packages whose tokenizer and chat template are laid out as real families publish theirs
+(tests/tokenizer_layouts.py): Qwen2.5-Instruct's (a Qwen2 model; `<tool_call>` and `</tool_call>` are added tokens
+that are text, and a call is written with them), Llama 3.2-Instruct's (256 special tokens, `<|python_tag|>` among
+them) and SmolLM2-Instruct's (specials inside the vocabulary), through the Python API and the server (chat,
+streamed, and the Responses API) with the openai client. The weights are random: the model either samples (every
+finished reply parses and validates) or answers a script (server_harness.scripted), the call written in its
+family's format."""
 
 import json
 
@@ -26,29 +28,32 @@ WEATHER = {
 }
 CLOCK = {"type": "function", "function": {"name": "now"}}
 ASK = [{"role": "user", "content": "Weather?"}]
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+FAMILIES = {"qwen2.5": "hermes", "llama3.2": "llama3", "smollm2": "smollm2"}
 
 
-@pytest.fixture(scope="module")
-def model(qwen25_package):
-    return load(qwen25_package)
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, layout_package):
+    return request.param, layout_package(request.param)
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_sampled_forced_calls_start_with_the_added_token_and_parse(model, choice):
+def test_sampled_forced_calls_parse_and_validate(family, choice):
+    name, package = family
+    model = load(package)
     fmt = tool_format(model)
-    assert fmt.name == "hermes"
-    opening = model.tokenizer.token_to_id("<tool_call>")
+    assert fmt.name == FAMILIES[name]
     finished = 0
     for seed in range(6):
-        options = dict(tools=[WEATHER, CLOCK], tool_choice=choice, max_new_tokens=60, truncate=True, seed=seed)
+        options = dict(tools=[WEATHER, CLOCK], tool_choice=choice, max_new_tokens=150, seed=seed)
         reply = model.chat(ASK, do_sample=True, **options)
-        assert reply.token_ids[0] == opening  # the call's forced start is the one token Qwen2.5 writes it with
+        if name == "qwen2.5":  # the call's forced start is the one token Qwen2.5 writes it with
+            assert reply.token_ids[0] == model.tokenizer.token_to_id("<tool_call>")
+        content, calls = fmt.parse(reply.text, cut=reply.finish_reason == "length")
+        assert not content, reply.text
         if reply.finish_reason == "length":
             continue
         finished += 1
-        content, calls = fmt.parse(reply.text)
-        assert content is None and calls, reply.text
+        assert calls, reply.text
         for call in calls:
             schema = WEATHER["function"]["parameters"] if call.name == "get_weather" else {"maxProperties": 0}
             jsonschema.validate(json.loads(call.arguments_json), schema)
@@ -56,9 +61,10 @@ def test_sampled_forced_calls_start_with_the_added_token_and_parse(model, choice
 
 
 @pytest.fixture(scope="module")
-def server(qwen25_package):
-    model = scripted_model(qwen25_package)
-    model.script.say(CALL)
+def server(family):
+    name, package = family
+    model = scripted_model(package)
+    model.script.say(tool_format(model).call_text([("get_weather", {"city": "Paris"})]))
     s = serve_alone(model, max_tokens=200)
     yield s
     s.stop()
