@@ -163,8 +163,9 @@ def _problem_line(kind: str, problem: str) -> str:
 
 class Compiler:
     """Compiles constraints for one tokenizer (a package's tokenizer.json text), for a model of `vocab_size` logits
-    whose end-of-text ids are `eos_ids`. The llguidance tokenizer is built on first use (about 0.5 s for GPT-2's
-    50,257 tokens), once per process for the same tokenizer."""
+    whose end-of-text ids are `eos_ids`. The llguidance tokenizer is built on first use, once per process for the
+    same tokenizer: llguidance reads tokenizer.json, then builds its tokenizer again from the bytes of every id
+    (token_bytes.py)."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple):
         self.tokenizer_json, self.vocab_size, self.eos_ids = tokenizer_json, vocab_size, tuple(eos_ids)

@@ -29,7 +29,9 @@ def engine_tokenizer(lg, tokenizer_json: str, vocab_size: int, eos_ids: tuple) -
     (its text), whose end-of-text ids are `eos_ids` (the tokenizer's own where empty); the texts of its special
     tokens, longest first)."""
     eos = list(eos_ids) or None
-    read = lg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)  # llguidance's own reading
+    # llguidance's own reading, for the bytes of the vocabulary and for tokenizing; no mask is computed with it, so
+    # it needs none of the slices that speed masks up
+    read = lg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos, slices=[])
     added = added_tokens(tokenizer_json)
     text_ids = {i: content for i, (content, special) in added.items() if not special and i < vocab_size}
     tokens = [text_ids[i].encode() if i in text_ids else read.decode_bytes([i]) for i in range(vocab_size)]
