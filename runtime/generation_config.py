@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from numbers import Integral, Real
 
+from .constraint_bounds import check_choices
 from .constraint_text import MAX_TEXT, schema_text
 from .errors import GenerationOptionError
 from .inputs import is_token_id
@@ -284,6 +285,7 @@ def _constraint_values(c: GenerationConfig) -> dict:
             f'choices must be a non-empty list of non-empty strings (at most {MAX_TEXT:,} characters in all), e.g. ["yes", "no"], got {str(choices)[:60]}',
         )
         out["choices"] = tuple(dict.fromkeys(choices))
+        check_choices(out["choices"])  # a count llguidance can run, refused before any compile
     return out
 
 

@@ -234,3 +234,36 @@ def tiny_package_long(tmp_path_factory):
         _export(checkpoint, folder / "tiny-long", validate=False)
 
     return _once(tmp_path_factory, "tiny-long", build) / "tiny-long"
+
+
+@pytest.fixture(scope="session")
+def layout_package(tmp_path_factory):
+    """`layout_package(name)`: a tiny model whose tokenizer and chat template are laid out as family `name`'s
+    ("qwen2.5", "llama3.2", "smollm2": their added tokens, Qwen2.5's `<tool_call>` among them as text, its padded
+    logits, their end ids; tests/tokenizer_layouts.py), with 2,048 positions for tools in the prompt; exported fp32
+    without validation, once per run."""
+
+    def package(name: str) -> Path:
+        if PREBUILT:
+            return Path(PREBUILT) / f"tiny-{name}"
+        from llama_checkpoints import build_llama_checkpoint
+        from tokenizer_layouts import build_layout, eos_ids, logits_size
+
+        def build(folder):
+            layout = build_layout(folder / "tokenizer", name)
+            ends = list(eos_ids(layout, name))
+            checkpoint = build_llama_checkpoint(
+                folder / "checkpoint",
+                "qwen2" if name == "qwen2.5" else "llama-gqa",
+                n_positions=2048,
+                seed=2,
+                chat_template=None,  # the layout's own
+                tokenizer_folder=layout,
+                vocab_size=logits_size(layout, name),
+                eos_token_id=ends,
+            )
+            _export(checkpoint, folder / f"tiny-{name}", validate=False)
+
+        return _once(tmp_path_factory, f"tiny-{name}", build) / f"tiny-{name}"
+
+    return package

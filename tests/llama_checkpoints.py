@@ -79,8 +79,9 @@ def build_llama_checkpoint(
         for f in Path(tokenizer_folder).iterdir():
             if f.is_file() and not f.name.startswith("LICENSE"):
                 shutil.copy(f, folder / f.name)
-        vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
-        vocab_size, eos = len(vocab), vocab["<|endoftext|>"]
+        data = json.loads((folder / "tokenizer.json").read_text())
+        ids = data["model"]["vocab"] | {t["content"]: t["id"] for t in data["added_tokens"]}  # Qwen2.5's are added
+        vocab_size, eos = max(ids.values()) + 1, ids.get("<|endoftext|>", 0)
     else:
         tok = build_tokenizer(folder)
         vocab_size, eos = len(tok), tok.eos_token_id

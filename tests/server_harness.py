@@ -274,7 +274,7 @@ class ScriptedEngine:
         self.script: list = []  # the text of the last decoder made, as ids
 
     def say(self, *texts: str) -> None:
-        self.scripts = [self.tokenizer.encode(text).ids for text in texts]
+        self.scripts = [self.tokenizer.encode(text, add_special_tokens=False).ids for text in texts]  # no <s>
         self.script = self.scripts[0]
 
     def decoder(self, batch, capacity, **options):

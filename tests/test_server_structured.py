@@ -120,7 +120,9 @@ def test_responses_text_format_and_parse(server):
 def test_a_forced_call_is_a_valid_call(server, choice):
     for seed in range(3):
         answer = chat(server, tools=[WEATHER, TIME], tool_choice=choice, seed=seed, max_tokens=150).choices[0]
-        assert answer.finish_reason == "tool_calls", answer
+        # "length": parallel calls ran to max_tokens; the ones completed are there, the cut one is not
+        assert answer.finish_reason in ("tool_calls", "length") and answer.message.tool_calls, answer
+        assert answer.message.content is None
         for call in answer.message.tool_calls:
             tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
             jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
@@ -173,10 +175,29 @@ def test_bad_response_formats_are_400s(server, response_format, param, words):
     assert HTTP.post(server.url + "/v1/chat/completions", json={"messages": ASK, "max_tokens": 2}).status_code == 200
 
 
-def test_response_format_and_a_forced_call_together_are_refused(server):
-    body = {"messages": ASK, "response_format": FORMAT, "tools": [WEATHER], "tool_choice": "required"}
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_with_a_format_is_the_call(server, choice):
+    """The Agents SDK's output_type with tool_choice "required", as OpenAI takes it: the call is forced, and the
+    format holds the later answer that is no call; a bad format is still a 400 naming response_format."""
+    finished = 0
+    for seed in range(3):
+        answer = chat(server, tools=[WEATHER, TIME], tool_choice=choice, response_format=FORMAT, seed=seed,
+                      max_tokens=150).choices[0]
+        if not answer.message.tool_calls:  # cut inside its first call
+            continue
+        finished += 1
+        assert answer.finish_reason in ("tool_calls", "length") and answer.message.content is None
+        for call in answer.message.tool_calls:
+            assert choice == "required" or call.function.name == "get_weather"
+            if call.function.name == "get_weather":
+                jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    assert finished
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    body = {"messages": ASK, "response_format": bad, "tools": [WEATHER], "tool_choice": choice, "max_tokens": 4}
     error = HTTP.post(server.url + "/v1/chat/completions", json=body).json()["error"]
-    assert error["param"] == "response_format" and "not both" in error["message"]
+    assert error["param"] == "response_format"
+    final = chat(server, tools=[WEATHER], tool_choice="none", response_format=FORMAT, max_tokens=150).choices[0]
+    assert final.finish_reason == "length" or jsonschema.validate(json.loads(final.message.content), SCHEMA) is None
 
 
 def test_auto_tools_with_a_format_answer_a_call_or_the_json(server):
@@ -184,8 +205,45 @@ def test_auto_tools_with_a_format_answer_a_call_or_the_json(server):
     for seed in range(6):
         choice = chat(server, tools=[WEATHER], response_format=FORMAT, seed=seed, max_tokens=150).choices[0]
         if choice.message.tool_calls:
-            assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
+            assert choice.finish_reason in ("tool_calls", "length") and not choice.message.content
+            assert choice.message.tool_calls[0].function.name == "get_weather"
             jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), WEATHER["function"]["parameters"])  # fmt: skip
         else:
             assert choice.finish_reason == "stop", choice
             jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "path, extra, words",
+    [
+        ("/v1/chat/completions", {"response_format": FORMAT}, "stop cannot be given with response_format"),
+        ("/v1/completions", {"response_format": {"type": "json_object"}}, "stop cannot be given with response_format"),
+        ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": "required"}, "forces a call"),
+    ],
+)
+def test_stop_with_a_constrained_answer_is_refused(server, path, extra, words):
+    """A stop string the answer holds would cut it into text the schema does not allow under finish_reason "stop"
+    ({"const": "STOPWORD"} with stop ["STOP"] gave `"`): the conflict is refused before generation."""
+    body = {"max_tokens": 150, "stop": ["STOP"], **extra}
+    body.update({"messages": ASK} if "chat" in path else {"prompt": "Hi"})
+    response = HTTP.post(server.url + path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "stop" and words in error["message"] and "\n" not in error["message"], error
+    del body["stop"]
+    assert HTTP.post(server.url + path, json=body).status_code == 200
+    with_tools_auto = {"messages": ASK, "max_tokens": 4, "stop": ["STOP"], "tools": [WEATHER]}  # nothing forced
+    assert HTTP.post(server.url + "/v1/chat/completions", json=with_tools_auto).status_code == 200
+
+
+def test_a_schema_whose_answer_is_a_special_tokens_text_is_refused_before_generation(server):
+    """{"const": "<|endoftext|>"} passed the checks, then failed after the first token inside llguidance."""
+    special = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": "<|endoftext|>"}}}
+    response = HTTP.post(server.url + "/v1/chat/completions", json={"messages": ASK, "response_format": special})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "response_format" and "special token" in error["message"], error
+    assert "\n" not in error["message"] and "ÿ" not in error["message"]
+    text = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"const": "<|endoftext"}}}  # not special
+    answer = chat(server, response_format=text, max_tokens=40).choices[0]
+    assert answer.finish_reason == "stop" and json.loads(answer.message.content) == "<|endoftext"

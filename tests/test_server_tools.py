@@ -221,3 +221,45 @@ def test_each_of_n_choices_streams_its_own_calls(server, model):
         assert json.loads("".join(p.function.arguments or "" for p in calls)) == {"city": "Paris"}
         assert "".join(part.delta.content or "" for part in parts) == "Sure."
         assert parts[-1].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_call_cut_by_max_tokens_is_reported_as_cut_and_never_content(server, model, choice):
+    """finish_reason "length", the calls completed before the cut in tool_calls, the cut one nowhere: no raw
+    `<tool_call>` markup in content, whole or streamed."""
+    first = len(model.script.tokenizer.encode(CALL).ids)
+    model.script.say(TWO)
+    for limit, names in ((first + 6, ["get_weather"]), (first - 4, [])):
+        options = dict(tools=[WEATHER, TIME], tool_choice=choice, max_tokens=limit)
+        answer = create(server, **options).choices[0]
+        assert answer.finish_reason == "length"
+        assert [c.function.name for c in answer.message.tool_calls or []] == names
+        assert not answer.message.content, answer.message.content
+        chunks = list(create(server, **options, stream=True))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        streamed = [p.function.name for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or [] if p.id]
+        assert not content and streamed == names
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+
+
+def _tool(i: int) -> dict:
+    properties = {f"field_{k}": {"type": "string", "description": "a value " * 8} for k in range(6)}
+    return {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object", "properties": properties}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, param, words",
+    [
+        ({"tools": [_tool(i) for i in range(120)], "max_tokens": 4}, "tools", "fewer tools"),
+        ({"tools": [WEATHER], "max_tokens": 2}, "max_tokens", "a forced call of these tools needs at least"),
+        ({"tools": [WEATHER], "max_completion_tokens": 2}, "max_completion_tokens", "max_completion_tokens=2"),
+    ],
+)
+def test_errors_of_a_forced_call_name_what_the_client_sent(server, extra, param, words):
+    """The grammar forcing a call is edgelm's, never the client's: its errors name tools, or the client's field."""
+    body = {"messages": ASK, "tool_choice": "required", **extra}
+    response = HTTP.post(server.url + "/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert "grammar must" not in error["message"] and "max_new_tokens" not in error["message"]

@@ -155,6 +155,39 @@ def test_malformed_calls_stay_content(fmt, text):
     assert (content, calls) == (text, []) and all(isinstance(d, ContentDelta) for d in deltas)
 
 
+# (format, an answer cut by max_new_tokens, the content, the calls it completed)
+CUT = [
+    (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"ci', None, []),
+    (
+        HERMES,
+        'Looking.\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_w',
+        "Looking.",
+        [("now", "{}")],
+    ),
+    (EDGELM, '<tool_call>{"name": "now", "arguments": {}}</tool_call><tool_c', None, [("now", "{}")]),
+    (EDGELM, "Sure. <tool_call>{", "Sure. ", []),
+    (SMOLLM2, '<tool_call>[\n{"name": "now", "arguments": {}},\n{"name": "get_', None, []),
+    (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Pa', None, []),
+    (LLAMA3, '<|python_tag|>{"name": "get_weather", "param', None, []),
+    (LLAMA3, '{"answer": 4', '{"answer": 4', []),  # JSON content, not a call: kept as the text it is
+    (HERMES, "Plain text cut short", "Plain text cut short", []),
+]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", CUT)
+def test_a_call_cut_short_is_dropped_never_content(fmt, text, content, calls):
+    parsed_content, parsed = fmt.parse(text, cut=True)
+    assert (parsed_content or None, _calls(parsed)) == (content, calls)
+    for split in ([text], list(text)):
+        stream = fmt.stream()
+        deltas = [d for piece in split for d in stream.feed(piece)] + stream.finish(cut=True)
+        streamed = "".join(d.text for d in deltas if isinstance(d, ContentDelta))
+        assert (streamed or None, _calls(stream.result()[1])) == (content, calls)
+        assert "<tool_call>" not in streamed and '"name"' not in streamed
+    if content is None or "<" in text:  # not cut, the same text is content: the malformed block it ends in
+        assert fmt.parse(text)[0] != parsed_content
+
+
 def test_content_before_a_call_streams_before_the_call_ends():
     stream = HERMES.stream()
     assert stream.feed("Let me check") == [ContentDelta("Let me check")]

@@ -28,7 +28,7 @@ ROOT = "(root)"  # runtime/__init__.py
 # Bottom-up. Each line: the units of one layer, then what they hold.
 LAYERS = (
     ("errors",),  # the exception types every layer raises
-    ("inputs", "constraint_text"),  # checks of what callers send: token ids, text, a constraint's text
+    ("inputs", "constraint_text", "constraint_bounds"),  # checks of what callers send: ids, text, a constraint
     ("generation_config",),  # the settings of one request, valid by construction
     ("generation_options",),  # each option's flag, help and request field, from which the CLI and server derive
     ("package",),  # the package folder: format, manifest, files, the onnxruntime it needs

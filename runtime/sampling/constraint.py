@@ -26,6 +26,8 @@ import numpy as np
 from ..constraint_text import MAX_TEXT, schema_text  # noqa: F401 (the settings' limit and form, read here too)
 from ..constraint_text import one_line as _one_line
 from ..errors import GenerationOptionError
+from ..constraint_bounds import bounded_numbers, check_choices, refuse_special_text
+from .token_bytes import engine_tokenizer
 
 INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
 CACHED_GRAMMARS = 64  # compiled grammars kept per process (each a few hundred KB at most, under LIMITS)
@@ -78,11 +80,14 @@ def grammar_text(kind: str, text) -> str:
         if key in _grammar_texts:
             _grammar_texts.move_to_end(key)
             return _grammar_texts[key]
+    if kind == "choices":
+        check_choices(text)
     lg = llguidance(kind)
     matcher = lg.LLMatcher
     try:
-        if kind == "json_schema":
-            grammar = matcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+        if kind == "json_schema":  # bounded numbers with bounded digits (constraint_bounds.py)
+            schema = json.dumps(bounded_numbers(json.loads(text)), ensure_ascii=False)
+            grammar = matcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         elif kind == "json_object":
             grammar = matcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
         elif kind == "regex":
@@ -95,6 +100,8 @@ def grammar_text(kind: str, text) -> str:
             raise GenerationOptionError(f"unknown constraint {kind!r}", param=kind)  # GenerationConfig names the known
     except ValueError as error:
         raise GenerationOptionError(f"{kind} is invalid: {_one_line(error)}", param=kind) from None
+    except RecursionError:
+        raise GenerationOptionError(f"{kind} is nested too deeply; flatten it", param=kind) from None
     problem = matcher.validate_grammar(grammar, None, limits=_limits())
     if problem:
         raise GenerationOptionError(_problem_line(kind, problem), param=kind)
@@ -129,8 +136,9 @@ def check(config) -> None:
 
 class Compiler:
     """Compiles constraints for one tokenizer (a package's tokenizer.json text), for a model of `vocab_size` logits
-    whose end-of-text ids are `eos_ids`. The llguidance tokenizer is built on first use (about 0.5 s for GPT-2's
-    50,257 tokens), once per process for the same tokenizer."""
+    whose end-of-text ids are `eos_ids`. The llguidance tokenizer is built on first use, once per process for the
+    same tokenizer: llguidance reads tokenizer.json, then builds its tokenizer again from the bytes of every id
+    (token_bytes.py)."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple):
         self.tokenizer_json, self.vocab_size, self.eos_ids = tokenizer_json, vocab_size, tuple(eos_ids)
@@ -138,14 +146,20 @@ class Compiler:
         self.key = (digest, vocab_size, self.eos_ids)
 
     def tokenizer(self):
+        """The llguidance tokenizer: every id with the bytes it spells (sampling/token_bytes.py)."""
+        return self._tokenizer()[0]
+
+    def special_texts(self) -> list:
+        """The texts of the tokenizer's special tokens, longest first."""
+        return self._tokenizer()[1]
+
+    def _tokenizer(self) -> tuple:
         with _compiled_lock:
             found = _tokenizers.get(self.key)
         if found is None:
             lg = llguidance()
             try:
-                found = lg.LLTokenizer(
-                    self.tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_ids) or None
-                )
+                found = engine_tokenizer(lg, self.tokenizer_json, self.vocab_size, self.eos_ids)
             except Exception as error:  # the package's tokenizer.json is one llguidance cannot read
                 raise GenerationOptionError(
                     f"constrained generation cannot use this package's tokenizer: {_one_line(error)}", "json_schema"
@@ -171,6 +185,7 @@ class Compiler:
             template = llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
             if template.is_error():
                 raise GenerationOptionError(_problem_line(kind, template.get_error()), param=kind)
+            refuse_special_text(kind, text, template, self.special_texts())
             shortest = None
             if kind == "choices":
                 shortest = min(len(tokenizer.tokenize_str(c)) for c in text)

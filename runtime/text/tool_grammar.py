@@ -4,7 +4,8 @@
 For tool_choice "required" the answer is one call (or several, when parallel calls are allowed and the family
 writes them) of any tool; for a named function, calls of that function only. Each call is the family's exact
 wrapper and JSON keys around the arguments, and the arguments are llguidance's `%json{...}` of the tool's
-parameter schema (laid out as ARGUMENTS_LAYOUT says), so they parse and validate. For example, Qwen2.5's format
+parameter schema (laid out as ARGUMENTS_LAYOUT says, a bounded number with bounded digits as a json_schema's:
+runtime/constraint_bounds.py), so they parse and validate. For example, Qwen2.5's format
 with one tool `get_weather`:
 
     start: call ("\\n" call)*
@@ -19,6 +20,7 @@ fails where the grammar is compiled, with the GenerationOptionError that names i
 import json
 
 from ..errors import ChatError
+from ..constraint_bounds import bounded_numbers
 from .chat_messages import parameters_schema, tool_names
 
 # The arguments are laid out as the templates write past calls (`tojson`, json.dumps' ", " and ": "), with no
@@ -66,7 +68,7 @@ def constraint(fmt, tools: list | None, choice, parallel: bool = True):
         prefix, suffix = _wrapper(fmt, name)
         calls.append(f"call_{i}")
         lines.append(f"call_{i}: {_literal(prefix)} args_{i} {_literal(suffix)}")
-        schema = {**parameters_schema(by_name[name]), "x-guidance": ARGUMENTS_LAYOUT}
+        schema = bounded_numbers({**parameters_schema(by_name[name]), "x-guidance": ARGUMENTS_LAYOUT})
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     several = parallel and fmt.parallel
     if getattr(fmt, "listed", False):

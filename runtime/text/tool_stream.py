@@ -53,8 +53,9 @@ def new_call_id() -> str:
 
 
 class ToolStream:
-    """Fed text pieces (`feed`), then `finish()`; each returns the deltas it can send now. `content` and `calls`
-    hold what was sent."""
+    """Fed text pieces (`feed`), then `finish(cut)`; each returns the deltas it can send now. `content` and `calls`
+    hold what was sent. `cut`: the answer was cut short (max_new_tokens), so a call it ends inside is a cut call,
+    dropped: neither a call nor content."""
 
     def __init__(self):
         self.calls: list[ToolCall] = []
@@ -74,7 +75,7 @@ class ToolStream:
     def feed(self, text: str) -> list:
         raise NotImplementedError
 
-    def finish(self) -> list:
+    def finish(self, cut: bool = False) -> list:
         raise NotImplementedError
 
     def _content(self, text: str, out: list) -> None:
@@ -140,7 +141,7 @@ class TaggedStream(ToolStream):
             self._inside = False
             self._block(block, block[len(self._open) : end], out)
 
-    def finish(self) -> list:
+    def finish(self, cut: bool = False) -> list:
         out = []
         while self._inside and (end := self._buffer.find(self._close, len(self._open))) >= 0:
             # closed only inside a string: malformed, so it ends where a plain reading ends it
@@ -149,8 +150,8 @@ class TaggedStream(ToolStream):
             self._content(block, out)
             out += self.feed(rest)
         if self._inside:  # a block the answer ended in (cut by a stop or the length): a call if it parses
-            self._block(self._buffer, self._buffer[len(self._open) :], out)
-        else:
+            self._block(self._buffer, self._buffer[len(self._open) :], out, cut)
+        elif not cut or not _prefix_tail(self._buffer, self._open):  # a cut opening tag (`<tool_c`) is dropped
             self._content(self._buffer, out)
         self._buffer, self._inside = "", False
         return self._end(out)
@@ -177,12 +178,12 @@ class TaggedStream(ToolStream):
         self._searched = at
         return -1
 
-    def _block(self, block: str, body: str, out: list) -> None:
+    def _block(self, block: str, body: str, out: list, cut: bool = False) -> None:
         calls = self._parse_block(body)
-        if calls is None:
-            self._content(block, out)
-        else:
+        if calls is not None:
             self._calls(calls, out)
+        elif not cut:
+            self._content(block, out)
 
 
 class JsonAnswerStream(ToolStream):
@@ -212,15 +213,26 @@ class JsonAnswerStream(ToolStream):
                 self._buffer = ""
         return out
 
-    def finish(self) -> list:
+    def finish(self, cut: bool = False) -> list:
         out = []
         calls = self._parse_answer(self._buffer) if self._mode == "hold" else None
-        if calls is None:
+        if calls is None and cut and self._mode == "hold" and _starts_call(self._buffer, self._tag):
+            pass  # a call cut short: dropped
+        elif calls is None:
             self._content(self._buffer, out)
         else:
             self._calls(calls, out)
         self._buffer, self._mode = "", "text"
         return self._end(out)
+
+
+def _starts_call(text: str, tag: str) -> bool:
+    """Whether held text opens a call: the tag, or an object whose first key is "name"."""
+    head = text.lstrip()
+    if tag and head.startswith(tag):
+        return True
+    rest = head[1:].lstrip()
+    return head.startswith("{") and ('"name"'.startswith(rest) or rest.startswith('"name"'))
 
 
 def _prefix_tail(text: str, tag: str) -> int:

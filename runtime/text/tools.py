@@ -66,11 +66,12 @@ class ToolFormat:
     result_role = "user"  # the role a tool result is written as by inline()
     merge_results = True  # whether inline() writes a run of results as one message, as Qwen2.5's template does
 
-    def parse(self, text: str) -> tuple:
-        """(content or None, [ToolCall]) for a whole answer; never raises."""
+    def parse(self, text: str, cut: bool = False) -> tuple:
+        """(content or None, [ToolCall]) for a whole answer; never raises. `cut`: the answer was cut short
+        (finish_reason "length"): a call it ends inside is dropped, neither a call nor content."""
         stream = self.stream()
         stream.feed(text if isinstance(text, str) else "")
-        stream.finish()
+        stream.finish(cut)
         return stream.result()
 
     def stream(self) -> ToolStream:

@@ -11,6 +11,7 @@ from ..request_path import Endpoint, Ready, Result, StreamWriter, sse
 from . import chat_answers as shapes
 from .chat_requests import ChatRequest, parse_chat_request
 from .completion_answers import usage
+from .tool_calls import finish_reason, named_as_tools
 
 
 class Chat(Endpoint):
@@ -44,7 +45,8 @@ class Chat(Endpoint):
             options["max_new_tokens"] = req.max_tokens
         stop = options.get("stop", model.defaults.stop)  # the request's (a string or a list), else the package's
         options["stop"] = model.chat_stop((stop,) if isinstance(stop, str) else tuple(stop))
-        batch = model.batch([ids], config=model.settings(**options))
+        with named_as_tools(tools, req.field_of):  # the grammar is edgelm's: its errors are said of the tools
+            batch = model.batch([ids], config=model.settings(**options))
         return Ready(batch, [len(batch.prompts[0])])
 
     def answer(self, req: ChatRequest, result: Result):
@@ -92,10 +94,10 @@ class ChatStream(StreamWriter):
         for c in result.completions:
             i = c.index
             if self.readers is not None:
-                out += self._deltas(i, self._read(i, self.readers[i].finish()))
+                out += self._deltas(i, self._read(i, self.readers[i].finish(cut=c.finish_reason == "length")))
             left = (c.logprobs or [])[self.entries_sent[i] :]  # tokens no chunk carried (held back, or cut by a stop)
             lp = shapes.logprobs(self.req, left) if left else None
-            reason = "tool_calls" if self.calls[i] else c.finish_reason
+            reason = finish_reason(c.finish_reason, self.calls[i])
             out.append(self.chunk([shapes.ChunkChoice(index=i, delta={}, logprobs=lp, finish_reason=reason)]))
         if self.req.include_usage:
             out.append(self.chunk([], usage(sum(result.prompt_tokens), result.tokens)))

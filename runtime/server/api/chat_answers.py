@@ -2,7 +2,7 @@
 
 chat.completion        choices[i] = {index, message: {role: "assistant", content, refusal, tool_calls}, logprobs,
                        finish_reason}; with calls, content is null when they took the whole answer and
-                       finish_reason is "tool_calls"
+                       finish_reason is "tool_calls" ("length" where max_tokens cut the answer)
 chat.completion.chunk  choices[i] = {index, delta: {role?, content?, tool_calls?}, logprobs, finish_reason}; the
                        first chunk of a choice carries {"role": "assistant", "content": ""}, its last the
                        finish_reason and an empty delta; `usage` is null except in the final usage chunk;
@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from .chat_requests import ChatRequest
 from .completion_answers import Usage
+from .tool_calls import finish_reason
 
 MISSING_LOGPROB = -9999.0  # OpenAI's value for a log-prob of minus infinity (JSON has no -Infinity)
 
@@ -101,12 +102,12 @@ def completion(request: ChatRequest, model_id: str, completions: list, usage: Us
     """The whole answer; `fmt` (the package's ToolFormat, when the request's tools are in use) reads calls from it."""
     choices = []
     for c in completions:
-        content, calls = request.tools.read(fmt, c.text)
+        content, calls = request.tools.read(fmt, c.text, cut=c.finish_reason == "length")
         message = Message(
             content=None if content is None else answer(content),
             tool_calls=[call.as_openai() for call in calls] or None,
         )
-        reason = "tool_calls" if calls else c.finish_reason
+        reason = finish_reason(c.finish_reason, len(calls))
         choices.append(
             ChatChoice(index=c.index, message=message, logprobs=logprobs(request, c.logprobs), finish_reason=reason)
         )

@@ -31,6 +31,7 @@ from .requests import (
     sampling_request,
 )
 from .schema import validate
+from .structured import refuse_stop
 from .tool_calls import ToolUse, answer_format, tool_use
 
 MESSAGES = 'a list of messages like {"role": "user", "content": "Hi"}'
@@ -94,6 +95,7 @@ def parse_chat_request(body, names: ModelNames, vocab_size: int, limits: Limits)
     if "top_logprobs" in given and not parsed.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     tools = tool_use(parsed.tools, parsed.tool_choice, parsed.parallel_tool_calls)
+    refuse_stop(shared["options"], "a tool_choice that forces a call" if tools.forced else None)
     shared["answer_format"] = answer_format(tools, shared["options"], "response_format")
     shared["options"]["max_new_tokens"] = max_tokens or 1
     if parsed.logprobs:

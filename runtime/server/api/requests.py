@@ -30,7 +30,7 @@ from ...generation_options import OPTIONS, request_fields, server_defaults
 from ..errors import ApiError
 from ..limits import Limits  # noqa: F401  (the endpoints' and the tests' name for it)
 from .schema import STRICT, TEXTS, Text, validate
-from .structured import response_format_options
+from .structured import refuse_stop, response_format_options
 
 DEFAULT_MAX_TOKENS = 16
 # The request fields each generation option is read from, where they differ from the option's name (for `param`).
@@ -148,6 +148,7 @@ def sampling_request(parsed: SamplingBody, given: set, vocab_size: int, limits: 
     if "logit_bias" in given:
         options["logit_bias"] = logit_bias(parsed.logit_bias, vocab_size)
     options.update(response_format_options(parsed.response_format))
+    refuse_stop(options, "response_format" if {"json_schema", "json_object"} & set(options) else None)
     return {
         "options": options,
         "n": n,

@@ -35,7 +35,7 @@ def response(req, model_id: str, result: Result | None, output: list | None = No
     """The whole `response` object; with `result` None, the one a stream opens with (in progress, no output)."""
     if result is not None and output is None:
         completion = result.completions[0]
-        content, calls = req.tools.read(req.tool_format, completion.text)
+        content, calls = req.tools.read(req.tool_format, completion.text, cut=completion.finish_reason == "length")
         text = shapes.answer(content) if content else ""
         entries = completion.logprobs if req.logprobs else None
         output = ([message_item(text, entries, "completed")] if content is not None else []) + [
@@ -124,9 +124,10 @@ class ResponsesStream(StreamWriter):
         return self._deltas(deltas)
 
     def closing(self, result: Result) -> list:
-        out = self._deltas(self.reader.finish()) if self.reader is not None else []
-        out += self._close_message()
         completion = result.completions[0]
+        cut = completion.finish_reason == "length"
+        out = self._deltas(self.reader.finish(cut)) if self.reader is not None else []
+        out += self._close_message()
         calls = any(item["type"] == "function_call" for item in self.output)
         status = "incomplete" if completion.finish_reason == "length" and not calls else "completed"
         final = response(self.req, self.model_id, result, self.output, status)

@@ -11,7 +11,8 @@ The schema itself (its keywords, its size, whether it compiles) is checked where
 GenerationConfig: its GenerationOptionError names `json_schema`, which the request reports as `response_format`
 (or `text.format`). `strict` is accepted either way: the constraint always holds the answer to the schema, so
 every answer is what strict: true promises. An answer cut by max_tokens is unfinished JSON, with finish_reason
-"length", as OpenAI's is.
+"length", as OpenAI's is. `stop` with a constrained answer is refused (refuse_stop): a stop string the answer
+holds would cut it into text the schema does not allow, under finish_reason "stop", which says it is whole.
 """
 
 from ..errors import ApiError
@@ -75,3 +76,16 @@ def _only(value: dict, keys: tuple, where: str) -> None:
         if key not in keys:
             name = f"{where}.{str(key)[:40]}"
             raise ApiError(400, f"unknown field {name!r}; {where} takes: {', '.join(keys)}", name, "unknown_field")
+
+
+def refuse_stop(options: dict, constrained_by: str | None) -> None:
+    """ApiError naming `stop` where the request gives stop strings and its answer is constrained (`constrained_by`:
+    the field that constrains it, response_format or tool_choice; None: not constrained)."""
+    if constrained_by is None or not options.get("stop"):
+        return
+    raise ApiError(
+        400,
+        f"stop cannot be given with {constrained_by}: a stop string inside the constrained answer would cut it into "
+        "text it does not allow, while finish_reason said \"stop\"; leave stop out (the constraint ends the answer)",
+        "stop",
+    )

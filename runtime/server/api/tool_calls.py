@@ -13,21 +13,26 @@ forces one. Here is what the request asks of it:
     "auto" and a format     response_format (or text.format) as well: the answer is constrained to either calls or
                             JSON of the format (a grammar of both), as an agent that wants a typed final answer
                             and may call tools first asks for it
+    a forced call, a format the call is forced; the format holds the later answer that is not a call
     parallel_tool_calls     false: at most one call per answer (the grammar allows one; auto keeps the first)
 
 The definitions and the messages (a tool message must answer a call of the assistant message before it) are
 checked by the text layer, whose ChatError names the field; an answer with calls ends with finish_reason
-"tool_calls".
+"tool_calls", unless max_tokens cut it: then "length", with the calls it completed, and the call it was cut inside
+dropped (neither a call nor content; docs/tools.md).
 """
 
 import importlib.util
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ...errors import GenerationOptionError
 from ...generation_config import GenerationConfig
+from ...sampling.constraint import MAX_TEXT
 from ...sampling.constraint import check as check_constraint
+from ...constraint_bounds import bounded_numbers
 from ..errors import ApiError
 from .schema import json_type
 
@@ -48,6 +53,11 @@ class ToolUse:
         """Whether the tools are rendered and the answer is read for calls."""
         return bool(self.tools) and self.choice != "none"
 
+    @property
+    def forced(self) -> bool:
+        """Whether the answer must be a call (tool_choice "required" or a named function)."""
+        return self.active and self.choice != "auto"
+
     def check_schemas(self) -> None:
         """Each tool's parameter schema compiled as a forced call would compile it, so that a schema edgelm cannot
         enforce is a 400 naming the tool even under "auto". Where llguidance is not installed (no forced calls
@@ -66,27 +76,65 @@ class ToolUse:
                 raise ApiError(400, f"{where}: {str(error).replace('json_schema', 'the schema', 1)}", where) from None
 
     def constraint(self, fmt, answer: dict | None = None) -> dict:
-        """The runtime options forcing a call (required, a named function), or under "auto" with an `answer`
-        format ({"json_schema": ...} or {"json_object": True}) a call or that JSON; else none."""
+        """The runtime options forcing a call (required, a named function: the `answer` format waits for an answer
+        that is no call), or under "auto" with an `answer` format ({"json_schema": ...} or {"json_object": True})
+        a call or that JSON; else none."""
         if not self.active:
             return {}
         if self.choice == "auto":
             if not answer:
                 return {}
             _, calls = fmt.constraint(self.tools, "required", self.parallel)
-            return {"grammar": calls_or_json(calls, answer)}
+            text = calls_or_json(calls, answer)
+            self._check_size(text)
+            return {"grammar": text}
         found = fmt.constraint(self.tools, self.choice, self.parallel)
         if found is None:
             return {}
         kind, text = found
+        self._check_size(text)
         return {kind: text}
 
-    def read(self, fmt, text: str) -> tuple:
-        """(content or None, [ToolCall]) of a whole answer."""
+    def _check_size(self, grammar: str) -> None:
+        """The grammar forcing a call is bounded as a grammar the client sent would be, and said of `tools`."""
+        if len(grammar) > MAX_TEXT:
+            raise ApiError(
+                400,
+                f"tools: forcing a call of these {len(self.tools)} tools takes a grammar of {len(grammar):,} "
+                f"characters, over the {MAX_TEXT:,} edgelm compiles; offer fewer tools or smaller parameter schemas, "
+                'or use tool_choice "auto"',
+                "tools",
+            )
+
+    def read(self, fmt, text: str, cut: bool = False) -> tuple:
+        """(content or None, [ToolCall]) of a whole answer; `cut` (finish_reason "length"): a call the answer ends
+        inside is dropped."""
         if not self.active:
             return text, []
-        content, calls = fmt.parse(text)
+        content, calls = fmt.parse(text, cut)
         return content, calls if self.parallel else calls[:1]
+
+
+@contextmanager
+def named_as_tools(tools: ToolUse, field_of):
+    """Within it, a GenerationOptionError of the grammar edgelm built from `tools` (the client sent no grammar) is a
+    400 that names `tools`, and max_new_tokens the request's own field (`field_of(option)`)."""
+    try:
+        yield
+    except GenerationOptionError as error:
+        if error.param not in ("grammar", "max_new_tokens") or not tools.active or tools.choice == "none":
+            raise
+        message = str(error)
+        if message.startswith("the grammar constraint"):
+            message = "a forced call of these tools" + message[len("the grammar constraint") :]
+        elif message.startswith("grammar"):
+            message = "the grammar forcing a call of these tools" + message[len("grammar") :]
+        else:
+            raise
+        if error.param == "max_new_tokens":
+            field = field_of("max_new_tokens")
+            raise ApiError(400, message.replace("max_new_tokens", field), field) from None
+        raise ApiError(400, f"tools: {message}; offer fewer tools or smaller parameter schemas", "tools") from None
 
 
 def calls_or_json(calls: str, answer: dict) -> str:
@@ -95,19 +143,19 @@ def calls_or_json(calls: str, answer: dict) -> str:
     schema = answer.get("json_schema") or {"type": "object"}
     schema = json.loads(schema) if isinstance(schema, str) else dict(schema)
     schema["x-guidance"] = {"whitespace_flexible": False, **schema.get("x-guidance", {})}
+    schema = bounded_numbers(schema)  # as a json_schema's (runtime/constraint_bounds.py)
     renamed = re.sub(r"(?m)^start:", "tool_calls:", calls)
     return f"start: tool_calls | json_answer\njson_answer: %json {json.dumps(schema)}\n{renamed}"
 
 
 def answer_format(tools: ToolUse, options: dict, field: str) -> dict:
-    """The JSON format a request's options ask for, taken out of `options` where it joins the tools' grammar
-    (tools in use under "auto"), else left there ({} returned). A call forced as well as a format is refused:
-    one constraint holds the answer."""
+    """The JSON format a request's options ask for, taken out of `options` where tools are in use (under "auto" it
+    joins the tools' grammar), else left there ({} returned). With a call forced as well (an agent's typed final
+    answer and tool_choice "required"), the call is forced, as OpenAI does it: this answer is a call, and the format
+    holds the later answer that is not one (the request that sends the results back under "auto")."""
     asked = {k: options[k] for k in ("json_schema", "json_object") if k in options}
     if not asked or not tools.active:
         return {}
-    if tools.choice != "auto":
-        raise ApiError(400, f"give {field} or a tool_choice that forces a call, not both", field)
     for key in asked:
         del options[key]
     return asked
@@ -164,3 +212,10 @@ def _allowed(tools, choice: dict) -> tuple:
             400, f"tool_choice.allowed_tools names {unknown[0][:80]!r}, which is not among the tools", "tool_choice"
         )
     return [t for t in tools if t.get("function", {}).get("name") in names], mode
+
+
+def finish_reason(completion_reason: str, calls: int) -> str:
+    """An answer's finish_reason: "length" where max_tokens cut it (calls or not), else "tool_calls" with calls."""
+    if completion_reason == "length":
+        return "length"
+    return "tool_calls" if calls else completion_reason
