@@ -23,9 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import GenerationOptionError
+from ..errors import GenerationOptionError, install_hint
 
-INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
 # Characters of schema, regex, grammar or choices one request may send: a compile takes time in proportion to them
 # (0.28 s for a 32,000-character schema on a loaded 2-core machine, benchmarks/results/2026-12-01-constrained.md).
 MAX_TEXT = 64_000
@@ -51,7 +50,7 @@ def llguidance(param: str = "json_schema"):
         import llguidance.numpy  # noqa: F401 (the bitmask helpers)
     except ImportError:
         raise GenerationOptionError(
-            f"constrained generation (json_schema, json_object, regex, grammar, choices) needs llguidance: {INSTALL}",
+            f"constrained generation (json_schema, json_object, regex, grammar, choices) needs llguidance: {install_hint('constrained')}",
             param=param,
         ) from None
     return module
