@@ -1,7 +1,7 @@
 """A file of prompts across a Ray cluster: each worker loads the package once, then answers batches of lines.
 
     pip install 'edgelm[ray]'
-    python examples/ray_generate.py prompts.jsonl results/ -m models/distilgpt2 --concurrency 4 --max-new-tokens 30
+    python examples/ray_generate.py prompts.jsonl results/ -m models/distilgpt2 --concurrency 2 --max-new-tokens 30
 
 The lines are those of `edgelm generate --input` ({"prompt": ...} or {"messages": [...]}, an optional "id", any
 generation option by its Python name), answered by the same code (edgelm.runtime.apps.prompt_file.generate_records):
@@ -55,7 +55,9 @@ def run(input_path, output_folder, package, concurrency=1, batch_size=16, cpus_p
 
     if __name__ != "__main__":  # imported, not run: Generate travels to the workers by value, not by module name
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    dataset = ray.data.read_json(input_path)
+    # Reading and writing take no core of their own: with every core held by a worker (concurrency times
+    # cpus_per_worker equal to the cluster's), a reader that waits for a free core would wait for ever.
+    dataset = ray.data.read_json(input_path, ray_remote_args={"num_cpus": 0})
     answered = dataset.map_batches(
         Generate,
         fn_constructor_args=(str(package), cpus_per_worker),
@@ -65,7 +67,7 @@ def run(input_path, output_folder, package, concurrency=1, batch_size=16, cpus_p
         concurrency=concurrency,
         num_cpus=cpus_per_worker,
     )
-    answered.write_json(str(output_folder))
+    answered.write_json(str(output_folder), ray_remote_args={"num_cpus": 0})
 
 
 def main():

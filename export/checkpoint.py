@@ -92,8 +92,8 @@ def offline_routes(repo_id: str, cause: str) -> str:
         f"local hub cache ({_hub_cache()}). Connect to the network, or export a local checkpoint folder instead: "
         f"edgelm export path/to/folder (one with config.json, the weights and the tokenizer files); a model "
         f"downloaded before is read from the hub cache without asking the hub by HF_HUB_OFFLINE=1 edgelm export "
-        f"{repo_id}; to try edgelm with no model at all, python benchmarks/distilgpt2_checkpoint.py ckpt && edgelm "
-        f"export ckpt builds distilgpt2's shape with random weights (its text is noise)  ({cause})"
+        f"{repo_id}; to try edgelm with no model at all, edgelm export distilgpt2 --random-weights builds distilgpt2's "
+        f"shape with random weights (its text is noise)  ({cause})"
     )
 
 

@@ -1,13 +1,17 @@
 """`edgelm export`: the command-line face of export_model, with a line of progress per stage."""
 
+import contextlib
+import tempfile
 import time
+from pathlib import Path
 
 import click
-from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.errors import EdgelmError, install_hint
 from edgelm.runtime.package.format import KV_CACHES
 from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, MIN_EVAL_TOKENS, EvalText
 
 from .quantize import RECIPES
+from .random_weights import SHAPES
 
 from .int4 import BLOCK_SIZES, HEAD_BITS, METHODS, Int4Options
 
@@ -20,7 +24,8 @@ INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
     "-o",
     "--output",
     type=click.Path(file_okay=False),
-    help="Package folder (default: models/NAME, models/NAME-int8 when quantized, ...-kv8 with an int8 cache).",
+    help="Package folder (default: models/NAME with --name; else models/MODEL, models/MODEL-int8 when quantized, "
+    "...-kv8 with an int8 cache).",
 )
 @click.option(
     "--quantize",
@@ -55,6 +60,19 @@ INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
     help="Key/value cache storage; int8 (with a quantized --quantize recipe) reads a quarter of the bytes per step, scales calibrated at export.",
 )
 @click.option("--revision", help="Hub branch, tag or commit (default: main).")
+@click.option(
+    "--random-weights",
+    is_flag=True,
+    help=f"No download: MODEL's published shape ({', '.join(SHAPES)}) with random weights and GPT-2's tokenizer, "
+    "for a first run with no model hub. Its size and speed are the real model's; its text is noise.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**32 - 1),
+    default=0,
+    show_default=True,
+    help="With --random-weights: the seed the weights are drawn from (one seed, one package).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing package at the output folder.")
 @click.option(
     "--no-validate",
@@ -86,8 +104,8 @@ INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
     show_default=True,
     help=f"Tokens of the evaluation text the quality report measures (at least {MIN_EVAL_TOKENS}; the text must hold them).",
 )
-def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache, revision, force, validate, name,
-           chat_template, eval_text, eval_tokens):  # fmt: skip
+def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache, revision, random_weights, seed,
+           force, validate, name, chat_template, eval_text, eval_tokens):  # fmt: skip
     """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
 
     Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch (unless --no-validate), save.
@@ -102,10 +120,10 @@ def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache
     try:
         from rich.console import Console
 
-        from .stages import export_model
+        from .stages import default_output, export_model
     except ImportError as error:
         raise click.ClickException(
-            f"edgelm export needs the export extra ({error.name} is missing): pip install 'edgelm[export]'"
+            f"edgelm export needs the export extra ({error.name} is missing): {install_hint('export')}"
         ) from None
     int4 = _int4_options(quantize, int4_block, int4_method, int4_head)
     console = Console(stderr=True, highlight=False)
@@ -120,22 +138,25 @@ def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache
         else:
             console.print(f"[green]✓[/] {stage:<9} {detail}  [dim]({time.perf_counter() - started[stage]:.1f}s)[/]")
 
+    if not random_weights and seed != 0:
+        raise click.UsageError("--seed goes with --random-weights.")
     try:
-        result = export_model(
-            model,
-            output,
-            quantize=quantize,
-            force=force,
-            revision=revision,
-            validate=validate,
-            progress=progress,
-            kv_cache=kv_cache,
-            name=name,
-            chat_template=_read_template(chat_template),
-            eval_text=eval_text,
-            eval_tokens=eval_tokens,
-            int4=int4,
-        )
+        with _checkpoint(model, random_weights, revision, seed) as source:
+            result = export_model(
+                source,
+                output if output is not None or name is not None else default_output(model, quantize, kv_cache),
+                quantize=quantize,
+                force=force,
+                revision=revision,
+                validate=validate,
+                progress=progress,
+                kv_cache=kv_cache,
+                name=name,
+                chat_template=_read_template(chat_template),
+                eval_text=eval_text,
+                eval_tokens=eval_tokens,
+                int4=int4,
+            )
     except EdgelmError as error:
         raise click.ClickException(str(error)) from None
     size = sum(f["size"] for f in result.manifest["files"].values())
@@ -143,7 +164,24 @@ def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache
     if quantize != "none":
         for line in _quality_lines(result.path):
             click.echo(line)
+    if random_weights:
+        console.print(f"[yellow]random weights[/] (seed {seed}): {model}'s size and speed, but its text is noise")
     console.print(f"Try it: edgelm generate -m {result.path} \"Hello, my name is\"")
+
+
+@contextlib.contextmanager
+def _checkpoint(model, random_weights, revision, seed):
+    """What export_model reads: MODEL itself, or with --random-weights a checkpoint of its shape built in a
+    temporary folder named for what it is (the manifest's source names that folder, never its path)."""
+    if not random_weights:
+        yield model
+        return
+    if revision is not None:
+        raise click.UsageError("--revision names a hub version; --random-weights downloads nothing.")
+    from .random_weights import random_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="edgelm-random-") as folder:
+        yield str(random_checkpoint(model, Path(folder) / f"{model}-random-weights-seed{seed}", seed))
 
 
 def _quality_lines(package_folder) -> list:

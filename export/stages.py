@@ -112,7 +112,9 @@ def export_model(
     if chat_template is not None:
         _check_chat_template(chat_template)
     text = _eval_text(eval_text, eval_tokens, quantize, validate)
-    output = Path(output) if output is not None else default_output(model, quantize, kv_cache)
+    if output is None:  # a named package is written to models/NAME, where commands given NAME look
+        output = Path("models") / check_name(name) if name is not None else default_output(model, quantize, kv_cache)
+    output = Path(output)
     package_name = output.name if name is None else check_name(name)  # the model id servers answer to, the store name
     report = progress or (lambda stage, event, detail: None)
     sweep_partials(output)  # first, so a package a stopped export had moved aside is back before the checks

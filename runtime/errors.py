@@ -61,3 +61,22 @@ class ChatError(EdgelmError, ValueError):
 class QualityError(EdgelmError, ValueError):
     """A package's quality cannot be measured as asked: the evaluation text is missing, empty, binary, too large
     or too short, or the reference is not the float32 package of the same architecture and vocabulary."""
+
+
+def install_hint(extra: str) -> str:
+    """How to add what pyproject's optional `extra` holds, in words that work where edgelm runs: in an app frozen by
+    `edgelm bundle`, build the bundle again; else `pip install` of the extra's own requirements, read from edgelm's
+    installed metadata (edgelm installs from a checkout, so `pip install 'edgelm[extra]'` would ask PyPI for
+    another project's package)."""
+    import sys
+    from importlib import metadata
+
+    try:
+        marker = f'extra == "{extra}"'
+        wanted = [r.split(";")[0].strip() for r in metadata.requires("edgelm") or () if marker in r]
+    except metadata.PackageNotFoundError:
+        wanted = []
+    what = " ".join(f"'{r}'" for r in wanted) or f"the {extra} extra"
+    if getattr(sys, "frozen", False):
+        return f"this edgelm was frozen without it: build the bundle again where {what} is installed"
+    return f"pip install {what}"

@@ -76,7 +76,7 @@ class FakeHub:
 
     def _answer(self, handler, body: bool):
         path = unquote(urlparse(handler.path).path)
-        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/(.+))?", path):
+        if m := re.fullmatch(r"/api/models/((?:[^/]+/)?[^/]+)(?:/revision/(.+))?", path):
             repo, revision = self.repos.get(m[1]), m[2] or "main"
             if repo is None:
                 return _error(handler, "RepoNotFound")
@@ -86,7 +86,7 @@ class FakeHub:
                 {"rfilename": name, "size": repo.announced.get(name, len(data))} for name, data in repo.files.items()
             ]
             return _send(handler, json.dumps({"id": m[1], "sha": repo.sha, "siblings": siblings}).encode(), body)
-        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path):  # huggingface_hub 1.x lists files
+        if m := re.fullmatch(r"/api/models/((?:[^/]+/)?[^/]+)/tree/([^/]+)", path):  # huggingface_hub 1.x lists files
             repo = self.repos.get(m[1])
             if repo is None or m[2] not in repo.revisions:
                 return _error(handler, "RepoNotFound" if repo is None else "RevisionNotFound")
@@ -95,10 +95,10 @@ class FakeHub:
                 for name, data in repo.files.items()
             ]
             return _send(handler, json.dumps(tree).encode(), body)
-        if (m := re.fullmatch(r"/cdn/([^/]+/[^/]+)/(.+)", path)) and m[1] in self.repos:
+        if (m := re.fullmatch(r"/cdn/((?:[^/]+/)?[^/]+)/(.+)", path)) and m[1] in self.repos:
             self.repos[m[1]].tokens.append(("cdn", handler.headers.get("Authorization")))
             return self._file(handler, self.repos[m[1]], m[2], body)
-        if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
+        if m := re.fullmatch(r"/((?:[^/]+/)?[^/]+)/resolve/([^/]+)/(.+)", path):
             repo = self.repos.get(m[1])
             if repo is None:
                 return _error(handler, "RepoNotFound")

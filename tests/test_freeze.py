@@ -86,6 +86,10 @@ def test_a_bundle_generates_chats_and_serves_with_no_python(bundle, tiny_package
     assert json.loads(generated.stdout)["token_ids"] == list(expected.token_ids)
     chatted = run("chat", "--max-new-tokens", "4", input="Hi there\n")
     assert chatted.returncode == 0 and chatted.stdout.strip(), chatted.stderr
+    # llguidance is bundled: structured output works with no Python
+    chosen = run("generate", "Pick: ", "--choice", "yes", "--choice", "no", "--json")
+    assert chosen.returncode == 0, chosen.stderr
+    assert json.loads(chosen.stdout)["text"] in ("yes", "no")
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,6 +3,8 @@ Ray cluster (the slow tier: starting Ray costs tens of seconds)."""
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,4 +52,23 @@ def test_the_job_on_a_local_ray_cluster(tiny_package, model, tmp_path):
     rows = [json.loads(line) for f in sorted((tmp_path / "results").iterdir()) for line in f.read_text().splitlines()]
     assert sorted((r["id"], r["text"]) for r in rows) == [
         (line["id"], model.generate(line["prompt"], max_new_tokens=5).text) for line in lines
+    ]
+
+
+@pytest.mark.slow
+def test_the_script_finishes_with_a_worker_on_every_core(tiny_package, model, tmp_path):
+    """Workers holding every core leave none for Ray's reader and writer tasks, which take none of their own."""
+    pytest.importorskip("ray", reason="the [ray] extra: pip install 'edgelm[ray]'")
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(["Hello", "The sky"])))
+    cores = os.cpu_count()
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(source), str(tmp_path / "results"), "-m", str(tiny_package),
+         "--concurrency", str(cores), "--max-new-tokens", "4"],
+        capture_output=True, text=True, timeout=600, env=os.environ | {"RAY_DISABLE_IMPORT_WARNING": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for f in sorted((tmp_path / "results").iterdir()) for line in f.read_text().splitlines()]
+    assert sorted((r["id"], r["text"]) for r in rows) == [
+        (0, model.generate("Hello", max_new_tokens=4).text), (1, model.generate("The sky", max_new_tokens=4).text)
     ]

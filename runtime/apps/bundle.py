@@ -4,7 +4,8 @@
     DIR/models/NAME/         the package, in a store of its own: the frozen command uses it when no -m is given
 
 The freeze runs in a virtual environment made for it (DIR/.build, removed at the end), holding only the runtime's
-dependencies, the server extra and PyInstaller, at the versions installed here where they are: so torch, onnx,
+dependencies, the server extra, llguidance (constrained generation, where it has a wheel: the build says when
+it leaves it out) and PyInstaller, at the versions installed here where they are: so torch, onnx,
 pytest or anything else of the environment that runs `edgelm bundle` cannot reach the bundle. The runtime itself
 is copied in from where it is imported (with its distribution's metadata, for `edgelm --version` and the
 PyInstaller hook it registers). Building needs PyPI (or a pip configured with a mirror); running the bundle needs
@@ -24,6 +25,7 @@ from ..errors import EdgelmError
 # what the frozen command imports: the runtime's dependencies (pyproject.toml), the server extra, the freezer
 RUNTIME = ("onnxruntime", "numpy", "tokenizers", "click", "huggingface_hub", "jinja2", "tqdm")
 SERVER = ("uvicorn", "starlette", "pydantic")
+CONSTRAINED = "llguidance"  # structured output and forced tool calls; compiled wheels for the common platforms only
 FREEZER = "pyinstaller"
 NEVER = ("torch", "onnx", "pytest", "transformers", "optimum", "tensorflow", "IPython")  # must not reach the bundle
 ENTRY = "from edgelm.runtime.cli.launch import command\n\ncommand()\n"
@@ -80,6 +82,10 @@ def _environment(work: Path, log) -> str:
     wanted = [requirement(name) for name in (*RUNTIME, *SERVER)] + [FREEZER]
     log(f"installing {' '.join(wanted)}")
     _run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *wanted, cwd=work)
+    try:
+        _run(python, "-m", "pip", "install", "-q", "--disable-pip-version-check", requirement(CONSTRAINED), cwd=work)
+    except BundleError as error:  # no wheel for this platform: the bundle runs, without constrained generation
+        log(f"left out {CONSTRAINED}: the bundle has no json_schema, regex, grammar, choices or forced tool calls ({error})")
     # the runtime as it is imported here, with its distribution's metadata, on the new environment's path
     staged = work / "site"
     source = Path(__file__).resolve().parents[1]  # runtime/, above apps/
@@ -107,9 +113,19 @@ def _pyinstaller_options(work: Path) -> list[str]:
     for name in ("edgelm.runtime", "edgelm.runtime.server", "uvicorn"):
         options += ["--collect-submodules", name]
     options += ["--copy-metadata", "edgelm"]
+    if (work / "venv").is_dir() and _has(work, CONSTRAINED):  # imported lazily, so PyInstaller's scan misses it
+        options += ["--collect-all", CONSTRAINED]
     for name in NEVER:
         options += ["--exclude-module", name]
     return options
+
+
+def _has(work: Path, module: str) -> bool:
+    """Whether the bundle's environment in `work` can import `module`."""
+    bindir = "Scripts" if sys.platform == "win32" else "bin"
+    python = work / "venv" / bindir / ("python.exe" if sys.platform == "win32" else "python")
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
 
 
 def _run(*command, cwd: Path) -> None:

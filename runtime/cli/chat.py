@@ -4,6 +4,7 @@ At a terminal it prompts, streams each answer, and keeps the history: Ctrl-C dur
 (what was printed stays in the history), Ctrl-C or Ctrl-D at the prompt ends the conversation. With stdin not a
 terminal, each line is one user message and each answer is printed on its own line, so scripts can pipe lines in.
 When the conversation no longer fits the model's context, its oldest turns are dropped (never the system message).
+A line that starts with `/` is a command (runtime/cli/chat_commands.py: /help, /reset, /system, /save, /load).
 """
 
 import sys
@@ -14,6 +15,7 @@ from ..errors import EdgelmError, PromptError
 from ..generation_config import sampling_implied
 from ..generation_options import OPTIONS
 from ..inputs import decode_utf8
+from .chat_commands import is_command, run_command
 from .main import generate
 from .options import prefix_cache_option, verify_mode
 from .terminal import echo, generated
@@ -34,6 +36,8 @@ SHARED_OPTIONS = (
 @prefix_cache_option
 def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_verify, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
+
+    Commands: /help, /reset, /system TEXT, /save FILE, /load FILE (// sends a line that starts with /).
 
     \b
     edgelm chat -m models/distilgpt2 --system "You are terse."
@@ -57,12 +61,22 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(
-            f"Chatting with {model.package.name}. Ctrl-C stops an answer; Ctrl-D or Ctrl-C here quits.", err=True
+            f"Chatting with {model.package.name}. Ctrl-C stops an answer; Ctrl-D or Ctrl-C here quits; /help lists "
+            "commands.",
+            err=True,
         )
     said_dropped = False
     for line in _user_lines(interactive):
         if not line.strip():
             continue
+        if is_command(line):
+            try:
+                history, said = run_command(line, history)
+            except EdgelmError as error:
+                said = f"Error: {error}"
+            echo(said, err=True)
+            continue
+        line = line[1:] if line.startswith("//") else line
         try:
             history, dropped = fit_history(model, [*history, {"role": "user", "content": line}], config)
         except EdgelmError as error:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import EdgelmError
+from ..errors import EdgelmError, install_hint
 from ..quality.eval_text import EvalText
 
 # A checkpoint as the reference: the export stage's PyTorch side, imported by name and only then (the runtime
@@ -85,8 +85,8 @@ def _checkpoint_side(model, folder: Path):
         side, architecture, tokenizer_text = getattr(importlib.import_module(module), name)(folder)
     except ImportError as error:
         raise click.ClickException(
-            f"a checkpoint as the reference needs the export extra ({error.name} is missing): pip install "
-            "'edgelm[export]', or give the float32 package instead"
+            f"a checkpoint as the reference needs the export extra ({error.name} is missing): "
+            f"{install_hint('export')}, or give the float32 package instead"
         ) from None
     check_same_model(model, architecture, tokenizer_text, f"the checkpoint {folder}")
     return side

@@ -5,6 +5,7 @@ import os
 
 import click
 
+from ..errors import install_hint
 from ..generation_options import EXTRA, request_fields
 from ..server.limits import Limits
 from .options import device_option, package_option_or_argument, prefix_cache_option, threads_option, verify_options
@@ -189,7 +190,7 @@ def serve(
         from ..server.uvicorn_server import run
     except ImportError as error:
         raise click.ClickException(
-            f"edgelm serve needs the server extra ({error.name} is missing): pip install 'edgelm[server]'"
+            f"edgelm serve needs the server extra ({error.name} is missing): {install_hint('server')}"
         ) from None
     from ..model import load
 

@@ -23,13 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..constraint_bounds import bounded_numbers, check_choices, refuse_special_text
 from ..constraint_text import MAX_TEXT, schema_text  # noqa: F401 (the settings' limit and form, read here too)
 from ..constraint_text import one_line as _one_line
-from ..errors import GenerationOptionError
-from ..constraint_bounds import bounded_numbers, check_choices, refuse_special_text
+from ..errors import GenerationOptionError, install_hint
 from .token_bytes import engine_tokenizer
 
-INSTALL = "pip install llguidance (or pip install 'edgelm[constrained]')"
 CACHED_GRAMMARS = 64  # compiled grammars kept per process (each a few hundred KB at most, under LIMITS)
 # llguidance's limits: construction fuel (~50k per ms), per-step fuel (~14k per ms) and Earley items (~20k per ms),
 # lexer states (1-2 KB each) and grammar size. Above them a compile or a step fails, and edgelm refuses the request.
@@ -52,7 +51,7 @@ def llguidance(param: str = "json_schema"):
         import llguidance.numpy  # noqa: F401 (the bitmask helpers)
     except ImportError:
         raise GenerationOptionError(
-            f"constrained generation (json_schema, json_object, regex, grammar, choices) needs llguidance: {INSTALL}",
+            f"constrained generation (json_schema, json_object, regex, grammar, choices) needs llguidance: {install_hint('constrained')}",
             param=param,
         ) from None
     return module

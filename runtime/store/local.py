@@ -38,6 +38,7 @@ from ..package.format import MANIFEST, MAX_MANIFEST_BYTES, FormatError, Manifest
 from ..package.open import DEFAULT_PACKAGE, Package, open_package
 from .staging import sweep_dead, take_over
 
+EXPORTED = DEFAULT_PACKAGE.parent  # models/: edgelm export's default output folder, relative to the current folder
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a store name, and a package file name inside a package
 WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MANIFEST_LIMIT = MAX_MANIFEST_BYTES
@@ -152,7 +153,7 @@ def names_a_package(text) -> bool:
         folder = Path(text).expanduser()
         if folder.is_dir() and ((folder / MANIFEST).is_file() or (folder / "model.onnx").is_file()):
             return True
-        return bool(NAME.fullmatch(text)) and (store_dir() / text / MANIFEST).is_file()
+        return bool(NAME.fullmatch(text)) and any((where / text / MANIFEST).is_file() for where in _name_folders())
     except (OSError, ValueError):  # a name too long for the file system, say
         return False
 
@@ -166,11 +167,13 @@ def resolve_package(name_or_path=None) -> Path:
         if path.exists():
             return path
         text = str(name_or_path)
-        if NAME.fullmatch(text) and (store_dir() / text / MANIFEST).is_file():
-            return store_dir() / text
         if NAME.fullmatch(text):
+            for where in _name_folders():
+                if (where / text / MANIFEST).is_file():
+                    return where / text
             raise PackageError(
-                f"no package folder {text!r} here and no package by that name in the store. {_what_is_installed()}"
+                f"no package folder {text!r} here, none in {EXPORTED}/ and no package by that name in the store. "
+                f"{_what_is_installed()}"
             )
         raise PackageError(f"no model package at {path}. {how_to_get_one()}")
     default = get_default()
@@ -192,6 +195,11 @@ def resolve_package(name_or_path=None) -> Path:
     raise PackageError(
         f"no model package on this machine (no default set, none installed in {store_dir()}, no {DEFAULT_PACKAGE} here). {how_to_get_one()}"
     )
+
+
+def _name_folders() -> tuple:
+    """Where a package's name is looked up, in order: the store, then the folder edgelm export writes to."""
+    return store_dir(), EXPORTED
 
 
 def how_to_get_one() -> str:

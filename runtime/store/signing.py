@@ -9,7 +9,7 @@ py-minisign (the `sign` extra, over `cryptography`) reads and writes the format;
 import os
 from pathlib import Path
 
-from ..errors import PackageError, StoreError
+from ..errors import PackageError, StoreError, install_hint
 
 SUFFIX = ".minisig"
 MAX_SIGNATURE_BYTES = 4096  # a minisign signature file is ~300 bytes
@@ -21,7 +21,7 @@ def _minisign():
     try:
         import minisign
     except ImportError:
-        raise StoreError("signing and checking signatures need py-minisign: pip install 'edgelm[sign]'") from None
+        raise StoreError(f"signing and checking signatures need py-minisign: {install_hint('sign')}") from None
     return minisign
 
 
