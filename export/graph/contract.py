@@ -7,7 +7,6 @@ import numpy as np
 from edgelm.runtime.package.format import Architecture
 
 from .builder import FLOAT, INT64, GraphBuilder
-from .sampling import sampling_outputs
 
 OPSET = 17
 
@@ -52,10 +51,8 @@ def kept_positions(g, logits_to_keep: str, tensors) -> list:
 
 
 def declare_outputs(g, arch, cache_type: int, kv_heads: int) -> None:
-    """The graph contract's outputs: logits [B, K, V], each layer's present key and value, then the sampling
-    outputs (sampling_outputs)."""
+    """The graph contract's outputs: logits [B, K, V], then each layer's present key and value."""
     g.output("logits", FLOAT, ["batch", "kept_sequence", arch.vocab_size])
     for i in range(arch.n_layer):
         for kind in ("key", "value"):
             g.output(f"present.{i}.{kind}", cache_type, ["batch", kv_heads, "total_sequence", arch.head_size])
-    sampling_outputs(g, "logits", arch.vocab_size)
