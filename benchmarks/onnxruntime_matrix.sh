@@ -25,6 +25,7 @@ TESTS=(
     tests/test_text_stream.py
     tests/test_ort_fast_path.py
     tests/test_reference_tokens.py
+    tests/test_sampling_outputs.py
     tests/test_sampling_paths.py
     tests/test_float16_cache.py
     tests/test_prefix_cache.py

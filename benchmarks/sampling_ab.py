@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from edgelm.runtime import sampling as current
-from edgelm.runtime.engine import decode as engine
+from edgelm.runtime.batching import step as stepping
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.model import load
 from harness import SAMPLED, prompt_ids, timed_tokens
@@ -101,10 +101,6 @@ def alternate_steps(model, samplers: dict, args):
             def __init__(self, config, vocab_size):
                 self.chains = [module.SamplerChain(config, vocab_size) for module in samplers.values()]
                 self.turn = first
-                # the decode loop has the graph make its sampling outputs when the chain can use them: both chains
-                # get them where both can, neither where either cannot (each then computes from the logits)
-                made_at = {getattr(chain, "prepared_temperature", None) for chain in self.chains}
-                self.prepared_temperature = made_at.pop() if len(made_at) == 1 else None
 
             def __call__(self, *args):
                 chain, self.turn = self.chains[self.turn % 2], self.turn + 1
@@ -114,14 +110,17 @@ def alternate_steps(model, samplers: dict, args):
                 finally:
                     steps.setdefault((names[(self.turn - 1) % 2], key), []).append(time.thread_time_ns() - started)
 
+            def __getattr__(self, name):  # what the step reads of its sampler (do_sample, constrain)
+                return getattr(self.chains[0], name)
+
         return Turns
 
     timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     for r in range(args.runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
-            engine.SamplerChain = taking_turns(key, r)  # which one goes first turns each round
+            stepping.SamplerChain = taking_turns(key, r)  # which one goes first turns each round
             timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r)
-    engine.SamplerChain = current.SamplerChain
+    stepping.SamplerChain = current.SamplerChain
     for key, label, _ in SAMPLED:
         old, new = (np.median(steps[name, key]) / 1e6 for name in names)
         print(f"  {label:<50} {names[0]}: {old:6.3f} ms   working tree: {new:6.3f} ms   ({new - old:+.3f})")
@@ -172,10 +171,10 @@ def main():
     for r in range(args.runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
             for name, module in samplers.items():
-                engine.SamplerChain = timed_chain(module, steps[name, key])
+                stepping.SamplerChain = timed_chain(module, steps[name, key])
                 rest = timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r)[1]
                 rates[name, key].append((args.tokens - 1) / rest)
-    engine.SamplerChain = current.SamplerChain
+    stepping.SamplerChain = current.SamplerChain
     for key, label, _ in SAMPLED:
         cells = []
         for name in samplers:
