@@ -2,6 +2,7 @@
 in Model.batch, in the running batch or in the server with other clients; it ends with its own error, and every
 other row gets the tokens it gets alone and never sees that error's text."""
 
+import json
 import threading
 import time
 
@@ -239,3 +240,32 @@ def test_random_failing_rows_leave_the_other_rows_of_the_running_batch_as_they_a
                 assert str(job.error).startswith("the regex constraint failed")
     finally:
         scheduler.close()
+
+
+def test_a_prompt_file_line_whose_row_fails_gets_its_error_and_the_others_their_results(
+    tiny_package, model, monkeypatch, tmp_path
+):
+    """Lines that share their options run as one batch: the line whose matcher fails at its second mask is an
+    error line, the others are what they are alone."""
+    from click.testing import CliRunner
+    from edgelm.runtime.cli.main import main
+
+    solo = [model.generate([p], regex=LETTERS, max_new_tokens=8)[0].text for p in ("Hi", "The quick brown")]
+    faults, make, made = MaskFaults(monkeypatch, forbidden(model)), Grammar.row, []
+
+    def row(grammar):  # the batch's second row (the second line's) fails
+        made.append(make(grammar))
+        if len(made) == 2:
+            faults.due[id(made[-1].matcher)] = (made[-1].matcher, 2)
+        return made[-1]
+
+    monkeypatch.setattr(Grammar, "row", row)
+    lines = [{"prompt": p, "regex": LETTERS} for p in ("Hi", "Once", "The quick brown")]
+    source, output = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    args = ["generate", "-m", tiny_package, "--input", source, "--output", output, "--max-new-tokens", 8, "--quiet"]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 1 and "1 of 3 lines failed (line 2)" in result.output
+    out = [json.loads(line) for line in output.read_text().splitlines()]
+    assert set(out[1]) >= {"error"} and "text" not in out[1] and TOO_MANY in out[1]["error"]
+    assert [out[0]["text"], out[2]["text"]] == solo
