@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 from edgelm.runtime import load
 from edgelm.runtime.batching.slot_cache import SlotCache
-from edgelm.runtime.engine.decode import decode_steps
+from edgelm.runtime.batching.step import id_steps
 from edgelm.runtime.sampling import log_softmax
 
 PROMPTS = [
@@ -44,7 +44,7 @@ def main() -> None:
     alone = []  # per row: (greedy tokens, logits per step [steps, V])
     for ids in prompts:
         steps = [
-            (int(t[0]), logits[0].copy()) for t, logits in decode_steps(engine, [ids], config, [None], model.pad_id)
+            (int(t[0]), logits[0].copy()) for t, logits in id_steps(engine, [ids], config, model.pad_id)
         ]
         alone.append(([t for t, _ in steps], np.stack([logits for _, logits in steps])))
 

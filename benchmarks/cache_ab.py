@@ -10,7 +10,8 @@ import time
 
 import edgelm.runtime as edgelm
 import numpy as np
-from edgelm.runtime.engine.decode import GrowingDecoder, decode_steps
+from edgelm.runtime.batching.step import id_steps
+from edgelm.runtime.engine.decode import GrowingDecoder
 from edgelm.runtime.generation_config import GenerationConfig
 
 NEW_TOKENS = 128
@@ -20,7 +21,7 @@ def timed(engine, prompt, eos) -> tuple[float, float]:
     """Milliseconds to the first token (the prompt pass), then tokens per second after it."""
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True, eos_token_id=eos)
     started, first = time.perf_counter(), None
-    for _ in decode_steps(engine, [prompt], config, [None], eos):
+    for _ in id_steps(engine, [prompt], config, eos):
         first = first or time.perf_counter()
     return 1000 * (first - started), (NEW_TOKENS - 1) / (time.perf_counter() - first)
 

@@ -16,7 +16,7 @@ PKG: distilgpt2's shape, int8 (benchmarks/distilgpt2_checkpoint.py OUT, then
 - first token: the time from the call to the first token (prefill, the first mask, the pick), the grammar already
   compiled (a repeated schema) and cold, over a PROMPT_TOKENS-token prompt; ratio to the unconstrained one.
 
-No text is decoded (the same for both): the loop is the engine's decode_steps, the rows' matchers from the Batch.
+No text is decoded (the same for both): the loop is a fixed batch's steps on ids (id_steps), with the Batch's grammars.
 """
 
 import argparse
@@ -24,7 +24,7 @@ import json
 import time
 
 import numpy as np
-from edgelm.runtime.engine.decode import decode_steps
+from edgelm.runtime.batching.step import id_steps
 from edgelm.runtime.model import load
 from edgelm.runtime.sampling import constraint
 
@@ -99,11 +99,8 @@ def run(model, prompts, config):
     """(seconds to the first token, step seconds while every row runs, and the process's CPU seconds in those steps,
     every thread's: onnxruntime's and the mask thread's) for one call."""
     batch = model.batch(prompts, config)
-    constraints = [batch.rows.constraint(r) for r in range(len(batch.rows))]
     started = time.perf_counter()
-    steps = decode_steps(
-        model.engine, batch.rows.ids, batch.config, batch.rows.generators(), model.pad_id, {}, constraints
-    )
+    steps = id_steps(model.engine, batch.prompts, batch.config, model.pad_id, grammars=batch.grammars)
     stamps, cpu, full = [], [], []
     for tokens, _ in steps:
         stamps.append(time.perf_counter())

@@ -11,8 +11,9 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - int8-nbits: every DynamicQuantizeMatMul of an int8 package as MatMulNBits with 8-bit weights in blocks of
   --block inputs (accuracy_level 4: int8 activations), requantized from the package's own int8 weights. The new
   weights go to variant.data; the LM head and the token lookup keep theirs.
-- block-sums-reducesum: the sampling outputs' block sums as a ReduceSum over each block, as the exporter made
-  them before the Einsum it makes now (onnxruntime 1.22.0 cannot run a ReduceSum over zero rows).
+- block-sums-reducesum: for a package of an older release, which has sampling outputs (docs/package-format.md):
+  their block sums as a ReduceSum over each block instead of an Einsum (onnxruntime 1.22.0 cannot run a
+  ReduceSum over zero rows).
 - rotary-in-attention: GroupQueryAttention rotates Q and K itself (do_rotary, packed Q/K/V, the package's tables
   and position ids): 3 nodes fewer a layer. Batch 1 is exact; onnxruntime's CPU kernel gives a left-padded
   batch's prompt the wrong positions, which is why the exporter does not do this.

@@ -141,7 +141,7 @@ def timed(stream, n: int) -> Timing:
 def _edgelm(system, path, threads):
     import edgelm.runtime as edgelm
     import numpy as np
-    from edgelm.runtime.engine.decode import decode_steps
+    from edgelm.runtime.batching.step import id_steps
     from edgelm.runtime.generation_config import GenerationConfig
 
     model = edgelm.load(path, device="cpu", threads=threads)
@@ -150,7 +150,7 @@ def _edgelm(system, path, threads):
         config = GenerationConfig(
             max_new_tokens=n, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
         )
-        return timed(decode_steps(model.engine, [prompt], config, [np.random.default_rng(0)], model.pad_id), n)
+        return timed(id_steps(model.engine, [prompt], config, model.pad_id, [np.random.default_rng(0)]), n)
 
     return run
 

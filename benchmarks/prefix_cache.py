@@ -24,7 +24,7 @@ from pathlib import Path
 
 import edgelm.runtime as edgelm
 import numpy as np
-from edgelm.runtime.engine.decode import decode_steps
+from edgelm.runtime.batching.step import id_steps
 from edgelm.runtime.generation_config import GenerationConfig
 from harness import SETTLE_S, prompt_ids, timed_tokens
 
@@ -50,7 +50,7 @@ def first_token(model, prompt: list) -> tuple[float, np.ndarray]:
     """Seconds to the first token of greedy generation, and the logits it was picked from."""
     config = GenerationConfig(max_new_tokens=1, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
     started = time.perf_counter()
-    _, logits = next(decode_steps(model.engine, [prompt], config, [None], model.pad_id))
+    _, logits = next(id_steps(model.engine, [prompt], config, model.pad_id))
     return time.perf_counter() - started, logits.copy()
 
 

@@ -9,21 +9,23 @@ Two measurements, each interleaved so both samplers share every moment's noise:
 2. decode tok/s at batch 1 through the engine with each sampler, per setting, and the ratio to greedy;
 3. with --alternate-steps, instead of 2: the two samplers take turns step by step inside the same decodes, so each
    step's CPU time is compared with its neighbour's (finer than whole decodes when other work loads the machine).
-The other revision's sampler modules (SAMPLER_MODULES, those it has) are loaded from `git show` as a package of
-their own beside edgelm.runtime, whose other modules they share, so nothing is checked out.
+The other revision's runtime/sampling/ is loaded from `git archive` as a package of its own beside edgelm.runtime,
+whose other modules it shares, so nothing is checked out.
 """
 
 import argparse
 import importlib.util
+import io
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from edgelm.runtime import sampling as current
-from edgelm.runtime.engine import decode as engine
+from edgelm.runtime.batching import step as stepping
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.model import load
 from harness import SAMPLED, prompt_ids, timed_tokens
@@ -31,29 +33,23 @@ from harness import SAMPLED, prompt_ids, timed_tokens
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SAMPLER_MODULES = ("sampling", "draw", "nucleus", "topk", "tally")
-
-
 def sampling_at(rev: str):
-    """runtime/sampling/chain.py as it is at `rev`, with the sampler modules it imports as they are there too."""
+    """runtime/sampling/ as it is at `rev` (the sampler chain and the modules it imports), with the package format
+    it reads, imported beside edgelm.runtime, whose other modules it shares."""
     import edgelm.runtime as runtime
 
     package = f"edgelm.runtime._at_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"
     folder = Path(tempfile.mkdtemp())
-    for name in SAMPLER_MODULES:
-        shown = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:runtime/{name}.py"], capture_output=True, text=True
-        )
-        if shown.returncode == 0:
-            (folder / f"{name}.py").write_text(shown.stdout)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "runtime/sampling", "runtime/package"], capture_output=True, check=True
+    )
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
     spec = importlib.util.spec_from_loader(package, loader=None, is_package=True)
     module = importlib.util.module_from_spec(spec)
-    module.__path__ = [str(folder)]
+    module.__path__ = [str(folder / "runtime")]
     sys.modules[package] = module
-    for name, shared in list(sys.modules.items()):  # every other runtime module: the installed one
-        if name.startswith("edgelm.runtime.") and name.count(".") == 2 and name.split(".")[-1] not in SAMPLER_MODULES:
-            sys.modules[f"{package}.{name.split('.')[-1]}"] = shared
-    for name in ("errors", "generation_config"):
+    for name in ("errors", "generation_config"):  # what the sampler imports from outside its folder: the installed
         sys.modules[f"{package}.{name}"] = importlib.import_module(f"{runtime.__name__}.{name}")
     return importlib.import_module(f"{package}.sampling")
 
@@ -101,10 +97,6 @@ def alternate_steps(model, samplers: dict, args):
             def __init__(self, config, vocab_size):
                 self.chains = [module.SamplerChain(config, vocab_size) for module in samplers.values()]
                 self.turn = first
-                # the decode loop has the graph make its sampling outputs when the chain can use them: both chains
-                # get them where both can, neither where either cannot (each then computes from the logits)
-                made_at = {getattr(chain, "prepared_temperature", None) for chain in self.chains}
-                self.prepared_temperature = made_at.pop() if len(made_at) == 1 else None
 
             def __call__(self, *args):
                 chain, self.turn = self.chains[self.turn % 2], self.turn + 1
@@ -114,14 +106,17 @@ def alternate_steps(model, samplers: dict, args):
                 finally:
                     steps.setdefault((names[(self.turn - 1) % 2], key), []).append(time.thread_time_ns() - started)
 
+            def __getattr__(self, name):  # what the step reads of its sampler (do_sample, constrain)
+                return getattr(self.chains[0], name)
+
         return Turns
 
     timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
     for r in range(args.runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
-            engine.SamplerChain = taking_turns(key, r)  # which one goes first turns each round
+            stepping.SamplerChain = taking_turns(key, r)  # which one goes first turns each round
             timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r)
-    engine.SamplerChain = current.SamplerChain
+    stepping.SamplerChain = current.SamplerChain
     for key, label, _ in SAMPLED:
         old, new = (np.median(steps[name, key]) / 1e6 for name in names)
         print(f"  {label:<50} {names[0]}: {old:6.3f} ms   working tree: {new:6.3f} ms   ({new - old:+.3f})")
@@ -172,10 +167,10 @@ def main():
     for r in range(args.runs):
         for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
             for name, module in samplers.items():
-                engine.SamplerChain = timed_chain(module, steps[name, key])
+                stepping.SamplerChain = timed_chain(module, steps[name, key])
                 rest = timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r)[1]
                 rates[name, key].append((args.tokens - 1) / rest)
-    engine.SamplerChain = current.SamplerChain
+    stepping.SamplerChain = current.SamplerChain
     for key, label, _ in SAMPLED:
         cells = []
         for name in samplers:

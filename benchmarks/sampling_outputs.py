@@ -1,102 +1,103 @@
-"""The graph's sampling outputs against the sampler's own pass over the logits, on one package, in one process.
+"""Sampled decode at batch 1 and 16: another revision's runtime against the working tree's, side by side.
 
-    python benchmarks/sampling_outputs.py PKG [--rounds 5] [--tokens 128]
+    python benchmarks/sampling_outputs.py PKG [--rev main] [--rounds 5] [--tokens 64] [--batches 1 16]
 
-PKG must have the sampling outputs (docs/package-format.md). For each setting of harness.SAMPLED, decodes at
-batch 1 with the outputs made and used ("outputs") and with none made ("numpy": the sampler computes from the
-logits, as for a graph without them), interleaved within every round. Printed per setting and
-mode: the sampler chain's median time per step, the graph pass's median time per decode step, and the median
-time between tokens, with the speed ratio to greedy (greedy's median time over the setting's: medians of
-per-round ratios; below 1 is slower). For the penalties the two modes decode different tokens from the same
-seed: the draw from the outputs keeps or refuses a penalized token with a second uniform. Then the graph pass alone: the
-same decode pass (one token at one position, over the same cache) again and again, alternating between the
-outputs made for its row and made for none, and the difference of the medians.
+What the graph's sampling outputs are worth end to end. Export PKG with a revision whose graph makes them (REV):
+REV's runtime draws from them where they serve, the working tree's ignores them (it feeds their temperature zero
+rows) and samples from the logits. Each round starts one process per runtime, in alternating order, and each
+process decodes every setting of harness.SAMPLED at each batch size: the decode loop of runtime/bench.py
+(exact_decode), exactly --tokens new tokens per row after an 8-token prompt, seeded per row. REV's runtime is its
+runtime/ folder from `git archive`, imported as edgelm.runtime in its own process, so nothing is checked out.
+Printed per batch size and setting: the median over rounds of each runtime's decode speed (rows x the tokens after
+the first, over their seconds) and the ratio working tree / REV. Timing needs quiet cores.
 """
 
 import argparse
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
-from edgelm.runtime.engine import decode as engine
-from edgelm.runtime.model import load
-from edgelm.runtime.sampling import SamplerChain
-from harness import SAMPLED, prompt_ids, timed_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def runtime_at(rev: str, folder: Path) -> Path:
+    """REV's runtime/ folder, unpacked under `folder`; returns the tree that holds it."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "runtime"], capture_output=True, check=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def measure(tree: str, package: str, tokens: int, batches: list, settings: list) -> dict:
+    """In a process of its own: edgelm.runtime from `tree`, then {"batch/key": decode tokens per second}."""
+    import edgelm
+
+    spec = importlib.util.spec_from_file_location(
+        "edgelm.runtime", f"{tree}/runtime/__init__.py", submodule_search_locations=[f"{tree}/runtime"]
+    )
+    runtime = importlib.util.module_from_spec(spec)
+    sys.modules["edgelm.runtime"], edgelm.runtime = runtime, runtime
+    spec.loader.exec_module(runtime)
+    from edgelm.runtime.bench import exact_decode, prompt_ids
+    from edgelm.runtime.model import load
+
+    assert Path(runtime.__file__).resolve().is_relative_to(Path(tree).resolve()), runtime.__file__
+    model = load(package)
+    for _ in exact_decode(model, [prompt_ids(model, 8)], 4):  # warm-up
+        pass
+    speeds = {}
+    for batch in batches:
+        prompts = [prompt_ids(model, 8, seed=row) for row in range(batch)]
+        for key, options in settings:
+            steps = exact_decode(model, prompts, tokens, options)
+            next(steps)  # the prompt's pass and the first token
+            started = time.perf_counter()
+            for _ in steps:
+                pass
+            speeds[f"{batch}/{key}"] = batch * (tokens - 1) / (time.perf_counter() - started)
+    return speeds
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package")
+    parser.add_argument("--rev", default="main")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)  # a child's runtime tree and settings
     args = parser.parse_args()
-    model = load(args.package)
-    if not model.engine.io.has_sampling:
-        raise SystemExit(f"{args.package} has no sampling outputs: export it again with this edgelm")
-    chain_ns, pass_ns, current = {}, {}, {"key": ("warm-up", "outputs")}
+    if args.measure:
+        tree, settings = args.measure
+        print(json.dumps(measure(tree, args.package, args.tokens, args.batches, json.loads(settings))))
+        return
 
-    class Timed(SamplerChain):
-        def __call__(self, *call):
-            started = time.perf_counter_ns()
-            try:
-                return super().__call__(*call)
-            finally:
-                chain_ns.setdefault(current["key"], []).append(time.perf_counter_ns() - started)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import SAMPLED
 
-    one_pass, set_temperatures = engine.InPlaceDecoder._pass, engine.InPlaceDecoder.set_temperatures
-
-    def timed_pass(self, input_ids, *rest):
-        started = time.perf_counter_ns()
-        one_pass(self, input_ids, *rest)
-        if input_ids.shape[1] == 1:  # decode steps only
-            pass_ns.setdefault(current["key"], []).append(time.perf_counter_ns() - started)
-
-    def outputs_or_none(self, temperatures):  # "numpy": the graph makes no outputs, as one without them
-        set_temperatures(self, temperatures if current["key"][1] == "outputs" else None)
-
-    engine.SamplerChain, engine.InPlaceDecoder._pass = Timed, timed_pass
-    engine.InPlaceDecoder.set_temperatures = outputs_or_none
-    timed_tokens(model, [prompt_ids(model, 8)], 8)  # warm-up
-    steps = {}  # (setting, mode) -> median seconds between tokens, per round
+    settings = json.dumps([(key, options) for key, _, options in SAMPLED])
+    trees = {args.rev: str(runtime_at(args.rev, Path(tempfile.mkdtemp()))), "working tree": str(ROOT)}
+    speeds = {name: [] for name in trees}
     for r in range(args.rounds):
-        for key, _, options in SAMPLED[r % len(SAMPLED) :] + SAMPLED[: r % len(SAMPLED)]:
-            for mode in ("outputs", "numpy") if r % 2 == 0 else ("numpy", "outputs"):
-                current["key"], gaps = (key, mode), []
-                timed_tokens(model, [prompt_ids(model, 8, r)], args.tokens, options, seed=r, steps=gaps)
-                steps.setdefault((key, mode), []).append(np.median(gaps))
-    print(
-        f"{args.package}: batch 1, {args.tokens} new tokens, {args.rounds} rounds; medians (sampler chain per step, "
-        "graph pass per decode step, time between tokens and its ratio to greedy's)"
-    )
-    for key, label, _ in SAMPLED:
-        for mode in ("numpy", "outputs"):
-            ratio = np.median(np.array(steps["greedy", mode]) / np.array(steps[key, mode]))
-            print(
-                f"  {label:<50} {mode:<8} chain {np.median(chain_ns[key, mode]) / 1e3:6.0f} us   pass "
-                f"{np.median(pass_ns[key, mode]) / 1e3:6.0f} us   step {np.median(steps[key, mode]) * 1e3:6.2f} ms "
-                f"{ratio:5.3f}x greedy"
-            )
-    engine.InPlaceDecoder._pass, engine.InPlaceDecoder.set_temperatures = one_pass, set_temperatures
-    made, none = pass_cost(model)
-    print(
-        f"one decode pass, median of 200 each: outputs made {made * 1e6:.0f} us, none {none * 1e6:.0f} us, "
-        f"+{(made - none) * 1e6:.0f} us"
-    )
-
-
-def pass_cost(model, passes: int = 400) -> tuple[float, float]:
-    """Median seconds of one decode pass with the sampling outputs made for its row, and made for none."""
-    decoder = model.engine.decoder(1, 16)
-    prompt = np.array([prompt_ids(model, 8)])
-    decoder.run(prompt, np.ones_like(prompt), np.arange(8)[None])
-    token, mask, position = np.array([[1]]), np.ones((1, 9), dtype=np.int64), np.array([[8]])
-    times = {True: [], False: []}
-    for i in range(passes):
-        made = i % 2 == 0
-        decoder.set_temperatures(1.0 if made else None)
-        started = time.perf_counter_ns()
-        decoder.run(token, mask, position)  # writes the same cache row each time
-        times[made].append(time.perf_counter_ns() - started)
-    return np.median(times[True]) / 1e9, np.median(times[False]) / 1e9
+        for name in list(trees)[:: 1 if r % 2 == 0 else -1]:  # who goes first alternates
+            command = [sys.executable, __file__, args.package, "--tokens", str(args.tokens), "--batches"]
+            command += [*map(str, args.batches), "--measure", trees[name], settings]
+            speeds[name].append(json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout))
+    print(f"decode tokens per second, {args.tokens} new tokens per row, median of {args.rounds} rounds")
+    print(f"{'batch':>5}  {'setting':<50} {args.rev:>12} {'working tree':>12}  ratio")
+    for key in speeds["working tree"][0]:
+        batch, setting = key.split("/", 1)
+        label = next(text for k, text, _ in SAMPLED if k == setting)
+        old, new = (float(np.median([round_[key] for round_ in speeds[name]])) for name in trees)
+        print(f"{batch:>5}  {label:<50} {old:12.1f} {new:12.1f}  {new / old:.3f}")
 
 
 if __name__ == "__main__":

@@ -162,7 +162,9 @@ class Model:
         return configs
 
     def generate(self, prompt, config: GenerationConfig | None = None, **options):
-        """Complete one prompt (returns a Completion, or a list when num_return_sequences > 1) or a list of prompts (a list)."""
+        """Complete one prompt (returns a Completion, or a list when num_return_sequences > 1) or a list of prompts (a list).
+        A row that fails (its constraint, its text) ends alone: the one Completion raises its error; in a list, its
+        Completion has finish_reason "error" and the error, and the other rows are as they would be without it."""
         if isinstance(prompt, str):
             prompts = [prompt]
         elif isinstance(prompt, (list, tuple)):
@@ -174,7 +176,7 @@ class Model:
         batch = self.batch(prompts, config, **options)
         completions = batch.run()
         single = isinstance(prompt, str) and batch.config.num_return_sequences == 1
-        return completions[0] if single else completions
+        return _one(completions) if single else completions
 
     def stream(self, prompt, config: GenerationConfig | None = None, **options) -> Stream:
         """Iterate the returned Stream for text pieces as they become final; its `completion` is set at the end."""
@@ -342,7 +344,7 @@ class Model:
         `tool_choice` (a chat_batch() option) forces a call of them."""
         batch = self.chat_batch(messages, config, tools=tools, **options)
         completions = batch.run()
-        return completions[0] if batch.config.num_return_sequences == 1 else completions
+        return _one(completions) if batch.config.num_return_sequences == 1 else completions
 
     def chat_stream(self, messages, config: GenerationConfig | None = None, *, tools=None, **options) -> "Stream":
         """The assistant's reply as a Stream of text pieces, as stream() gives them; `completion` is set at the end.
@@ -351,6 +353,13 @@ class Model:
         if batch.config.num_return_sequences != 1:
             raise GenerationOptionError("chat_stream() yields one reply; use chat_batch() to stream several rows")
         return Stream(batch)
+
+
+def _one(completions: list):
+    """The one completion of a one-row call, or the error that ended its row."""
+    if completions[0].error is not None:
+        raise completions[0].error
+    return completions[0]
 
 
 def _generation_defaults(package: Package) -> GenerationConfig:

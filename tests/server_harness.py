@@ -133,7 +133,7 @@ class GatedDecoder:
             raise self._gated.fail
         return self._decoder.run(*args)
 
-    def __getattr__(self, name):  # the cache a batch-1 prefill leaves (buffers), the sampling outputs (prepared)
+    def __getattr__(self, name):  # the cache a batch-1 prefill leaves (buffers)
         return getattr(self._decoder, name)
 
 

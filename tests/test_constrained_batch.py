@@ -70,7 +70,7 @@ def test_settings_of_one_batch_may_differ_in_their_constraint_only(model):
 
 def test_the_running_batch_gives_each_constrained_job_what_it_gets_alone(model):
     """Jobs with different constraints (and none) join one running batch at different steps, sampled and greedy;
-    each gets exactly its tokens alone, and a constrained job never takes the graph's sampling outputs."""
+    each gets exactly its tokens alone."""
     scheduler = Scheduler(model, max_rows=4)
     common = [dict(max_new_tokens=24), dict(max_new_tokens=24, do_sample=True, seed=7, num_return_sequences=2)]
     cases = [(prompt, options, common[k % 2]) for k, (prompt, (options, _)) in enumerate(zip(PROMPTS, ROWS))]

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from edgelm.runtime import GenerationOptionError, PackageError, PromptError, sampling
 from edgelm.runtime.cli.main import main
-from edgelm.runtime.engine import decode as engine
+from edgelm.runtime.batching import step as stepping
 from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.sampling import filters
@@ -156,8 +156,8 @@ def test_every_no_op_default_is_left_out_of_the_chain():
 
 def test_the_chain_is_built_once_per_request(model, monkeypatch):
     built = []
-    chain = engine.SamplerChain
-    monkeypatch.setattr(engine, "SamplerChain", lambda *a: built.append(a) or chain(*a))
+    chain = stepping.SamplerChain
+    monkeypatch.setattr(stepping, "SamplerChain", lambda *a: built.append(a) or chain(*a))
     model.generate([PROMPT, "Hi"], max_new_tokens=8, do_sample=True, seed=1, top_p=0.9, num_return_sequences=2)
     assert len(built) == 1
 
@@ -165,19 +165,34 @@ def test_the_chain_is_built_once_per_request(model, monkeypatch):
 # --- a row that hits a stop string is finished in the engine --------------------------------------------
 
 
-def test_decode_steps_stops_decoding_rows_the_caller_finishes(model, monkeypatch):
+def test_decode_steps_feeds_what_its_pick_says_and_stops_when_no_row_runs(model, monkeypatch):
+    """The engine's loop knows nothing of sampling or finishing: its pick gives each row's next id (-1: finished
+    before this step) and how many rows still run, and the loop ends after the step that leaves none."""
     calls = count_passes(model, monkeypatch)
     rows = [model.encode(PROMPT), model.encode("Hi")]
-    config = GenerationConfig(max_new_tokens=10, ignore_eos=True, eos_token_id=0)
-    finished, seen = {}, []
-    for step, (tokens, logits) in enumerate(decode_steps(model.engine, rows, config, [None, None], 0, finished)):
-        seen.append(tokens.tolist())
+    seen, fed = [], []
+
+    def pick(logits):  # row 0 finishes at its first token, row 1 at its third
         assert logits.shape == (2, model.arch.vocab_size)
-        if step == 0:
-            finished[0] = "stop"
-        if step == 2:
-            finished[1] = "stop"
-    assert len(seen) == 3 and seen[1][0] == seen[2][0] == -1 and -1 not in (seen[1][1], seen[2][1])
+        step = len(seen)
+        tokens = np.array([5 if step == 0 else -1, 7 + step])
+        seen.append(tokens.tolist())
+        return tokens, 1 if step < 2 else 0
+
+    counted = model.engine.decoder
+
+    class Fed:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, ids, *args):
+            fed.append(ids.tolist())
+            return self.inner.run(ids, *args)
+
+    monkeypatch.setattr(model.engine, "decoder", lambda *a, **k: Fed(counted(*a, **k)))
+    steps = list(decode_steps(model.engine, rows, pick, 0, max_new_tokens=10))
+    assert [t.tolist() for t in steps] == seen == [[5, 7], [-1, 8], [-1, 9]]
+    assert fed[1:] == [[[5], [7]], [[0], [8]]]  # a finished row is fed padding
     assert len(calls) == 3  # the prompt and two decode passes: none after the last row finished
 
 

@@ -169,8 +169,9 @@ def test_the_runtime_never_imports_the_export_stage():
 def test_the_engine_never_imports_tokenizers():
     tree = modules(RUNTIME)
     engine = closure(ENGINE, tree)
-    assert {ENGINE, PACKAGE, "edgelm.runtime.sampling.chain"} <= engine  # the walk follows relative imports
+    assert {ENGINE, PACKAGE, "edgelm.runtime.engine.steps"} <= engine  # the walk follows relative imports
     assert "edgelm.runtime.model" not in engine and not any(within(n, f"{PACKAGE}.text") for n in engine)
+    assert not any(within(n, f"{PACKAGE}.sampling") for n in engine)  # the pick is the caller's: no sampler below
     assert engine_imports_of_tokenizers(RUNTIME) == {}
 
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from edgelm.runtime.batching.prefix_cache import PrefixCache
 from edgelm.runtime.engine import decode as engine
-from edgelm.runtime.engine.decode import decode_steps
+from edgelm.runtime.batching.step import id_steps
 from edgelm.runtime.errors import EdgelmError, GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
 
@@ -19,7 +19,7 @@ CHUNK = 16  # the tiny model has 64 positions: prompts of two and three chunks
 def greedy(model, ids, new_tokens) -> tuple[list, np.ndarray]:
     """Tokens and the logits each was picked from, [new_tokens, V]."""
     config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
-    steps = [(int(t[0]), lg[0].copy()) for t, lg in decode_steps(model.engine, [ids], config, [None], model.pad_id)]
+    steps = [(int(t[0]), lg[0].copy()) for t, lg in id_steps(model.engine, [ids], config, model.pad_id)]
     return [t for t, _ in steps], np.stack([lg for _, lg in steps])
 
 

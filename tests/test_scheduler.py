@@ -191,9 +191,9 @@ def test_slot_cache_keeps_each_row_right_aligned(model):
     assert logits.shape == (2, model.arch.vocab_size) and cache.width == 6 and cache.lengths == [6, 2]
 
 
-def test_rows_that_use_the_sampling_outputs_hold_the_first_slots(model):
-    """Front rows (those that use the graph's sampling outputs) stay in slots [0, front) as rows join and leave in
-    any order, and every row keeps its own cache, so a step makes those outputs for the first rows only."""
+def test_every_row_keeps_its_own_cache_as_rows_join_and_leave_in_any_order(model):
+    """A leaving row's slot takes the last row, with its cache and length: every row's positions hold what it
+    joined with, whatever left before it."""
     scheduler = Scheduler(model, max_rows=6)
     cache, engine = scheduler.cache, model.engine
     cache.column_step = 4
@@ -207,41 +207,13 @@ def test_rows_that_use_the_sampling_outputs_hold_the_first_slots(model):
         else:
             length, made = int(rng.integers(1, 9)), made + 1
             source = [np.full(shape[:2] + (length,) + shape[3:], made, dtype=np.float32) for _ in range(tensors)]
-            is_front = bool(rng.random() < 0.5)
-            cache.join((made, is_front, length), source, length, front=is_front)
+            cache.join((made, length), source, length)
         live = list(cache.rows)
-        front = [is_front for _, is_front, _ in live]
-        assert front == sorted(front, reverse=True) and sum(front) == cache.front
-        for slot, (value, _, _) in enumerate(live):
+        assert [length for _, length in live] == cache.lengths
+        for slot, (value, _) in enumerate(live):
             held = [b[slot, :, cache.width - cache.lengths[slot] : cache.width] for b in cache.buffers]
             assert all(np.all(h == value) for h in held), slot
     assert made > 20
-
-
-def test_a_mixed_batch_has_the_sampling_outputs_made_for_the_sampled_rows_only(model):
-    scheduler = Scheduler(model, max_rows=4)
-    greedy_options = dict(do_sample=False, ignore_eos=True, max_new_tokens=12)
-    sampled_options = dict(
-        do_sample=True, seed=7, top_k=0, top_p=0.9, temperature=0.8, ignore_eos=True, max_new_tokens=8
-    )
-    greedy = Job(model.batch(["Hello"], **greedy_options))
-    sampled = Job(model.batch(["Once upon"], **sampled_options))
-    greedy.at_boundary = lambda count: count == 2 and scheduler.submit(sampled)  # joins after the greedy row
-    seen = []  # (rows stepped, temperatures fed)
-    original = scheduler.cache.step
-
-    def step(token_ids, temperatures=None):
-        seen.append((len(token_ids), None if temperatures is None else len(temperatures)))
-        return original(token_ids, temperatures)
-
-    scheduler.cache.step = step
-    scheduler.submit(greedy)
-    try:
-        each_gets_what_it_gets_alone(model, [greedy], greedy_options)
-        each_gets_what_it_gets_alone(model, [sampled], sampled_options)
-    finally:
-        scheduler.close()
-    assert (1, None) in seen and (2, 1) in seen and not any(n == 2 and t == 2 for n, t in seen)
 
 
 def test_a_fault_of_the_scheduler_ends_every_job_and_the_next_ones_run(model):

@@ -35,7 +35,8 @@ LAYERS = (
     ("sampling", "text", "store"),  # next-token choice on ids; text <-> ids and chat; installed packages
     ("engine",),  # the forward pass and the decode loop, on ids
     ("speculative",),  # several tokens per forward pass, over the engine and the samplers
-    ("batching", "quality"),  # many requests at once, text out of ids; distance between two models' outputs
+    ("batching",),  # many requests at once, text out of ids
+    ("quality",),  # distance between two models' outputs, measured on greedy continuations
     ("model",),  # load(): a package, its tokenizer and engine, generate / stream / chat / score
     ("apps",),  # jobs built on a model: prompt files, pipeline(), bench, bundle
     (ROOT,),  # `import edgelm.runtime`: the public names

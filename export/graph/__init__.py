@@ -6,5 +6,4 @@ attention.py   the attention bias, the cache lengths and GroupQueryAttention ove
 norms.py       LayerNorm and RMSNorm, each also fused with the residual add
 matmuls.py     x @ W for each weight recipe: float32, int8, int4
 embeddings.py  the token embedding and the LM head for each recipe, tied or not
-sampling.py    the sampling outputs: the last position's softmax weights and their block sums
 """

@@ -17,7 +17,6 @@ from edgelm.runtime.package.format import (
 )
 
 from .builder import FLOAT, INT64, GraphBuilder
-from .sampling import sampling_outputs
 
 OPSET = 17
 
@@ -62,10 +61,8 @@ def kept_positions(g, logits_to_keep: str, tensors) -> list:
 
 
 def declare_outputs(g, arch, cache_type: int, kv_heads: int) -> None:
-    """The graph contract's outputs: logits [B, K, V], each layer's present key and value, then the sampling
-    outputs (sampling_outputs)."""
+    """The graph contract's outputs: logits [B, K, V], then each layer's present key and value."""
     g.output(LOGITS, FLOAT, ["batch", "kept_sequence", arch.vocab_size])
     for i in range(arch.n_layer):
         for kind in ("key", "value"):
             g.output(present_name(i, kind), cache_type, ["batch", kv_heads, "total_sequence", arch.head_size])
-    sampling_outputs(g, LOGITS, arch.vocab_size)

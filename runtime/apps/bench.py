@@ -21,7 +21,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from ..engine.decode import decode_steps
+from ..batching.step import id_steps
 from ..generation_config import GenerationConfig
 from ..model import load
 
@@ -51,12 +51,13 @@ def timed_tokens(model, prompts, new_tokens, options=None, seed=0, steps: list |
 
 
 def exact_decode(model, prompts, new_tokens, options=None, seed=0):
-    """decode_steps for exactly new_tokens tokens per row (greedy unless options say otherwise), seeded per row."""
+    """A fixed batch's steps (id_steps) for exactly new_tokens tokens per row (greedy unless options say otherwise),
+    seeded per row."""
     config = GenerationConfig(
         max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id, **(options or {})
     )
     rngs = [np.random.default_rng([seed, row]) for row in range(len(prompts))]
-    return decode_steps(model.engine, prompts, config, rngs, model.pad_id)
+    return id_steps(model.engine, prompts, config, model.pad_id, rngs)
 
 
 def prompt_ids(model, length, seed=0):

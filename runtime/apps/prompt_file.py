@@ -225,8 +225,13 @@ def _complete(model, settings: GenerationConfig, prompts: list) -> list:
             return [{"error": str(error)}]
         return [answer for prompt in prompts for answer in _complete(model, settings, [prompt])]
     n = settings.num_return_sequences
-    rows = [[_completion_fields(c) for c in completions[i * n : (i + 1) * n]] for i in range(len(prompts))]
-    return [row[0] if n == 1 else {"completions": row} for row in rows]
+    answers = []
+    for i in range(len(prompts)):
+        mine = completions[i * n : (i + 1) * n]
+        failed = next((c.error for c in mine if c.error is not None), None)  # a row that failed alone: its line's
+        rows = [_completion_fields(c) for c in mine]
+        answers.append({"error": str(failed)} if failed is not None else rows[0] if n == 1 else {"completions": rows})
+    return answers
 
 
 def _completion_fields(completion) -> dict:

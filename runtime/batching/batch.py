@@ -2,18 +2,19 @@
 finished completions out.
 
 A Batch (all its rows) yields Pieces (a row's new text) and ends with one Completion per row; a Stream is the
-single-row view that yields plain strings. The rows' own state (text streams, generators, constraints, their
-output) is a Rows (runtime/batching/rows.py); a Batch drives it with the engine's decode loop, as the
-continuous-batching scheduler drives the Rows of each job it runs. A row whose text reaches a stop string is
-marked finished for the engine, which stops decoding it.
+single-row view that yields plain strings. The rows' output (text streams, their Completions) is a Rows
+(runtime/batching/rows.py), stepped after each forward pass by a Step (step.py), as the continuous-batching
+scheduler steps the rows of each job it runs; the engine's decode loop asks the Step for each row's next id and
+stops feeding a row once it says the row has finished (end-of-text, length, a stop string, or its own error).
+A row that fails ends alone: its Completion holds the error (finish_reason "error"), the other rows go on.
 """
 
 from dataclasses import dataclass, field
 
 from ..engine.decode import decode_steps
 from ..generation_config import GenerationConfig
-from ..sampling import log_softmax
 from .rows import Completion, Piece, Rows
+from .step import BatchPick, Step
 
 __all__ = ["MAX_BATCH_TOKENS", "Batch", "Completion", "Piece", "Rows", "Stream"]
 
@@ -42,23 +43,11 @@ class Batch:
         self._steps = None
 
     def __iter__(self):
-        # finished: row -> finish reason, shared with the engine: it adds end-of-text and length, we add stops
-        rows, finished = self.rows, {}
-        constraints = [rows.constraint(row) for row in range(len(rows))]
-        self._steps = decode_steps(
-            self.engine, rows.ids, self.config, rows.generators(), self.pad_id, finished, constraints
-        )
+        pick = BatchPick(Step(self.rows, self.engine.vocab_size))
+        self._steps = decode_steps(self.engine, self.rows.ids, pick, self.pad_id, self.config.max_new_tokens)
         try:
-            for tokens, logits in self._steps:
-                logprobs = log_softmax(logits) if self.config.logprobs is not None else None
-                for row, token in enumerate(tokens.tolist()):
-                    if token < 0:  # finished before this step
-                        continue
-                    text, reason = rows.take(row, token, None if logprobs is None else logprobs[row], finished.get(row))
-                    if reason is not None:
-                        finished[row] = reason  # a stop string: the engine decodes this row no further
-                    if text:
-                        yield Piece(row, text)
+            for _ in self._steps:
+                yield from pick.pieces
         finally:
             self.close()
 
@@ -66,6 +55,11 @@ class Batch:
     def completions(self) -> list:
         """One Completion per row once every row has finished (empty before, or when stopped early)."""
         return self.rows.completions
+
+    @property
+    def error(self) -> Exception | None:
+        """The first row's error among the completions (a row that failed alone), or None."""
+        return next((c.error for c in self.completions if c.error is not None), None)
 
     def close(self) -> None:
         if self._steps is not None:
@@ -94,6 +88,8 @@ class Stream:
             self.batch.close()
         if self.batch.completions:
             self.completion = self.batch.completions[0]
+            if self.completion.error is not None:  # its one row failed: the stream ends with the row's error
+                raise self.completion.error
 
     def close(self) -> None:
         self.batch.close()

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.steps import row_stop_ids
 from ..generation_config import GenerationConfig
 from ..sampling import top_logprobs
 from ..text.stream import TextStream
@@ -22,13 +21,23 @@ from ..text.tokenizer import decode
 PREFIX_TOKENS = 4  # prompt ids a text stream sees as context for its first pieces
 
 
+def row_stop_ids(stop_ids: tuple, grammar) -> tuple:
+    """A row's end ids: the settings' (GenerationConfig.stop_ids: none with ignore_eos); for a constrained row, its
+    grammar's end-of-text ids alone (`grammar`: a compiled Grammar, or None). The mask allows those only where the
+    grammar may end, and a finished grammar ends the row whatever ignore_eos says; any other id the settings name
+    is, to the grammar, one more token of the output, so it cannot cut the output short."""
+    if grammar is None:
+        return stop_ids
+    return tuple(grammar.eos_ids)
+
+
 @dataclass
 class Completion:
     """A finished row: text, token ids, why it stopped, token counts, and log-probs when asked for."""
 
     text: str
     token_ids: list  # the generated ids the text was decoded from (end-of-text itself is not included)
-    finish_reason: str  # "stop": end-of-text or a stop string; "length": max_new_tokens reached
+    finish_reason: str  # "stop": end-of-text or a stop string; "length": max_new_tokens reached; "error": see error
     prompt_tokens: int
     completion_tokens: int
     index: int = 0  # row index: prompt_index * num_return_sequences + sequence
@@ -41,12 +50,20 @@ class Completion:
     # (the text is the value)
     parsed: object = None
     constraint: str | None = None  # the row's constraint: "json_schema", "json_object", "regex", "grammar", "choices"
+    # what ended this row alone (its constraint, the sampler on its row, its text), with finish_reason "error": the
+    # call's other rows are as they would be without it
+    error: Exception | None = None
 
     def to_dict(self) -> dict:
-        """The fields as a dict; an unconstrained row's has neither parsed nor constraint."""
+        """The fields as a dict; an unconstrained row's has neither parsed nor constraint, a row that did not fail
+        no error (else its message)."""
         fields = dict(self.__dict__)
         if self.constraint is None:
             del fields["parsed"], fields["constraint"]
+        if self.error is None:
+            del fields["error"]
+        else:
+            fields["error"] = str(self.error)
         return fields
 
 
@@ -64,14 +81,16 @@ class Rows:
     def __init__(self, tokenizer, prompts: list, config: GenerationConfig, truncated=(), grammars=()):
         """prompts: token ids per prompt, already checked and truncated; truncated: dropped prompt tokens per
         prompt; grammars: per prompt its compiled constraint (runtime/sampling/constraint.py Grammar) or None,
-        empty for none at all."""
+        empty for none at all. tokenizer None: ids only, no text (Completion.text stays empty)."""
         n = config.num_return_sequences
         self.tokenizer, self.config, self.truncated, self.grammars = tokenizer, config, list(truncated), list(grammars)
         self.ids = [p for p in prompts for _ in range(n)]
         self._grammars = [g for g in self.grammars for _ in range(n)] if self.grammars else [None] * len(self.ids)
         # the ids that end each row: a constrained row's grammar end as well as the settings'
         self.stop_ids = [row_stop_ids(config.stop_ids, g) for g in self._grammars]
-        self._streams = [TextStream(tokenizer, config.stop, self._context(r)) for r in self.ids]
+        self._streams = [
+            _NoText() if tokenizer is None else TextStream(tokenizer, config.stop, self._context(r)) for r in self.ids
+        ]
         self._tokens = [[] for _ in self.ids]
         self._logprobs = [[] if config.logprobs is not None else None for _ in self.ids]
         self._results = [None] * len(self.ids)
@@ -111,6 +130,10 @@ class Rows:
             self._finish(row, reason)
         return text, reason
 
+    def fail(self, row: int, error: Exception) -> None:
+        """Row `row` ends with `error` (finish reason "error"), with what it produced so far."""
+        self._finish(row, "error", error)
+
     def _context(self, prompt: list) -> list:
         """The prompt's last ids, cut back to a whole character: a token-id prompt may end mid-character,
         and then the bytes that complete it belong to the completion's text, as decode(token_ids) shows them."""
@@ -137,7 +160,7 @@ class Rows:
             )
         return self._streams[row].push(token)
 
-    def _finish(self, row: int, reason: str) -> None:
+    def _finish(self, row: int, reason: str, error: Exception | None = None) -> None:
         stream, prompt_index = self._streams[row], row // self.config.num_return_sequences
         self._results[row] = Completion(
             text=stream.text,
@@ -152,6 +175,7 @@ class Rows:
             logprobs=self._logprobs[row],
             parsed=_parsed(self._grammars[row], stream.text, reason, stream.stop_string),
             constraint=None if self._grammars[row] is None else self._grammars[row].kind,
+            error=error,
         )
 
     def logprobs_so_far(self, row: int) -> list | None:
@@ -172,3 +196,15 @@ def _parsed(grammar, text: str, reason: str, stop_string: str | None):
         except ValueError:  # cut by something the grammar did not foresee: the text says what there is
             return None
     return None
+
+
+class _NoText:
+    """A text stream for rows of ids only: no text, no stop strings."""
+
+    stopped, stop_string, text = False, None, ""
+
+    def push(self, token: int) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""

@@ -5,14 +5,15 @@ between steps, each with its own options, random generators, stop strings and le
     (batch 1, the engine's usual path, where the prefix cache serves; one-prompt jobs with a short prompt that
     arrive together share one left-padded pass), its first token picked, its cache copied into a free slot
     (slot_cache.py); jobs that arrive meanwhile join too, up to JOIN_ROUNDS rounds -> one forward pass for
-    every row in the batch -> each job picks its own rows' tokens
-    (its SamplerChain, each row's generator) -> text pieces (Rows.take, job.piece) -> a finished row frees
-    its slot at once -> a job whose rows have all finished ends (job.finish)
+    every row in the batch -> each job's Step (step.py: constrain, pick, append, text, as in a fixed batch)
+    steps its own rows -> text pieces (job.piece) -> a finished row frees its slot at once -> a job whose rows
+    have all finished ends (job.finish); a job one of whose rows failed ends at once with that row's error
 
 A job is any object with: `batch` (a runtime Batch, whose `rows` (runtime/batching/rows.py) this thread drives;
 None once start() has done all the work, as a scoring request does), start() (called first, in this thread), check() (raises to stop the job: called at every step
 boundary while it waits or runs), piece(Piece), and finish(error) (None: batch.completions is ready; else why
-it ended). Rows join in arrival order as slots free up, so no request waits behind a later one. Whatever
+it ended). A job's failure (its row's constraint, text, pieces) is its own: the other jobs' rows go on as if it
+had never been there. Rows join in arrival order as slots free up, so no request waits behind a later one. Whatever
 shares its batch, a greedy or seeded row of an fp32 graph gets the tokens it gets alone (its logits equal to
 rounding); int8 graphs quantize activations per pass, over all rows at once, so theirs may differ a little
 (benchmarks/batch_drift.py measures both).
@@ -24,11 +25,10 @@ from collections import deque
 import numpy as np
 
 from ..engine.decode import PREFILL_CHUNK as CHUNK
-from ..engine.steps import RowState, prefill_inputs
-from ..sampling import SamplerChain, log_softmax
+from ..engine.steps import prefill_inputs
 from ..sampling.constraint import Masks
-from .rows import Piece
 from .slot_cache import SlotCache
+from .step import Step
 
 # Rounds of joins one step boundary may run. Requests that arrive while rows are prefilled (clients sending as
 # their previous answers end, all at once) join in the next round, before the next decode step: their first
@@ -38,31 +38,36 @@ JOIN_ROUNDS = 2
 
 
 class Entry:
-    """A submitted job and its progress: its sampler, one generator per row, and the rows not yet in the batch."""
+    """A submitted job and its progress: its rows' Step (their states, its sampler, one generator per row), and the
+    rows not yet in the batch."""
 
-    def __init__(self, job, vocab_size: int, sampling_outputs: bool = True):
-        self.job, self.rows, config = job, job.batch.rows, job.batch.config
-        self.sampler = SamplerChain(config, vocab_size)
-        self.constrained = any(g is not None for g in self.rows.grammars)
-        # its rows use the graph's sampling outputs (sampling_outputs: the graph has them; a constrained job's never
-        # do: those are made from unmasked logits): they go first in the batch
-        self.front = sampling_outputs and self.sampler.prepared_temperature is not None and not self.constrained
-        self.rngs = self.rows.generators()
+    def __init__(self, job, vocab_size: int):
+        self.job, self.rows = job, job.batch.rows
+        self.step = Step(self.rows, vocab_size)
         self.waiting = deque(range(len(self.rows)))  # rows not yet prefilled, in order
-        self.unfinished = len(self.rows)
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
 
 
-class Row(RowState):
-    """One row of a job in the running batch: its step state (ids, finish reason, constraint) and its slot's feed."""
+class Row:
+    """One row of a job in the running batch, as its slot holds it."""
 
-    __slots__ = ("entry", "index", "next_token")
+    __slots__ = ("entry", "index")
 
     def __init__(self, entry: Entry, index: int):
-        rows = entry.rows
-        super().__init__(rows[index], rows.stop_ids[index], rows.config.max_new_tokens, rows.constraint(index))
         self.entry, self.index = entry, index
-        self.next_token = -1  # fed at the next step
+
+    @property
+    def state(self):
+        return self.entry.step.states[self.index]
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def next_token(self) -> int:
+        """The id fed at the next step: the row's last."""
+        return self.state.generated[-1]
 
 
 class Scheduler:
@@ -133,14 +138,13 @@ class Scheduler:
 
     def _step(self) -> None:
         """Decode: one token for every row in the batch, then each job picks its rows' next ids."""
-        rows, front = list(self.cache.rows), self.cache.front
-        # the graph makes the sampling outputs of the rows that use them, the first `front` rows, and no others
-        temperatures = [row.entry.sampler.prepared_temperature for row in rows[:front]] or None
-        constrained = any(row.constraint is not None for row in rows)
-        if constrained:  # the constrained rows' masks, computed while the step runs
-            self.masks.start([row.constraint for row in rows])
+        rows = list(self.cache.rows)
+        constraints = [row.state.constraint for row in rows]
+        constrained = any(c is not None for c in constraints)
+        if constrained:  # the constrained rows' masks, computed while the step runs (a row's failure is its own)
+            self.masks.start(constraints)
         try:
-            logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64), temperatures)  # [n, V]
+            logits = self.cache.step(np.array([row.next_token for row in rows], dtype=np.int64))  # [n, V]
             allowed = self.masks.wait() if constrained else None
         except BaseException as error:  # the pass itself failed: every job in it ends with that error
             for entry in dict.fromkeys(row.entry for row in rows):
@@ -149,39 +153,24 @@ class Scheduler:
         slots: dict = {}  # entry -> its rows' slots, in slot order
         for slot, row in enumerate(rows):
             slots.setdefault(row.entry, []).append(slot)
-        prepared = self.cache.prepared
         for entry, mine in slots.items():
-            mine_prepared = prepared.rows(mine) if prepared is not None and entry.front else None
-            mine_allowed = allowed.take(mine) if allowed is not None and entry.constrained else None
-            self._guard(entry, self._pick, entry, [rows[s] for s in mine], logits[mine], mine_prepared, mine_allowed)
+            mine_allowed = allowed.take(mine) if allowed is not None and entry.step.constrained else None
+            self._guard(entry, self._pick, entry, [rows[s].index for s in mine], logits[mine], mine_allowed)
         for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
             if self.cache.rows[slot].finished:
                 self.cache.leave(slot)
         for entry in slots:
-            if entry.unfinished == 0 and entry in self.entries:
+            if not entry.step.running and entry in self.entries:
                 self._end(entry, None)
 
-    def _pick(self, entry: Entry, rows: list, logits: np.ndarray, prepared=None, allowed=None) -> None:
-        """Pick `rows`' next ids from their logits [k, V] (and the graph's sampling outputs for them, where it has
-        them; for a constrained job, its rows' allowed tokens, a constraint.Allowed, computed here when not given) and hand
-        each to the job's Rows (text, stop strings)."""
-        rows_of_job, config = entry.rows, entry.rows.config
-        rngs = [entry.rngs[r.index] for r in rows]
-        if entry.constrained:  # the first filter, on a copy: a prefill's logits serve each of a prompt's rows
-            if allowed is None:
-                masks = Masks(len(rows), self.vocab_size)
-                masks.start([r.constraint for r in rows])
-                allowed = masks.wait()
-            logits, prepared = entry.sampler.constrain(np.array(logits, dtype=np.float32), allowed), None
-        tokens = entry.sampler(logits, [r.seen for r in rows], [r.generated for r in rows], rngs, prepared)
-        logprobs = log_softmax(logits) if config.logprobs is not None else None
-        for k, (row, token) in enumerate(zip(rows, tokens.tolist())):
-            reason = row.append(token)
-            text, reason = rows_of_job.take(row.index, token, None if logprobs is None else logprobs[k], reason)
-            if text:
-                entry.job.piece(Piece(row.index, text))
-            row.next_token, row.finish_reason = token, reason
-            entry.unfinished -= row.finished
+    def _pick(self, entry: Entry, indices: list, logits: np.ndarray, allowed=None) -> None:
+        """Step the job's rows `indices` from their logits [k, V] (allowed: their allowed tokens, a constraint.Allowed,
+        where the batch computed them) and hand the job its pieces; raise the error of a row that failed (the
+        job's answer is that error: the job ends)."""
+        for piece in entry.step(indices, logits, allowed):
+            entry.job.piece(piece)
+        if entry.step.error is not None:
+            raise entry.step.error
 
     def _start(self, job) -> None:
         try:
@@ -189,7 +178,7 @@ class Scheduler:
             if job.batch is None:  # start() did all of it
                 job.finish(None)
                 return
-            entry = Entry(job, self.vocab_size, self.engine.io.has_sampling)
+            entry = Entry(job, self.vocab_size)
             job.check()  # stopped while it waited in the queue
         except BaseException as error:
             _finish(job, error)
@@ -205,7 +194,7 @@ class Scheduler:
             while entry.waiting and self.cache.free:
                 if not self._guard(entry, self._prefill, entry, entry.waiting.popleft()):
                     break
-            if entry.unfinished == 0 and entry in self.entries:  # every row finished at its first token
+            if not entry.step.running and entry in self.entries:  # every row finished at its first token
                 self._end(entry, None)
             if not self.cache.free:
                 return
@@ -223,9 +212,9 @@ class Scheduler:
             entry.prefilled = (prompt, decoder, logits)
         _, decoder, logits = entry.prefilled
         row = Row(entry, index)
-        self._pick(entry, [row], logits)
+        self._pick(entry, [index], logits)
         if not row.finished:
-            self.cache.join(row, decoder.buffers, len(rows[index]), front=entry.front)
+            self.cache.join(row, decoder.buffers, len(rows[index]))
         if not entry.waiting or entry.waiting[0] // rows.config.num_return_sequences != prompt:
             entry.prefilled = None
 
@@ -258,16 +247,14 @@ class Scheduler:
         joining = []  # (k, row): the rows that go on
         for k, entry in enumerate(entries):
             row = Row(entry, entry.waiting.popleft())
-            if self._guard(entry, self._pick, entry, [row], logits[k : k + 1]) and not row.finished:
+            if self._guard(entry, self._pick, entry, [row.index], logits[k : k + 1]) and not row.finished:
                 joining.append((k, row))
-            if entry.unfinished == 0 and entry in self.entries:
+            if not entry.step.running and entry in self.entries:
                 self._end(entry, None)
         self.cache.reserve(len(self.cache.rows) + len(joining), width)
         for k, row in joining:
             start = width - len(prompts[k])
-            self.cache.join(
-                row, decoder.buffers, len(prompts[k]), source_row=k, source_start=start, front=row.entry.front
-            )
+            self.cache.join(row, decoder.buffers, len(prompts[k]), source_row=k, source_start=start)
 
     def _guard(self, entry: Entry, function, *args) -> bool:
         """Run function(*args) for `entry`; if it raises, end that job with the error. Whether it went well."""

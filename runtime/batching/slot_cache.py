@@ -13,10 +13,7 @@ exp(MASKED) = exactly 0 to a row's attention, whatever it holds, so a row's logi
 neighbours' positions (fp32 graphs; int8 graphs quantize activations per pass, over every row at once).
 
 A joining row is prefilled alone (batch 1) and its cache copied in at [W - L, W), after moving every row right when L >
-W. Rows that use the graph's sampling outputs ("front" rows) hold the first slots, the others the rest, so a step has
-the graph make those outputs for the first rows only: a front row joins at the first slot after the front rows (the row
-there, if any, moves to the end), a leaving front row's slot takes the last front row and that one's the last row, any
-other leaving row's slot the last row. A step runs the n rows in use, no more. When W + 1 would pass the capacity, or
+W; it takes the next slot. A leaving row's slot takes the last row. A step runs the n rows in use, no more. When W + 1 would pass the capacity, or
 when every row leaves more than half of W masked, the columns all rows have masked are dropped (every row moves left);
 if that is not enough the buffers grow, doubling up to the model's context. The buffers go as soon as the batch is
 empty.
@@ -34,12 +31,9 @@ class SlotCache:
         self.engine, self.max_rows, self.max_width = engine, max_rows, max_width
         self.rows: list = []  # the caller's row objects; slot i's cache is buffers[.][i]
         self.lengths: list = []  # positions each row holds (prompt + tokens fed so far)
-        self.front = 0  # rows[:front] are the front rows
         self.width = 0  # W: columns in use, the same for every row
         self.buffers: list | None = None
         self._decoders: dict = {}  # n -> a decoder over the first n rows of the buffers
-        self.prepared = None  # the last step's sampling outputs (a draw.Prepared), where the graph has them
-        self.sampling = None  # the arrays of those outputs for max rows; each decoder's are their first rows
 
     @property
     def capacity(self) -> int:
@@ -49,12 +43,10 @@ class SlotCache:
     def free(self) -> int:
         return self.max_rows - len(self.rows)
 
-    def join(
-        self, row, source: list, length: int, source_row: int = 0, source_start: int = 0, front: bool = False
-    ) -> None:
+    def join(self, row, source: list, length: int, source_row: int = 0, source_start: int = 0) -> None:
         """Add `row`, whose `length` positions are in columns [source_start, source_start + length) of `source`'s
         row `source_row` (a prefill decoder's buffers, one per cache tensor: batch 1 from column 0, or a
-        left-padded batch); `front`: among the front rows."""
+        left-padded batch)."""
         if not self.free:
             raise ValueError(f"the running batch is full ({self.max_rows} rows)")
         self._fit(len(self.rows) + 1, joining=length)
@@ -63,16 +55,11 @@ class SlotCache:
             for buffer in self.buffers:
                 buffer[:n, :, shift:length] = buffer[:n, :, : self.width]  # numpy copies overlapping ranges safely
             self.width = length
-        last, start = len(self.rows), self.width - length
-        slot = self.front if front else last  # a front row takes the first other row's slot, which moves to the end
+        slot, start = len(self.rows), self.width - length
         self.rows.append(row)
         self.lengths.append(length)
-        if slot != last:
-            self._move(slot, last)
         for buffer, prefilled in zip(self.buffers, source):
             buffer[slot, :, start : self.width] = prefilled[source_row, :, source_start : source_start + length]
-        self.rows[slot], self.lengths[slot] = row, length
-        self.front += front
 
     def reserve(self, rows: int, width: int) -> None:
         """Make room for `rows` rows and a joining row of `width` positions in one go: rows that join together
@@ -81,34 +68,23 @@ class SlotCache:
             self._fit(min(rows, self.max_rows), joining=width)
 
     def leave(self, slot: int) -> None:
-        """Free `slot` at once: the last row moves into it (its object too, in `rows`); for a front row's slot, the
-        last front row does, and the last row into that one's."""
-        if slot < self.front:
-            self.front -= 1
-            if slot != self.front:
-                self._move(self.front, slot)
-                slot = self.front
+        """Free `slot` at once: the last row moves into it (its object too, in `rows`)."""
         last = len(self.rows) - 1
         if slot != last:
             self._move(last, slot)
         self.rows.pop()
         self.lengths.pop()
         if not self.rows:  # nothing left to decode: the memory goes now
-            self.buffers, self.sampling, self._decoders, self.width = None, None, {}, 0
+            self.buffers, self._decoders, self.width = None, {}, 0
 
-    def step(self, token_ids: np.ndarray, temperatures: list | None = None) -> np.ndarray:
-        """Feed one token per row ([n] int64, slot order); returns the logits [n, V], valid until the next step, as
-        `prepared` is: the graph's sampling outputs for the first rows, made at `temperatures` (one for each of the
-        front rows, say), or None (without temperatures, or for a graph without them)."""
+    def step(self, token_ids: np.ndarray) -> np.ndarray:
+        """Feed one token per row ([n] int64, slot order); returns the logits [n, V], valid until the next step."""
         n = len(self.rows)
         self._fit(n)
         lengths = np.asarray(self.lengths, dtype=np.int64)
         columns = np.arange(self.width + 1)
         attention_mask = (columns >= self.width - lengths[:, None]).astype(np.int64)  # [n, W + 1]
-        decoder = self._decoder(n)
-        decoder.set_temperatures(temperatures)
-        logits = decoder.run(token_ids.reshape(n, 1), attention_mask, lengths.reshape(n, 1))
-        self.prepared = decoder.prepared()
+        logits = self._decoder(n).run(token_ids.reshape(n, 1), attention_mask, lengths.reshape(n, 1))
         self.width += 1
         self.lengths = [length + 1 for length in self.lengths]
         return logits[:, -1, :]
@@ -145,7 +121,6 @@ class SlotCache:
         # (what uninitialised memory may hold) would not be 0
         tensors = 2 * len(self.engine.io.past_keys)
         self.buffers = [np.zeros(shape, dtype=self.engine.io.cache_dtype) for _ in range(tensors)]
-        self.sampling = self.engine.sampling_arrays(row_capacity)  # one set for every decoder, as the buffers are
         if old is not None:
             for new, previous in zip(self.buffers, old):
                 new[:n, :, : self.width] = previous[:n, :, : self.width]
@@ -156,6 +131,5 @@ class SlotCache:
         contiguous block), made once per n while these buffers last."""
         if n not in self._decoders:
             views = [buffer[:n] for buffer in self.buffers]
-            sampling = None if self.sampling is None else tuple(a[:n] for a in self.sampling)
-            self._decoders[n] = self.engine.decoder(n, self.capacity, buffers=views, sampling=sampling)
+            self._decoders[n] = self.engine.decoder(n, self.capacity, buffers=views)
         return self._decoders[n]

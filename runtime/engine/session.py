@@ -18,9 +18,9 @@ from ..package.format import (
     PAST,
     POSITION_IDS,
     past_name,
+    SAMPLING_TEMPERATURE,
     present_name,
 )
-from ..sampling import graph_outputs
 from . import native
 from .fast_path import first_line
 from ..package.onnxruntime_compat import cuda_missing_error, installed_wheel, warn_if_shadowed
@@ -46,7 +46,16 @@ class GraphIO:
     kv_cache_in_place: bool = False  # the package says past and present may share one preallocated buffer
     cache_dtype: str = "float32"  # "int8" or "float16" for a graph whose KV cache is
     takes_embeddings: bool = False  # the graph's first input is inputs_embeds: the runtime looks tokens up
-    has_sampling: bool = False  # the sampling outputs and their temperature (sampling/graph_outputs.py)
+    # an older package's sampling temperature (package/format.py), an overridable float32 [rows, 1]: fed zero rows
+    idle_sampling: bool = False
+
+    def idle_inputs(self, runner) -> dict:
+        """What every pass feeds beside the contract's inputs: OrtValues by name. An older package's graph makes
+        sampling outputs for the rows of its sampling temperature, which the runtime never reads: zero rows, none."""
+        return {SAMPLING_TEMPERATURE: runner.value(NO_ROWS)} if self.idle_sampling else {}
+
+
+NO_ROWS = np.ones((0, 1), dtype=np.float32)  # a sampling temperature for no row (OrtValues borrow it: kept here)
 
 
 def cuda_available() -> bool:
@@ -140,18 +149,19 @@ def graph_io(session: ort.InferenceSession, n_layer: int, kv_cache_in_place: boo
     input_types = {i.name: i.type for i in session.get_inputs()}
     inputs = set(input_types)
     outputs = {o.name for o in session.get_outputs()}
-    overridable = {i.name for i in session.get_overridable_initializers()}
+    overridable = {i.name: i for i in session.get_overridable_initializers()}
+    temperature = overridable.get(SAMPLING_TEMPERATURE)
     names = GraphIO(
         past_keys=tuple(past_name(i, "key") for i in range(n_layer)),
         past_values=tuple(past_name(i, "value") for i in range(n_layer)),
         present_keys=tuple(present_name(i, "key") for i in range(n_layer)),
         present_values=tuple(present_name(i, "value") for i in range(n_layer)),
         has_position_ids=POSITION_IDS in inputs,
-        has_logits_to_keep=LOGITS_TO_KEEP in inputs | overridable,
+        has_logits_to_keep=LOGITS_TO_KEEP in inputs | set(overridable),
         kv_cache_in_place=kv_cache_in_place,
         cache_dtype=_CACHE_TYPES.get(input_types.get(past_name(0, "key")), "float32"),
         takes_embeddings=INPUTS_EMBEDS in inputs,
-        has_sampling=graph_outputs.in_graph(outputs, overridable),
+        idle_sampling=temperature is not None and temperature.type == "tensor(float)" and len(temperature.shape) == 2,
     )
     tokens = INPUTS_EMBEDS if names.takes_embeddings else INPUT_IDS
     missing = [n for n in (tokens, ATTENTION_MASK, *names.past_keys, *names.past_values) if n not in inputs]
@@ -221,12 +231,9 @@ def check_graph_shapes(session, package) -> None:
         ),
         None,
     )
-    odd = graph_outputs.problem(session, arch.vocab_size)
     problem = (
         f"gives {columns} logits per token but the package says its vocabulary has {arch.vocab_size} entries"
         if isinstance(columns, int) and columns != arch.vocab_size
-        else odd
-        if odd is not None
         else f"has {len(past) // 2} cache layers but the package says {arch.n_layer}"
         if len(past) != 2 * arch.n_layer
         else f"takes {wrong.name} of shape {wrong.shape}, not [batch, {arch.kv_heads}, past, {arch.head_size}] as the package says"

@@ -55,18 +55,11 @@ def present_name(layer: int, kind: str) -> str:
     return f"{PRESENT}{layer}.{kind}"
 
 
-# The graph's sampling outputs (docs/package-format.md): at the last position, softmax(logits / temperature) padded
-# with zeros to whole blocks of SAMPLING_BLOCK tokens, and each block's sum, for the first R rows, R the rows of the
-# temperature (an overridable initializer, [R, 1], default [[1]]). The sampler draws from them without a pass of
-# its own over the vocabulary.
-SAMPLING_BLOCK = 256  # about sqrt(V) for GPT-2's 50,257: the draw searches the block sums, then one block
-SAMPLING_OUTPUTS = SAMPLING_WEIGHTS, SAMPLING_BLOCK_SUMS = "sampling_weights", "sampling_block_sums"
-SAMPLING_TEMPERATURE = "sampling_temperature"  # its rows are the rows made: [0, 1] makes none (greedy passes)
-
-
-def sampling_blocks(vocab_size: int) -> int:
-    """How many SAMPLING_BLOCK-token blocks cover the vocabulary."""
-    return -(-vocab_size // SAMPLING_BLOCK)
+# Packages of earlier edgelm releases have graphs that also make "sampling outputs" (the last position's softmax
+# weights in blocks, and their sums) for the first R rows of this overridable initializer, [R, 1] float32. The
+# sampler computes from the logits alone: the runtime feeds it zero rows, so such a graph makes none
+# (docs/package-format.md).
+SAMPLING_TEMPERATURE = "sampling_temperature"
 
 
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB

@@ -135,11 +135,11 @@ def window_logits(engine, window: np.ndarray) -> np.ndarray:
 def greedy_tokens(engine, prompts: list, new_tokens: int, eos_token_id=None, pad_id: int = 0) -> np.ndarray:
     """[N, new_tokens] greedy continuations from a runtime Engine, batched, exactly new_tokens each (end-of-text
     is never picked before then)."""
-    from ..engine.decode import decode_steps
+    from ..batching.step import id_steps
     from ..generation_config import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=eos_token_id)
-    steps = [tokens for tokens, _ in decode_steps(engine, prompts, config, [None] * len(prompts), pad_id=pad_id)]
+    steps = [tokens for tokens, _ in id_steps(engine, prompts, config, pad_id)]
     return np.stack(steps, axis=1)
 
 

@@ -1,6 +1,6 @@
 """Next-token selection, pure NumPy: the filters (filters.py) in one fixed order, the chain that runs a request's
 active ones (chain.py), and the pick (draw.py), with top_p's and top_k's selection (nucleus.py, topk.py), the
-penalties' tallies (tally.py) and the graph's sampling outputs read in draw.py."""
+penalties' tallies (tally.py)."""
 
 from .chain import SamplerChain, process_logits
 from .draw import pick

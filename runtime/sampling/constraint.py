@@ -240,11 +240,12 @@ class RowConstraint:
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token) or self.matcher.is_error():
-            raise GenerationOptionError(
-                f"the {self.kind} constraint failed at token {token}: {_one_line(self.matcher.get_error())}",
-                param=self.kind,
-            )
+            raise self.failure(self.matcher.get_error(), f" at token {token}")
         self.finished = self.matcher.is_stopped()
+
+    def failure(self, reason, where: str = "") -> GenerationOptionError:
+        """The error that ends this row when its matcher fails: llguidance's reason, on one line."""
+        return GenerationOptionError(f"the {self.kind} constraint failed{where}: {_one_line(reason)}", param=self.kind)
 
     @property
     def may_end(self) -> bool:
@@ -271,24 +272,31 @@ class Masks:
 
     def start(self, constraints: list) -> None:
         """Compute row r's allowed tokens from constraints[r] (None, or a finished one: every token)."""
-        pairs = [(c.matcher, r) for r, c in enumerate(constraints) if c is not None and not c.finished]
-        self._pending = Masks._pool.submit(self._fill, pairs, len(constraints))
+        rows = [(c, r) for r, c in enumerate(constraints) if c is not None and not c.finished]
+        self._pending = Masks._pool.submit(self._fill, rows, len(constraints))
 
-    def _fill(self, pairs: list, rows: int) -> "Allowed":
-        # [rows, words] bitmask -> per row the ids to keep or ban, here, while the graph runs
-        if pairs:
-            lg = llguidance()
+    def _fill(self, rows: list, n: int) -> "Allowed":
+        # [n, words] bitmask -> per row the ids to keep or ban, here, while the graph runs; a row whose matcher
+        # fails is that row's failure alone (Allowed.failed), whatever the others' matchers do
+        lg, failed = llguidance() if rows else None, {}
+        if rows:
             if Masks._executor is None:
                 Masks._executor = lg.LLExecutor()
-            lg.numpy.fill_next_token_bitmask_par(Masks._executor, pairs, self.bitmask)
-        kept = [(False, NONE)] * rows
-        for matcher, r in pairs:
-            if matcher.is_error():  # its mask is meaningless: stop the row's request with the matcher's reason
-                raise GenerationOptionError(
-                    f"the constraint of row {r} failed: {_one_line(matcher.get_error())}", param="constraint"
-                )
-            kept[r] = _row_ids(self.bitmask[r], self.vocab_size)
-        return Allowed(kept)
+            try:
+                lg.numpy.fill_next_token_bitmask_par(Masks._executor, [(c.matcher, r) for c, r in rows], self.bitmask)
+            except Exception:  # which row's it was is not said: each row alone
+                for c, r in rows:
+                    try:
+                        lg.numpy.fill_next_token_bitmask(c.matcher, self.bitmask, r)
+                    except Exception as error:
+                        failed[r] = c.failure(error)
+        kept = [(False, NONE)] * n
+        for c, r in rows:
+            if r not in failed and c.matcher.is_error():  # its mask is meaningless: the row ends with the reason
+                failed[r] = c.failure(c.matcher.get_error())
+            if r not in failed:
+                kept[r] = _row_ids(self.bitmask[r], self.vocab_size)
+        return Allowed(kept, failed)
 
     def wait(self) -> "Allowed":
         """The rows' allowed tokens (an Allowed), once those started last are computed."""
@@ -314,12 +322,13 @@ def _row_ids(bitmask_row: np.ndarray, n_vocab: int) -> tuple:
 class Allowed:
     """A batch's allowed tokens, ready to apply: per row (True, allowed ids) or (False, forbidden ids), whichever list
     is shorter (a JSON structure allows a few tokens, a string all but a few), so that applying them costs little
-    whatever the vocabulary."""
+    whatever the vocabulary. failed: row -> the error of a row whose mask could not be computed (it bans nothing:
+    the row must not be picked for)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "failed")
 
-    def __init__(self, rows: list):
-        self.rows = rows
+    def __init__(self, rows: list, failed: dict | None = None):
+        self.rows, self.failed = rows, failed or {}
 
     @classmethod
     def from_bitmask(cls, bitmask: np.ndarray, n_vocab: int) -> "Allowed":
@@ -327,7 +336,9 @@ class Allowed:
         return cls([_row_ids(row, n_vocab) for row in bitmask])
 
     def take(self, index: list) -> "Allowed":
-        return Allowed([self.rows[i] for i in index])
+        """These rows only, in this order."""
+        failed = {k: self.failed[i] for k, i in enumerate(index) if i in self.failed}
+        return Allowed([self.rows[i] for i in index], failed)
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """Forbidden tokens -> -inf, in place: the sampler chain's first filter (no ids to ban is its no-op)."""

@@ -5,10 +5,6 @@ row's own generator. One float64 cumulative sum over the vocabulary is a sequent
 step's sampling budget on its own); the same token is found from 256-token block sums (float64, vectorised) and
 one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64.
-
-Graphs with sampling outputs (graph_outputs.py) compute the weights (as probabilities: the draw needs them only up
-to a common factor) and block sums themselves, in the step (Prepared): the draw then starts from them (float32
-block sums, added up in float64) and makes no pass of its own.
 """
 
 import contextlib
@@ -18,12 +14,17 @@ from itertools import accumulate
 
 import numpy as np
 
-from ..errors import GenerationOptionError, PackageError
-from .graph_outputs import BLOCK, MIN_TOTAL, Prepared, running_totals  # noqa: F401  (the chain takes them from here)
+from ..errors import GenerationOptionError
 
+BLOCK = 256  # tokens per block of the inverse-CDF search: about sqrt(V) for GPT-2's 50,257
 NEG_INF = np.float32(-np.inf)
 FEW_ALIVE = 4096  # a row with at most this many tokens above -inf is summed over them only
 REJECTION_TRIES = 8  # draws a row gets in a rejection draw (top_p's, the penalties') before it is drawn exactly
+
+
+def running_totals(sums: list) -> list:
+    """np.cumsum's float64 sums, as Python floats."""
+    return list(accumulate(sums))
 
 
 class Scratch:
@@ -187,11 +188,6 @@ def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
             break
     if token >= min((block + 1) * BLOCK, n_vocab):
         # the block's own sum and the one it was chosen by round differently: its last token with weight
-        weighted = np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)
-        if not weighted.size:  # only weights from a graph's sampling outputs can disagree with their sums so
-            raise PackageError(
-                "the graph's sampling_weights do not add up to its sampling_block_sums: the package is damaged; "
-                "export it again"
-            )
-        token = int(weighted[-1])
+        # (the chosen block's sum is positive, so a token up to its end has weight)
+        token = int(np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)[-1])
     return token

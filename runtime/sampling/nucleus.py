@@ -121,18 +121,17 @@ SURE_MARGIN = 1e-3
 SURE_TOKENS = 256  # verdict's largest gather: the tokens at or above one of at least 1/SURE_TOKENS of the weight
 # The weights order the tokens as their logits do, up to rounding: float32 exp and its division by the total (a few
 # units in the last place, 1e-7 each), a penalty's float64 factor rounded to float32, a temperature divided in
-# float32 by the graph or by NumPy. A token whose weight is within this fraction of the drawn one's may be on
+# float32 by NumPy. A token whose weight is within this fraction of the drawn one's may be on
 # either side of it by logit, so verdict() counts it on whichever side makes its answer cautious.
 ORDER_SLACK = 1e-5
 
 
-def verdict(weights, total: float, token: int, p: float, work, flags, slack: float = ORDER_SLACK) -> bool | None:
+def verdict(weights, total: float, token: int, p: float, work, flags) -> bool | None:
     """keeps()'s answer where the token is clearly inside or outside the cut, from the row's float32 weights alone;
     None within SURE_MARGIN of it (then ask keeps(), which needs the row's logits and probabilities).
 
-    A larger weight means a larger logit, except between weights within `slack` of each other (ORDER_SLACK, or more
-    where penalties reweighed the row at a temperature: sampling._reweigh_slack), so every sum below bounds the mass
-    keeps() adds up from the side that keeps the answer right. From above, for a token of at least 1/SURE_TOKENS of the
+    A larger weight means a larger logit, except between weights within ORDER_SLACK of each other, so every sum below
+    bounds the mass keeps() adds up from the side that keeps the answer right. From above, for a token of at least 1/SURE_TOKENS of the
     row's weight (few tokens are at or above it): kept if the other tokens at or near its weight hold under p -
     SURE_MARGIN of the row. From below: kept if the clearly smaller weights hold over 1 - p + SURE_MARGIN (summed over
     ever longer prefixes of the row until they do); removed if every weight up to and near its own (the token and its
@@ -141,7 +140,7 @@ def verdict(weights, total: float, token: int, p: float, work, flags, slack: flo
     # [V] float32 weights (exp(logit - max), or probabilities), their float64 sum, token id, top_p, [V] float32 and
     # [V] bool to work in
     weight = weights[token]
-    low, high = weight * np.float32(1 - slack), weight * np.float32(1 + slack)
+    low, high = weight * np.float32(1 - ORDER_SLACK), weight * np.float32(1 + ORDER_SLACK)
     if weight * SURE_TOKENS >= total:
         np.greater_equal(weights, low, out=flags)
         mass = sum(weights[np.flatnonzero(flags)].tolist()) - float(weight)  # Python floats: float64
@@ -232,32 +231,23 @@ def cut(out, p: float, min_tokens_to_keep: int = 1, ban: bool = True, scratch: S
 REJECT_FROM = 0.5  # top_p at least this large, last in the chain: drawn by rejection (draw_from)
 
 
-def draw_from(
-    out, p: float, rngs: list, scratch: Scratch, given: tuple | None = None, row_of=None, slack: float = ORDER_SLACK
-) -> np.ndarray:
+def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     """top_p then the pick, in one step, for p >= REJECT_FROM; the same distribution as cut() then draw.pick().
 
     Rejection sampling: draw from the whole row, keep the draw if the cut keeps that token, else draw again. The nucleus
     holds at least p of the mass, so at p >= 0.5 under two draws are needed on average, each tested in a pass over part
     or all of the row's weights (verdict; keeps, on its probabilities, for a token at the cut), where finding the cut
     takes a histogram and more. After draw.REJECTION_TRIES misses, the row's cut is found and drawn from: the
-    distribution stays exact either way. given: (weights, block ends) of `out` when the caller has them (a graph's
-    sampling outputs, draw.Prepared). row_of(r): row r of the logits the cut is decided on, made only for a token at the
-    cut or a row out of tries, when `out` is not them (the weights were made at a temperature: the caller divides one
-    row by it, not the whole batch every step). slack: how far out of the logits' order the given weights may be
-    (verdict).
+    distribution stays exact either way.
     """
     # [B, V] -> [B] int64
     if len(rngs) != out.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    if given is None:
-        padded = draw.weights(out, scratch)
-        ends = draw.block_ends(padded)
-        if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
-            return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
-    else:
-        padded, ends = given  # totals finite and positive (draw.Prepared.row_ends)
+    padded = draw.weights(out, scratch)
+    ends = draw.block_ends(padded)
+    if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
+        return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
     work, flags = scratch.get("work", (n_vocab,), np.float32), scratch.get("flags", (n_vocab,), bool)
     picks = np.empty(out.shape[0], dtype=np.int64)
@@ -265,16 +255,16 @@ def draw_from(
         w, probs_of = padded[r, :n_vocab], None
         for _ in range(draw.REJECTION_TRIES):
             token = draw.search(padded[r], ends[r], rng.random(), n_vocab)
-            kept = verdict(w, ends[r][-1], token, p, work, flags, slack)
+            kept = verdict(w, ends[r][-1], token, p, work, flags)
             if kept is None:  # at the cut: keeps() on the probabilities transformers' cut sums
                 if probs_of is None:  # float32 division, stored as float64
                     probs_of = np.divide(w, w.sum(), out=probs64, dtype=np.float32)
-                kept = keeps(out[r] if row_of is None else row_of(r), probs64, threshold, token, mask)
+                kept = keeps(out[r], probs64, threshold, token, mask)
             if kept:
                 picks[r] = token
                 break
         else:
-            row = out[r : r + 1].copy() if row_of is None else row_of(r)[None]
+            row = out[r : r + 1].copy()
             picks[r] = draw.inverse_cdf(cut(row, p, ban=False), np.array([rng.random()]), n_vocab)[0]
     return picks
 

@@ -133,6 +133,8 @@ class Job:
     def finish(self, error: BaseException | None) -> None:
         """The end: done() when nothing failed, else the error as the last event; then the work is let go."""
         try:
+            if error is None and self.batch is not None:  # a row that failed alone: this request's answer
+                error = self.batch.error
             if error is None:
                 self.work.done(self)
         except BaseException as failure:
@@ -227,12 +229,6 @@ class GuardedDecoder:
     def run(self, *args):
         self._job.check()
         return self._decoder.run(*args)
-
-    def set_temperatures(self, temperatures) -> None:
-        self._decoder.set_temperatures(temperatures)
-
-    def prepared(self, rows: list | None = None):
-        return self._decoder.prepared(rows)
 
 
 class Jobs:
