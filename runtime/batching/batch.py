@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..engine.decode import decode_steps
 from ..generation_config import GenerationConfig
 from ..sampling import log_softmax
+from .. import speculative
 from .rows import Completion, Piece, Rows
 
 __all__ = ["MAX_BATCH_TOKENS", "Batch", "Completion", "Piece", "Rows", "Stream"]
@@ -40,14 +41,23 @@ class Batch:
     def __post_init__(self):
         self.rows = Rows(self.tokenizer, self.prompts, self.config, self.truncated, self.grammars)
         self._steps = None
+        self.speculation = None  # a speculative.Speculation: what several tokens per pass did (one row only)
 
     def __iter__(self):
         # finished: row -> finish reason, shared with the engine: it adds end-of-text and length, we add stops
         rows, finished = self.rows, {}
         constraints = [rows.constraint(row) for row in range(len(rows))]
-        self._steps = decode_steps(
-            self.engine, rows.ids, self.config, rows.generators(), self.pad_id, finished, constraints
-        )
+        if speculative.uses(self.config, len(rows), constraints):  # one row: several tokens per pass
+            self.speculation = speculative.Speculation()
+            proposer = speculative.proposer(self.config)
+            self._steps = speculative.speculative_steps(
+                self.engine, rows.ids[0], self.config, rows.generators()[0], self.pad_id, finished, constraints[0],
+                proposer, self.speculation,
+            )  # fmt: skip
+        else:
+            self._steps = decode_steps(
+                self.engine, rows.ids, self.config, rows.generators(), self.pad_id, finished, constraints
+            )
         try:
             for tokens, logits in self._steps:
                 logprobs = log_softmax(logits) if self.config.logprobs is not None else None
@@ -61,6 +71,8 @@ class Batch:
                         yield Piece(row, text)
         finally:
             self.close()
+        if self.speculation is not None and self.completions:
+            self.completions[0].speculation = self.speculation.to_dict()
 
     @property
     def completions(self) -> list:

@@ -41,12 +41,17 @@ class Completion:
     # (the text is the value)
     parsed: object = None
     constraint: str | None = None  # the row's constraint: "json_schema", "json_object", "regex", "grammar", "choices"
+    # with several tokens per pass (runtime/speculative/): {"drafted", "accepted", "forced", "passes",
+    # "acceptance_rate"}; None when the row was decoded one token per pass
+    speculation: dict | None = None
 
     def to_dict(self) -> dict:
         """The fields as a dict; an unconstrained row's has neither parsed nor constraint."""
         fields = dict(self.__dict__)
         if self.constraint is None:
             del fields["parsed"], fields["constraint"]
+        if self.speculation is None:
+            del fields["speculation"]
         return fields
 
 

@@ -1,0 +1,28 @@
+"""Several tokens per pass over the weights, with the output of one token per pass.
+
+    ngram.py    propose: prompt lookup, with an adaptive draft length and an off-switch
+    verify.py   accept: the rules that keep the output the model's own (pure NumPy)
+    decode.py   the row's loop: propose, verify in one pass (engine/verify_pass.py), accept
+
+The `speculative` option (GenerationConfig) picks what is proposed: "auto" the constraint's forced tokens,
+"ngram" those and prompt lookup, "off" nothing. A call of one row speculates; a batch of several rows decodes
+one token per pass (uses() says which).
+"""
+
+from .decode import Speculation, speculative_steps
+from .ngram import NgramProposer
+
+__all__ = ["NgramProposer", "Speculation", "speculative_steps", "uses", "proposer"]
+
+
+def uses(config, rows: int, constraints: list) -> bool:
+    """Whether a call of `rows` rows with these settings and constraints decodes by speculative_steps: one row,
+    speculative not "off", and something to propose (prompt lookup, or a constraint's forced tokens)."""
+    if rows != 1 or config.speculative == "off":
+        return False
+    return config.speculative != "auto" or constraints[0] is not None
+
+
+def proposer(config):
+    """The row's proposer for these settings: an NgramProposer for "ngram", else None (forced tokens only)."""
+    return NgramProposer() if config.speculative == "ngram" else None
