@@ -112,7 +112,7 @@ def test_accepted_and_rejected_drafts_keep_the_output(any_model, monkeypatch, wr
         ids = any_model.encode(prompt)
         plain = any_model.generate(prompt, max_new_tokens=30, speculative="off")
         oracle = Oracle(ids, plain.token_ids, wrong)
-        monkeypatch.setattr(speculative, "proposer", lambda config: oracle)
+        monkeypatch.setattr(speculative, "proposer", lambda *args: oracle)
         fast = any_model.generate(prompt, max_new_tokens=30, speculative="ngram")
         assert fast.token_ids == plain.token_ids
         stats = fast.speculation
@@ -201,3 +201,56 @@ def test_a_schema_s_forced_tokens_take_fewer_passes(fp32):
     assert done.parsed["status"] == "unchanged"
     assert stats["forced"] > 10 and stats["accepted"] >= stats["forced"]
     assert stats["passes"] < len(done.token_ids) / 2
+
+
+@pytest.mark.parametrize("target, draft", [("tiny_package", "tiny_package_int8"), ("llama_package", "llama_package_int8")])
+def test_a_draft_model_s_guesses_keep_the_output(request, target, draft):
+    model = load(request.getfixturevalue(target), draft=request.getfixturevalue(draft))
+    for options in (dict(), dict(do_sample=True, seed=11, top_k=0), dict(repetition_penalty=1.2)):
+        for prompt in PROMPTS:
+            plain = model.generate(prompt, max_new_tokens=30, speculative="off", **options)
+            fast = model.generate(prompt, max_new_tokens=30, speculative="draft", **options)
+            assert fast.token_ids == plain.token_ids, (prompt, options)
+            if not options:  # a quantized copy of the same weights agrees on most greedy tokens
+                assert fast.speculation["accepted"] > fast.speculation["drafted"] / 2
+                assert fast.speculation["passes"] < len(fast.token_ids) / 2
+
+
+def test_a_draft_under_a_constraint_keeps_the_output(tiny_package, tiny_package_int8):
+    model = load(tiny_package, draft=tiny_package_int8)
+    plain = model.generate("A:", max_new_tokens=60, json_schema=FORCED_SCHEMA, speculative="off")
+    fast = model.generate("A:", max_new_tokens=60, json_schema=FORCED_SCHEMA, speculative="draft")
+    assert (fast.token_ids, fast.parsed) == (plain.token_ids, plain.parsed)
+
+
+def test_a_draft_of_another_tokenizer_is_refused_in_one_line(tiny_package, gpt2_vocab_package):
+    from edgelm.runtime.errors import PackageError
+
+    with pytest.raises(PackageError, match="has another tokenizer than .*a draft must share") as error:
+        load(tiny_package, draft=gpt2_vocab_package)
+    assert "\n" not in str(error.value)
+
+
+def test_draft_without_a_draft_model_says_what_to_do(fp32):
+    with pytest.raises(GenerationOptionError, match="needs a draft model: load the package with draft="):
+        fp32.generate("Hi", speculative="draft")
+
+
+def test_the_cli_takes_speculative_and_prints_its_statistics(tiny_package, tiny_package_int8):
+    import json
+
+    from click.testing import CliRunner
+    from edgelm.runtime.cli.main import main
+
+    args = ["generate", "-m", str(tiny_package), PROMPTS[1], "--max-new-tokens", "20", "--json"]
+    plain = json.loads(CliRunner().invoke(main, [*args, "--speculative", "off"]).output)
+    for mode in (["ngram"], ["draft", "--draft-model", str(tiny_package_int8)]):
+        result = CliRunner().invoke(main, [*args, "--speculative", *mode])
+        assert result.exit_code == 0, result.output
+        fast = json.loads(result.output)
+        assert fast["token_ids"] == plain["token_ids"] and "speculation" not in plain
+        assert set(fast["speculation"]) == {"drafted", "accepted", "forced", "passes", "acceptance_rate"}
+    result = CliRunner().invoke(main, [*args, "--speculative", "draft"])
+    assert result.exit_code == 1 and "needs a draft model" in result.output
+    result = CliRunner().invoke(main, [*args, "--speculative", "fast"])
+    assert result.exit_code == 2 and "'fast' is not one of" in result.output

@@ -37,6 +37,7 @@ class Batch:
     truncated: list = field(default_factory=list)  # dropped prompt tokens per prompt
     # per prompt: its compiled constraint (runtime/sampling/constraint.py Grammar) or None; empty: none at all
     grammars: list = field(default_factory=list)
+    draft: object = None  # the draft Model for speculative="draft" (runtime/speculative/draft.py), or None
 
     def __post_init__(self):
         self.rows = Rows(self.tokenizer, self.prompts, self.config, self.truncated, self.grammars)
@@ -49,7 +50,7 @@ class Batch:
         constraints = [rows.constraint(row) for row in range(len(rows))]
         if speculative.uses(self.config, len(rows), constraints):  # one row: several tokens per pass
             self.speculation = speculative.Speculation()
-            proposer = speculative.proposer(self.config)
+            proposer = speculative.proposer(self.config, self.draft, len(rows.ids[0]))
             self._steps = speculative.speculative_steps(
                 self.engine, rows.ids[0], self.config, rows.generators()[0], self.pad_id, finished, constraints[0],
                 proposer, self.speculation,

@@ -34,6 +34,8 @@ SHARED_OPTIONS = (
     "presence_penalty",
     "stop",
     "seed",
+    "speculative",
+    "draft_model",
     "device",
     "threads",
     "no_verify",
@@ -44,7 +46,7 @@ SHARED_OPTIONS = (
 @click.command()
 @click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
 @prefix_cache_option
-def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_verify, **options):
+def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_verify, draft_model, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
 
     \b
@@ -61,6 +63,7 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
         threads=threads,
         verify=verify_mode(no_verify, full_verify),
         prefix_cache_mb=prefix_cache_mb,
+        draft=draft_model,
     )
     config = model.settings(**options)
     model.chat_template.render([*history, {"role": "user", "content": "Hi"}])  # a broken template fails now

@@ -7,7 +7,7 @@ import click
 
 from ..errors import EdgelmError
 from ..eval_text import MIN_EVAL_TOKENS
-from ..generation_config import sampling_implied
+from ..generation_config import SPECULATIVE, sampling_implied
 from ..inputs import decode_utf8
 from .options import (
     constraint_options,
@@ -98,6 +98,18 @@ def main():
 @click.option("--logprobs", type=int, help="Include the chosen and top-N tokens' log-probs (with --json).")
 @constraint_options
 @click.option(
+    "--speculative",
+    type=click.Choice(SPECULATIVE),
+    help="Several tokens per pass, the same output: auto feeds a constraint's forced tokens in one pass, ngram adds "
+    "prompt lookup (quoting, extracting, rewriting the prompt), draft adds a draft model's guesses (--draft-model), "
+    "off decodes one token per pass. Statistics in --json.",
+)
+@click.option(
+    "--draft-model",
+    metavar="NAME_OR_PATH",
+    help="A smaller package of the same tokenizer whose guesses --speculative draft verifies.",
+)
+@click.option(
     "--truncate",
     is_flag=True,
     default=None,
@@ -124,6 +136,7 @@ def generate(
     batch_size,
     overwrite,
     quiet,
+    draft_model,
     **options,
 ):
     """Complete PROMPT and stream it to stdout. With no PROMPT, piped stdin is the prompt ('-' reads stdin too);
@@ -151,7 +164,7 @@ def generate(
     options = sampling_implied(options)
     if logit_bias:
         options["logit_bias"] = _parse_bias(logit_bias)
-    model = load(package, device=device, threads=threads, verify=verify)
+    model = load(package, device=device, threads=threads, verify=verify, draft=draft_model)
     if ban:
         options["bad_words_ids"] = [model.encode(w) for w in ban] + [
             model.encode(" " + w) for w in ban if not w.startswith(" ")

@@ -1,11 +1,12 @@
 """Several tokens per pass over the weights, with the output of one token per pass.
 
     ngram.py    propose: prompt lookup, with an adaptive draft length and an off-switch
+    draft.py    propose: a smaller package of the same tokenizer guesses, with a rolled-back cache of its own
     verify.py   accept: the rules that keep the output the model's own (pure NumPy)
     decode.py   the row's loop: propose, verify in one pass (engine/verify_pass.py), accept
 
 The `speculative` option (GenerationConfig) picks what is proposed: "auto" the constraint's forced tokens,
-"ngram" those and prompt lookup, "off" nothing. A call of one row speculates; a batch of several rows decodes
+"ngram" those and prompt lookup, "draft" those and a draft model's guesses (draft.py), "off" nothing. A call of one row speculates; a batch of several rows decodes
 one token per pass (uses() says which).
 """
 
@@ -23,6 +24,11 @@ def uses(config, rows: int, constraints: list) -> bool:
     return config.speculative != "auto" or constraints[0] is not None
 
 
-def proposer(config):
-    """The row's proposer for these settings: an NgramProposer for "ngram", else None (forced tokens only)."""
+def proposer(config, draft=None, prompt_length: int = 0):
+    """The row's proposer for these settings: an NgramProposer for "ngram", a DraftProposer for "draft" (draft:
+    the draft Model, see load(..., draft=)), else None (forced tokens only)."""
+    if config.speculative == "draft":
+        from .draft import DraftProposer
+
+        return DraftProposer(draft.engine, config, prompt_length, config.vocab_size, draft.arch.n_positions)
     return NgramProposer() if config.speculative == "ngram" else None
