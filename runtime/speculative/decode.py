@@ -61,14 +61,17 @@ def speculative_steps(
     input_ids, attention_mask, position_ids = prefill_inputs([prompt], pad_id)
     decoder = engine.decoder(1, capacity=len(prompt) + config.max_new_tokens)
     passes = VerifyPasses(decoder)
+    if masks is not None:
+        masks.start([constraint])  # the first position's mask while the pass runs (as in decode_steps)
     logits, draft, forced = decoder.run(input_ids, attention_mask, position_ids)[0, -1:], [], 0
     while True:
         # Accept: position i's pick, after the i draft ids before it were accepted; the draft ends at a mismatch.
         picks = []
-        for row in logits:
+        for i, row in enumerate(logits):
             row = row[None]  # [1, V]
             if masks is not None:
-                masks.start([constraint])
+                if i:  # the first was started before the pass
+                    masks.start([constraint])
                 row = sampler.constrain(row, masks.wait())
             token = int(sampler(row, [state.seen], [state.generated], [rng])[0])
             picks.append(token)
@@ -89,6 +92,8 @@ def speculative_steps(
         passes.rewind(cached)
         draft, forced = propose(state, proposer, config.max_new_tokens - len(state.generated) - 1)
         stats.drafted, stats.forced, stats.passes = stats.drafted + len(draft), stats.forced + forced, stats.passes + 1
+        if masks is not None:  # after propose(), which reads the same matcher
+            masks.start([constraint])
         logits = passes.run([state.seen[-1], *draft], cached)
 
 
