@@ -135,11 +135,21 @@ def test_accepted_and_rejected_drafts_keep_the_output(any_model, monkeypatch, wr
         dict(ignore_eos=True),
     ],
 )
-def test_options_behave_as_without_speculation(fp32, options):
+@pytest.mark.parametrize("proposer", ["ngram", "oracle"])
+def test_options_behave_as_without_speculation(fp32, monkeypatch, options, proposer):
+    """With the oracle every draft is the output itself, so each option meets wide passes of accepted tokens
+    (penalties, n-gram bans and min_new_tokens updated by each accepted token in order)."""
+    from edgelm.runtime import speculative
+
     options = {"max_new_tokens": 25, **options}
     for prompt in PROMPTS[:2]:
         plain = fp32.generate(prompt, speculative="off", **options)
+        if proposer == "oracle":
+            oracle = Oracle(fp32.encode(prompt), plain.token_ids)
+            monkeypatch.setattr(speculative, "proposer", lambda *args: oracle)
         fast = fp32.generate(prompt, speculative="ngram", **options)
+        if proposer == "oracle" and len(plain.token_ids) > 2:
+            assert fast.speculation["accepted"] > 0
         assert fast.token_ids == plain.token_ids, options
         assert (fast.text, fast.finish_reason, fast.stop_string) == (plain.text, plain.finish_reason, plain.stop_string)
         if "logprobs" in options:
@@ -254,3 +264,44 @@ def test_the_cli_takes_speculative_and_prints_its_statistics(tiny_package, tiny_
     assert result.exit_code == 1 and "needs a draft model" in result.output
     result = CliRunner().invoke(main, [*args, "--speculative", "fast"])
     assert result.exit_code == 2 and "'fast' is not one of" in result.output
+
+
+def test_a_forced_tool_call_is_the_same_with_its_forced_tokens_in_one_pass(gpt2_vocab_package):
+    from edgelm.runtime import tool_format
+
+    model = load(gpt2_vocab_package)
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 6}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    ask, named = [{"role": "user", "content": "Weather?"}], {"type": "function", "function": {"name": "get_weather"}}
+    options = dict(tools=[weather], tool_choice=named, max_new_tokens=60, truncate=True)
+    plain = model.chat(ask, speculative="off", **options)
+    fast = model.chat(ask, **options)  # auto
+    assert fast.token_ids == plain.token_ids
+    assert fast.speculation["forced"] > 5 and fast.speculation["passes"] < len(fast.token_ids)
+    assert {c.name for c in tool_format(model).parse(fast.text)[1]} == {"get_weather"}
+
+
+def test_speculation_over_the_prefix_cache(tiny_package):
+    model = load(tiny_package, prefix_cache_mb=4)
+    plain = model.generate(PROMPTS[1], max_new_tokens=25, speculative="off")
+    for _ in range(2):  # the second call restores the prompt's rows from the prefix cache
+        assert model.generate(PROMPTS[1], max_new_tokens=25, speculative="ngram").token_ids == plain.token_ids
+
+
+def test_a_prompt_file_line_takes_speculative(fp32):
+    from edgelm.runtime.prompt_file import generate_records
+
+    config = fp32.settings(max_new_tokens=10)
+    records = [{"prompt": PROMPTS[1], "speculative": "ngram"}, {"prompt": PROMPTS[1], "speculative": "sometimes"}]
+    done, refused = generate_records(fp32, config, records)
+    assert done["speculation"]["passes"] >= 1 and "speculative must be one of" in refused["error"]
