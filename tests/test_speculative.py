@@ -216,7 +216,7 @@ def test_a_schema_s_forced_tokens_take_fewer_passes(fp32):
 @pytest.mark.parametrize("target, draft", [("tiny_package", "tiny_package_int8"), ("llama_package", "llama_package_int8")])
 def test_a_draft_model_s_guesses_keep_the_output(request, target, draft):
     model = load(request.getfixturevalue(target), draft=request.getfixturevalue(draft))
-    for options in (dict(), dict(do_sample=True, seed=11, top_k=0), dict(repetition_penalty=1.2)):
+    for options in (dict(), dict(repetition_penalty=1.2, logit_bias={11: 2.0})):
         for prompt in PROMPTS:
             plain = model.generate(prompt, max_new_tokens=30, speculative="off", **options)
             fast = model.generate(prompt, max_new_tokens=30, speculative="draft", **options)
@@ -224,6 +224,18 @@ def test_a_draft_model_s_guesses_keep_the_output(request, target, draft):
             if not options:  # a quantized copy of the same weights agrees on most greedy tokens
                 assert fast.speculation["accepted"] > fast.speculation["drafted"] / 2
                 assert fast.speculation["passes"] < len(fast.token_ids) / 2
+
+
+@pytest.mark.parametrize("options", [dict(top_k=0), dict(temperature=0.8, top_p=0.9, repetition_penalty=1.2)])
+def test_a_sampled_row_s_draft_draws_and_the_target_accepts_by_rejection_sampling(tiny_package, options):
+    """A draft identical to the target draws from the target's own distribution: rejection sampling accepts nearly
+    every draw (min(1, p / q) is 1 but for the last bits of a wider pass). The same seed gives the same tokens."""
+    model = load(tiny_package, draft=tiny_package)
+    runs = [model.generate(PROMPTS[2], max_new_tokens=30, do_sample=True, seed=4, speculative="draft", **options)]
+    runs.append(model.generate(PROMPTS[2], max_new_tokens=30, do_sample=True, seed=4, speculative="draft", **options))
+    assert runs[0].token_ids == runs[1].token_ids
+    stats = runs[0].speculation
+    assert stats["acceptance_rate"] > 0.95 and stats["passes"] < len(runs[0].token_ids) / 2
 
 
 def test_a_draft_under_a_constraint_keeps_the_output(tiny_package, tiny_package_int8):
@@ -305,3 +317,13 @@ def test_a_prompt_file_line_takes_speculative(fp32):
     records = [{"prompt": PROMPTS[1], "speculative": "ngram"}, {"prompt": PROMPTS[1], "speculative": "sometimes"}]
     done, refused = generate_records(fp32, config, records)
     assert done["speculation"]["passes"] >= 1 and "speculative must be one of" in refused["error"]
+
+
+def test_a_sampled_draft_under_a_constraint_keeps_the_output_valid(tiny_package, tiny_package_int8):
+    """Drawn drafts are not cut to the grammar (their verification must see each draw): a draw the grammar
+    forbids has target probability 0 and is always rejected."""
+    model = load(tiny_package, draft=tiny_package_int8)
+    for seed in range(3):
+        done = model.generate("A:", max_new_tokens=60, json_schema=FORCED_SCHEMA, do_sample=True, seed=seed,
+                              speculative="draft")  # fmt: skip
+        assert done.finish_reason == "stop" and done.parsed["status"] == "unchanged"

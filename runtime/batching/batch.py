@@ -50,10 +50,11 @@ class Batch:
         constraints = [rows.constraint(row) for row in range(len(rows))]
         if speculative.uses(self.config, len(rows), constraints):  # one row: several tokens per pass
             self.speculation = speculative.Speculation()
-            proposer = speculative.proposer(self.config, self.draft, len(rows.ids[0]))
+            rng = rows.generators()[0]
+            proposer = speculative.proposer(self.config, self.draft, len(rows.ids[0]), rng)
             self._steps = speculative.speculative_steps(
-                self.engine, rows.ids[0], self.config, rows.generators()[0], self.pad_id, finished, constraints[0],
-                proposer, self.speculation,
+                self.engine, rows.ids[0], self.config, rng, self.pad_id, finished, constraints[0], proposer,
+                self.speculation,
             )  # fmt: skip
         else:
             self._steps = decode_steps(

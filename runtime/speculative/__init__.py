@@ -24,11 +24,11 @@ def uses(config, rows: int, constraints: list) -> bool:
     return config.speculative != "auto" or constraints[0] is not None
 
 
-def proposer(config, draft=None, prompt_length: int = 0):
+def proposer(config, draft=None, prompt_length: int = 0, rng=None):
     """The row's proposer for these settings: an NgramProposer for "ngram", a DraftProposer for "draft" (draft:
-    the draft Model, see load(..., draft=)), else None (forced tokens only)."""
+    the draft Model, see load(..., draft=); rng: the row's generator), else None (forced tokens only)."""
     if config.speculative == "draft":
         from .draft import DraftProposer
 
-        return DraftProposer(draft.engine, config, prompt_length, config.vocab_size, draft.arch.n_positions)
+        return DraftProposer(draft.engine, config, prompt_length, config.vocab_size, draft.arch.n_positions, rng)
     return NgramProposer() if config.speculative == "ngram" else None

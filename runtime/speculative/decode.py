@@ -4,7 +4,8 @@ speculative_steps is decode_steps (runtime/engine/decode.py) for a batch of one 
 yields (tokens [1], logits [1, V]) per new token, so that text, stop strings, log-probs and streaming above it
 see each token as without speculation. Each round proposes draft ids (the grammar's forced tokens, then prompt
 lookup: ngram.py), feeds the last token and the draft in one verify pass (runtime/engine/verify_pass.py), and
-accepts the draft while the sampler chain's picks confirm it (verify.py); the cache keeps the accepted rows.
+accepts the draft while the sampler chain's picks confirm it, or, for a draft drawn from a distribution, by
+speculative rejection sampling (verify.py); the cache keeps the accepted rows.
 """
 
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ..engine.verify_pass import VerifyPasses
 from ..generation_config import GenerationConfig
 from ..sampling import SamplerChain
 from ..sampling.constraint import Masks
-from .verify import accepted_prefix
+from .verify import accepted_prefix, probabilities, rejection_sample
 
 
 @dataclass
@@ -63,7 +64,7 @@ def speculative_steps(
     passes = VerifyPasses(decoder)
     if masks is not None:
         masks.start([constraint])  # the first position's mask while the pass runs (as in decode_steps)
-    logits, draft, forced = decoder.run(input_ids, attention_mask, position_ids)[0, -1:], [], 0
+    logits, draft, forced, drawn = decoder.run(input_ids, attention_mask, position_ids)[0, -1:], [], 0, None
     while True:
         # Accept: position i's pick, after the i draft ids before it were accepted; the draft ends at a mismatch.
         picks = []
@@ -73,7 +74,11 @@ def speculative_steps(
                 if i:  # the first was started before the pass
                     masks.start([constraint])
                 row = sampler.constrain(row, masks.wait())
-            token = int(sampler(row, [state.seen], [state.generated], [rng])[0])
+            if drawn is not None and forced <= i < len(draft):  # a draft token drawn from q: rejection sampling
+                p = probabilities(sampler.process(row, [state.seen], [state.generated])[0])
+                token = rejection_sample(p, drawn[i - forced], draft[i], rng)[1]
+            else:  # the chain's pick: it confirms a fixed proposal or replaces it
+                token = int(sampler(row, [state.seen], [state.generated], [rng])[0])
             picks.append(token)
             reason = state.append(token)
             if reason is not None:
@@ -91,6 +96,7 @@ def speculative_steps(
         cached = len(state.seen) - 1
         passes.rewind(cached)
         draft, forced = propose(state, proposer, config.max_new_tokens - len(state.generated) - 1)
+        drawn = getattr(proposer, "q", None)  # a sampled draft's distributions, one per proposed id after the forced
         stats.drafted, stats.forced, stats.passes = stats.drafted + len(draft), stats.forced + forced, stats.passes + 1
         if masks is not None:  # after propose(), which reads the same matcher
             masks.start([constraint])
@@ -107,6 +113,7 @@ def propose(state: RowState, proposer, limit: int) -> tuple[list, int]:
         forced = state.constraint.forced_tokens(limit)
     if proposer is not None and len(forced) < limit:
         draft = proposer.propose(state.seen + forced, limit - len(forced))
-        if state.constraint is not None and draft:
+        # cut where the grammar refuses (a drawn draft is not cut: its verification must see each draw)
+        if state.constraint is not None and draft and getattr(proposer, "q", None) is None:
             draft = draft[: max(0, state.constraint.valid_prefix(forced + draft) - len(forced))]
     return forced + draft, len(forced)

@@ -2,8 +2,9 @@
 pass each, and the target verifies them all in one pass (Leviathan et al. 2023; transformers' assistant_model).
 
 The draft keeps a key/value cache of its own and rolls it back to the tokens both models agree on (in place: a
-length reset, no copy), then proposes its greedy picks under the request's filters (a SamplerChain of the
-settings without sampling): a fixed sequence, which verify.py's first rule accepts exactly.
+length reset, no copy). A greedy row's draft proposes its greedy picks under the request's filters: a fixed
+sequence, which verify.py's first rule accepts exactly. A sampled row's draft draws each token from its own
+distribution after the same filters (q), and the target accepts by speculative rejection sampling.
 """
 
 import hashlib
@@ -16,21 +17,27 @@ from ..errors import PackageError
 from ..engine.verify_pass import VerifyPasses
 from ..sampling import SamplerChain
 from .ngram import MAX_DRAFT, START_DRAFT
+from .verify import probabilities
 
 
 class DraftProposer:
     """One row's draft-model proposer: propose(seen, limit) -> ids, then accepted(drafted, accepted)."""
 
-    def __init__(self, engine, config, prompt_length: int, target_vocab: int, context: int):
-        """engine: the draft's; context: the draft model's positions (it proposes nothing past them)."""
-        self.engine, self.prompt_length, self.target_vocab = engine, prompt_length, target_vocab
+    def __init__(self, engine, config, prompt_length: int, target_vocab: int, context: int, rng=None):
+        """engine: the draft's; context: the draft model's positions (it proposes nothing past them); rng: the
+        row's generator, which a sampled row's draft draws from."""
+        self.engine, self.prompt_length, self.target_vocab, self.rng = engine, prompt_length, target_vocab, rng
         # its cache: the prompt, the output, and the draft's own guesses (MAX_DRAFT at most past the output)
         self.capacity = min(context, prompt_length + config.max_new_tokens + MAX_DRAFT + 1)
         self.decoder = engine.decoder(1, capacity=self.capacity)
         self.passes = VerifyPasses(self.decoder)
-        self.chain = SamplerChain(_greedy(config), engine.vocab_size)
+        self.sampled = config.do_sample
+        self.chain = SamplerChain(_unconstrained(config), engine.vocab_size)
         self.fed: list = []  # the ids whose rows the draft's cache holds, in order
         self.draft = START_DRAFT
+        # Sampled rows: the draft's distribution at each proposed position ([target V] float64), for
+        # verify.rejection_sample; None for greedy rows, whose proposals are fixed.
+        self.q: list | None = None
 
     def propose(self, seen: list, limit: int) -> list:
         limit = min(limit, self.draft, self.capacity - len(seen))
@@ -38,11 +45,17 @@ class DraftProposer:
             return []
         logits = self._catch_up(seen)
         ids = list(seen)
-        out = []
+        out, self.q = [], [] if self.sampled else None
         while True:
-            token = int(self.chain(logits[None], [ids], [ids[self.prompt_length :]], [None])[0])
-            if token >= self.target_vocab:  # an id the target does not have (a padded draft vocabulary)
-                break
+            if self.sampled:  # a draw from q, the draft's distribution after every filter of the chain
+                q = self._distribution(logits, ids)
+                self.q.append(q)
+                cumulative = np.cumsum(q)
+                token = int(np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right"))
+            else:
+                token = int(self.chain(logits[None], [ids], [ids[self.prompt_length :]], [None])[0])
+                if token >= self.target_vocab:  # an id the target does not have (a padded draft vocabulary)
+                    break
             out.append(token)
             ids.append(token)
             if len(out) == limit:
@@ -50,6 +63,14 @@ class DraftProposer:
             logits = self.passes.run([token], len(self.fed))[-1]
             self.fed.append(token)
         return out
+
+    def _distribution(self, logits: np.ndarray, ids: list) -> np.ndarray:
+        """q over the target's vocabulary: the chain's filters on the draft's logits, ids the target lacks at 0."""
+        # [V_draft] -> [target V] float64
+        filtered = self.chain.process(logits[None], [ids], [ids[self.prompt_length :]])[0][: self.target_vocab]
+        q = np.zeros(self.target_vocab)
+        q[: len(filtered)] = probabilities(filtered)
+        return q
 
     def accepted(self, drafted: int, accepted: int) -> None:
         """Grow the draft while it is accepted whole, shrink it to what was."""
@@ -74,11 +95,11 @@ class DraftProposer:
         return logits
 
 
-def _greedy(config):
-    """The settings the draft picks under: the request's filters, greedy, no constraint (verify trims the draft to
-    what the grammar accepts)."""
-    return replace(config, do_sample=False, num_return_sequences=1, greedy_copies=False, json_schema=None,
-                   json_object=False, regex=None, grammar=None, choices=None, vocab_size=None)  # fmt: skip
+def _unconstrained(config):
+    """The settings the draft picks or draws under: the request's filters without its constraint (the target's
+    verification applies the grammar)."""
+    return replace(config, num_return_sequences=1, greedy_copies=False, json_schema=None, json_object=False,
+                   regex=None, grammar=None, choices=None, vocab_size=None)  # fmt: skip
 
 
 def check_same_tokenizer(target, draft) -> None:
