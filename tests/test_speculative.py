@@ -327,3 +327,17 @@ def test_a_sampled_draft_under_a_constraint_keeps_the_output_valid(tiny_package,
         done = model.generate("A:", max_new_tokens=60, json_schema=FORCED_SCHEMA, do_sample=True, seed=seed,
                               speculative="draft")  # fmt: skip
         assert done.finish_reason == "stop" and done.parsed["status"] == "unchanged"
+
+
+@pytest.mark.parametrize("wrong", [0, 2])
+def test_the_growing_cache_is_cut_back_on_rejection(fp32, monkeypatch, wrong):
+    """Graphs without the in-place cache (optimum's, CUDA) grow a present per pass: a rejection slices it."""
+    from edgelm.runtime import speculative
+    from edgelm.runtime.engine.decode import Engine
+
+    plain = fp32.generate(PROMPTS[0], max_new_tokens=30, speculative="off")
+    monkeypatch.setattr(Engine, "writes_cache_in_place", property(lambda self: False))
+    oracle = Oracle(fp32.encode(PROMPTS[0]), plain.token_ids, wrong)
+    monkeypatch.setattr(speculative, "proposer", lambda *args: oracle)
+    fast = fp32.generate(PROMPTS[0], max_new_tokens=30, speculative="ngram")
+    assert fast.token_ids == plain.token_ids and fast.speculation["passes"] < len(plain.token_ids)
