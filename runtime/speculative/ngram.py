@@ -67,7 +67,7 @@ def latest_match(ids: np.ndarray, n: int) -> int | None:
     """Where the latest earlier occurrence of ids' last n ids starts (one that some id follows), or None."""
     # [T] int64 -> index
     suffix = ids[-n:]
-    starts = np.flatnonzero(ids[: len(ids) - n] == suffix[0])  # n-grams that end before the suffix starts to
+    starts = np.flatnonzero(ids[: len(ids) - n] == suffix[0])  # candidate starts: an id follows each n-gram
     for offset in range(1, n):
         starts = starts[ids[starts + offset] == suffix[offset]]
     return int(starts[-1]) if len(starts) else None
