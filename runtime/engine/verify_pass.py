@@ -23,6 +23,7 @@ class VerifyPasses:
         self.decoder, self.engine = decoder, decoder.engine
         self.in_place = hasattr(decoder, "buffers")
         self._runs = {}  # in place: tokens per pass -> (run, keep OrtValue, logits [1, n, V], arrays they borrow)
+        self.length = None  # growing: the positions its cache holds after the last pass here (None: the prompt's)
 
     def run(self, tokens: list, cached: int) -> np.ndarray:
         """Feed `tokens` at positions cached, cached + 1, ...; returns their logits [len(tokens), V] (valid until
@@ -32,6 +33,7 @@ class VerifyPasses:
         input_ids = np.asarray([tokens], dtype=np.int64)
         attention_mask = np.ones((1, cached + n), dtype=np.int64)
         position_ids = np.arange(cached, cached + n, dtype=np.int64)[None]
+        self.length = cached + n
         if n == 1:  # one token: the decoder's own step, the same pass a plain decode makes
             return self.decoder.run(input_ids, attention_mask, position_ids)[0]
         if not self.in_place:
@@ -50,8 +52,9 @@ class VerifyPasses:
     def rewind(self, cached: int) -> None:
         """Keep the first `cached` positions of the cache: in place nothing moves (the next mask is shorter);
         a growing cache is cut to them."""
-        if self.in_place:
+        if self.in_place or self.length in (None, cached):  # nothing to cut: the whole draft was accepted
             return
+        self.length = cached
         # the OrtValues borrow the arrays: kept until the next rewind, when the graph has made its own present
         self._kept = [np.ascontiguousarray(value.numpy()[:, :, :cached]) for value in self.decoder.past]
         self.decoder.past = [self.engine.runner.value(array, self.engine.device) for array in self._kept]

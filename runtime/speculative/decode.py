@@ -50,8 +50,8 @@ def speculative_steps(
     stats: Speculation | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield (tokens [1] int64, logits [1, V]) per new token of one row until it finishes (decode_steps' contract:
-    `finished` maps 0 -> reason, the caller may add it between yields). proposer: an ngram.NgramProposer or None
-    (the constraint's forced tokens only); stats: a Speculation to count into."""
+    `finished` maps 0 -> reason, the caller may add it between yields). proposer: an ngram.NgramProposer, a
+    draft.DraftProposer or None (the constraint's forced tokens only); stats: a Speculation to count into."""
     finished = {} if finished is None else finished
     stats = Speculation() if stats is None else stats
     sampler = SamplerChain(config, engine.vocab_size)

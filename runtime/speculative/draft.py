@@ -87,7 +87,7 @@ class DraftProposer:
         common = min(common, len(seen) - 1)  # at least one id is fed: its logits are the next guess's
         if common == 0:  # the prompt: in the decoder's chunks, the last position's logits only
             input_ids, attention_mask, position_ids = prefill_inputs([seen], 0)
-            self.fed = list(seen)
+            self.fed, self.passes.length = list(seen), len(seen)
             return self.decoder.run(input_ids, attention_mask, position_ids)[0, -1]
         self.passes.rewind(common)
         logits = self.passes.run(seen[common:], common)[-1]
