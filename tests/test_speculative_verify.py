@@ -87,3 +87,76 @@ def test_low_acceptance_switches_prompt_lookup_off_for_a_while():
     for _ in range(ngram.PAUSE):
         assert proposer.propose(seen, limit=8) == []
     assert proposer.propose(seen, limit=8)  # and back on after the pause
+
+
+class MarkovEngine:
+    """A stand-in engine on ids over 5 tokens: each position's logits are a fixed row of the previous id, so the
+    exact distribution of every output is known. It keeps no cache (its rows depend on one id)."""
+
+    vocab_size, device, runner = 5, "cpu", None
+
+    def __init__(self, table: np.ndarray):
+        self.table = table  # [V, V] logits of the next id given the previous one
+
+    def forward(self, input_ids, attention_mask, position_ids, past, logits_to_keep=1):
+        return self.table[np.asarray(input_ids)][:, -logits_to_keep:], []
+
+    def decoder(self, batch, capacity):
+        engine = self
+
+        class Decoder:
+            past = []
+
+            def __init__(self):
+                self.engine = engine
+
+            def run(self, input_ids, attention_mask, position_ids):
+                return engine.forward(input_ids, attention_mask, position_ids, [], 1)[0]
+
+        return Decoder()
+
+
+class DrawnDraft:
+    """Draws k ids from another Markov table (q), as a sampled draft model does."""
+
+    def __init__(self, table: np.ndarray, rng):
+        self.table, self.rng, self.q = table, rng, None
+
+    def propose(self, seen: list, limit: int) -> list:
+        out, self.q, last = [], [], seen[-1]
+        for _ in range(min(limit, 3)):
+            q = probabilities(self.table[last])
+            last = int(self.rng.choice(len(q), p=q))
+            out.append(last)
+            self.q.append(q)
+        return out
+
+    def accepted(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+def test_the_row_loop_with_a_drawn_draft_samples_the_model_s_sequences():
+    """Whole outputs of 4 tokens through speculative_steps with drafts of 2 drawn from another distribution: the
+    second, third and fourth tokens, and the pair of the drafted positions, follow the target's chain
+    (chi-square over 3,000 fixed seeds)."""
+    from edgelm.runtime.generation_config import GenerationConfig
+    from edgelm.runtime.speculative import Speculation, speculative_steps
+
+    target = np.log(np.random.default_rng(0).dirichlet(np.ones(5), size=5)).astype(np.float32)
+    draft = np.log(np.random.default_rng(1).dirichlet(np.ones(5), size=5)).astype(np.float32)
+    config = GenerationConfig(max_new_tokens=4, do_sample=True, top_k=0)
+    outputs, stats = [], Speculation()
+    for seed in range(3000):
+        rng = np.random.default_rng(seed)
+        steps = speculative_steps(MarkovEngine(target), [0], config, rng, 0, None, None, DrawnDraft(draft, rng), stats)
+        outputs.append([int(tokens[0]) for tokens, _ in steps])
+    outputs = np.array(outputs)
+    p = probabilities(target)  # [V, V]: row a is the next id's distribution after a
+    second, third = p[0] @ p, p[0] @ p @ p
+    pair = (p[0] @ p)[:, None] * p  # P(t2 = a, t3 = b)
+    assert chi_square(np.bincount(outputs[:, 1], minlength=5).astype(float), second) < 18.467  # df 4, 0.999
+    assert chi_square(np.bincount(outputs[:, 2], minlength=5).astype(float), third) < 18.467
+    assert chi_square(np.bincount(outputs[:, 3], minlength=5).astype(float), third @ p) < 18.467
+    pairs = np.bincount(outputs[:, 1] * 5 + outputs[:, 2], minlength=25).astype(float)
+    assert chi_square(pairs, pair.ravel()) < 51.179  # df 24, 0.999
+    assert 0 < stats.accepted < stats.drafted  # drafts were drawn, some accepted, some rejected
