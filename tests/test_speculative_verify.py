@@ -135,9 +135,22 @@ class DrawnDraft:
         pass
 
 
-def test_the_row_loop_with_a_drawn_draft_samples_the_model_s_sequences():
-    """Whole outputs of 4 tokens through speculative_steps with drafts of 2 drawn from another distribution: the
-    second, third and fourth tokens, and the pair of the drafted positions, follow the target's chain
+class FixedDraft:
+    """Always proposes the same ids: a fixed proposal, as prompt lookup and forced tokens are."""
+
+    q = None
+
+    def propose(self, seen: list, limit: int) -> list:
+        return [2, 3][:limit]
+
+    def accepted(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["drawn", "fixed"])
+def test_the_row_loop_with_a_draft_samples_the_model_s_sequences(kind):
+    """Whole outputs of 4 tokens through speculative_steps with drafts of 2, drawn from another distribution or
+    fixed: the second, third and fourth tokens, and the pair of the drafted positions, follow the target's chain
     (chi-square over 3,000 fixed seeds)."""
     from edgelm.runtime.generation_config import GenerationConfig
     from edgelm.runtime.speculative import Speculation, speculative_steps
@@ -148,7 +161,8 @@ def test_the_row_loop_with_a_drawn_draft_samples_the_model_s_sequences():
     outputs, stats = [], Speculation()
     for seed in range(3000):
         rng = np.random.default_rng(seed)
-        steps = speculative_steps(MarkovEngine(target), [0], config, rng, 0, None, None, DrawnDraft(draft, rng), stats)
+        proposer = DrawnDraft(draft, rng) if kind == "drawn" else FixedDraft()
+        steps = speculative_steps(MarkovEngine(target), [0], config, rng, 0, None, None, proposer, stats)
         outputs.append([int(tokens[0]) for tokens, _ in steps])
     outputs = np.array(outputs)
     p = probabilities(target)  # [V, V]: row a is the next id's distribution after a
