@@ -213,7 +213,9 @@ def test_a_schema_s_forced_tokens_take_fewer_passes(fp32):
     assert stats["passes"] < len(done.token_ids) / 2
 
 
-@pytest.mark.parametrize("target, draft", [("tiny_package", "tiny_package_int8"), ("llama_package", "llama_package_int8")])
+@pytest.mark.parametrize(
+    "target, draft", [("tiny_package", "tiny_package_int8"), ("llama_package", "llama_package_int8")]
+)
 def test_a_draft_model_s_guesses_keep_the_output(request, target, draft):
     model = load(request.getfixturevalue(target), draft=request.getfixturevalue(draft))
     for options in (dict(), dict(repetition_penalty=1.2, logit_bias={11: 2.0})):

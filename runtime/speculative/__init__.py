@@ -6,8 +6,8 @@
     decode.py   the row's loop: propose, verify in one pass (engine/verify_pass.py), accept
 
 The `speculative` option (GenerationConfig) picks what is proposed: "auto" the constraint's forced tokens,
-"ngram" those and prompt lookup, "draft" those and a draft model's guesses (draft.py), "off" nothing. A call of one row speculates; a batch of several rows decodes
-one token per pass (uses() says which).
+"ngram" those and prompt lookup, "draft" those and a draft model's guesses (draft.py), "off" nothing. A call of
+one row speculates; a batch of several rows decodes one token per pass (uses() says which).
 """
 
 from .decode import Speculation, speculative_steps
