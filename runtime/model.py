@@ -25,8 +25,8 @@ from .inputs import check_text, check_token_ids
 from .package.format import GENERATION_CONFIG, MANIFEST
 from .package.open import Package, open_package
 from .sampling import log_softmax
-from .speculative.draft import check_same_tokenizer
 from .sampling import top_logprobs as most_likely
+from .speculative.draft import check_same_tokenizer
 from .store.local import resolve_package
 from .text import tokenizer as tokenizing
 from .text.chat_template import ChatTemplate
@@ -401,4 +401,3 @@ def load(
         model.draft = Model(open_package(resolve_package(draft), verify=verify), device, threads, 0, spinning)
         check_same_tokenizer(model.package, model.draft.package)
     return model
-

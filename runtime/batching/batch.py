@@ -10,10 +10,10 @@ marked finished for the engine, which stops decoding it.
 
 from dataclasses import dataclass, field
 
+from .. import speculative
 from ..engine.decode import decode_steps
 from ..generation_config import GenerationConfig
 from ..sampling import log_softmax
-from .. import speculative
 from .rows import Completion, Piece, Rows
 
 __all__ = ["MAX_BATCH_TOKENS", "Batch", "Completion", "Piece", "Rows", "Stream"]

@@ -13,8 +13,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..engine.steps import prefill_inputs
-from ..errors import PackageError
 from ..engine.verify_pass import VerifyPasses
+from ..errors import PackageError
 from ..sampling import SamplerChain
 from .ngram import MAX_DRAFT, START_DRAFT
 from .verify import probabilities
