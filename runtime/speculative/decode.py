@@ -104,8 +104,8 @@ def speculative_steps(
 
 
 def propose(state: RowState, proposer, limit: int) -> tuple[list, int]:
-    """(draft ids, how many of them the grammar forces): the constraint's forced tokens, then prompt lookup after
-    them, cut to what the grammar accepts; at most `limit` ids."""
+    """(draft ids, how many of them the grammar forces): the constraint's forced tokens, then the proposer's ids
+    after them (prompt lookup's or a draft model's), cut to what the grammar accepts; at most `limit` ids."""
     forced, draft = [], []
     if limit <= 0:
         return [], 0
