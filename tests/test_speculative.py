@@ -343,3 +343,10 @@ def test_the_growing_cache_is_cut_back_on_rejection(fp32, monkeypatch, wrong):
     monkeypatch.setattr(speculative, "proposer", lambda *args: oracle)
     fast = fp32.generate(PROMPTS[0], max_new_tokens=30, speculative="ngram")
     assert fast.token_ids == plain.token_ids and fast.speculation["passes"] < len(plain.token_ids)
+
+
+def test_forced_tokens_keep_greedy_output_on_every_recipe(any_model):
+    plain = any_model.generate("A:", max_new_tokens=60, json_schema=FORCED_SCHEMA, speculative="off")
+    fast = any_model.generate("A:", max_new_tokens=60, json_schema=FORCED_SCHEMA)  # auto
+    assert (fast.token_ids, fast.parsed) == (plain.token_ids, plain.parsed)
+    assert fast.speculation["forced"] > 0
