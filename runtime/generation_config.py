@@ -69,7 +69,8 @@ class GenerationConfig:
     logprobs: int | None = None  # None: off; N >= 0: the chosen token's log-prob and the top-N alternatives
     truncate: bool = False  # prompt + max_new_tokens over the context: False raises, True drops the oldest tokens
     # several tokens per pass, the output unchanged (runtime/speculative/): "auto" feeds a constraint's forced
-    # tokens in one pass, "ngram" adds prompt lookup, "draft" a draft model's proposals, "off" one token per pass
+    # tokens (and a loaded draft model's guesses) in one pass, "ngram" adds prompt lookup, "draft" a draft model's
+    # guesses, "off" one token per pass
     speculative: str = "auto"
     # from the package: generation stops at any of these ids (given as one id or a list, as transformers takes it;
     # held as a tuple); None means never stop on a token

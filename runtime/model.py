@@ -385,8 +385,8 @@ def load(
     holds up to that memory. Used on CPU at batch 1 (runtime/batching/prefix_cache.py).
 
     draft: a smaller package (folder or installed name) of the same tokenizer, loaded beside this one, whose
-    guesses generate(..., speculative="draft") verifies several at a time (runtime/speculative/draft.py); a
-    package of another tokenizer is refused."""
+    guesses generate() verifies several at a time (speculative "auto" or "draft": runtime/speculative/draft.py);
+    a package of another tokenizer is refused."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise PackageError(
             f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"

@@ -350,3 +350,11 @@ def test_forced_tokens_keep_greedy_output_on_every_recipe(any_model):
     fast = any_model.generate("A:", max_new_tokens=60, json_schema=FORCED_SCHEMA)  # auto
     assert (fast.token_ids, fast.parsed) == (plain.token_ids, plain.parsed)
     assert fast.speculation["forced"] > 0
+
+
+def test_a_loaded_draft_is_used_by_default_and_off_turns_it_off(tiny_package, tiny_package_int8):
+    model = load(tiny_package, draft=tiny_package_int8)
+    plain = model.generate(PROMPTS[2], max_new_tokens=20, speculative="off")
+    fast = model.generate(PROMPTS[2], max_new_tokens=20)  # auto
+    assert fast.token_ids == plain.token_ids and plain.speculation is None
+    assert fast.speculation["drafted"] > 0

@@ -48,7 +48,7 @@ class Batch:
         # finished: row -> finish reason, shared with the engine: it adds end-of-text and length, we add stops
         rows, finished = self.rows, {}
         constraints = [rows.constraint(row) for row in range(len(rows))]
-        if speculative.uses(self.config, len(rows), constraints):  # one row: several tokens per pass
+        if speculative.uses(self.config, len(rows), constraints, self.draft):  # one row: several tokens per pass
             self.speculation = speculative.Speculation()
             rng = rows.generators()[0]
             proposer = speculative.proposer(self.config, self.draft, len(rows.ids[0]), rng)

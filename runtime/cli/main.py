@@ -107,7 +107,7 @@ def main():
 @click.option(
     "--draft-model",
     metavar="NAME_OR_PATH",
-    help="A smaller package of the same tokenizer whose guesses --speculative draft verifies.",
+    help="A smaller package of the same tokenizer whose guesses are verified several per pass (auto and draft).",
 )
 @click.option(
     "--truncate",
