@@ -27,6 +27,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 4096  # all stop strings together; each is searched for in every row at every step
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p")  # meaningful only when sampling
 CONSTRAINTS = ("json_schema", "json_object", "regex", "grammar", "choices")  # at most one per request
+SPECULATIVE = ("auto", "ngram", "draft", "off")  # the speculative option's values (runtime/speculative/)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ class GenerationConfig:
     seed: int | None = None  # same seed, prompt and options -> same tokens
     logprobs: int | None = None  # None: off; N >= 0: the chosen token's log-prob and the top-N alternatives
     truncate: bool = False  # prompt + max_new_tokens over the context: False raises, True drops the oldest tokens
+    # several tokens per pass, the output unchanged (runtime/speculative/): "auto" feeds a constraint's forced
+    # tokens (and a loaded draft model's guesses) in one pass, "ngram" adds prompt lookup, "draft" a draft model's
+    # guesses, "off" one token per pass
+    speculative: str = "auto"
     # from the package: generation stops at any of these ids (given as one id or a list, as transformers takes it;
     # held as a tuple); None means never stop on a token
     eos_token_id: tuple | None = None
@@ -142,6 +147,7 @@ class GenerationConfig:
         values["pad_token_id"] = values.pop("pad_token_id", pad_token_id)
         values.pop("num_return_sequences", None)
         values.pop("greedy_copies", None)  # the caller's choice (the server's), never a package's
+        values.pop("speculative", None)  # how the runtime decodes, never a package's
         for name in CONSTRAINTS:  # a request's shape, never a package's default
             values.pop(name, None)
         return cls(**values, vocab_size=vocab_size)
@@ -343,6 +349,11 @@ def _check(c: GenerationConfig) -> None:
         "Greedy methods without beam search do not support `num_return_sequences` different than 1 "
         f"(got {c.num_return_sequences}): greedy rows would all be the same. Sample (do_sample=True, --do-sample) "
         "to get different sequences, or ask for one.",
+    )
+    _need(
+        c.speculative in SPECULATIVE,
+        "speculative",
+        f"speculative must be one of {', '.join(SPECULATIVE)}, got {str(c.speculative)[:40]!r}",
     )
     _need(c.seed is None or (_is_int(c.seed) and c.seed >= 0), "seed", f"seed must be an integer >= 0, got {c.seed!r}")
     _need(

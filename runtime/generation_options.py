@@ -14,7 +14,7 @@ keys and range; logprobs differs per endpoint) is read by the endpoint itself: i
 
 from dataclasses import dataclass, fields
 
-from .generation_config import RANGES, GenerationConfig
+from .generation_config import RANGES, SPECULATIVE, GenerationConfig
 
 OPENAI, EXTRA = "openai", "extra"  # an OpenAI request field; a field of edgelm's own (docs/serve.md)
 NOT_SET = object()
@@ -35,6 +35,7 @@ class Option:
     http: str | None = None  # OPENAI or EXTRA: a request field under the option's name; None: none as is
     alias: str | None = None  # another request field for it (give one of the two)
     server_default: object = NOT_SET  # the server's value when a request leaves it out, over the package's
+    choices: tuple = ()  # the values a flag takes, when they are a fixed few
 
     @property
     def field_type(self) -> type:
@@ -109,6 +110,14 @@ OPTIONS = (
         "Drop the oldest prompt tokens when prompt + max-new-tokens exceeds the context.",
         form="flag",
         http=EXTRA,
+    ),
+    Option(
+        "speculative",
+        "Several tokens per pass, the same output: auto feeds a constraint's forced tokens in one pass, ngram adds "
+        "prompt lookup (quoting, extracting, rewriting the prompt), draft adds a draft model's guesses (--draft-model), "
+        "off decodes one token per pass. Statistics in --json.",
+        chat=True,
+        choices=SPECULATIVE,
     ),
     # n > 1 at temperature 0 gives n greedy copies, as OpenAI's n does
     Option("greedy_copies", server_default=True),

@@ -27,6 +27,7 @@ from .package.open import Package, open_package
 from .sampling import log_softmax
 from .sampling import top_logprobs as most_likely
 from .sampling.constraint import check as check_constraint
+from .speculative.draft import check_same_tokenizer
 from .store.local import resolve_package
 from .text import tokenizer as tokenizing
 from .text.chat_template import ChatTemplate
@@ -85,6 +86,7 @@ class Model:
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
         self._constraints = None  # the constraint compiler (sampling/constraint.py), made at the first constraint
+        self.draft = None  # a Model of the same tokenizer whose guesses speculative="draft" verifies (load(draft=))
         release_freed_memory()
         drop_mapped_pages(package.folder)
 
@@ -133,8 +135,14 @@ class Model:
         grammars = [self.compile_constraint(c) for c in configs] if configs else [self.compile_constraint(config)]
         grammars = grammars * len(ids) if len(grammars) == 1 else grammars
         config = without_constraint(config) if configs else config  # each prompt's is in its grammar
+        if config.speculative == "draft" and self.draft is None:
+            raise GenerationOptionError(
+                "speculative='draft' needs a draft model: load the package with draft=NAME_OR_PATH "
+                "(--draft-model), or use speculative='ngram'",
+                param="speculative",
+            )
         return Batch(
-            self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated), grammars=list(grammars)
+            self.engine, self.tokenizer, list(ids), config, self.pad_id, list(truncated), list(grammars), self.draft
         )
 
     def compile_constraint(self, config: GenerationConfig):
@@ -389,6 +397,7 @@ def load(
     verify: bool | str = True,
     prefix_cache_mb=0,
     spinning: bool = True,
+    draft=None,
 ) -> Model:
     """Open a package, check its files, and start a session on `device`. `path` is a package folder or the name of
     an installed package (edgelm list); None opens the default (store.resolve_package says which).
@@ -399,7 +408,11 @@ def load(
     prefix_cache_mb: MiB of recent prompts' key/value rows to keep, so that a prompt starting with a recent
     prompt's first 128-token chunks skips computing them (a chat's history, a shared system prompt); outputs
     are identical with and without it. Off (0) by default: one prompt per process gains nothing from it, and it
-    holds up to that memory. Used on CPU at batch 1 (runtime/batching/prefix_cache.py)."""
+    holds up to that memory. Used on CPU at batch 1 (runtime/batching/prefix_cache.py).
+
+    draft: a smaller package (folder or installed name) of the same tokenizer, loaded beside this one, whose
+    guesses generate() verifies several at a time (speculative "auto" or "draft": runtime/speculative/draft.py);
+    a package of another tokenizer is refused."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise PackageError(
             f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"
@@ -407,4 +420,10 @@ def load(
     cache_bytes(prefix_cache_mb)  # checked before the package is opened
     if not isinstance(spinning, bool):
         raise DeviceError(f"spinning must be True or False, got {str(spinning)[:40]}")
-    return Model(open_package(resolve_package(path), verify=verify), device, threads, prefix_cache_mb, spinning)
+    if draft is not None and not isinstance(draft, (str, os.PathLike)):
+        raise PackageError(f"draft= takes a package folder or an installed package's name, got {type(draft).__name__}")
+    model = Model(open_package(resolve_package(path), verify=verify), device, threads, prefix_cache_mb, spinning)
+    if draft is not None:
+        model.draft = Model(open_package(resolve_package(draft), verify=verify), device, threads, 0, spinning)
+        check_same_tokenizer(model.package, model.draft.package)
+    return model

@@ -213,6 +213,22 @@ def llama_package(request):
 
 
 @pytest.fixture(scope="session")
+def llama_package_int8(request):
+    """The Llama checkpoint exported int8 (unvalidated)."""
+    checkpoint = request.getfixturevalue("llama_checkpoint")
+    build = lambda f: _export(checkpoint, f, quantize="int8", validate=False)  # noqa: E731
+    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-int8", build)
+
+
+@pytest.fixture(scope="session")
+def llama_package_int4(request):
+    """The Llama checkpoint exported int4 (unvalidated)."""
+    checkpoint = request.getfixturevalue("llama_checkpoint")
+    build = lambda f: _export(checkpoint, f, quantize="int4", validate=False)  # noqa: E731
+    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-int4", build)
+
+
+@pytest.fixture(scope="session")
 def qwen2_package(request):
     if PREBUILT:
         return Path(PREBUILT) / "tiny-qwen2-pkg"

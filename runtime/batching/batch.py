@@ -11,6 +11,7 @@ A row that fails ends alone: its Completion holds the error (finish_reason "erro
 
 from dataclasses import dataclass, field
 
+from .. import speculative
 from ..engine.decode import decode_steps
 from ..generation_config import GenerationConfig
 from .rows import Completion, Piece, Rows
@@ -37,19 +38,32 @@ class Batch:
     truncated: list = field(default_factory=list)  # dropped prompt tokens per prompt
     # per prompt: its compiled constraint (runtime/sampling/constraint.py Grammar) or None; empty: none at all
     grammars: list = field(default_factory=list)
+    draft: object = None  # the draft Model for speculative="draft" (runtime/speculative/draft.py), or None
 
     def __post_init__(self):
         self.rows = Rows(self.tokenizer, self.prompts, self.config, self.truncated, self.grammars)
         self._steps = None
+        self.speculation = None  # a speculative.Speculation: what several tokens per pass did (one row only)
 
     def __iter__(self):
-        pick = BatchPick(Step(self.rows, self.engine.vocab_size))
-        self._steps = decode_steps(self.engine, self.rows.ids, pick, self.pad_id, self.config.max_new_tokens)
+        step = Step(self.rows, self.engine.vocab_size)
+        state = step.states[0]
+        if speculative.uses(self.config, len(step.states), [state.constraint], self.draft):  # several tokens a pass
+            self.speculation = speculative.Speculation()
+            proposer = speculative.proposer(self.config, self.draft, len(state.seen), step.rngs[0])
+            self._steps = speculative.speculative_steps(self.engine, step, self.pad_id, proposer, self.speculation)
+            pieces = self._steps
+        else:
+            pick = BatchPick(step)
+            self._steps = decode_steps(self.engine, self.rows.ids, pick, self.pad_id, self.config.max_new_tokens)
+            pieces = (pick.pieces for _ in self._steps)
         try:
-            for _ in self._steps:
-                yield from pick.pieces
+            for step_pieces in pieces:
+                yield from step_pieces
         finally:
             self.close()
+        if self.speculation is not None and self.completions:
+            self.completions[0].speculation = self.speculation.to_dict()
 
     @property
     def completions(self) -> list:

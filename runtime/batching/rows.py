@@ -53,6 +53,9 @@ class Completion:
     # what ended this row alone (its constraint, the sampler on its row, its text), with finish_reason "error": the
     # call's other rows are as they would be without it
     error: Exception | None = None
+    # with several tokens per pass (runtime/speculative/): {"drafted", "accepted", "forced", "passes",
+    # "acceptance_rate"}; None when the row was decoded one token per pass
+    speculation: dict | None = None
 
     def to_dict(self) -> dict:
         """The fields as a dict; an unconstrained row's has neither parsed nor constraint, a row that did not fail
@@ -64,6 +67,8 @@ class Completion:
             del fields["error"]
         else:
             fields["error"] = str(self.error)
+        if self.speculation is None:
+            del fields["speculation"]
         return fields
 
 

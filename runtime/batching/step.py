@@ -76,10 +76,12 @@ class Step:
         """Rows not finished yet (those not started included)."""
         return sum(not state.finished for state in self.states)
 
-    def __call__(self, indices: list, logits: np.ndarray, allowed=None) -> list:
+    def __call__(self, indices: list, logits: np.ndarray, allowed=None, choose=None) -> list:
         """Rows `indices`' next ids from their logits [k, V] (not modified); the text pieces that became final.
         allowed: their allowed tokens (a constraint.Allowed of k rows) when the caller computed them while the graph
-        ran, else computed here for a constrained call. `logits` is then what the tokens were picked from."""
+        ran, else computed here for a constrained call. `logits` is then what the tokens were picked from.
+        choose(sampler, logits [1, V] constrained, seen, generated) -> id replaces the chain's pick for one row: the
+        rule that verifies a token drawn from a draft model (runtime/speculative/verify.py)."""
         states = [self.states[i] for i in indices]
         if self.constrained:  # the first filter, on a copy: a prefill's logits serve each of a prompt's rows
             if allowed is None:
@@ -93,7 +95,8 @@ class Step:
         live = [k for k, state in enumerate(states) if not state.finished]
         logprobs = log_softmax(logits) if self.rows.config.logprobs is not None else None
         pieces = []
-        for k, token in self._pick(indices, logits, live):
+        picked = self._pick(indices, logits, live) if choose is None else self._choose(indices, logits, live, choose)
+        for k, token in picked:
             index, state = indices[k], states[k]
             try:
                 reason = state.append(token)
@@ -133,6 +136,18 @@ class Step:
             except Exception as error:
                 self._fail(indices[k], error)
         return picks
+
+    def _choose(self, indices: list, logits: np.ndarray, live: list, choose) -> list:
+        """[(k, token)] chosen by `choose` for one live row."""
+        if not live:
+            return []
+        (k,) = live
+        state = self.states[indices[k]]
+        try:
+            return [(k, int(choose(self.sampler, logits[k : k + 1], state.seen, state.generated)))]
+        except Exception as error:
+            self._fail(indices[k], error)
+            return []
 
     def _fail(self, index: int, error: Exception) -> None:
         """End row `index` with `error`: its Completion says so, and no other row sees it."""

@@ -24,6 +24,7 @@ from .terminal import echo, generated
 SHARED_OPTIONS = (
     "package",
     *(option.name for option in OPTIONS if option.chat),
+    "draft_model",
     "device",
     "threads",
     "no_verify",
@@ -34,7 +35,7 @@ SHARED_OPTIONS = (
 @click.command()
 @click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
 @prefix_cache_option
-def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_verify, **options):
+def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_verify, draft_model, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
 
     Commands: /help, /reset, /system TEXT, /save FILE, /load FILE (// sends a line that starts with /).
@@ -53,6 +54,7 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
         threads=threads,
         verify=verify_mode(no_verify, full_verify),
         prefix_cache_mb=prefix_cache_mb,
+        draft=draft_model,
     )
     # built once, with the template's stop strings, so that no turn builds them again (model.chat_prompt)
     options["stop"] = model.chat_stop(options.get("stop", model.defaults.stop))

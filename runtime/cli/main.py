@@ -6,8 +6,8 @@ import sys
 import click
 
 from ..errors import EdgelmError
-from ..quality.eval_text import MIN_EVAL_TOKENS
 from ..generation_config import sampling_implied
+from ..quality.eval_text import MIN_EVAL_TOKENS
 from ..inputs import decode_utf8
 from .options import (
     constraint_options,
@@ -71,6 +71,11 @@ def main():
 @click.argument("prompt", required=False)
 @package_option
 @generation_options(before={"truncate": constraint_options})
+@click.option(
+    "--draft-model",
+    metavar="NAME_OR_PATH",
+    help="A smaller package of the same tokenizer whose guesses are verified several per pass (auto and draft).",
+)
 @device_option
 @threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of streaming text.")
@@ -90,6 +95,7 @@ def generate(
     batch_size,
     overwrite,
     quiet,
+    draft_model,
     **options,
 ):
     """Complete PROMPT and stream it to stdout. With no PROMPT, piped stdin is the prompt ('-' reads stdin too);
@@ -112,7 +118,7 @@ def generate(
     from_file = check_file_options(prompt, input_path, output_path, json=as_json)
     prompt = None if from_file else _prompt(prompt, package)
     options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
-    model = load(package, device=device, threads=threads, verify=verify)
+    model = load(package, device=device, threads=threads, verify=verify, draft=draft_model)
     settings = model.settings(**options)
     if show_config:
         click.echo(

@@ -81,7 +81,7 @@ def _flag(option):
     elif option.form == "switch":
         kwargs["default"] = None  # None when not given, so that the settings' own value stays
     else:
-        kwargs["type"] = option.field_type
+        kwargs["type"] = click.Choice(option.choices) if option.choices else option.field_type
     return click.option(*names, option.name, **kwargs)
 
 

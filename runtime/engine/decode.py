@@ -155,6 +155,7 @@ class InPlaceDecoder:
         self.keep_last = runner.value(self.keep_last_array)  # borrows it: the array lives as long as the decoder
         self.run_bound = runner.bind(names, outputs)  # each pass writes the logits and new cache rows in place
         self.idle = list(engine.idle_inputs.values())
+        self.names, self.outputs = names, outputs  # what a run of several kept positions binds (verify_pass.py)
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         width, new = attention_mask.shape[1], input_ids.shape[1]

@@ -247,6 +247,17 @@ class RowConstraint:
         """The error that ends this row when its matcher fails: llguidance's reason, on one line."""
         return GenerationOptionError(f"the {self.kind} constraint failed{where}: {_one_line(reason)}", param=self.kind)
 
+    def forced_tokens(self, limit: int) -> list:
+        """The next ids the grammar forces, whatever the model says (llguidance's compute_ff_tokens: the braces,
+        keys and quotes of a schema, the rest of an enum word), at most `limit`; the matcher does not advance."""
+        if self.finished or limit <= 0:
+            return []
+        return list(self.matcher.compute_ff_tokens()[:limit])
+
+    def valid_prefix(self, ids: list) -> int:
+        """How many leading ids of `ids` the grammar accepts from here (the matcher does not advance)."""
+        return int(self.matcher.validate_tokens(list(ids))) if ids and not self.finished else 0
+
     @property
     def may_end(self) -> bool:
         """The output so far is complete: the grammar accepts it (end-of-text is allowed now)."""

@@ -1,0 +1,73 @@
+"""Prompt lookup: propose the tokens that followed the last occurrence of the row's latest n-gram (Saxena's
+prompt-lookup decoding; transformers' prompt_lookup_num_tokens, llama.cpp's lookup).
+
+Work grounded in the prompt (quote, rewrite, extract, edit code, answer from a document) repeats its spans, so
+the tokens after an earlier match are often the model's next tokens; one verify pass then emits several.
+Open-ended text rarely matches, and a proposal the model rejects costs a wider pass for one token: the proposer
+adapts its draft length to what was accepted, and switches itself off for a while when acceptance falls low.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_NGRAM = 3  # the longest suffix looked up; longer matches are tried first (a longer match predicts better)
+MIN_NGRAM = 2  # a single repeated token (" the") predicts little and would keep proposing
+MAX_DRAFT = 8  # tokens proposed per pass at most
+START_DRAFT = 4
+# The off-switch: over the last WINDOW proposed tokens, an acceptance under MIN_ACCEPTANCE stops proposing for
+# PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later).
+WINDOW = 24
+MIN_ACCEPTANCE = 0.3
+PAUSE = 48
+
+
+@dataclass
+class NgramProposer:
+    """One row's prompt-lookup proposer: propose(seen, limit) -> draft ids, then accepted(drafted, accepted)."""
+
+    max_ngram: int = MAX_NGRAM
+    min_ngram: int = MIN_NGRAM
+    max_draft: int = MAX_DRAFT
+    draft: int = START_DRAFT  # the current draft length, adapted after each verify pass
+    paused: int = 0  # generated tokens left before proposing again (the off-switch)
+    recent: list = field(default_factory=list)  # (drafted, accepted) of the last passes, WINDOW tokens at most
+
+    def propose(self, seen: list, limit: int) -> list:
+        """Up to min(limit, draft length) ids that followed the latest earlier occurrence of seen's last n ids
+        (n from max_ngram down to min_ngram); [] when nothing matches or the proposer is paused."""
+        limit = min(limit, self.draft)
+        if self.paused > 0:
+            self.paused -= 1
+            return []
+        if limit <= 0 or len(seen) <= self.min_ngram:
+            return []
+        ids = np.asarray(seen, dtype=np.int64)
+        for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
+            start = latest_match(ids, n)
+            if start is not None:
+                return ids[start + n : start + n + limit].tolist()
+        return []
+
+    def accepted(self, drafted: int, accepted: int) -> None:
+        """After a verify pass: grow the draft when all of it was accepted, shrink it to what was, and pause
+        after a window of low acceptance."""
+        if drafted == 0:
+            return
+        self.draft = min(self.max_draft, self.draft + 2) if accepted == drafted else max(1, accepted + 1)
+        self.recent.append((drafted, accepted))
+        while sum(d for d, _ in self.recent) > WINDOW and len(self.recent) > 1:
+            self.recent.pop(0)
+        total = sum(d for d, _ in self.recent)
+        if total >= WINDOW and sum(a for _, a in self.recent) < MIN_ACCEPTANCE * total:
+            self.paused, self.recent, self.draft = PAUSE, [], START_DRAFT
+
+
+def latest_match(ids: np.ndarray, n: int) -> int | None:
+    """Where the latest earlier occurrence of ids' last n ids starts (one that some id follows), or None."""
+    # [T] int64 -> index
+    suffix = ids[-n:]
+    starts = np.flatnonzero(ids[: len(ids) - n] == suffix[0])  # candidate starts: an id follows each n-gram
+    for offset in range(1, n):
+        starts = starts[ids[starts + offset] == suffix[offset]]
+    return int(starts[-1]) if len(starts) else None
