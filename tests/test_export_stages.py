@@ -1,0 +1,107 @@
+"""The export as named stages (export/stages.py): each reports its progress, the long ones within themselves too;
+a failure a stage did not foresee reaches the user of `edgelm export` as one line naming the stage and what to
+do, never a traceback, and leaves no package."""
+
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+from edgelm.export import stages, validate
+from edgelm.export.errors import StageError
+from edgelm.runtime.cli.main import main
+
+
+def _onnxruntime_failure(*args, **kwargs):
+    """What onnxruntime raises for a graph it cannot run: its own exception type, a message over several lines."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+    raise Fail("[ONNXRuntimeError] : 1 : FAIL : graph.cc:4336 ReplaceInitializedTensorImpl Failed\n  to find an initializer")
+
+
+def _family_failing(recipes):
+    family_for = stages.family_for
+
+    def build_decoder(arch, weights, recipe="none", *args, **kwargs):
+        if recipe in recipes:
+            raise ValueError(f"no decoder for {recipe}\nat line 2")
+        return family_for(arch.model_type).build_decoder(arch, weights, recipe, *args, **kwargs)
+
+    return lambda model_type: replace(family_for(model_type), build_decoder=build_decoder)
+
+
+# stage -> (what to break, the export's options): each fails inside that stage and nowhere before it
+INJECTED = {
+    "load": (lambda mp: mp.setattr(stages, "load_checkpoint", lambda *a: {}["config"]), ["--no-validate"]),
+    "export": (lambda mp: mp.setattr(stages, "family_for", _family_failing({"none"})), ["--no-validate"]),
+    "optimize": (lambda mp: mp.setattr(stages, "_optimize", lambda model: 1 / 0), ["--no-validate"]),
+    "quantize": (
+        lambda mp: mp.setattr(stages, "family_for", _family_failing({"int8"})),
+        ["--quantize", "int8", "--no-validate"],
+    ),
+    "validate": (lambda mp: mp.setattr(validate, "check_fp32", _onnxruntime_failure), []),
+    "save": (lambda mp: mp.setattr(stages, "graph_section", _onnxruntime_failure), ["--no-validate"]),
+}
+
+
+@pytest.mark.parametrize("stage", stages.STAGES)
+def test_a_stage_that_fails_unforeseen_is_one_line_naming_it_and_what_to_do(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                             stage):  # fmt: skip
+    breaks, options = INJECTED[stage]
+    breaks(monkeypatch)
+    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "out"), *options])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and result.stderr.rstrip().endswith(errors[0]), result.stderr
+    assert errors[0].startswith(f"Error: the {stage} stage failed (") and errors[0].endswith(
+        stages.ADVICE[stage] + "."
+    ), errors[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_library_raises_a_stage_error_with_its_cause(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "check_fp32", _onnxruntime_failure)
+    with pytest.raises(StageError) as raised:
+        stages.export_model(str(tiny_checkpoint), tmp_path / "out")
+    assert raised.value.stage == "validate" and "\n" not in str(raised.value)
+    assert "Fail: [ONNXRuntimeError] : 1 : FAIL" in str(raised.value)
+    assert type(raised.value.__cause__).__name__ == "Fail"
+
+
+def test_validation_reports_its_progress_within_the_stage(tiny_checkpoint, tmp_path):
+    """Each fp32 case, then each part of the quality report, as "step" events between the stage's start and done."""
+    events = []
+    stages.export_model(
+        str(tiny_checkpoint), tmp_path / "out", quantize="int8", eval_tokens=2048,
+        progress=lambda stage, event, detail: events.append((stage, event, detail)),
+    )  # fmt: skip
+    validating = [(event, detail) for stage, event, detail in events if stage == "validate"]
+    assert validating[0][0] == "start" and validating[-1][0] == "done"
+    steps = [detail for event, detail in validating[1:-1]]
+    assert all(event == "step" for event, _ in validating[1:-1])
+    cases = [d for d in steps if d.startswith("fp32 parity, case ")]
+    n = len(validate.PROMPTS) + 3  # one token, each prompt, near the position limit, a padded batch
+    assert cases[0] == f"fp32 parity, case 1 of {n} (one_token)"
+    assert cases[-1] == f"fp32 parity, case {n} of {n} (padded_batch)"
+    quality = [d for d in steps if d.startswith("int8 quality on 2,048 tokens of persuasion-chapters-1-4.txt: ")]
+    assert [d.split(": ", 1)[1].split()[0] for d in quality][:1] == ["windows"]
+    assert any("through the cache" in d for d in quality) and quality[-1].endswith("greedy continuations of 32 prompts")
+    assert [stage for stage, event, _ in events if event == "start"] == list(stages.STAGES)
+
+
+def test_the_command_prints_validation_progress(tiny_checkpoint, tmp_path):
+    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("validate  fp32 parity, case 3 of 7 (text_1)") for line in lines), result.stderr
+
+
+def test_verify_quality_prints_its_progress_on_stderr(tiny_package, validated_package_int8):
+    result = CliRunner().invoke(
+        main, ["verify", str(validated_package_int8), "--quality", "--reference", str(tiny_package), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    progress = [line for line in result.stderr.splitlines() if line.startswith("measuring: ")]
+    assert progress[0].startswith("measuring: windows 0 of ")
+    assert progress[-1] == "measuring: greedy continuations of 32 prompts"
+    assert "measuring" not in result.stdout
