@@ -358,10 +358,15 @@ def _eval_text(path, eval_tokens, quantize: str, validate: bool):
 
 
 def _optimize(model) -> bytes:
-    """Check the graph and infer shapes; fails loudly here rather than at the user's first run. The weights are
-    not written yet: the checker sees the external ones as graph inputs of the same type and shape."""
+    """Check the graph (every weight read by an operator) and infer shapes; fails loudly here rather than at the
+    user's first run. The weights are not written yet: the checker sees the external ones as graph inputs of the
+    same type and shape."""
     import onnx
 
+    read = {name for node in model.graph.node for name in node.input}
+    unread = [t.name for t in model.graph.initializer if t.name not in read]
+    if unread:  # onnxruntime would drop it, then refuse it by name where the weights are handed in from memory
+        raise ExportError(f"the graph stores a weight no operator reads ({unread[0]}); {REPORT}.")
     model = onnx.shape_inference.infer_shapes(model)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)

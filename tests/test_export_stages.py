@@ -105,3 +105,19 @@ def test_verify_quality_prints_its_progress_on_stderr(tiny_package, validated_pa
     assert progress[0].startswith("measuring: windows 0 of ")
     assert progress[-1] == "measuring: greedy continuations of 32 prompts"
     assert "measuring" not in result.stdout
+
+
+def test_a_graph_that_stores_a_weight_no_operator_reads_is_refused_at_once():
+    """Such a weight passes onnx's checker, and onnxruntime drops it; handed in from memory at validation, it is
+    then refused by name (an untied int4 token table once stored zero points its lookup never read)."""
+    import numpy as np
+    from edgelm.export.errors import ExportError
+    from edgelm.export.graph.builder import FLOAT, GraphBuilder
+
+    g = GraphBuilder("probe", "model.onnx.data")
+    x = g.input("x", FLOAT, [2])
+    g.weight("unread_zero_point", np.zeros(4, np.uint8))
+    g.op("Identity", [x], outputs=["y"])
+    g.output("y", FLOAT, [2])
+    with pytest.raises(ExportError, match=r"stores a weight no operator reads \(unread_zero_point\)"):
+        stages._optimize(g.model(17, ""))
