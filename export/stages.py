@@ -133,6 +133,11 @@ class Progress:
             yield
         except EdgelmError:
             raise
+        except ImportError as error:  # a library of the export extra missing or broken
+            raise StageError(
+                self.current, f"the {self.current} stage needs {error.name or 'a library'}, which cannot be imported "
+                f"({' '.join(str(error).split())[:200]}): install the export extra, pip install 'edgelm[export]'."
+            ) from None
         except MemoryError:
             raise StageError(
                 self.current, f"the {self.current} stage ran out of memory: close other programs, or export on a "

@@ -121,3 +121,16 @@ def test_a_graph_that_stores_a_weight_no_operator_reads_is_refused_at_once():
     g.output("y", FLOAT, [2])
     with pytest.raises(ExportError, match=r"stores a weight no operator reads \(unread_zero_point\)"):
         stages._optimize(g.model(17, ""))
+
+
+def test_a_library_missing_at_a_stage_names_it_and_the_extra(tiny_checkpoint, tmp_path, monkeypatch):
+    def no_torch(*args):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(stages, "load_checkpoint", no_torch)
+    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "Error: the load stage needs torch, which cannot be imported (No module named 'torch'): install the export "
+        "extra, pip install 'edgelm[export]'."
+    )
