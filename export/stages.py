@@ -112,7 +112,7 @@ class Progress:
 
     def __init__(self, report: Callable[[str, str, str], None] | None):
         self.report = report or (lambda stage, event, detail: None)
-        self.timings, self.current, self._started = {}, None, 0.0
+        self.timings, self.current, self._started = {}, STAGES[0], 0.0
 
     def start(self, stage: str, detail: str = "") -> None:
         self.current, self._started = stage, time.perf_counter()
@@ -179,13 +179,16 @@ def export_model(
     text's name, sha256 and token count.
 
     int4 (with quantize="int4"): block size, rounding method and the head's bits (export/int4.py; default
-    Int4Options())."""
+    Int4Options()).
+
+    progress(stage, event, detail) hears each stage start, its steps where it is long, and its end (module
+    docstring). Raises ExportError (runtime/errors.py's EdgelmError), StageError where a stage failed in a way it
+    did not foresee."""
     plan = _plan(model, output, quantize, force, revision, kv_cache, validate, name, chat_template, eval_text,
                  eval_tokens, int4)  # fmt: skip
     stages = Progress(progress)
     sweep_partials(plan.output)  # first, so a package a stopped export had moved aside is back before the checks
     refuse_existing(plan.output, plan.force)
-    stages.current = "load"
     with stages.failures():
         loaded = _load(plan, stages)
         fp32_graph = _convert(loaded, stages)
