@@ -134,3 +134,48 @@ def test_a_library_missing_at_a_stage_names_it_and_the_extra(tiny_checkpoint, tm
         "Error: the load stage needs torch, which cannot be imported (No module named 'torch'): install the export "
         "extra, pip install 'edgelm[export]'."
     )
+
+
+def _export_imports() -> dict:
+    """edgelm.export's modules -> the edgelm.export modules each imports, lazy imports (inside functions) included."""
+    import ast
+    from pathlib import Path
+
+    import edgelm.export
+
+    root = Path(edgelm.export.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = ("edgelm", "export", *path.relative_to(root).with_suffix("").parts)
+        package = parts[:-1]  # what a relative import counts from
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = (path, package)
+    graph = {}
+    for name, (path, package) in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join((*base, *(node.module.split(".") if node.module else ())))
+                below = [f"{target}.{alias.name}" for alias in node.names]
+                found |= {m for m in below if m in modules} or ({target} if target in modules else set())
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                found |= {n for n in names if n in modules}
+        graph[name] = found - {name}
+    return graph
+
+
+def test_the_stages_and_validation_import_each_other_in_one_direction():
+    """stages imports validate (lazily); validate never imports stages, nor anything that does."""
+    graph = _export_imports()
+    assert "edgelm.export.validate" in graph["edgelm.export.stages"]
+
+    def reaches(start, goal, seen=()):
+        return any(m == goal or (m not in seen and reaches(m, goal, (*seen, m))) for m in graph[start])
+
+    assert not reaches("edgelm.export.validate", "edgelm.export.stages")
+    for family in ("gpt2", "llama"):  # each family's reference and calibration: the shared modules, written once
+        assert {"edgelm.export.reference", "edgelm.export.calibrate"} <= graph[
+            f"edgelm.export.families.{family}.reference"
+        ]
