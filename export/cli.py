@@ -113,7 +113,10 @@ def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache
     def show(text, status=False):
         if console.is_terminal:
             console.file.write("\x1b[K")  # clears what a longer status line before it left
-        console.print(text, end="\r" if status and console.is_terminal else "\n")
+        if status and console.is_terminal:  # one row, whatever the width, so that the next one overwrites it
+            console.print(text, end="\r", no_wrap=True, overflow="ellipsis", crop=True)
+        else:
+            console.print(text)
 
     def progress(stage, event, detail):
         if stage == "save" and event == "start" and not validate:

@@ -266,7 +266,7 @@ def validate_package(shipped, fp32_graph, reference, tokenizer, arch, family, qu
 
         def quality_step(detail):
             if step is not None:
-                step(f"{recipe} quality on {len(ids):,} tokens of {text.name}: {detail}")
+                step(f"{recipe} quality: {detail}")
 
         validation[recipe] = quality_report(shipped, reference, arch, ids, prefix, quality_step)
     return validation
