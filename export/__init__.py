@@ -4,9 +4,10 @@
     export_model("distilgpt2", "models/distilgpt2-int8", quantize="int8")
     export_model("distilgpt2", "models/distilgpt2-int4", quantize="int4", int4=Int4Options(block_size=32))
 
-The stages (stages.py) read the checkpoint (checkpoint.py, load.py), ask its architecture family (families/)
-to build the decoder from the graph kit (graph/), quantize (quantize.py, int4.py, gptq.py, calibrate.py), validate against PyTorch
-(validate.py) and write the package (weights_file.py, writer.py). The names below are imported on first use, so
+The stages (stages.py) read the checkpoint (checkpoint.py, load.py, checkpoint_files.py), ask its architecture
+family (families/) to build the decoder from the graph kit (graph/), quantize (quantize.py, int4.py, gptq.py,
+calibrate.py), validate against PyTorch (reference.py, validate.py) and write the package (weights_file.py,
+manifest.py, writer.py). The names below are imported on first use, so
 importing the package (or `edgelm export --help`) loads neither torch nor onnx.
 """
 

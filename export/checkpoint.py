@@ -29,7 +29,9 @@ class Checkpoint:
     config: dict
     arch: Architecture
     weights: dict[str, np.ndarray]  # the family's Hugging Face names, float32 (families/*/weights.py)
-    source: dict = field(default_factory=dict)  # {"hub_id", "revision"} or {"local_path"}
+    # {"hub_id", "revision", "commit"}, or {"local_folder"}: the folder's name only, never a path of the machine
+    # that exported it (the manifest travels with the package)
+    source: dict = field(default_factory=dict)
     weight_file: str = ""
 
 
@@ -37,7 +39,7 @@ def resolve(model: str, revision: str | None = None) -> tuple[Path, dict]:
     """A local folder as it is, or a hub id downloaded (or found in the hub cache)."""
     path = Path(model).expanduser()
     if path.is_dir():
-        return path.resolve(), {"local_path": str(path.resolve())}
+        return path.resolve(), {"local_folder": path.resolve().name}
     if path.exists():
         raise ExportError(f"{model} is a file; pass the folder that holds config.json and the weights.")
     if model.startswith((".", "/", "~")) or os.sep in model.rstrip("/") and model.count("/") > 1:

@@ -129,14 +129,24 @@ def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache
     console = Console(stderr=True, highlight=False)
     started = {}
 
+    def show(text, status=False):
+        if console.is_terminal:
+            console.file.write("\x1b[K")  # clears what a longer status line before it left
+        if status and console.is_terminal:  # one row, whatever the width, so that the next one overwrites it
+            console.print(text, end="\r", no_wrap=True, overflow="ellipsis", crop=True)
+        else:
+            console.print(text)
+
     def progress(stage, event, detail):
         if stage == "save" and event == "start" and not validate:
-            console.print(f"[yellow]-[/] {'validate':<9} skipped (--no-validate): not compared against PyTorch")
+            show(f"[yellow]-[/] {'validate':<9} skipped (--no-validate): not compared against PyTorch")
         if event == "start":
             started[stage] = time.perf_counter()
-            console.print(f"[bold]{stage:<9}[/] {detail}", end="\r" if console.is_terminal else "\n")
+        if event in ("start", "step"):  # a terminal keeps one status line per stage; a log gets each line
+            elapsed = f"  [dim]({time.perf_counter() - started[stage]:.0f}s)[/]" if event == "step" else ""
+            show(f"[bold]{stage:<9}[/] {detail}{elapsed}", status=True)
         else:
-            console.print(f"[green]✓[/] {stage:<9} {detail}  [dim]({time.perf_counter() - started[stage]:.1f}s)[/]")
+            show(f"[green]✓[/] {stage:<9} {detail}  [dim]({time.perf_counter() - started[stage]:.1f}s)[/]")
 
     if not random_weights and seed != 0:
         raise click.UsageError("--seed goes with --random-weights.")
@@ -157,8 +167,11 @@ def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache
                 eval_tokens=eval_tokens,
                 int4=int4,
             )
-    except EdgelmError as error:
+    except EdgelmError as error:  # a stage's unforeseen failure too: StageError names it and what to do
         raise click.ClickException(str(error)) from None
+    except Exception as error:  # outside any stage: still one line, never a traceback
+        cause = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        raise click.ClickException(f"edgelm export failed ({cause}); please report it with the command.") from None
     size = sum(f["size"] for f in result.manifest["files"].values())
     click.echo(f"{result.path}  ({size / 1e6:.1f} MB)")
     if quantize != "none":

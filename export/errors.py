@@ -10,3 +10,12 @@ class ExportError(EdgelmError):
 
 class ParityError(ExportError):
     """The exported graph does not match the PyTorch reference closely enough; nothing was written."""
+
+
+class StageError(ExportError):
+    """A stage failed in a way it did not foresee (an onnxruntime or a library error): the message names the stage
+    and what to do; the original error is its __cause__."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(message)
+        self.stage = stage

@@ -1,21 +1,22 @@
-"""`export_model`: checkpoint in, model package out, in fixed named stages (CTranslate2's converter shape):
+"""`export_model`: checkpoint in, model package out, as a short sequence of named stages (CTranslate2's
+`Converter.convert`), each one function below:
 
-    load -> export -> optimize -> quantize (optional) -> validate -> save
+    load -> convert (export, optimize) -> quantize (optional) -> validate (optional) -> save
 
-Each stage reports to an optional `progress(stage, event, detail)` callback; the library never prints.
+The options are checked once, before any work (`ExportPlan`). Each stage reports to an optional
+`progress(stage, event, detail)` callback: event "start", "step" (the long stages' progress within themselves)
+and "done"; the library never prints. A failure a stage did not foresee (an onnxruntime error, a library's own)
+leaves as one StageError that names the stage and what to do.
 """
 
-import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from edgelm.runtime.package.onnxruntime_compat import graph_minimum
+from edgelm.runtime.errors import EdgelmError
 from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
-from edgelm.runtime.errors import GenerationOptionError
-from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.package.format import (
     GENERATION_CONFIG,
     GRAPH_FILE,
@@ -23,20 +24,20 @@ from edgelm.runtime.package.format import (
     KV_CACHES,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
-    Graph,
     Manifest,
-    TensorInfo,
     Validation,
     Weights,
 )
 from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store.local import check_name
 
-from .errors import ExportError
+from .checkpoint_files import check_chat_template, generation_defaults, read_tokenizer, tokenizer_config, tokenizer_json
+from .errors import ExportError, StageError
 from .families import family_for
 from .graph.contract import OPSET
 from .int4 import Int4Options
 from .load import load_checkpoint
+from .manifest import graph_section, tool_versions
 from .quantize import INT8_RECIPES, RECIPES, recipe_description
 from .weights_file import split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
@@ -45,17 +46,17 @@ from .writer import PackageWriter, check_destination, refuse_existing, sweep_par
 DEFAULT_EVAL_TEXT = Path(__file__).resolve().parent / "data" / "persuasion-chapters-1-4.txt"
 NOT_VALIDATED = "exported with --no-validate (validate=False): no comparison against PyTorch was made"
 STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
-TOOLS = (
-    "edgelm",
-    "torch",
-    "transformers",
-    "onnx",
-    "onnxruntime",
-    "huggingface_hub",
-    "tokenizers",
-    "safetensors",
-    "numpy",
-)
+# What to do when a stage fails in a way it did not foresee (StageError).
+REPORT = "please report it with the checkpoint's config.json and the command"
+ADVICE = {
+    "load": "check that it is a complete Hugging Face checkpoint (config.json, the weights, the tokenizer), or "
+    + REPORT,
+    "export": REPORT,
+    "optimize": REPORT,
+    "quantize": REPORT + "; another --quantize recipe or --int4-* option may export",
+    "validate": REPORT + "; --no-validate writes the package without this comparison",
+    "save": "check the output folder's disk space and permissions and export again, or " + REPORT,
+}
 
 
 @dataclass
@@ -64,11 +65,90 @@ class ExportResult:
     manifest: dict
 
 
-def default_output(model: str, quantize: str, kv_cache: str = "float32") -> Path:
-    name = Path(model.rstrip("/")).name
-    return Path("models") / (
-        name + ("" if quantize == "none" else f"-{quantize}") + ("-kv8" if kv_cache == "int8" else "")
-    )
+@dataclass(frozen=True)
+class ExportPlan:
+    """What one export does, every option checked (export_model's docstring says what each means)."""
+
+    model: str
+    output: Path
+    name: str  # the model id servers answer to, the store name
+    quantize: str
+    kv_cache: str
+    validate: bool
+    force: bool
+    revision: str | None
+    chat_template: str | None
+    text: EvalText | None  # the evaluation text a quantized, validated export measures
+    eval_tokens: int
+    int4: Int4Options | None
+
+    @property
+    def needs_reference(self) -> bool:
+        """The PyTorch reference (and transformers' import, most of a small export's time) only for what needs it."""
+        return self.validate or self.kv_cache == "int8"
+
+
+@dataclass
+class Loaded:
+    """What the load stage read: the checkpoint, what the package takes from beside it, and its PyTorch reference."""
+
+    checkpoint: Any  # export/checkpoint.py's Checkpoint
+    family: Any  # export/families/'s Family
+    tokenizer_json: str
+    tokenizer_config: dict | None  # None: the checkpoint's own file is copied as it is
+    generation_defaults: dict | None  # None: the checkpoint's own file is copied
+    tokenizer: Any  # a `tokenizers` Tokenizer
+    eval_ids: tuple | None  # EvalText.tokens(): (ids, prefix, total)
+    reference: Any  # the family's reference model, or None
+
+    @property
+    def arch(self):
+        return self.checkpoint.arch
+
+
+class Progress:
+    """The stages' reports to the caller's `progress(stage, event, detail)`, each stage's seconds, and the stage
+    under way (the one a failure names)."""
+
+    def __init__(self, report: Callable[[str, str, str], None] | None):
+        self.report = report or (lambda stage, event, detail: None)
+        self.timings, self.current, self._started = {}, STAGES[0], 0.0
+
+    def start(self, stage: str, detail: str = "") -> None:
+        self.current, self._started = stage, time.perf_counter()
+        self.report(stage, "start", detail)
+
+    def step(self, detail: str) -> None:
+        """Where a long stage is within itself (a validation case, a part of the quality report)."""
+        self.report(self.current, "step", detail)
+
+    def done(self, detail: str = "") -> None:
+        self.timings[self.current] = round(time.perf_counter() - self._started, 3)
+        self.report(self.current, "done", detail)
+
+    @contextmanager
+    def failures(self):
+        """Any failure a stage did not foresee, as one StageError naming that stage; typed errors pass as they are."""
+        try:
+            yield
+        except EdgelmError:
+            raise
+        except ImportError as error:  # a library of the export extra missing or broken
+            raise StageError(
+                self.current, f"the {self.current} stage needs {error.name or 'a library'}, which cannot be imported "
+                f"({' '.join(str(error).split())[:200]}): install the export extra, pip install 'edgelm[export]'."
+            ) from None
+        except MemoryError:
+            raise StageError(
+                self.current, f"the {self.current} stage ran out of memory: close other programs, or export on a "
+                "machine with more memory."
+            ) from None
+        except Exception as error:
+            cause = " ".join(f"{type(error).__name__}: {error}".split())  # one line: onnxruntime's span several
+            cause = cause if len(cause) <= 300 else cause[:297] + "..."
+            raise StageError(
+                self.current, f"the {self.current} stage failed ({cause}); {ADVICE[self.current]}."
+            ) from error
 
 
 def export_model(
@@ -99,7 +179,28 @@ def export_model(
     text's name, sha256 and token count.
 
     int4 (with quantize="int4"): block size, rounding method and the head's bits (export/int4.py; default
-    Int4Options())."""
+    Int4Options()).
+
+    progress(stage, event, detail) hears each stage start, its steps where it is long, and its end (module
+    docstring). Raises ExportError (runtime/errors.py's EdgelmError), StageError where a stage failed in a way it
+    did not foresee."""
+    plan = _plan(model, output, quantize, force, revision, kv_cache, validate, name, chat_template, eval_text,
+                 eval_tokens, int4)  # fmt: skip
+    stages = Progress(progress)
+    sweep_partials(plan.output)  # first, so a package a stopped export had moved aside is back before the checks
+    refuse_existing(plan.output, plan.force)
+    with stages.failures():
+        loaded = _load(plan, stages)
+        fp32_graph = _convert(loaded, stages)
+        shipped = _quantize(plan, loaded, fp32_graph, stages)  # what is written: model.onnx and model.onnx.data
+        validation = _validate(plan, loaded, shipped, fp32_graph, stages)
+        manifest = _save(plan, loaded, shipped, validation, stages)
+    return ExportResult(plan.output, manifest)
+
+
+def _plan(model, output, quantize, force, revision, kv_cache, validate, name, chat_template, eval_text, eval_tokens,
+          int4) -> ExportPlan:  # fmt: skip
+    """export_model's options, checked: ExportError naming the first one that cannot be used."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
     int4 = Int4Options.for_recipe(quantize, int4)
@@ -110,105 +211,135 @@ def export_model(
             "an int8 KV cache goes with quantized weights (--quantize int8, int8-dynamic or int4): the float32 package stays token-exact with transformers."
         )
     if chat_template is not None:
-        _check_chat_template(chat_template)
+        check_chat_template(chat_template)
     text = _eval_text(eval_text, eval_tokens, quantize, validate)
     if output is None:  # a named package is written to models/NAME, where commands given NAME look
         output = Path("models") / check_name(name) if name is not None else default_output(model, quantize, kv_cache)
     output = Path(output)
     package_name = output.name if name is None else check_name(name)  # the model id servers answer to, the store name
-    report = progress or (lambda stage, event, detail: None)
-    sweep_partials(output)  # first, so a package a stopped export had moved aside is back before the checks
-    refuse_existing(output, force)
-    timings, stage_started = {}, {}
+    return ExportPlan(model, output, package_name, quantize, kv_cache, validate, force, revision, chat_template, text,
+                      eval_tokens, int4)  # fmt: skip
 
-    def stage(name, event, detail=""):
-        if event == "start":
-            stage_started[name] = time.perf_counter()
-        else:
-            timings[name] = round(time.perf_counter() - stage_started[name], 3)
-        report(name, event, detail)
 
-    stage("load", "start", model)
-    checkpoint = load_checkpoint(model, revision)
-    tokenizer_json = _tokenizer_json(checkpoint.folder)
-    tokenizer_config = _tokenizer_config(checkpoint.folder, chat_template)
-    tokenizer = _tokenizer(tokenizer_json)
-    eval_ids = text.tokens(tokenizer, eval_tokens) if text is not None else None  # refused here, before the work
-    arch = checkpoint.arch
-    generation_defaults = _generation_defaults(checkpoint)
-    family = family_for(arch.model_type)
-    # The PyTorch reference (and transformers' import, most of a small export's time) only for what needs it.
-    reference = family.reference_model(checkpoint) if validate or kv_cache == "int8" else None
-    weight_bytes = sum(w.nbytes for w in checkpoint.weights.values())
-    stage("load", "done", f"{arch.n_layer} layers, {arch.n_embd} wide, {weight_bytes / 4e6:.1f} M parameters")
-    check_destination(output, force, int(weight_bytes * (0.3 if quantize != "none" else 1.05)) + (1 << 20))
+def default_output(model: str, quantize: str, kv_cache: str = "float32") -> Path:
+    name = Path(model.rstrip("/")).name
+    return Path("models") / (
+        name + ("" if quantize == "none" else f"-{quantize}") + ("-kv8" if kv_cache == "int8" else "")
+    )
 
-    stage("export", "start")
-    fp32_decoder = family.build_decoder(arch, checkpoint.weights, "none")
-    stage("export", "done", f"{len(fp32_decoder.model.graph.node)} nodes, opset {OPSET}")
 
-    stage("optimize", "start")
-    fp32_graph = split_weights(_optimize(fp32_decoder.model), fp32_decoder.arrays)
-    del fp32_decoder
-    stage("optimize", "done", "checked, shapes inferred")
+def _load(plan: ExportPlan, stages: Progress) -> Loaded:
+    """Stage 1: the checkpoint, its tokenizer files and generation defaults, the evaluation text's tokens and the
+    PyTorch reference; then the room the package needs at its destination."""
+    stages.start("load", plan.model)
+    checkpoint = load_checkpoint(plan.model, plan.revision)
+    text = tokenizer_json(checkpoint.folder)
+    config = tokenizer_config(checkpoint.folder, plan.chat_template)
+    tokenizer = read_tokenizer(text)
+    # refused here, before the work, when the text is shorter than eval_tokens
+    eval_ids = plan.text.tokens(tokenizer, plan.eval_tokens) if plan.text is not None else None
+    defaults = generation_defaults(checkpoint)
+    family = family_for(checkpoint.arch.model_type)
+    reference = family.reference_model(checkpoint) if plan.needs_reference else None
+    loaded = Loaded(checkpoint, family, text, config, defaults, tokenizer, eval_ids, reference)
+    arch, weight_bytes = checkpoint.arch, sum(w.nbytes for w in checkpoint.weights.values())
+    stages.done(f"{arch.n_layer} layers, {arch.n_embd} wide, {weight_bytes / 4e6:.1f} M parameters")
+    needed = int(weight_bytes * (0.3 if plan.quantize != "none" else 1.05)) + (1 << 20)
+    check_destination(plan.output, plan.force, needed)
+    return loaded
 
-    shipped = fp32_graph  # what is written: model.onnx and model.onnx.data
-    if quantize != "none":
-        what = (
-            quantize
-            if int4 is None
-            else f"int4 ({int4.method}, blocks of {int4.block_size}, {int4.head_bits}-bit head)"
+
+def _convert(loaded: Loaded, stages: Progress):
+    """Stages 2 and 3, export and optimize: the float32 decoder graph, checked, its weights split from it
+    (export/weights_file.py's ShippedGraph)."""
+    stages.start("export")
+    decoder = loaded.family.build_decoder(loaded.arch, loaded.checkpoint.weights, "none")
+    stages.done(f"{len(decoder.model.graph.node)} nodes, opset {OPSET}")
+    stages.start("optimize")
+    graph = split_weights(_optimize(decoder.model), decoder.arrays)
+    stages.done("checked, shapes inferred")
+    return graph
+
+
+def _quantize(plan: ExportPlan, loaded: Loaded, fp32_graph, stages: Progress):
+    """Stage 4: the decoder again with the recipe's weights (and an int8 cache's calibrated scales); the float32
+    graph itself for --quantize none."""
+    if plan.quantize == "none":
+        return fp32_graph
+    int4 = plan.int4
+    what = plan.quantize
+    if int4 is not None:
+        what = f"int4 ({int4.method}, blocks of {int4.block_size}, {int4.head_bits}-bit head)"
+    stages.start("quantize", what + (" weights, int8 KV cache" if plan.kv_cache == "int8" else ""))
+    arch, family = loaded.arch, loaded.family
+    scales = family.kv_cache_scales(loaded.reference, loaded.tokenizer, arch) if plan.kv_cache == "int8" else None
+    if int4 is not None and int4.method == "gptq":
+        from .gptq import with_hessians
+
+        int4 = with_hessians(int4, fp32_graph, loaded.tokenizer, arch)
+    decoder = family.build_decoder(arch, loaded.checkpoint.weights, plan.quantize, scales, int4=int4)
+    shipped = split_weights(_optimize(decoder.model), decoder.arrays)
+    stages.done(f"{shipped.size / 1e6:.1f} MB of weights")
+    return shipped
+
+
+def _validate(plan: ExportPlan, loaded: Loaded, shipped, fp32_graph, stages: Progress) -> Validation:
+    """Stage 5: float32 parity against transformers (a gate), and a quantized package's quality report
+    (export/validate.py); the record of its absence with --no-validate."""
+    if not plan.validate:
+        return Validation({}, skipped=NOT_VALIDATED)
+    from .validate import validate_package
+
+    stages.start("validate", "against transformers (PyTorch)")
+    validation = validate_package(
+        shipped, fp32_graph, loaded.reference, loaded.tokenizer, loaded.arch, loaded.family, plan.quantize,
+        plan.text, loaded.eval_ids, stages.step,
+    )  # fmt: skip
+    done = f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}"
+    if plan.quantize != "none":
+        recipe = recipe_description(plan.quantize, tied=loaded.arch.tie_word_embeddings)["method"]
+        figures = validation[recipe]
+        done += (
+            f"; {recipe} mean KL {figures['mean_kl_divergence']:.4f}, top-1 {figures['top1_agreement']:.3f} over "
+            f"{figures['tokens']:,} tokens of {plan.text.name}"
         )
-        stage("quantize", "start", what + (" weights, int8 KV cache" if kv_cache == "int8" else ""))
-        scales = None
-        if kv_cache == "int8":
-            scales = family.kv_cache_scales(reference, tokenizer, arch)
-        if int4 is not None and int4.method == "gptq":
-            from .gptq import with_hessians
+    stages.done(done)
+    return Validation.from_dict(validation)
 
-            int4 = with_hessians(int4, fp32_graph, tokenizer, arch)
-        decoder = family.build_decoder(arch, checkpoint.weights, quantize, scales, int4=int4)
-        shipped = split_weights(_optimize(decoder.model), decoder.arrays)
-        del decoder
-        stage("quantize", "done", f"{shipped.size / 1e6:.1f} MB of weights")
 
-    if validate:
-        from .validate import validate_stage
-
-        validation = Validation.from_dict(
-            validate_stage(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage, family, text, eval_ids)
-        )
-    else:
-        validation = Validation({}, skipped=NOT_VALIDATED)
-
-    stage("save", "start", str(output))
-    writer = PackageWriter(output)
+def _save(plan: ExportPlan, loaded: Loaded, shipped, validation: Validation, stages: Progress) -> dict:
+    """Stage 6: the package's files and manifest written beside the destination and moved into place at once
+    (export/writer.py), then read back as the manifest says."""
+    stages.start("save", str(plan.output))
+    folder, arch = loaded.checkpoint.folder, loaded.arch
+    writer = PackageWriter(plan.output)
     try:
         writer.write_bytes(GRAPH_FILE, shipped.graph)
         writer.write_chunks(WEIGHTS_FILE, shipped.chunks())
-        writer.write_bytes(TOKENIZER_FILE, tokenizer_json.encode())
+        writer.write_bytes(TOKENIZER_FILE, loaded.tokenizer_json.encode())
         for name in (HF_CONFIG, GENERATION_CONFIG, "tokenizer_config.json", "special_tokens_map.json"):
-            if (checkpoint.folder / name).exists():
-                writer.copy(name, checkpoint.folder / name)
-        if tokenizer_config is not None:  # without auto_map, with the chat template
-            writer.write_json("tokenizer_config.json", tokenizer_config)
-        if generation_defaults is not None:  # the checkpoint has none
-            writer.write_json(GENERATION_CONFIG, generation_defaults)
+            if (folder / name).exists():
+                writer.copy(name, folder / name)
+        if loaded.tokenizer_config is not None:  # without auto_map, with the chat template
+            writer.write_json("tokenizer_config.json", loaded.tokenizer_config)
+        if loaded.generation_defaults is not None:  # the checkpoint has none
+            writer.write_json(GENERATION_CONFIG, loaded.generation_defaults)
+        quantize = plan.quantize
         manifest = writer.publish(
             Manifest(
-                name=package_name,
+                name=plan.name,
                 architecture=arch,
-                graph=_graph_section(shipped, kv_cache),
+                graph=graph_section(shipped, plan.kv_cache),
                 tokenizer=TOKENIZER_FILE,
                 weights=Weights(
                     dtype="float32" if quantize == "none" else "int8" if quantize in INT8_RECIPES else quantize,
-                    quantization=recipe_description(quantize, tied=arch.tie_word_embeddings, int4=int4),
+                    quantization=recipe_description(quantize, tied=arch.tie_word_embeddings, int4=plan.int4),
                     tied_embedding_stored_once=arch.tie_word_embeddings,
                 ),
-                source=checkpoint.source | {"weights_file": checkpoint.weight_file},
-                tools=_tool_versions() | {"onnx_opset": OPSET},
+                source=loaded.checkpoint.source | {"weights_file": loaded.checkpoint.weight_file},
+                tools=tool_versions() | {"onnx_opset": OPSET},
                 validation=validation,
-                export_seconds=dict(timings),
+                export_seconds=dict(stages.timings),
             )
         )
     except BaseException:
@@ -216,9 +347,9 @@ def export_model(
         raise
     # What was written reads back as the manifest says; recorded, so the first load need not hash it again
     # (runtime/package/verified.py).
-    open_package(output, verify="full")
-    stage("save", "done", f"{sum(f['size'] for f in manifest['files'].values()) / 1e6:.1f} MB")
-    return ExportResult(output, manifest)
+    open_package(plan.output, verify="full")
+    stages.done(f"{sum(f['size'] for f in manifest['files'].values()) / 1e6:.1f} MB")
+    return manifest
 
 
 def _eval_text(path, eval_tokens, quantize: str, validate: bool):
@@ -237,10 +368,15 @@ def _eval_text(path, eval_tokens, quantize: str, validate: bool):
 
 
 def _optimize(model) -> bytes:
-    """Check the graph and infer shapes; fails loudly here rather than at the user's first run. The weights are
-    not written yet: the checker sees the external ones as graph inputs of the same type and shape."""
+    """Check the graph (every weight read by an operator) and infer shapes; fails loudly here rather than at the
+    user's first run. The weights are not written yet: the checker sees the external ones as graph inputs of the
+    same type and shape."""
     import onnx
 
+    read = {name for node in model.graph.node for name in node.input}
+    unread = [t.name for t in model.graph.initializer if t.name not in read]
+    if unread:  # onnxruntime would drop it, then refuse it by name where the weights are handed in from memory
+        raise ExportError(f"the graph stores a weight no operator reads ({unread[0]}); {REPORT}.")
     model = onnx.shape_inference.infer_shapes(model)
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -250,149 +386,3 @@ def _optimize(model) -> bytes:
         probe.graph.initializer.remove(tensor)
     onnx.checker.check_model(probe)
     return model.SerializeToString()
-
-
-def _generation_defaults(checkpoint) -> dict | None:
-    """The generation_config.json to write when the checkpoint has none (its bos id and every end-of-text id
-    config.json names: Llama 3's are a list), else None (its own is copied). Either is checked as the runtime
-    will read it (every end-of-text id in the vocabulary, each setting in range): ExportError before anything is
-    written."""
-    path, arch = checkpoint.folder / GENERATION_CONFIG, checkpoint.arch
-    if path.exists():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
-            raise ExportError(f"{path} is not readable JSON ({str(error)[:120]}); fix or remove it.") from None
-        if not isinstance(data, dict):
-            raise ExportError(
-                f"{path} holds a JSON {type(data).__name__}, not an object of settings; fix or remove it."
-            )
-        written, where = None, path
-    else:
-        eos = checkpoint.config.get("eos_token_id", arch.eos_token_id)
-        data = written = {"bos_token_id": arch.bos_token_id, "eos_token_id": eos}
-        where = checkpoint.folder / "config.json"
-    try:
-        GenerationConfig.from_generation_config_json(data, arch.eos_token_id, arch.pad_token_id, arch.vocab_size)
-    except (GenerationOptionError, TypeError, ValueError) as error:
-        raise ExportError(
-            f"{where} holds a generation setting edgelm cannot use: {str(error)[:200]}. Fix it."
-        ) from None
-    return written
-
-
-def _graph_section(shipped, kv_cache: str) -> Graph:
-    import onnx
-
-    model = onnx.load_model_from_string(shipped.graph)
-    uses = {(n.op_type, None) for n in model.graph.node} | {
-        (n.op_type, a.name) for n in model.graph.node for a in n.attribute
-    }
-
-    def describe(value) -> TensorInfo:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
-        return TensorInfo(dtype, tuple(d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim))
-
-    return Graph(
-        file=GRAPH_FILE,
-        opset=OPSET,
-        inputs={v.name: describe(v) for v in model.graph.input},
-        outputs={v.name: describe(v) for v in model.graph.output},
-        kv_cache_in_place=True,  # past and present may be bound to one [batch, heads, capacity, head_size] buffer
-        weights_file=WEIGHTS_FILE,
-        token_embeddings=shipped.token_embeddings,
-        kv_cache=_kv_cache_description(kv_cache),
-        min_onnxruntime=graph_minimum(uses),  # measured per operator: runtime/package/onnxruntime_compat.py
-    )
-
-
-def _kv_cache_description(kv_cache: str) -> dict:
-    if kv_cache == "float32":
-        return {"dtype": "float32"}
-    from .calibrate import HEADROOM
-
-    return {
-        "dtype": "int8",
-        "scales": f"fixed, one per head and channel ({HEADROOM} x the largest |K| or |V| seen / 127), calibrated at export on the PyTorch reference (export/calibrate.py); larger values are clipped",
-        "op": "GroupQueryAttention kv_cache_bit_width 8, PER_CHANNEL",
-    }
-
-
-def _tokenizer(tokenizer_json: str):
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_str(tokenizer_json)
-    except Exception as error:  # tokenizers raises a bare Exception for a damaged file
-        raise ExportError(
-            f"the checkpoint's tokenizer cannot be read: {str(error)[:200]}. Save it again with the model (tokenizer.save_pretrained)."
-        ) from None
-
-
-def _check_chat_template(source) -> None:
-    from edgelm.runtime.errors import ChatError
-    from edgelm.runtime.text.chat_template import compile_template
-
-    try:
-        compile_template(source, "the chat template given")
-    except ChatError as error:
-        raise ExportError(str(error)) from None
-
-
-def _tokenizer_config(folder: Path, chat_template: str | None) -> dict | None:
-    """The checkpoint's tokenizer_config.json as the package ships it: without `auto_map` (the package ships no
-    Python code for it to name) and with `chat_template` set (the one given, else the checkpoint's
-    chat_template.jinja, where transformers saves a template beside it). None when it can be copied as it is."""
-    jinja = folder / "chat_template.jinja"
-    if chat_template is None and jinja.is_file():
-        try:
-            chat_template = jinja.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise ExportError(f"cannot read {jinja}: {error}") from None
-        _check_chat_template(chat_template)
-    path = folder / "tokenizer_config.json"
-    config = None
-    if path.exists():
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-            if chat_template is None:
-                return None  # not JSON: copied as it is; the package's tokenizer is tokenizer.json
-            raise ExportError(f"cannot read {path} to set its chat template: {error}") from None
-        if not isinstance(config, dict):
-            if chat_template is None:
-                return None
-            raise ExportError(f"{path} does not hold a JSON object; fix or remove it.")
-    if chat_template is None and (config is None or "auto_map" not in config):
-        return None
-    config = {k: v for k, v in (config or {}).items() if k != "auto_map"}
-    return config | ({"chat_template": chat_template} if chat_template is not None else {})
-
-
-def _tokenizer_json(folder: Path) -> str:
-    if (folder / "tokenizer.json").exists():
-        return (folder / "tokenizer.json").read_text(encoding="utf-8")
-    if (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
-        # GPT-2's own tokenizer class, never AutoTokenizer: an auto_map or a custom tokenizer_class in
-        # tokenizer_config.json would make transformers offer to import Python files from the checkpoint.
-        from transformers import GPT2TokenizerFast
-
-        try:
-            tokenizer = GPT2TokenizerFast.from_pretrained(str(folder), trust_remote_code=False)
-        except Exception as error:  # transformers raises many types for damaged vocab or merges files
-            raise ExportError(
-                f"the checkpoint's vocab.json / merges.txt cannot be read ({type(error).__name__}: {str(error)[:200]}); "
-                "save the tokenizer again with the model (tokenizer.save_pretrained)."
-            ) from None
-        return tokenizer.backend_tokenizer.to_str()
-    raise ExportError(f"{folder} has no tokenizer: expected tokenizer.json, or vocab.json with merges.txt.")
-
-
-def _tool_versions() -> dict:
-    versions = {}
-    for name in TOOLS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions

@@ -149,11 +149,15 @@ def _relative_error(ours, reference, mask, positions_at_once: int = 64):
     return error / scale
 
 
-def check_fp32(graph, model, tokenizer, arch) -> dict:
-    """Full logits, cache path and greedy tokens against PyTorch; raises ParityError past the tolerance."""
+def check_fp32(graph, model, tokenizer, arch, step=None) -> dict:
+    """Full logits, cache path and greedy tokens against PyTorch; raises ParityError past the tolerance.
+    step(detail), if given, hears of each case as it starts."""
     engine = _engine(graph, arch, in_place=True)
     report = {"tolerance": FP32_TOLERANCE, "cases": {}}
-    for name, rows in validation_cases(tokenizer, arch).items():
+    cases = validation_cases(tokenizer, arch)
+    for number, (name, rows) in enumerate(cases.items(), 1):
+        if step is not None:
+            step(f"fp32 parity, case {number} of {len(cases)} ({name})")
         reference, mask = _torch_logits(model, rows)
         ids, _ = left_pad(rows, 0)
         full, _ = engine.forward(
@@ -226,44 +230,45 @@ def checkpoint_reference(folder) -> tuple:
     a manifest records it, its tokenizer's JSON text), for the runtime to check against the package's."""
     from .families import family_for
     from .load import load_checkpoint
-    from .stages import _tokenizer_json
+    from .checkpoint_files import tokenizer_json
 
     checkpoint = load_checkpoint(str(folder), None)
     model = family_for(checkpoint.arch.model_type).reference_model(checkpoint)
-    return TorchSide(model, checkpoint.arch.eos_token_id), checkpoint.arch.to_dict(), _tokenizer_json(checkpoint.folder)
+    return TorchSide(model, checkpoint.arch.eos_token_id), checkpoint.arch.to_dict(), tokenizer_json(checkpoint.folder)
 
 
-def quality_report(graph, model, arch, ids, prefix=()) -> dict:
+def quality_report(graph, model, arch, ids, prefix=(), step=None) -> dict:
     """How far a quantized graph is from the PyTorch reference on the evaluation text's token ids (the first
     eval_tokens of it, `prefix` before each window and prompt): runtime/quality/measure.py's figures, and the KV cache
-    the graph keeps."""
+    the graph keeps. step(detail), if given, hears where the measurement is."""
     engine = _engine(graph, arch)
     plan = Plan.for_context(arch.n_positions)
-    figures = measure(TorchSide(model, arch.eos_token_id), engine, ids, plan, arch.eos_token_id, prefix)
+    side = TorchSide(model, arch.eos_token_id)
+    figures = measure(side, engine, ids, plan, arch.eos_token_id, prefix, progress=step)
     return _finite(figures | {"kv_cache": engine.io.cache_dtype})
 
 
-def validate_stage(shipped, fp32_graph, reference, tokenizer, arch, quantize, stage, family, text, eval_ids) -> dict:
-    """The validate stage: fp32 parity against transformers, and the quantized package's quality figures on the
-    evaluation text, keyed by the recipe's name as weights.quantization.method records it."""
+def validate_package(shipped, fp32_graph, reference, tokenizer, arch, family, quantize, text, eval_ids,
+                     step=None) -> dict:  # fmt: skip
+    """The validate stage's work: fp32 parity against transformers, and the quantized package's quality figures on
+    the evaluation text, keyed by the recipe's name as weights.quantization.method records it. step(detail)
+    hears where it is (each fp32 case, each part of the quality report)."""
     from .quantize import recipe_description
 
-    stage("validate", "start", "against transformers (PyTorch)")
     validation = {
         "reference": f"transformers {family.reference_class(arch.model_type)}, float32, eager attention",
-        "fp32": check_fp32(fp32_graph, reference, tokenizer, arch),
+        "fp32": check_fp32(fp32_graph, reference, tokenizer, arch, step),
     }
-    done = f"fp32 max relative error {validation['fp32']['max_logits_relative_error']:.1e}"
     if quantize != "none":
         ids, prefix, total = eval_ids
         recipe = recipe_description(quantize, tied=arch.tie_word_embeddings)["method"]
         validation["text"] = text.record(total, len(ids))
-        figures = validation[recipe] = quality_report(shipped, reference, arch, ids, prefix)
-        done += (
-            f"; {recipe} mean KL {figures['mean_kl_divergence']:.4f}, top-1 {figures['top1_agreement']:.3f} over "
-            f"{figures['tokens']:,} tokens of {text.name}"
-        )
-    stage("validate", "done", done)
+
+        def quality_step(detail):
+            if step is not None:
+                step(f"{recipe} quality: {detail}")
+
+        validation[recipe] = quality_report(shipped, reference, arch, ids, prefix, quality_step)
     return validation
 
 

@@ -66,7 +66,10 @@ def test_package_files_and_manifest(validated_package):
     assert graph["outputs"]["present.0.key"]["shape"] == ["batch", 4, "total_sequence", 8]
     assert graph["inputs"]["logits_to_keep"] == {"dtype": "int64", "shape": []}
     assert manifest["weights"]["dtype"] == "float32" and manifest["weights"]["tied_embedding_stored_once"]
-    assert manifest["source"]["local_path"].endswith("tiny-gpt2")
+    # a local checkpoint is recorded by its folder's name: no path of the exporting machine leaves in the package
+    assert manifest["source"] == {"local_folder": "tiny-gpt2", "weights_file": "model.safetensors"}
+    for path in validated_package.iterdir():  # nor in any other file the package ships
+        assert str(validated_package.parents[2]).encode() not in path.read_bytes(), path.name
     assert manifest["tools"]["onnx_opset"] == 17 and manifest["tools"]["torch"] and manifest["tools"]["onnxruntime"]
     # Every file but the manifest is listed with its real size and sha256.
     assert set(manifest["files"]) == names - {"manifest.json"}

@@ -57,9 +57,9 @@ def test_store_records_nested_too_deep_are_passed_over(tmp_path, monkeypatch, ti
 
 
 def test_a_tokenizer_config_nested_too_deep_is_copied_or_refused_in_one_line(tmp_path):
-    from edgelm.export.stages import _tokenizer_config
+    from edgelm.export.checkpoint_files import tokenizer_config
 
     (tmp_path / "tokenizer_config.json").write_text(DEEP)
-    assert _tokenizer_config(tmp_path, None) is None  # copied as it is: the package reads tokenizer.json
+    assert tokenizer_config(tmp_path, None) is None  # copied as it is: the package reads tokenizer.json
     with pytest.raises(ExportError, match="cannot read .*tokenizer_config.json to set its chat template"):
-        _tokenizer_config(tmp_path, "{{ messages }}")
+        tokenizer_config(tmp_path, "{{ messages }}")

@@ -60,6 +60,10 @@ def test_gptq_and_the_int4_methods_import_one_way():
     assert ("int4", "gptq") in export.units and ("gptq", "int4") not in export.units
 
 
+def test_no_export_module_imports_itself_back():
+    assert layers.Imports(EXPORT, layers.EXPORT_PACKAGE).module_cycles() == []
+
+
 def test_the_checks_find_each_kind_of_bad_import_planted(tmp_path):
     """A copy of runtime/ with an import up the order hidden in a function, one by a literal name, one in the
     public names' table, one between two units of the same layer, a folder with no layer and a lazy module cycle:

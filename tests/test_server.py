@@ -99,6 +99,9 @@ def test_health_and_models(server, model):
     assert server.health()["status"] == "ok"
     listing = HTTP.get(server.url + "/v1/models").json()
     assert [m["id"] for m in listing["data"]] == [model.package.name]
+    # the package's name, never the folder the server keeps it in
+    assert [m["root"] for m in listing["data"]] == [model.package.name]
+    assert str(model.package.folder.parent) not in json.dumps(listing)
     assert HTTP.get(f"{server.url}/v1/models/{model.package.name}").json()["id"] == model.package.name
 
 

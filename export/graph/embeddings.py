@@ -126,8 +126,15 @@ def _embedding_int4(g, wte, head, tied, int4: Int4Options):
     head_w = blocks(head)
     head_weights = nbits_weights(g, head_w, "lm_head.weight")
     table_w = head_w if tied else blocks(wte)
-    # Tied, the lookup reads the LM head's own codes and scales: the matrix is stored once.
-    table, scale = head_weights[:2] if tied else nbits_weights(g, table_w, "transformer.wte.weight")[:2]
+    # Tied, the lookup reads the LM head's own codes and scales: the matrix is stored once. Untied, the table
+    # stores its codes and scales only: the lookup reads its zero points one a byte (below), never MatMulNBits'
+    # packed ones, and an initializer no node reads is dropped by onnxruntime, which then refuses it by name.
+    if tied:
+        table, scale = head_weights[:2]
+    else:
+        name = "transformer.wte.weight"
+        table = g.weight(f"{name}_int{bits}", table_w.packed)
+        scale = g.weight(f"{name}_scale", table_w.scale)
     # GatherBlockQuantized reads [V, nb, B] with one scale (and zero point) per row of its last axis: [V, nb, 1].
     lookup = [g.op("Unsqueeze", [scale, g.const([2])])]
     if table_w.zero_point is not None:  # uint8, one a byte: bits 8, or the 4-bit code in the low nibble

@@ -4,6 +4,7 @@ with the manifest's beside them."""
 import hashlib
 import importlib
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -25,11 +26,14 @@ def quality_report(package_folder, reference: str, text_path: str | None, eval_t
     model = load(package_folder, verify=False)  # its files were just checked
     text = _text(model, text_path)
     reference_folder = Path(reference)
+    show = _progress()
     if _is_checkpoint(reference_folder):
+        show(f"loading the checkpoint {reference} in PyTorch")
         side, against = _checkpoint_side(model, reference_folder), f"the checkpoint {reference} in PyTorch"
     else:
         side, against = package_reference(model, load(reference_folder)), f"the float32 package {reference}"
-    result = remeasure(model, side, text, eval_tokens)
+    result = remeasure(model, side, text, eval_tokens, progress=show)
+    show(None)
     if as_json:
         return json.dumps(result | {"reference": against}, indent=2)
     t, recorded_text = result["text"], result["recorded_text"]
@@ -45,6 +49,20 @@ def quality_report(package_folder, reference: str, text_path: str | None, eval_t
         )
     lines += figure_lines(result["recipe"], result["figures"], model.arch.vocab_size, against, result["recorded"])
     return "\n".join(lines)
+
+
+def _progress():
+    """show(detail): where the measurement is, on stderr (the figures go to stdout): one status line rewritten
+    on a terminal, a line each in a log; show(None) clears a terminal's status line at the end."""
+    terminal = sys.stderr.isatty()
+
+    def show(detail):
+        if terminal:
+            click.echo("\r\x1b[K" + (f"measuring: {detail}" if detail else ""), err=True, nl=False)
+        elif detail:
+            click.echo(f"measuring: {detail}", err=True)
+
+    return show
 
 
 def _text(model, text_path):

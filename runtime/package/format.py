@@ -207,7 +207,7 @@ def describe(
         return "\n".join(lines)
     m, g = manifest, manifest.graph
     lookup = f", token rows read from {g.token_embeddings.file} by the runtime" if g.token_embeddings else ""
-    source = m.source.get("hub_id") or m.source.get("local_path") or ""
+    source = m.source.get("hub_id") or m.source.get("local_folder") or m.source.get("local_path") or ""
     head = "tied embedding stored once" if a.tie_word_embeddings else "token embedding and LM head stored apart"
     lines += [
         f"  weights       {m.weights.dtype} ({m.weights.quantization.get('weights')}), {head}{lookup}",

@@ -44,11 +44,12 @@ def check_same_model(model, architecture: dict, tokenizer_text: str, where: str)
         )
 
 
-def remeasure(model, reference, text: EvalText, eval_tokens: int | None = None) -> dict:
+def remeasure(model, reference, text: EvalText, eval_tokens: int | None = None, progress=None) -> dict:
     """`model` (a loaded Model) against `reference` (package_reference(), or another side with logits() and
     greedy()) on the first eval_tokens tokens of `text`: {"recipe", "text", "figures", "recorded"}. eval_tokens
     None measures as many as the manifest records for this text (the same tokens, so the figures line up),
-    else DEFAULT_EVAL_TOKENS. "recorded" is the manifest's figures for the package's recipe, or None."""
+    else DEFAULT_EVAL_TOKENS. "recorded" is the manifest's figures for the package's recipe, or None.
+    progress(detail), if given, hears where the measurement is (runtime/quality/measure.py's measure)."""
     manifest = model.package.manifest
     validation = manifest.validation if manifest is not None else None
     recorded_text = validation.text if validation is not None else None
@@ -58,7 +59,8 @@ def remeasure(model, reference, text: EvalText, eval_tokens: int | None = None) 
     check_eval_tokens(eval_tokens)
     ids, prefix, total = text.tokens(model.tokenizer, eval_tokens)
     arch = model.arch
-    figures = measure(reference, model.engine, ids, Plan.for_context(arch.n_positions), arch.eos_token_id, prefix)
+    plan = Plan.for_context(arch.n_positions)
+    figures = measure(reference, model.engine, ids, plan, arch.eos_token_id, prefix, progress)
     recipe = manifest.weights.method if manifest is not None else "float32"
     recorded = validation.quality.get(recipe) if validation is not None else None
     return {

@@ -179,10 +179,12 @@ class EngineSide:
         return greedy_tokens(self.engine, prompts, new_tokens, self.eos_token_id)
 
 
-def measure(reference, engine, ids, plan: Plan, eos_token_id=None, prefix=()) -> dict:
+def measure(reference, engine, ids, plan: Plan, eos_token_id=None, prefix=(), progress=None) -> dict:
     """`engine` (a runtime Engine) against `reference` (an EngineSide, or the export's PyTorch side: logits(windows)
     and greedy(prompts, new_tokens)) over the token ids of a text, as `plan` says. Returns the logit figures
-    over every window's positions, `cache_path` (the same through the cache) and `greedy`."""
+    over every window's positions, `cache_path` (the same through the cache) and `greedy`. progress(detail), if
+    given, hears where the measurement is (windows done, then the cache path, then the greedy continuations)."""
+    report = progress or (lambda detail: None)
     windows = text_windows(ids, plan.window, prefix)
     ours = EngineSide(engine, eos_token_id)
     # The cache path on `cache_windows` full-length windows spread through the text, where its reference logits
@@ -191,7 +193,10 @@ def measure(reference, engine, ids, plan: Plan, eos_token_id=None, prefix=()) ->
     cache_at = sorted({full[int(k)] for k in np.linspace(0, len(full) - 1, num=plan.cache_windows)}) if full else []
     steps = min(plan.cache_steps, plan.window - 2)
     overall, cached, tails = LogitAgreement(), LogitAgreement(), {}
+    done = 0
     for batch in _batches(windows, engine.vocab_size):
+        report(f"windows {done} of {len(windows)} done")
+        done += len(batch)
         rows = np.stack([windows[i][:-1] for i in batch])
         reference_logits, logits = reference.logits(rows), ours.logits(rows)
         for j, i in enumerate(batch):
@@ -200,11 +205,13 @@ def measure(reference, engine, ids, plan: Plan, eos_token_id=None, prefix=()) ->
                 tails[i] = reference_logits[j, -steps:]
         del reference_logits, logits
     if tails:
+        report(f"{steps} positions of {len(tails)} windows through the cache")
         rows = np.stack([windows[i][:-1] for i in tails])
         through_cache = cache_path_logits(engine, rows, np.ones_like(rows), steps)
         for j, i in enumerate(tails):
             cached.add(tails[i], through_cache[j], windows[i][-steps:])
     prompts = greedy_prompts(ids, plan.prompts, plan.prompt_tokens, prefix)
+    report(f"greedy continuations of {len(prompts)} prompts")
     greedy = greedy_agreement(reference.greedy(prompts, plan.new_tokens), ours.greedy(prompts, plan.new_tokens))
     figures = overall.summary()
     cache_figures = cached.summary()

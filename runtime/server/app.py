@@ -206,7 +206,7 @@ def _model_card(model, model_id: str) -> dict:
         "object": "model",
         "created": created,
         "owned_by": "edgelm",
-        "root": str(model.package.folder),
+        "root": model.package.name,  # the package's name, never where the server keeps it
     }
 
 
