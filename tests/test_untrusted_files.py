@@ -177,3 +177,13 @@ def test_random_files_in_place_of_keys_signatures_and_cache_records(kind, data):
             assert verified.read(package) == {}
         finally:
             del os.environ["EDGELM_CACHE"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to a fifo", "/dev/zero", "big"])
+def test_a_fifo_or_device_among_the_stores_records_never_blocks_a_listing(tmp_path, store, kind):
+    meta = store / ".meta"
+    meta.mkdir(exist_ok=True)
+    place(meta / "config.json", kind)  # which package is the default
+    with bounded():
+        result = invoke("list")
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
