@@ -187,3 +187,16 @@ def test_a_fifo_or_device_among_the_stores_records_never_blocks_a_listing(tmp_pa
     with bounded():
         result = invoke("list")
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+
+
+def test_stdin_is_read_up_to_one_prompts_bound(tiny_package, monkeypatch):
+    """`edgelm generate -` reads at most what one line of a prompt file may hold (`< /dev/zero` ends there)."""
+    from click.testing import CliRunner
+    from edgelm.runtime import prompt_file
+    from edgelm.runtime.cli.main import main
+
+    monkeypatch.setattr(prompt_file, "MAX_LINE_BYTES", 100)
+    args = ["generate", "-m", str(tiny_package), "-", "--max-new-tokens", "2"]
+    over = CliRunner().invoke(main, args, input="x" * 101)
+    assert over.exit_code == 2 and "stdin holds over 100 bytes" in over.output and "Traceback" not in over.output
+    assert CliRunner().invoke(main, args, input="hello").exit_code == 0
