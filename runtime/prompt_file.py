@@ -33,7 +33,6 @@ import itertools
 import json
 import math
 import os
-import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -279,20 +278,8 @@ def _open_input(path: Path):
 
 
 def _open_output(path: Path):
-    """The output, opened to append without buffering (a write that fails leaves nothing to flush at close) and
-    without blocking: a FIFO or a device put at its name is refused, never waited on."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags | getattr(os, "O_BINARY", 0), 0o644)
-    except OSError as error:
-        raise PromptFileError(f"cannot write {path}: {error.strerror or error}; name a file for --output") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise PromptFileError(f"{path} is not a regular file (it is {untrusted.kind(mode)}); name a file for --output")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "ab", buffering=0)
+    """The output, to append to unbuffered (a write that fails leaves nothing to flush at close); never waits."""
+    return untrusted.open_append(path, PromptFileError, "; name a file for --output")
 
 
 def _append(out, data: bytes) -> None:

@@ -10,6 +10,7 @@ record, a file of prompts, an output being resumed. Every reader of such a file 
 - Never more than a bound: `read_bytes` reads at most `limit` bytes and refuses a file that holds more, and
   `read_line` reads one line of at most `limit` bytes, skipping the rest of a longer one without holding it.
 
+`open_append` opens a file to append to (a resumed output) the same way: never waiting, regular files only.
 Each caller passes its own error type and the advice its message ends with (what the user should do)."""
 
 import os
@@ -65,6 +66,23 @@ def open_regular(path, error=EdgelmError, advice: str = ""):
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_append(path, error=EdgelmError, advice: str = ""):
+    """An unbuffered binary file object appending to `path` (made if missing), which must be a regular file: the
+    open never waits (a FIFO with no reader fails at once) and the descriptor is checked before it is used."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_BINARY", 0), 0o644)
+    except OSError as failure:
+        raise error(f"cannot write {path}: {failure.strerror or failure}{advice}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise error(f"{path} is not a regular file (it is {kind(mode)}){advice}")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab", buffering=0)
 
 
 def read_bytes(path, limit: int, error=EdgelmError, advice: str = "", what: str = "a file of its kind") -> bytes:
