@@ -99,9 +99,16 @@ def output_folder(out, package: Path) -> Path:
     real, held = given.resolve(), Path(package).resolve()
     if held.is_relative_to(real) or real.is_relative_to(held):
         raise BundleError(f"{given} holds the package {held} or is inside it; name a folder apart from the package.")
-    if real in (Path.cwd().resolve(), Path.home().resolve(), Path(real.anchor)):
+    if real in (Path.cwd().resolve(), _home(), Path(real.anchor)):
         raise BundleError(f"{given} is the current, home or root folder; name a new folder for the bundle.")
     return given.absolute()
+
+
+def _home() -> Path | None:
+    try:
+        return Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):  # no home folder known: nothing to compare with
+        return None
 
 
 def made_here(folder: Path) -> bool:
