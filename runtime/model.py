@@ -20,6 +20,7 @@ from .engine.embeddings import TokenEmbeddings
 from .engine.session import check_graph_shapes, create_session, drop_mapped_pages, graph_io, release_freed_memory
 from .errors import DeviceError, GenerationOptionError, PackageError, PromptError
 from .generation_config import GenerationConfig, without_constraint
+from .generation_defaults import generation_defaults
 from .inputs import check_text, check_token_ids
 from .package.format import GENERATION_CONFIG, MANIFEST
 from .package.onnxruntime_compat import check_installed
@@ -82,7 +83,8 @@ class Model:
             graph_file=package.model_file,
             prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK) if prefix_cache_bytes else None,
         )
-        self.defaults = _generation_defaults(package)
+        defaults_file = package.folder / GENERATION_CONFIG
+        self.defaults = generation_defaults(package.generation_defaults, package.arch, defaults_file)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
         self._constraints = None  # the constraint compiler (sampling/constraint.py), made at the first constraint
@@ -368,26 +370,6 @@ def _one(completions: list):
     if completions[0].error is not None:
         raise completions[0].error
     return completions[0]
-
-
-def _generation_defaults(package: Package) -> GenerationConfig:
-    """The package's generation_config.json as settings: untrusted like the rest, so one clear error if it is off."""
-    arch = package.arch
-    try:
-        config = GenerationConfig.from_generation_config_json(
-            package.generation_defaults, arch.eos_token_id, arch.pad_token_id, arch.vocab_size
-        )
-        # a default every generate would refuse (no room left for a prompt) is the package's fault, not the call's
-        given = {"max_new_tokens", "max_length"} & set(package.generation_defaults)
-        if given and config.max_new_tokens >= arch.n_positions:
-            raise GenerationOptionError(
-                f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in the {arch.n_positions}-token context"
-            )
-        return config
-    except (GenerationOptionError, TypeError, ValueError, AttributeError) as error:
-        raise PackageError(
-            f"{package.folder / GENERATION_CONFIG} holds a setting edgelm cannot use ({str(error)[:200]}); fix or remove it, or export the package again."
-        ) from None
 
 
 def load(

@@ -28,9 +28,9 @@ ROOT = "(root)"  # runtime/__init__.py
 # Bottom-up. Each line: the units of one layer, then what they hold.
 LAYERS = (
     ("errors",),  # the exception types every layer raises
-    ("inputs", "constraint_text", "constraint_bounds"),  # checks of what callers send: ids, text, a constraint
+    ("inputs", "constraint_text", "constraint_bounds", "untrusted"),  # what comes from outside, checked
     ("generation_config",),  # the settings of one request, valid by construction
-    ("generation_options",),  # each option's flag, help and request field, from which the CLI and server derive
+    ("generation_options", "generation_defaults"),  # the options as users give them and as packages ship them
     ("package",),  # the package folder: format, manifest, files, the onnxruntime it needs
     ("sampling", "text", "store"),  # next-token choice on ids; text <-> ids and chat; installed packages
     ("engine",),  # the forward pass and the decode loop, on ids

@@ -10,6 +10,10 @@ pytest or anything else of the environment that runs `edgelm bundle` cannot reac
 is copied in from where it is imported (with its distribution's metadata, for `edgelm --version` and the
 PyInstaller hook it registers). Building needs PyPI (or a pip configured with a mirror); running the bundle needs
 nothing but the C library of a system like the one it was built on (the same CPU architecture, a glibc as new).
+
+The folder is written only where it cannot destroy what edgelm did not make: `DIR/.edgelm-bundle` (MARK) is the
+first file written in it, and `force` replaces only a folder that holds that mark. DIR is never a link, the current,
+home or root folder, a folder that holds the package, or one inside it, whatever `force` says.
 """
 
 import os
@@ -20,6 +24,7 @@ import venv
 from importlib import metadata
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import EdgelmError
 
 # what the frozen command imports: the runtime's dependencies (pyproject.toml), the server extra, the freezer
@@ -30,6 +35,8 @@ FREEZER = "pyinstaller"
 NEVER = ("torch", "onnx", "pytest", "transformers", "optimum", "tensorflow", "IPython")  # must not reach the bundle
 ENTRY = "from edgelm.runtime.cli.launch import command\n\ncommand()\n"
 STORE = "models"
+MARK = ".edgelm-bundle"  # the first file of a bundle's folder: what --force may replace
+MARK_TEXT = "a folder made by edgelm bundle; edgelm bundle --force may replace it\n"
 
 
 class BundleError(EdgelmError):
@@ -51,13 +58,20 @@ def build_bundle(package: Path, out: Path, force: bool = False, log=lambda line:
 
     package = Path(package)
     opened = open_package(package, verify="full")  # a damaged package is refused before minutes of building
-    out = Path(out).expanduser().absolute()
+    out = output_folder(out, opened.folder)
     if out.exists() and any(out.iterdir()):
         if not force:
             raise BundleError(f"{out} exists and is not empty; pass --force to replace it.")
+        if not made_here(out):
+            raise BundleError(
+                f"{out} was not made by edgelm bundle (it has no {MARK}), so --force does not replace it: name a "
+                "new folder, or empty this one yourself."
+            )
         shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARK).write_text(MARK_TEXT, encoding="utf-8")  # first: a build that fails is still ours to replace
     work = out / ".build"
-    work.mkdir(parents=True)
+    work.mkdir()
     try:
         python = _environment(work, log)
         log("freezing edgelm (PyInstaller)")
@@ -71,6 +85,43 @@ def build_bundle(package: Path, out: Path, force: bool = False, log=lambda line:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return executable
+
+
+def output_folder(out, package: Path) -> Path:
+    """The bundle's folder, `out` made absolute; BundleError where writing or replacing it could destroy what
+    edgelm did not make: an empty name (an unset variable: the current folder), a link, a file, the current,
+    home or root folder, a folder that holds the package or one inside it."""
+    if not str(out).strip():
+        raise BundleError('the output folder is empty (-o ""); name a new folder for the bundle.')
+    given = Path(out).expanduser()
+    if given.is_symlink():
+        raise BundleError(f"{given} is a symbolic link; name the bundle's folder itself, not a link to it.")
+    if given.exists() and not given.is_dir():
+        raise BundleError(f"{given} is a file; name a folder for the bundle.")
+    real, held = given.resolve(), Path(package).resolve()
+    if held.is_relative_to(real) or real.is_relative_to(held):
+        raise BundleError(f"{given} holds the package {held} or is inside it; name a folder apart from the package.")
+    if real in (Path.cwd().resolve(), _home(), Path(real.anchor)):
+        raise BundleError(f"{given} is the current, home or root folder; name a new folder for the bundle.")
+    return given.absolute()
+
+
+def _home() -> Path | None:
+    try:
+        return Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):  # no home folder known: nothing to compare with
+        return None
+
+
+def made_here(folder: Path) -> bool:
+    """Whether `folder` holds the mark edgelm bundle writes first (a regular file, not a link, of MARK_TEXT)."""
+    mark = folder / MARK
+    if mark.is_symlink():
+        return False
+    try:
+        return untrusted.read_text(mark, len(MARK_TEXT)) == MARK_TEXT
+    except EdgelmError:
+        return False
 
 
 def _environment(work: Path, log) -> str:

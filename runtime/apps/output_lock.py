@@ -6,6 +6,9 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import untrusted
+from ..errors import EdgelmError
+
 
 @contextmanager
 def hold(out, path: Path, refused: Exception):
@@ -82,8 +85,8 @@ def _lock_file(lock: Path, refused: Exception):
 
 def _alive(lock: Path) -> bool:
     try:
-        pid = int(lock.read_text().strip() or 0)
-    except (OSError, ValueError):
+        pid = int(untrusted.read_text(lock, 32).strip() or 0)  # a pid; a FIFO or a huge file there is refused
+    except (EdgelmError, ValueError):
         return True  # being written this instant, or unreadable: not ours to take
     if pid <= 0:
         return True

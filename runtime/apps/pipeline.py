@@ -15,10 +15,9 @@ max_length, the tutorial's own max_length=30 included (it warns and generates 25
 honoured. Keys of task_specific_params that are no generation option (a "prefix", say) are ignored.
 """
 
-from numbers import Integral
-
 from ..errors import GenerationOptionError, PackageError, PromptError
 from ..generation_config import CONSTRAINTS, GenerationConfig
+from ..generation_defaults import max_length_option, task_defaults
 from ..model import Model, load
 from ..package.files import read_json
 from ..package.format import HF_CONFIG
@@ -33,22 +32,15 @@ def pipeline(task: str = TASK, model=None, device: str = "auto", **load_options)
     if task != TASK:
         raise GenerationOptionError(f"edgelm's pipeline does only {TASK!r}, not {task!r}")
     loaded = model if isinstance(model, Model) else load(model, device=device, **load_options)
-    task_options = task_params(loaded.package)
-    try:
-        loaded.settings(**{k: v for k, v in task_options.items() if k != "max_length"})
-        _max_length(task_options.get("max_length"))
-    except GenerationOptionError as error:
-        raise PackageError(
-            f"{loaded.package.folder / HF_CONFIG}: task_specific_params[{TASK!r}] holds a setting edgelm cannot use "
-            f"({error}); fix or remove it."
-        ) from None
+    where = f"{loaded.package.folder / HF_CONFIG}: task_specific_params[{TASK!r}]"
+    task_options = task_defaults(task_params(loaded.package), loaded.defaults, loaded.arch, where)
 
     def run(prompt, return_full_text: bool = True, **options):
         prompts = [prompt] if isinstance(prompt, str) else list(prompt) if isinstance(prompt, (list, tuple)) else None
         if prompts is None or not all(isinstance(p, str) for p in prompts):
             raise PromptError(f"the pipeline takes a text prompt or a list of them, got {prompt!r:.60}")
         merged = {**task_options, **options}
-        max_length = None if "max_new_tokens" in options else _max_length(merged.get("max_length"))
+        max_length = None if "max_new_tokens" in options else max_length_option(merged.get("max_length"))
         merged.pop("max_length", None)
         config = loaded.settings(**merged)
         results = []
@@ -84,12 +76,6 @@ def task_params(package: Package) -> dict:
         *CONSTRAINTS,
     }  # not a package's
     return {k: v for k, v in params.get(TASK, {}).items() if k in known or k == "max_length"}
-
-
-def _max_length(value):
-    if value is not None and (not isinstance(value, Integral) or isinstance(value, bool) or value < 1):
-        raise GenerationOptionError(f"max_length must be an integer >= 1, got {value!r}", param="max_length")
-    return value
 
 
 def _with_max_length(model: Model, text: str, config: GenerationConfig, max_length: int | None) -> GenerationConfig:

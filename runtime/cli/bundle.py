@@ -9,7 +9,11 @@ from .options import package_option_or_argument
 @click.command()
 @package_option_or_argument
 @click.option("-o", "--output", type=click.Path(file_okay=False), required=True, help="The bundle's folder.")
-@click.option("--force", is_flag=True, help="Replace a folder that is not empty.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a folder an earlier edgelm bundle made (it holds .edgelm-bundle); never any other folder.",
+)
 def bundle(package, output, force):
     """Freeze edgelm with PyInstaller, in a clean virtual environment it makes (runtime, server and PyInstaller
     only: needs PyPI), and put the package beside it. On the target: DIR/edgelm/edgelm generate "Hello".

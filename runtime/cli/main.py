@@ -184,7 +184,12 @@ def _prompt(prompt: str | None, package: str | None, command: str = "generate") 
 
 
 def _read_stdin() -> str:
-    text = decode_utf8(sys.stdin.buffer.read(), "stdin")
+    from ..apps import prompt_file  # one prompt: at most what one line of a prompt file may hold
+
+    data = sys.stdin.buffer.read(prompt_file.MAX_LINE_BYTES + 1)  # /dev/zero piped in ends here too
+    if len(data) > prompt_file.MAX_LINE_BYTES:
+        raise click.UsageError(f"stdin holds over {prompt_file.MAX_LINE_BYTES:,} bytes; pipe in a shorter prompt.")
+    text = decode_utf8(data, "stdin")
     return text[:-1] if text.endswith("\n") else text
 
 

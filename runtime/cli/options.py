@@ -143,8 +143,10 @@ def _read_text(ctx, param, path):
     file = Path(path)
     if not _is_file(file) or file.stat().st_size > 4 * MAX_TEXT:
         raise click.BadParameter(f"{path} is not a file of at most {MAX_TEXT:,} characters", ctx, param)
+    from .. import untrusted
+
     try:
-        return file.read_text(encoding="utf-8")
+        return untrusted.read_bytes(file, 4 * MAX_TEXT, OSError).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise click.BadParameter(f"cannot read {path}: {error}", ctx, param) from None
 

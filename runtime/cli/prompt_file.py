@@ -30,7 +30,12 @@ def file_options(command):
                 show_default=True,
                 help="--input lines run and written together.",
             ),
-            click.option("--overwrite", is_flag=True, help="Replace an --output that holds another job's results."),
+            click.option(
+                "--overwrite",
+                is_flag=True,
+                help="Replace an existing --output that is not this job's results (without it, such a file is "
+                "refused and left as it is).",
+            ),
             click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary on stderr."),
         ]
     ):

@@ -2,8 +2,8 @@
 regular files are read (a FIFO or a device could block or never end), and never more bytes than allowed.
 
 The checks come before anything is opened: `inside()` resolves a name (symlinks included) and refuses one that
-leads out of the folder or to something that is not a regular file; `open_regular()` opens without blocking
-and checks again on the open descriptor, so what was checked is what is read.
+leads out of the folder or to something that is not a regular file; `open_regular()` and `read_bytes()` are
+runtime/untrusted.py's, which every reader of an outside file uses, with a package's error and advice.
 """
 
 import hashlib
@@ -12,9 +12,11 @@ import os
 import stat
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import PackageError
 
 CHUNK = 1 << 22
+AGAIN = ". Export the package again."
 
 
 def inside(folder: Path, name: str) -> Path:
@@ -41,26 +43,12 @@ def inside(folder: Path, name: str) -> Path:
 
 def open_regular(path: Path):
     """A binary file object for a regular file, opened without blocking (a FIFO put in its place cannot hang)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as error:
-        raise PackageError(f"cannot open {path}: {error.strerror}. Export the package again.") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise PackageError(f"{path} is not a regular file; a package holds only regular files. Export it again.")
-    if hasattr(os, "set_blocking"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+    return untrusted.open_regular(path, PackageError, AGAIN)
 
 
 def read_bytes(path: Path, limit: int) -> bytes:
     """All of a regular file, refused when it holds more than `limit` bytes."""
-    with open_regular(path) as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise PackageError(f"{path} is larger than a package file of its kind may be ({limit} bytes); it is not one.")
-    return data
+    return untrusted.read_bytes(path, limit, PackageError, AGAIN, what="a package file of its kind")
 
 
 def read_json(path: Path, limit: int) -> dict:

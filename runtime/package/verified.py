@@ -8,15 +8,21 @@ contents are what installs put there (a package outside the store is checked too
 identity changed since: a file rewritten, replaced, renamed over or touched gets a new mtime or ctime (ctime
 cannot be set back by a user), a copy gets a new inode. `verify="full"` (`--verify`) hashes everything again.
 
-The record is a cache, never an authority: one that cannot be read or does not match is ignored, one that
-cannot be written (a read-only home) leaves the next load to hash again.
+The record is a cache, never an authority: one that cannot be read (not a regular file: a FIFO there never
+blocks a load; over RECORD_LIMIT; not JSON) or does not match is ignored, one that cannot be written (a
+read-only home) leaves the next load to hash again. A record is written under a new name made with O_EXCL,
+then renamed over the old one, so nothing put at a predictable name in advance is written through.
 """
 
 import hashlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
+
+from .. import untrusted
+from ..errors import EdgelmError
 
 RECORD_LIMIT = 1 << 20  # a record is a few hundred bytes a file
 MODES = (True, False, "full")
@@ -48,10 +54,7 @@ def record_path(folder: Path) -> Path:
 def read(folder: Path) -> dict:
     """name -> {"identity": [...], "sha256": hex} of the files found intact by the last check; {} when none."""
     try:
-        path = record_path(folder)
-        with open(path, "rb") as f:
-            text = f.read(RECORD_LIMIT + 1)
-        data = json.loads(text) if len(text) <= RECORD_LIMIT else {}
+        data = json.loads(untrusted.read_bytes(record_path(folder), RECORD_LIMIT))  # a FIFO there is refused
         if data.get("folder") != str(folder.resolve()) or not isinstance(data.get("files"), dict):
             return {}
         return {
@@ -61,17 +64,21 @@ def read(folder: Path) -> dict:
             and isinstance(entry.get("identity"), list)
             and isinstance(entry.get("sha256"), str)
         }
-    except (OSError, ValueError, AttributeError, RecursionError):
+    except (EdgelmError, OSError, ValueError, AttributeError, RecursionError):
         return {}
 
 
 def write(folder: Path, files: dict) -> None:
     """Record `files` (read's shape) for `folder`, replacing the record whole; silent where it cannot be written."""
     path = record_path(folder)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps({"folder": str(folder.resolve()), "files": files}), encoding="utf-8")
+        # a new file of a name no one could have prepared (O_EXCL): never a FIFO or a link put there in advance
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"folder": str(folder.resolve()), "files": files}))
         os.replace(temporary, path)
     except OSError:
-        temporary.unlink(missing_ok=True)
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)

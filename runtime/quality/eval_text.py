@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import QualityError
 
 DEFAULT_EVAL_TOKENS = 8192  # tokens measured by default: eight 1,024-token windows
@@ -43,7 +44,7 @@ class EvalText:
                     f"the evaluation text {path} is {size / 2**20:.1f} MiB; at most {MAX_TEXT_BYTES >> 20} MiB is "
                     "read (a few thousand tokens are measured): give a shorter text"
                 )
-            with open(path, "rb") as file:
+            with untrusted.open_regular(path, QualityError) as file:  # a FIFO swapped in is refused, not waited on
                 data = file.read(MAX_TEXT_BYTES + 1)
         except OSError as error:
             raise QualityError(f"cannot read the evaluation text {path}: {error.strerror or error}") from None

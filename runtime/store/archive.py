@@ -27,6 +27,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import PackageError, StoreError
 from ..package.open import MANIFEST
 from . import signing
@@ -47,6 +48,7 @@ from .local import (
 )
 
 CHUNK = 1 << 20
+SIDECAR_LIMIT = 4096  # ARCHIVE.sha256: one digest and a name
 STORED_SUFFIXES = (".onnx", ".data", ".bin")  # weights: stored as they are
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same package always packs to the same bytes
 
@@ -114,7 +116,8 @@ def install(
             raise StoreError(f"no archive at {path}; give a file made by edgelm pack, or an http(s) URL.")
         sidecar = path.with_name(path.name + ".sha256")
         if expected is None and sidecar.is_file():
-            expected = _check_hex((sidecar.read_text(encoding="utf-8", errors="replace").split() or [""])[0])
+            text = untrusted.read_text(sidecar, SIDECAR_LIMIT, StoreError, what="a sha256 file")
+            expected = _check_hex((text.split() or [""])[0])
     keys = signing.trusted_keys(trust, store_dir() / META)
     with staging() as work:
         if is_url:
@@ -295,7 +298,7 @@ def _one_line(reason) -> str:
 
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with untrusted.open_regular(path, StoreError) as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -20,7 +20,8 @@ import shutil
 import time
 from pathlib import Path
 
-from ..errors import PackageError, StoreError
+from .. import untrusted
+from ..errors import EdgelmError, PackageError, StoreError
 from ..package.format import MANIFEST
 from . import archive
 from .local import (
@@ -120,7 +121,7 @@ class _Fetch:
     def start(self) -> None:
         """Make the folder, emptied if what it holds came from another commit (an older pull of the repo)."""
         mark = self.folder / COMMIT_MARK
-        if self.folder.is_dir() and (not mark.is_file() or mark.read_text(encoding="utf-8").strip() != self.commit):
+        if self.folder.is_dir() and _marked(mark) != self.commit:
             shutil.rmtree(self.folder)
         self.folder.mkdir(exist_ok=True)
         mark.write_text(self.commit, encoding="utf-8")
@@ -269,3 +270,11 @@ def _timed_out(error: BaseException) -> bool:
             return True
         todo += [e.__cause__, e.__context__, *e.args]
     return False
+
+
+def _marked(mark: Path) -> str | None:
+    """The commit a pull folder's files belong to, None where its mark is missing or not one (a FIFO, a big file)."""
+    try:
+        return untrusted.read_text(mark, 256).strip()
+    except EdgelmError:
+        return None

@@ -32,8 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import untrusted
+from ..errors import EdgelmError, PackageError, StoreError
 from ..package.onnxruntime_compat import check_installed
-from ..errors import PackageError, StoreError
 from ..package.format import MANIFEST, MAX_MANIFEST_BYTES, FormatError, Manifest
 from ..package.open import DEFAULT_PACKAGE, Package, open_package
 from .staging import sweep_dead, take_over
@@ -42,6 +43,7 @@ EXPORTED = DEFAULT_PACKAGE.parent  # models/: edgelm export's default output fol
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a store name, and a package file name inside a package
 WINDOWS_DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MANIFEST_LIMIT = MAX_MANIFEST_BYTES
+RECORD_LIMIT = 1 << 20  # STORE/.meta/NAME.json (where a package came from) and config.json: a few hundred bytes
 META, TEMP, PULL, TRASH = ".meta", ".tmp-", ".pull-", ".trash-"
 
 
@@ -343,7 +345,7 @@ def _name_package(folder: Path, manifest: Manifest, name: str) -> Manifest:
     if manifest.name == name:
         return manifest
     with store_writes():
-        data = json.loads((folder / MANIFEST).read_bytes())
+        data = json.loads(untrusted.read_bytes(folder / MANIFEST, MANIFEST_LIMIT, StoreError))
         _write_json(folder / MANIFEST, data | {"name": name})
     return replace(manifest, name=name)
 
@@ -354,10 +356,7 @@ def _folder_size(folder: Path) -> int:
 
 def read_manifest_file(path: Path, where: str | None = None) -> dict:
     """read_manifest on a file, read only up to MANIFEST_LIMIT bytes."""
-    with open(path, "rb") as f:
-        data = f.read(MANIFEST_LIMIT + 1)
-    if len(data) > MANIFEST_LIMIT:
-        raise PackageError(f"{where or path} is over {MANIFEST_LIMIT >> 20} MB: it is not a package manifest.")
+    data = untrusted.read_bytes(path, MANIFEST_LIMIT, PackageError, what="a package manifest")
     return read_manifest(data, where or str(path))
 
 
@@ -370,16 +369,16 @@ def _what_is_installed() -> str:
 
 def _read_record(name: str) -> dict:
     try:
-        record = json.loads((store_dir() / META / f"{name}.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        record = json.loads(untrusted.read_bytes(store_dir() / META / f"{name}.json", RECORD_LIMIT))
+    except (EdgelmError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 
 
 def _config() -> dict:
     try:
-        config = json.loads((store_dir() / META / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        config = json.loads(untrusted.read_bytes(store_dir() / META / "config.json", RECORD_LIMIT))
+    except (EdgelmError, ValueError, RecursionError):
         return {}
     return config if isinstance(config, dict) else {}
 

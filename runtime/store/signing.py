@@ -9,12 +9,15 @@ py-minisign (the `sign` extra, over `cryptography`) reads and writes the format;
 import os
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import PackageError, StoreError, install_hint
 
 SUFFIX = ".minisig"
 MAX_SIGNATURE_BYTES = 4096  # a minisign signature file is ~300 bytes
 MAX_KEYS_BYTES = 1 << 20
+MAX_SECRET_KEY_BYTES = 4096  # a minisign secret key file is ~250 bytes
 KEYS_FILE = "trusted-keys"  # in STORE/.meta
+KEY_ADVICE = "; give the secret key file minisign -G wrote"
 
 
 def _minisign():
@@ -30,7 +33,10 @@ def sign(archive: Path, key_file, password: str | None = None) -> Path:
     returns the signature file, ARCHIVE.minisig."""
     minisign = _minisign()
     try:
-        key = minisign.SecretKey.from_file(str(Path(key_file).expanduser()))
+        data = untrusted.read_bytes(
+            Path(key_file).expanduser(), MAX_SECRET_KEY_BYTES, StoreError, KEY_ADVICE, what="a minisign secret key"
+        )
+        key = minisign.SecretKey.from_bytes(data)
         if key.is_encrypted():
             if password is None:
                 raise StoreError(f"the key {key_file} is encrypted; give its password (EDGELM_SIGN_PASSWORD)")
@@ -39,7 +45,7 @@ def sign(archive: Path, key_file, password: str | None = None) -> Path:
             signature = key.sign(data, prehash=True, trusted_comment=f"edgelm archive {archive.name}")
     except OSError as error:
         raise StoreError(f"cannot read the key {key_file}: {error.strerror or error}") from None
-    except minisign.Error as error:
+    except (minisign.Error, ValueError) as error:
         raise StoreError(f"cannot sign with {key_file}: {error} (is it a minisign secret key?)") from None
     path = archive.with_name(archive.name + SUFFIX)
     path.write_bytes(bytes(signature))
@@ -50,16 +56,17 @@ def trusted_keys(given=(), store: Path | None = None) -> list:
     """The public keys to trust: each of `given` (a key as minisign prints it, "RW...", or a .pub file), then
     the store's list (STORE/.meta/trusted-keys)."""
     listed = store / KEYS_FILE if store is not None else None
-    sources = [*given, *([listed] if listed is not None and listed.is_file() else [])]
+    sources = [*given, *([listed] if listed is not None and os.path.lexists(listed) else [])]
     if not sources:
         return []
     minisign = _minisign()
     keys = []
     for item in sources:
         path = Path(item).expanduser()
-        lines = (
-            _key_lines(_read(path, MAX_KEYS_BYTES, "a list of public keys")) if path.is_file() else [str(item).strip()]
-        )
+        if _names_a_file(path):
+            lines = _key_lines(_read(path, MAX_KEYS_BYTES, "a list of public keys"))
+        else:
+            lines = [str(item).strip()]
         if not lines:
             raise StoreError(f"{item} holds no minisign public key")
         keys += [_public_key(minisign, line, item) for line in lines]
@@ -78,7 +85,7 @@ def verify(archive: Path, signature: bytes | None, keys: list, source: str) -> s
         raise PackageError(f"the signature of {source} is not a minisign signature ({error})") from None
     for key in keys:
         try:
-            with open(archive, "rb") as data:
+            with untrusted.open_regular(archive, PackageError) as data:
                 key.verify(data, parsed)
             return key.to_base64().decode("ascii")
         except minisign.Error:
@@ -90,7 +97,8 @@ def verify(archive: Path, signature: bytes | None, keys: list, source: str) -> s
 
 
 def read_signature(path: Path) -> bytes | None:
-    if not path.is_file():
+    """ARCHIVE.minisig's bytes, None where there is none (a FIFO or a device there is refused, not read)."""
+    if not os.path.lexists(path):
         return None
     return _read(path, MAX_SIGNATURE_BYTES, "the signature").encode("utf-8", "replace")
 
@@ -112,13 +120,17 @@ def _public_key(minisign, line: str, where):
         ) from None
 
 
-def _read(path: Path, limit: int, what: str) -> str:
+def _names_a_file(path: Path) -> bool:
+    """Whether a trusted key given on the command line names a file (anything there, a FIFO too: it is then
+    refused as one) rather than being a key itself."""
     try:
-        if path.stat().st_size > limit:
-            raise StoreError(f"{path} is too large to be {what}")
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as error:
-        raise StoreError(f"cannot read {path}: {error.strerror or error}") from None
+        return os.path.lexists(path)
+    except (OSError, ValueError):  # a key's text is no name the system can look up
+        return False
+
+
+def _read(path: Path, limit: int, what: str) -> str:
+    return untrusted.read_text(path, limit, StoreError, "", what=what)
 
 
 def key_password() -> str | None:

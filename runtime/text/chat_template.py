@@ -29,6 +29,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from .. import untrusted
 from ..errors import ChatError, DeadlineError
 from .chat_bounds import MAX_PROMPT_CHARS, Budget, bounded_join, bounded_json
 from .chat_messages import ROLES, check_messages, check_tools
@@ -95,9 +96,7 @@ class ChatTemplate:
             return cls.default() if _base_model(package) else cls(_Broken(NO_TEMPLATE.format(path=path)), origin=name)
         origin = f"the chat template in {path}"
         try:
-            if path.stat().st_size > MAX_CONFIG_BYTES:
-                raise ValueError(f"it is over {MAX_CONFIG_BYTES >> 20} MB")
-            config = json.loads(path.read_text(encoding="utf-8"))
+            config = json.loads(untrusted.read_bytes(path, MAX_CONFIG_BYTES, ValueError).decode("utf-8"))
             if not isinstance(config, dict):
                 raise ValueError("it does not hold a JSON object")
         except (OSError, ValueError, RecursionError) as error:
@@ -231,9 +230,7 @@ def _special_tokens_map(folder: Path, manifest: dict) -> dict:
     if (manifest and name not in manifest.files) or not path.is_file() or path.is_symlink():
         return {}
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(untrusted.read_bytes(path, MAX_CONFIG_BYTES, ValueError).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
