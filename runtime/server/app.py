@@ -22,7 +22,6 @@ that stays usable; only a body that never arrives closes it.
 
 import functools
 import logging
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -38,15 +37,19 @@ from .api.chat import Chat
 from .api.completions import Completions
 from .api.requests import Limits, ModelNames
 from .api.responses_api import Responses
-from .bodies import json_response, read_json
+from .bodies import json_response
 from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .pipeline import Endpoint, Ready, Serving, route
 from .text_work import TextWork
 from .waiting import ClientGone
+from .workers import Workers
 
 log = logging.getLogger("edgelm.server")
+# Threads that parse and prepare requests (pipeline.py): a compile or a render holds one; more would only share the
+# same cores, and each thread's malloc arena keeps what its work freed.
+PREPARE_THREADS = 2
 
 
 def create_app(
@@ -70,7 +73,8 @@ def create_app(
     jobs = jobs_for(model, max_batch, max_concurrency, max_queue)
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
-    serving = Serving(model, jobs, names, limits, model_id)
+    workers = Workers("prepare", PREPARE_THREADS, max_queue, jobs.slots.line)
+    serving = Serving(model, jobs, names, limits, model_id, workers)
 
     prefix_cache = model.engine.prefix_cache
 
@@ -93,31 +97,20 @@ def create_app(
         names.check(request.path_params["name"])
         return json_response(_model_card(model, model_id))
 
-    text_work = TextWork(model)
+    text_work = TextWork(model, limits, max_queue, jobs.slots.line)
 
     async def tokenize(request):
-        deadline = time.monotonic() + limits.request_timeout
-        parsed = requests.parse_tokenize_request(await read_json(request, limits, deadline))
-        try:
-            content = await text_work.tokens(parsed.content, parsed.add_special, deadline)
-        except EdgelmError as error:  # the package's tokenizer failed on this text
-            raise ApiError(400, str(error), "content") from None
-        return Response(content, media_type="application/json")
+        return Response(await text_work.tokens(request), media_type="application/json")
 
     async def detokenize(request):
-        deadline = time.monotonic() + limits.request_timeout
-        ids = requests.parse_detokenize_request(await read_json(request, limits, deadline), model.arch.vocab_size)
-        try:
-            content = await text_work.text(ids, deadline)
-        except EdgelmError as error:
-            raise ApiError(400, str(error), "tokens") from None
-        return Response(content, media_type="application/json")
+        return Response(await text_work.text(request), media_type="application/json")
 
     @asynccontextmanager
     async def lifespan(app):
         yield
-        await jobs.shutdown()
+        workers.close()
         text_work.close()
+        await jobs.shutdown()
 
     routes = [
         Route("/health", _endpoint(health)),
@@ -138,7 +131,8 @@ def create_app(
     }
     inner = ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key)
     app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)))
-    app.jobs, app.limits, app.names = jobs, limits, names
+    app.jobs, app.limits, app.names, app.model = jobs, limits, names, model
+    app.workers, app.text_work = workers, text_work
     return app
 
 

@@ -5,7 +5,7 @@ slowly (a byte every few seconds), nor one that connects and sends nothing: such
 long as the client likes, and enough of them exhaust the process's sockets. Here a connection must complete
 its first request head within `header_timeout` seconds of opening, and each later one within `header_timeout`
 seconds of its first byte, or it is closed. The body has its own
-deadline in the route (app.read_json).
+deadline in the route (bodies.read_body).
 """
 
 import asyncio

@@ -1,0 +1,86 @@
+"""Worker threads of the server's own, for what a request does off the event loop before (or instead of) a job:
+parsing its body, building its settings (compiling its constraint), rendering and tokenizing its prompts
+(pipeline.py), and the tokenizer's work of /tokenize and /detokenize (text_work.py).
+
+    request -> Workers.run(): a place in line (FIFO; counted against --max-queue with the requests waiting for
+               a slot: 429 past it, 408 at the deadline) -> the call, in one of the pool's threads -> its value
+
+A client that leaves while its request waits in line frees its place and its call never starts; one that leaves
+while its call runs gets no answer (ClientGone at once), and its place is held until the call ends (a call in a
+thread cannot be interrupted), so abandoned work never piles up behind the threads. A call that fails hands its
+freed heap back to the system (a failed constraint compile can leave hundreds of MB freed but resident in the
+thread's malloc arena), and its error crosses to the loop without its traceback (whose frames would hold what the
+call built until the error is collected).
+"""
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..engine.session import release_freed_memory
+from .errors import ApiError, api_error
+from .jobs import QueueFull, Slots, Stopped, _without_frames
+from .waiting import RETRY_AFTER, unless_gone
+
+
+class Workers:
+    """`threads` worker threads and their line, whose waiters count in `line` (jobs.Slots' shared limit)."""
+
+    def __init__(self, name: str, threads: int, max_queue: int, line: list):
+        self.slots = Slots(threads, max_queue, line)
+        self.executor = ThreadPoolExecutor(threads, thread_name_prefix=f"edgelm-{name}")
+        self.closing = False
+
+    async def run(self, request, deadline: float, request_timeout: float, function, *args):
+        """function(*args) in a worker thread, once a thread is free: its value, or its error re-raised.
+        Raises ApiError 429 (the line is full), 408 (the deadline came first), 503 (shutting down), or ClientGone."""
+        await unless_gone(request, self._place(deadline, request_timeout))
+        loop = asyncio.get_running_loop()
+        try:
+            future = self.executor.submit(_call, function, args)
+        except RuntimeError:  # the executor is shut down: the server is stopping
+            self.slots.release()
+            raise api_error(Stopped("shutdown")) from None
+        future.add_done_callback(lambda _: _on_loop(loop, self.slots.release))
+        return await unless_gone(request, asyncio.wrap_future(future))
+
+    async def _place(self, deadline: float, request_timeout: float) -> None:
+        if self.closing:
+            raise api_error(Stopped("shutdown"))
+        try:
+            await asyncio.wait_for(self.slots.acquire(), max(deadline - time.monotonic(), 0))
+        except QueueFull:
+            raise queue_full(self.slots) from None
+        except asyncio.TimeoutError:
+            raise api_error(Stopped("timeout"), request_timeout) from None
+
+    def close(self) -> None:
+        """Refuse new calls and drop those not started; a running call ends in its thread."""
+        self.closing = True
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def queue_full(slots: Slots) -> ApiError:
+    """The 429 for a full line (every place taken, `slots.max_queue` requests waiting)."""
+    return ApiError(
+        429,
+        f"the server is busy: {slots.max_queue} requests are waiting (--max-queue); retry shortly",
+        code="queue_full",
+        type="rate_limit_error",
+        headers={"Retry-After": RETRY_AFTER},
+    )
+
+
+def _call(function, args):
+    try:
+        return function(*args)
+    except BaseException as error:
+        release_freed_memory()
+        raise _without_frames(error) from None
+
+
+def _on_loop(loop, callback) -> None:
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # the loop is closed: nobody waits for the place any more
+        pass
