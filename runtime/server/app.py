@@ -20,6 +20,7 @@ client goes away, stops its job at once; the job then drops its Batch, whatever 
 that stays usable; only a body that never arrives closes it.
 """
 
+import asyncio
 import functools
 import logging
 from contextlib import asynccontextmanager
@@ -105,6 +106,12 @@ def create_app(
     async def detokenize(request):
         return Response(await text_work.text(request), media_type="application/json")
 
+    def stop_all() -> None:
+        """Shutting down: every request still waiting, being prepared, tokenized or generated gets its answer now."""
+        jobs.stop_all("shutdown")
+        workers.stop_all()
+        text_work.workers.stop_all()
+
     @asynccontextmanager
     async def lifespan(app):
         yield
@@ -132,7 +139,7 @@ def create_app(
     inner = ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key)
     app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)))
     app.jobs, app.limits, app.names, app.model = jobs, limits, names, model
-    app.workers, app.text_work = workers, text_work
+    app.workers, app.text_work, app.stop_all = workers, text_work, stop_all
     return app
 
 
@@ -206,12 +213,16 @@ def _model_card(model, model_id: str) -> dict:
 
 def _endpoint(handler):
     """`handler`, with any exception it did not expect answered as a 500 in OpenAI's shape (and logged) rather
-    than left to Starlette, which would close the connection after answering."""
+    than left to Starlette, which would close the connection after answering; one cancelled as the server stops
+    answered 503 (rather than uvicorn's plain-text 500 and a traceback in the log)."""
 
     @functools.wraps(handler)
     async def endpoint(request):
         try:
             return await handler(request)
+        except asyncio.CancelledError:  # uvicorn's backstop, past --shutdown-timeout + 5 s into a shutdown
+            request.state.error = 503
+            return Response(api_error(Stopped("shutdown")).json(), 503, media_type="application/json")
         except (ApiError, HTTPException, ClientGone):
             raise
         except Exception as error:

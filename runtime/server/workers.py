@@ -7,8 +7,9 @@ parsing its body, building its settings (compiling its constraint), rendering an
 
 A client that leaves while its request waits in line frees its place and its call never starts; one that leaves
 while its call runs gets no answer (ClientGone at once), and its place is held until the call ends (a call in a
-thread cannot be interrupted), so abandoned work never piles up behind the threads. A call that fails hands its
-freed heap back to the system (a failed constraint compile can leave hundreds of MB freed but resident in the
+thread cannot be interrupted), so abandoned work never piles up behind the threads. When the server stops
+(stop_all, --shutdown-timeout into a shutdown), every request still waiting or running here is answered 503.
+A call that fails hands its freed heap back to the system (a failed constraint compile can leave hundreds of MB freed but resident in the
 thread's malloc arena), and its error crosses to the loop without its traceback (whose frames would hold what the
 call built until the error is collected).
 """
@@ -30,11 +31,12 @@ class Workers:
         self.slots = Slots(threads, max_queue, line)
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix=f"edgelm-{name}")
         self.closing = False
+        self.stopping = asyncio.Event()  # set on the loop by stop_all
 
     async def run(self, request, deadline: float, request_timeout: float, function, *args):
         """function(*args) in a worker thread, once a thread is free: its value, or its error re-raised.
         Raises ApiError 429 (the line is full), 408 (the deadline came first), 503 (shutting down), or ClientGone."""
-        await unless_gone(request, self._place(deadline, request_timeout))
+        await unless_gone(request, self._unless_stopped(self._place(deadline, request_timeout)))
         loop = asyncio.get_running_loop()
         try:
             future = self.executor.submit(_call, function, args)
@@ -42,7 +44,21 @@ class Workers:
             self.slots.release()
             raise api_error(Stopped("shutdown")) from None
         future.add_done_callback(lambda _: _on_loop(loop, self.slots.release))
-        return await unless_gone(request, asyncio.wrap_future(future))
+        return await unless_gone(request, self._unless_stopped(asyncio.wrap_future(future)))
+
+    async def _unless_stopped(self, awaitable):
+        """Await `awaitable` unless stop_all comes first: then cancel it and raise the 503."""
+        task = asyncio.ensure_future(awaitable)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+        if task.done() and not task.cancelled():
+            return task.result()
+        raise api_error(Stopped("shutdown"))
 
     async def _place(self, deadline: float, request_timeout: float) -> None:
         if self.closing:
@@ -54,9 +70,14 @@ class Workers:
         except asyncio.TimeoutError:
             raise api_error(Stopped("timeout"), request_timeout) from None
 
+    def stop_all(self) -> None:
+        """On the loop: answer 503 to every request waiting or running here, and to any that comes."""
+        self.closing = True
+        self.stopping.set()
+
     def close(self) -> None:
         """Refuse new calls and drop those not started; a running call ends in its thread."""
-        self.closing = True
+        self.stop_all()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
