@@ -163,3 +163,15 @@ def test_a_failing_compile_leaves_nothing_behind(server, monkeypatch):
         gc.enable()
     assert len(built) == 5 and alive == 0  # no error, frame or cache still holds what a failed compile built
     assert len(trims) == 5  # and each failure handed its freed heap back to the system
+
+
+def test_a_compile_builds_its_lexer_through_the_executor_that_releases_the_gil(model, monkeypatch):
+    """A compile's time is its lexer's construction: computed by llguidance's executor (the GIL released), never
+    by compute_ff_tokens (which holds it), so a compile in a worker thread leaves the event loop running."""
+    import llguidance.numpy
+
+    through_executor = []
+    fill = llguidance.numpy.fill_next_token_bitmask_par
+    monkeypatch.setattr(llguidance.numpy, "fill_next_token_bitmask_par", lambda *a: through_executor.append(fill(*a)))
+    model.compile_constraint(model.settings(regex="[0-9]{3}-[a-z]{5}", max_new_tokens=16))
+    assert len(through_executor) == 1
