@@ -175,3 +175,24 @@ def test_a_compile_builds_its_lexer_through_the_executor_that_releases_the_gil(m
     monkeypatch.setattr(llguidance.numpy, "fill_next_token_bitmask_par", lambda *a: through_executor.append(fill(*a)))
     model.compile_constraint(model.settings(regex="[0-9]{3}-[a-z]{5}", max_new_tokens=16))
     assert len(through_executor) == 1
+
+
+def test_repeated_compiles_that_fail_inside_llguidance_keep_nothing(server):
+    """Schemas llguidance compiles, then fails at their first mask: each is refused, and neither the compiled-grammar
+    cache nor a live error (whose frames would hold the matcher and its lexer) grows with them."""
+    from edgelm.runtime.sampling import constraint
+
+    cached = len(constraint._compiled)
+    gc.collect()
+    gc.disable()  # what stays alive must be referenced, not merely not yet collected
+    try:
+        for i in range(4):
+            schema = {"$ref": "#", "description": f"only itself {i}"}  # distinct: no cache answers for another
+            body = {**BODY, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+            response = complete(server, body)
+            assert response.status_code == 400 and "allows no output" in response.json()["error"]["message"]
+        # the last request's handler may still be finishing as its answer arrives
+        until(lambda: GenerationOptionError not in map(type, gc.get_objects()), "the errors are freed")
+    finally:
+        gc.enable()
+    assert len(constraint._compiled) == cached

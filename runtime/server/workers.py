@@ -96,8 +96,9 @@ def _call(function, args):
     try:
         return function(*args)
     except BaseException as error:
+        error = _without_frames(error)  # first: its frames hold what the call built, which the trim then hands back
         release_freed_memory()
-        raise _without_frames(error) from None
+        raise error from None
 
 
 def _on_loop(loop, callback) -> None:
