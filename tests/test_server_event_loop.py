@@ -4,10 +4,12 @@ work in the tokenizer's thread; the requests waiting for those threads count aga
 waiting for a slot, and one whose client leaves while it waits never runs. A step is held at a gate the test
 opens (nothing depends on how fast the machine is)."""
 
+import asyncio
 import gc
 import socket
 import threading
 import time
+import types
 import weakref
 
 import pytest
@@ -15,6 +17,7 @@ from edgelm.runtime import load
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.server import pipeline, workers
 from edgelm.runtime.server.api.requests import Limits
+from edgelm.runtime.server.waiting import ClientGone
 from server_harness import HTTP, InProcessServer, complete
 
 BODY = {"prompt": "Hi", "max_tokens": 2, "temperature": 0}
@@ -196,3 +199,48 @@ def test_repeated_compiles_that_fail_inside_llguidance_keep_nothing(server):
     finally:
         gc.enable()
     assert len(constraint._compiled) == cached
+
+
+def test_clients_that_send_a_body_and_leave_at_once_free_the_tokenizer(server, monkeypatch):
+    """The burst's clients close their connections as soon as their bodies are sent: each place taken is given back
+    (the one call that may have begun ends in its thread), and a later /tokenize is answered."""
+    tokenize = server.app.text_work._tokens
+    calls = []
+    monkeypatch.setattr(server.app.text_work, "_tokens", lambda body: calls.append(1) or tokenize(body))
+    body = b'{"content": "' + b"Hello world, this is some text. " * 6000 + b'"}'
+    for _ in range(3):
+        calls.clear()
+        for _ in range(8):
+            send_and_leave_later(server.port, "/tokenize", body).close()
+        until(lambda: waiting(server) == 0 and server.app.text_work.workers.slots.active == 0, "every place is free")
+        answer = HTTP.post(server.url + "/tokenize", json={"content": "hello"}, timeout=60)
+        assert answer.status_code == 200 and len(calls) <= 2  # this one, and at most one the burst began
+
+
+def test_a_place_taken_as_the_client_leaves_is_given_back():
+    """The client has left as its request takes a free place: on one event loop, whatever the order in which the
+    loop learns of the two, the place comes back once the call (if it began) has ended."""
+
+    class Left:
+        state = types.SimpleNamespace()
+
+        async def is_disconnected(self) -> bool:
+            return False  # not seen yet: the disconnect is the next message
+
+        async def receive(self) -> dict:
+            return {"type": "http.disconnect"}
+
+    async def scenario() -> int:
+        lane = workers.Workers("test", 1, 4, [])
+        try:
+            await lane.run(Left(), time.monotonic() + 30, 30, time.sleep, 0.01)
+        except ClientGone:
+            pass
+        for _ in range(200):  # the call, if it began, ends in its thread and gives its place back
+            if lane.slots.active == 0:
+                break
+            await asyncio.sleep(0.01)
+        lane.close()
+        return lane.slots.active
+
+    assert asyncio.run(scenario()) == 0

@@ -7,11 +7,11 @@ parsing its body, building its settings (compiling its constraint), rendering an
 
 A client that leaves while its request waits in line frees its place and its call never starts; one that leaves
 while its call runs gets no answer (ClientGone at once), and its place is held until the call ends (a call in a
-thread cannot be interrupted), so abandoned work never piles up behind the threads. When the server stops
-(stop_all, --shutdown-timeout into a shutdown), every request still waiting or running here is answered 503.
-A call that fails hands its freed heap back to the system (a failed constraint compile can leave hundreds of MB freed but resident in the
-thread's malloc arena), and its error crosses to the loop without its traceback (whose frames would hold what the
-call built until the error is collected).
+thread cannot be interrupted: at most one call per thread outlives its client), so abandoned work never piles up
+behind the threads. When the server stops (stop_all, --shutdown-timeout into a shutdown), every request still
+waiting or running here is answered 503. A call that fails hands its freed heap back to the system (a failed
+constraint compile can leave hundreds of MB freed but resident in the thread's malloc arena), and its error
+crosses to the loop without its traceback (whose frames would hold what the call built until it is collected).
 """
 
 import asyncio
@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..engine.session import release_freed_memory
 from .errors import ApiError, api_error
 from .jobs import QueueFull, Slots, Stopped, _without_frames
-from .waiting import RETRY_AFTER, unless_gone
+from .waiting import RETRY_AFTER, ClientGone, unless_gone
 
 
 class Workers:
@@ -36,15 +36,49 @@ class Workers:
     async def run(self, request, deadline: float, request_timeout: float, function, *args):
         """function(*args) in a worker thread, once a thread is free: its value, or its error re-raised.
         Raises ApiError 429 (the line is full), 408 (the deadline came first), 503 (shutting down), or ClientGone."""
-        await unless_gone(request, self._unless_stopped(self._place(deadline, request_timeout)))
+        if await request.is_disconnected():  # the client sent its body and left at once: nothing to start
+            request.state.error = 499
+            raise ClientGone()
+        work = self._in_line(deadline, request_timeout, function, args)
+        return await unless_gone(request, self._unless_stopped(work))
+
+    async def _in_line(self, deadline: float, request_timeout: float, function, args):
+        if self.closing:
+            raise api_error(Stopped("shutdown"))
+        await self._place(deadline, request_timeout)
+        # From here to the submission nothing awaits: a place taken is always a call submitted, or given back.
         loop = asyncio.get_running_loop()
         try:
             future = self.executor.submit(_call, function, args)
         except RuntimeError:  # the executor is shut down: the server is stopping
             self.slots.release()
             raise api_error(Stopped("shutdown")) from None
-        future.add_done_callback(lambda _: _on_loop(loop, self.slots.release))
-        return await unless_gone(request, self._unless_stopped(asyncio.wrap_future(future)))
+        future.add_done_callback(lambda _: _on_loop(loop, self.slots.release))  # the call's end frees its place
+        return await asyncio.wrap_future(future)  # cancelled (client gone, shutdown): a call not begun never runs
+
+    async def _place(self, deadline: float, request_timeout: float) -> None:
+        """Take a place, waiting in line for one until the deadline; a place that arrives as the wait is given up
+        (cancelled, timed out) is passed on."""
+        slots = self.slots
+        if slots.active < slots.size and not slots.queued:
+            return await slots.acquire()  # a free place, taken at once: nothing to give up
+        acquire = asyncio.ensure_future(slots.acquire())
+        try:
+            await asyncio.wait_for(asyncio.shield(acquire), max(deadline - time.monotonic(), 0))
+        except QueueFull:
+            raise queue_full(slots) from None
+        except asyncio.TimeoutError:
+            self._give_up(acquire)
+            raise api_error(Stopped("timeout"), request_timeout) from None
+        except asyncio.CancelledError:
+            self._give_up(acquire)
+            raise
+
+    def _give_up(self, acquire) -> None:
+        if not acquire.done():
+            acquire.cancel()  # Slots.acquire passes on a place that arrives as it is cancelled
+        elif not acquire.cancelled() and acquire.exception() is None:
+            self.slots.release()
 
     async def _unless_stopped(self, awaitable):
         """Await `awaitable` unless stop_all comes first: then cancel it and raise the 503."""
@@ -59,16 +93,6 @@ class Workers:
         if task.done() and not task.cancelled():
             return task.result()
         raise api_error(Stopped("shutdown"))
-
-    async def _place(self, deadline: float, request_timeout: float) -> None:
-        if self.closing:
-            raise api_error(Stopped("shutdown"))
-        try:
-            await asyncio.wait_for(self.slots.acquire(), max(deadline - time.monotonic(), 0))
-        except QueueFull:
-            raise queue_full(self.slots) from None
-        except asyncio.TimeoutError:
-            raise api_error(Stopped("timeout"), request_timeout) from None
 
     def stop_all(self) -> None:
         """On the loop: answer 503 to every request waiting or running here, and to any that comes."""
