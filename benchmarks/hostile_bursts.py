@@ -10,8 +10,8 @@ Kinds (each a burst of --burst requests sent at once, one kind after the other):
     large_body          chat requests whose bodies are just under --max-body-bytes (thousands of messages)
     abandoned_tokenize  /tokenize bodies just under --max-body-bytes whose clients leave at once; then the time
                         a 5-byte /tokenize takes
-    failing_compile     schemas llguidance compiles, then fails at their first mask; the server's resident memory
-                        before the burst and 2 s after it
+    failing_compile     schemas llguidance compiles, then fails at their first mask
+For both compile kinds, the server's resident memory before the burst and 2 s after it is printed too.
 
 A thread asks /health every 20 ms and another streams greedy completions throughout; for each burst the script
 prints the 50th and 99th percentiles (and the worst) of both, in milliseconds. Everything is bounded: each
@@ -140,7 +140,6 @@ def burst(kind: str, args, url: str, pid: int) -> dict:
         bodies = [schema_body({"type": "string", "pattern": SLOW_PATTERN, "description": str(i)}) for i in range(n)]
     elif kind == "failing_compile":
         bodies = [schema_body({"$ref": "#", "description": f"only itself {i}"}) for i in range(n)]
-        extra["rss_before_mb"] = round(rss_mb(pid))
     elif kind == "large_body":
         message = {"role": "user", "content": "x" * 180}
         count = near_limit // len(json.dumps(message))
@@ -155,10 +154,12 @@ def burst(kind: str, args, url: str, pid: int) -> dict:
         started = time.perf_counter()
         status = httpx.post(url + "/tokenize", json={"content": "hello"}, timeout=args.request_s).status_code
         return {"statuses": [status], "later_tokenize_ms": round((time.perf_counter() - started) * 1000, 1)}
+    if kind.endswith("_compile"):
+        extra["rss_before_mb"] = round(rss_mb(pid))
     with httpx.Client(timeout=args.request_s, limits=httpx.Limits(max_connections=n)) as client:
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             statuses = list(pool.map(lambda b: chat(client, url, b, args.request_s), bodies))
-    if kind == "failing_compile":
+    if kind.endswith("_compile"):
         time.sleep(2)
         extra["rss_after_mb"] = round(rss_mb(pid))
     return {"statuses": sorted(set(map(str, statuses))), **extra}
