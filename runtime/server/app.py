@@ -14,7 +14,7 @@
     POST /detokenize          {"tokens": [ids]} -> {"content"}
 
 Every request that runs on the model takes the one path of pipeline.py: read (JSON only, within
---read-timeout), parsed, its settings built once (Model.settings), prepared in a worker thread, then it waits
+--read-timeout), then parsed, its settings built once (Model.settings) and prepared in a worker thread, then it waits
 for a slot and runs as a Job (jobs.py). A non-streaming request that loses its client, or a stream whose
 client goes away, stops its job at once; the job then drops its Batch, whatever ended it. Every error a request causes is answered in OpenAI's error shape on a connection
 that stays usable; only a body that never arrives closes it.
