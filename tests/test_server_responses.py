@@ -56,6 +56,15 @@ def test_message_input_and_max_output_tokens(server, model):
     answer = create(server, input=items, max_output_tokens=5)
     assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
     assert answer.usage.output_tokens == 5
+    assert [item.status for item in answer.output] == ["incomplete"]  # the message is cut as its response is
+
+
+def test_a_streamed_message_cut_by_max_output_tokens_is_incomplete(server, model):
+    model.script.say("A long answer that will be cut short by the limit.")
+    events = list(create(server, input="Talk", max_output_tokens=5, stream=True))
+    assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"
+    (done,) = [e for e in events if e.type == "response.output_item.done"]
+    assert done.item.status == "incomplete" and [item.status for item in events[-1].response.output] == ["incomplete"]
 
 
 def test_the_stream_has_the_events_the_client_reads(server, model):

@@ -48,7 +48,8 @@ from .terminal import echo
     default=64,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Requests waiting for a place in the batch (or a thread); more get 429.",
+    help="Requests waiting for a place in the batch (or a thread), or for a thread to parse and prepare them or to "
+    "run /tokenize; more get 429.",
 )
 @click.option(
     "--max-tokens-limit",

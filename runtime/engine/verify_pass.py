@@ -21,6 +21,7 @@ class VerifyPasses:
 
     def __init__(self, decoder):
         self.decoder, self.engine = decoder, decoder.engine
+        self.check = getattr(decoder, "check", lambda: None)  # a server job's stop check, asked before each pass
         self.in_place = hasattr(decoder, "buffers")
         self._runs = {}  # in place: tokens per pass -> (run, keep OrtValue, logits [1, n, V], arrays they borrow)
         self.length = None  # growing: the positions its cache holds after the last pass here (None: the prompt's)
@@ -36,6 +37,7 @@ class VerifyPasses:
         self.length = cached + n
         if n == 1:  # one token: the decoder's own step, the same pass a plain decode makes
             return self.decoder.run(input_ids, attention_mask, position_ids)[0]
+        self.check()
         if not self.in_place:
             logits, self.decoder.past = self.engine.forward(
                 input_ids, attention_mask, position_ids, self.decoder.past, logits_to_keep=n

@@ -207,6 +207,7 @@ class Grammar:
 
     def __init__(self, kind: str, template, vocab_size: int, eos_ids: tuple, shortest: int | None = None):
         self.kind, self.template, self.vocab_size, self.eos_ids = kind, template, vocab_size, eos_ids
+        _build_lexer(template, vocab_size)
         self.forced = len(template.deep_copy().compute_ff_tokens())  # tokens every output starts with
         self.shortest = shortest  # the fewest tokens any output takes, where known (choices)
         first = template.deep_copy()  # a grammar no output can satisfy (a schema that is only a reference to
@@ -228,6 +229,23 @@ class Grammar:
 
     def row(self) -> "RowConstraint":
         return RowConstraint(self.kind, self.template.deep_copy(), self.eos_ids)
+
+
+_lexer_executor = None
+
+
+def _build_lexer(template, vocab_size: int) -> None:
+    """Build the template's lexer (shared by its copies) by computing a first mask through llguidance's executor,
+    which releases the GIL: nearly all of a compile's time (up to LIMITS; seconds for a pattern like
+    ^((a{100}){100}){100}$), which compute_ff_tokens would spend holding the GIL, stalling every other thread of the
+    process (the server's event loop included). A grammar that fails here fails again, at once, in the checks after."""
+    global _lexer_executor
+    lg = llguidance()
+    with _compiled_lock:
+        if _lexer_executor is None:
+            _lexer_executor = lg.LLExecutor(1)
+    mask = np.zeros((1, words(vocab_size)), np.int32)  # [1, words]: read by nobody
+    lg.numpy.fill_next_token_bitmask_par(_lexer_executor, [(template.deep_copy(), 0)], mask)
 
 
 class RowConstraint:

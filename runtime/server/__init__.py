@@ -12,6 +12,8 @@
     errors.py          OpenAI's error body; the one mapping from what was raised to what the client sees
     jobs.py            the FIFO of slots and the worker threads that run each request's Batch
     waiting.py         waiting for a slot, watching for the client leaving
+    workers.py         the server's worker threads: requests parsed and prepared, /tokenize run, off the event loop
+    text_work.py       /tokenize and /detokenize in the tokenizer's thread
     app.py             Starlette routes
     middleware.py      the Host check, CORS, the API-key check and the access log
     uvicorn_server.py  uvicorn with a deadline on request heads, and graceful shutdown

@@ -14,15 +14,15 @@
     POST /detokenize          {"tokens": [ids]} -> {"content"}
 
 Every request that runs on the model takes the one path of request_path.py: read (JSON only, within
---read-timeout), parsed, its settings built once (Model.settings), prepared in a worker thread, then it waits
+--read-timeout), then parsed, its settings built once (Model.settings) and prepared in a worker thread, then it waits
 for a slot and runs as a Job (jobs.py). A non-streaming request that loses its client, or a stream whose
 client goes away, stops its job at once; the job then drops its Batch, whatever ended it. Every error a request causes is answered in OpenAI's error shape on a connection
 that stays usable; only a body that never arrives closes it.
 """
 
+import asyncio
 import functools
 import logging
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -38,15 +38,19 @@ from .api.chat import Chat
 from .api.completions import Completions
 from .api.requests import Limits, ModelNames
 from .api.responses_api import Responses
-from .bodies import json_response, read_json
+from .bodies import json_response
 from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .request_path import Endpoint, Ready, Serving, route
 from .text_work import TextWork
 from .waiting import ClientGone
+from .workers import Workers
 
 log = logging.getLogger("edgelm.server")
+# Threads that parse and prepare requests (request_path.py): a compile or a render holds one; more would only share the
+# same cores, and each thread's malloc arena keeps what its work freed.
+PREPARE_THREADS = 2
 
 
 def create_app(
@@ -70,7 +74,8 @@ def create_app(
     jobs = jobs_for(model, max_batch, max_concurrency, max_queue)
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
-    serving = Serving(model, jobs, names, limits, model_id)
+    workers = Workers("prepare", PREPARE_THREADS, max_queue, jobs.slots.line)
+    serving = Serving(model, jobs, names, limits, model_id, workers)
 
     prefix_cache = model.engine.prefix_cache
 
@@ -93,31 +98,26 @@ def create_app(
         names.check(request.path_params["name"])
         return json_response(_model_card(model, model_id))
 
-    text_work = TextWork(model)
+    text_work = TextWork(model, limits, max_queue, jobs.slots.line)
 
     async def tokenize(request):
-        deadline = time.monotonic() + limits.request_timeout
-        parsed = requests.parse_tokenize_request(await read_json(request, limits, deadline))
-        try:
-            content = await text_work.tokens(parsed.content, parsed.add_special, deadline)
-        except EdgelmError as error:  # the package's tokenizer failed on this text
-            raise ApiError(400, str(error), "content") from None
-        return Response(content, media_type="application/json")
+        return Response(await text_work.tokens(request), media_type="application/json")
 
     async def detokenize(request):
-        deadline = time.monotonic() + limits.request_timeout
-        ids = requests.parse_detokenize_request(await read_json(request, limits, deadline), model.arch.vocab_size)
-        try:
-            content = await text_work.text(ids, deadline)
-        except EdgelmError as error:
-            raise ApiError(400, str(error), "tokens") from None
-        return Response(content, media_type="application/json")
+        return Response(await text_work.text(request), media_type="application/json")
+
+    def stop_all() -> None:
+        """Shutting down: every request still waiting, being prepared, tokenized or generated gets its answer now."""
+        jobs.stop_all("shutdown")
+        workers.stop_all()
+        text_work.workers.stop_all()
 
     @asynccontextmanager
     async def lifespan(app):
         yield
-        await jobs.shutdown()
+        workers.close()
         text_work.close()
+        await jobs.shutdown()
 
     routes = [
         Route("/health", _endpoint(health)),
@@ -138,7 +138,8 @@ def create_app(
     }
     inner = ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key)
     app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)))
-    app.jobs, app.limits, app.names = jobs, limits, names
+    app.jobs, app.limits, app.names, app.model = jobs, limits, names, model
+    app.workers, app.text_work, app.stop_all = workers, text_work, stop_all
     return app
 
 
@@ -212,12 +213,16 @@ def _model_card(model, model_id: str) -> dict:
 
 def _endpoint(handler):
     """`handler`, with any exception it did not expect answered as a 500 in OpenAI's shape (and logged) rather
-    than left to Starlette, which would close the connection after answering."""
+    than left to Starlette, which would close the connection after answering; one cancelled as the server stops
+    answered 503 (rather than uvicorn's plain-text 500 and a traceback in the log)."""
 
     @functools.wraps(handler)
     async def endpoint(request):
         try:
             return await handler(request)
+        except asyncio.CancelledError:  # uvicorn's backstop, past --shutdown-timeout + 5 s into a shutdown
+            request.state.error = 503
+            return Response(api_error(Stopped("shutdown")).json(), 503, media_type="application/json")
         except (ApiError, HTTPException, ClientGone):
             raise
         except Exception as error:

@@ -10,10 +10,10 @@ from .api.requests import Limits
 from .errors import ApiError
 
 
-async def read_json(request, limits: Limits, deadline: float):
-    """The body as JSON. Refused: a content type other than application/json (415: a web page cannot send
-    that without the browser asking first), past --max-body-bytes (413), not complete within --read-timeout
-    or the request's deadline (408, and the connection is closed), not JSON (400)."""
+async def read_body(request, limits: Limits, deadline: float) -> bytes:
+    """The body's bytes, to be parsed by parse_json. Refused: a content type other than application/json (415: a
+    web page cannot send that without the browser asking first), past --max-body-bytes (413), not complete within
+    --read-timeout or the request's deadline (408, and the connection is closed)."""
     media_type, _, parameters = request.headers.get("content-type", "").partition(";")
     charset = parameters.strip().lower().replace(" ", "")
     if media_type.strip().lower() != "application/json" or charset not in ("", "charset=utf-8", "charset=\"utf-8\""):
@@ -48,6 +48,12 @@ async def read_json(request, limits: Limits, deadline: float):
             type="timeout_error",
             headers={"Connection": "close"},
         ) from None
+    return body
+
+
+def parse_json(body: bytes):
+    """The body as JSON; 400 for one that is not JSON. Parsing a body near --max-body-bytes takes milliseconds:
+    run it in a worker thread (request_path.py, text_work.py), never on the event loop."""
     try:
         return json.loads(body, parse_constant=_no_constants)
     except RecursionError:

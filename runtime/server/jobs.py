@@ -39,23 +39,31 @@ class Stopped(Exception):
 
 
 class Slots:
-    """At most `size` jobs at once; waiters are served strictly in arrival order. Event-loop side only."""
+    """At most `size` jobs at once; waiters are served strictly in arrival order. Event-loop side only.
+    Slots made with the same `line` (a list) share one limit: at most `max_queue` waiters in all of them."""
 
-    def __init__(self, size: int, max_queue: int):
+    def __init__(self, size: int, max_queue: int, line: list | None = None):
         self.size, self.max_queue = size, max_queue
         self.active = 0
         self._waiters: deque = deque()
+        self.line = [] if line is None else line  # every Slots whose waiters count against max_queue
+        self.line.append(self)
 
     @property
     def queued(self) -> int:
         return sum(not w.done() for w in self._waiters)
+
+    @property
+    def waiting(self) -> int:
+        """Waiters in every Slots of the line."""
+        return sum(slots.queued for slots in self.line)
 
     async def acquire(self) -> None:
         """Take a slot, waiting in line for one; raises QueueFull when the line is full."""
         if self.active < self.size and not self.queued:
             self.active += 1
             return
-        if self.queued >= self.max_queue:
+        if self.waiting >= self.max_queue:
             raise QueueFull()
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -229,6 +237,13 @@ class GuardedDecoder:
     def run(self, *args):
         self._job.check()
         return self._decoder.run(*args)
+
+    def check(self) -> None:
+        """Raise if the job was stopped: a verify pass of several tokens (engine/verify_pass.py) asks first too."""
+        self._job.check()
+
+    def __getattr__(self, name):  # the decoder's cache and bindings, for a verify pass over it
+        return getattr(self._decoder, name)
 
 
 class Jobs:

@@ -1,9 +1,11 @@
 """One path for every request that runs on the model: read -> parse -> settings -> prepare -> job -> answer/stream.
 
-    body   read_json (JSON only, within --read-timeout and the request's deadline)
-    parse  endpoint.parse(body): the request (shape and the server's limits; ApiError naming the field)
+    body   read_body (JSON only, within --read-timeout and the request's deadline), on the event loop
+           then in a worker thread of the server's own (workers.py: counted against --max-queue), nothing of
+           it on the event loop:
+    parse  parse_json, endpoint.parse(body): the request (shape and the server's limits; ApiError naming the field)
     config endpoint.settings(request): model.settings(**request.options), every option's range checked once
-    ready  endpoint.prepare(request, config) in a worker thread: prompts rendered and tokenized once, the Batch
+    ready  endpoint.prepare(request, config): prompts rendered and tokenized once, the Batch
     hold   the tokens the rows would hold, against --max-batch-tokens, now that the prompts are counted
     job    admit(): a slot in the FIFO (429 / 408), then GenerationWork runs in the model's thread (jobs.py)
     answer endpoint.answer(request, result) as JSON, or endpoint.writer(request, ready) as server-sent events
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import EdgelmError
 from .api.requests import Limits, ModelNames, check_tokens_held
-from .bodies import json_response, read_json
+from .bodies import json_response, parse_json, read_body
 from .errors import api_error
 from .jobs import Stopped, Work
 from .waiting import admit, answer_of, event_stream
@@ -36,6 +38,7 @@ class Serving:
     names: ModelNames
     limits: Limits
     model_id: str
+    workers: object  # workers.Workers: where a request is parsed and prepared
 
 
 @dataclass
@@ -116,12 +119,10 @@ def route(endpoint: Endpoint):
         serving = endpoint.serving
         limits = serving.limits
         deadline = time.monotonic() + limits.request_timeout
-        req = endpoint.parse(await read_json(request, limits, deadline))
-        try:
-            config = endpoint.settings(req)
-            ready = await asyncio.to_thread(endpoint.prepare, req, config, deadline)
-        except EdgelmError as error:
-            raise api_error(error, field_of=req.field_of) from None
+        body = await read_body(request, limits, deadline)
+        timeout = limits.request_timeout
+        req, ready = await serving.workers.run(request, deadline, timeout, _ready, endpoint, body, deadline)
+        del body
         check_tokens_held(req, ready.prompt_tokens, limits)
         work = GenerationWork(ready, streamed=req.stream)
         writer = endpoint.writer(req, ready) if req.stream else None
@@ -135,6 +136,17 @@ def route(endpoint: Endpoint):
         return json_response(endpoint.answer(req, result))
 
     return handle
+
+
+def _ready(endpoint: Endpoint, body: bytes, deadline: float) -> tuple:
+    """In a worker thread: the request parsed from its body, its settings built (its constraint compiled) and its
+    prompts prepared; an error names the request's own field."""
+    req = endpoint.parse(parse_json(body))
+    try:
+        config = endpoint.settings(req)
+        return req, endpoint.prepare(req, config, deadline)
+    except EdgelmError as error:
+        raise api_error(error, field_of=req.field_of) from None
 
 
 class GenerationWork(Work):

@@ -2,61 +2,66 @@
 
 A tokenizer call on a large body takes a second or more; run on the loop (or holding the GIL) it stalls
 /health and every stream, and many at once in the shared worker threads each leave their heap behind (glibc
-keeps a thread's freed memory in its arena). So each call runs in this worker's one thread, with the GIL
-released (text/tokenizer.py), its JSON answer built there too, then the freed heap is handed back to the
-system. A request waits for the thread at most until its deadline (408)."""
+keeps a thread's freed memory in its arena). So each request's body is parsed and its call runs in this worker's
+one thread (workers.py), with the GIL released (text/tokenizer.py), its JSON answer built there too, then the
+freed heap is handed back to the system. The requests waiting for the thread count against --max-queue with
+those waiting for a slot (429 past it, 408 at the deadline); a request whose client leaves while it waits never
+runs, so a burst of abandoned bodies costs nothing after its clients are gone."""
 
-import asyncio
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.session import release_freed_memory
+from ..errors import EdgelmError
 from ..text import tokenizer as tokenizing
+from .api import requests
+from .api.requests import Limits
+from .bodies import parse_json, read_body
 from .errors import ApiError
+from .workers import Workers
 
 
 class TextWork:
-    def __init__(self, model):
-        self.model = model
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="edgelm-tokenize")
-        self.turn = asyncio.Semaphore(1)  # one body held by the thread, the others wait without a thread
+    def __init__(self, model, limits: Limits, max_queue: int, line: list):
+        self.model, self.limits = model, limits
+        self.workers = Workers("tokenize", 1, max_queue, line)
 
-    async def tokens(self, content: str, add_special: bool, deadline: float) -> str:
-        """`{"tokens": [...]}` of `content`, as JSON text."""
-        return await self._run(self._tokens, content, add_special, deadline=deadline)
+    async def tokens(self, request) -> str:
+        """`{"tokens": [...]}` of a /tokenize body's content, as JSON text."""
+        return await self._run(request, self._tokens)
 
-    async def text(self, ids: list, deadline: float) -> str:
-        """`{"content": ...}` of the token ids (special tokens kept: the inverse of /tokenize), as JSON text."""
-        return await self._run(self._text, ids, deadline=deadline)
+    async def text(self, request) -> str:
+        """`{"content": ...}` of a /detokenize body's token ids (special tokens kept: the inverse of /tokenize),
+        as JSON text."""
+        return await self._run(request, self._text)
 
     def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.workers.close()
 
-    async def _run(self, work, *args, deadline: float):
+    async def _run(self, request, work) -> str:
+        deadline = time.monotonic() + self.limits.request_timeout
+        body = await read_body(request, self.limits, deadline)
+        return await self.workers.run(request, deadline, self.limits.request_timeout, _then_release, work, body)
+
+    def _tokens(self, body: bytes) -> str:
+        parsed = requests.parse_tokenize_request(parse_json(body))
         try:
-            await asyncio.wait_for(self.turn.acquire(), max(deadline - time.monotonic(), 0))
-        except asyncio.TimeoutError:
-            raise ApiError(
-                408,
-                "the request waited past its deadline (--request-timeout) for the tokenizer; retry later",
-                code="request_timeout",
-                type="timeout_error",
-            ) from None
+            ids = tokenizing.encode(self.model.tokenizer, parsed.content, parsed.add_special).ids
+        except EdgelmError as error:  # the package's tokenizer failed on this text
+            raise ApiError(400, str(error), "content") from None
+        return json.dumps({"tokens": ids})
+
+    def _text(self, body: bytes) -> str:
+        ids = requests.parse_detokenize_request(parse_json(body), self.model.arch.vocab_size)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, _then_release, work, args)
-        finally:
-            self.turn.release()
-
-    def _tokens(self, content: str, add_special: bool) -> str:
-        return json.dumps({"tokens": tokenizing.encode(self.model.tokenizer, content, add_special).ids})
-
-    def _text(self, ids: list) -> str:
-        return json.dumps({"content": tokenizing.decode(self.model.tokenizer, ids, skip_special_tokens=False)})
+            content = tokenizing.decode(self.model.tokenizer, ids, skip_special_tokens=False)
+        except EdgelmError as error:
+            raise ApiError(400, str(error), "tokens") from None
+        return json.dumps({"content": content})
 
 
-def _then_release(work, args):
+def _then_release(work, body: bytes) -> str:
     try:
-        return work(*args)
+        return work(body)
     finally:
         release_freed_memory()

@@ -5,7 +5,7 @@ slowly (a byte every few seconds), nor one that connects and sends nothing: such
 long as the client likes, and enough of them exhaust the process's sockets. Here a connection must complete
 its first request head within `header_timeout` seconds of opening, and each later one within `header_timeout`
 seconds of its first byte, or it is closed. The body has its own
-deadline in the route (app.read_json).
+deadline in the route (bodies.read_body).
 """
 
 import asyncio
@@ -16,7 +16,6 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .jobs import Jobs
 
 
 def run(app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0) -> None:
@@ -43,19 +42,20 @@ def server(app, host: str, port: int, log_level: str = "info", shutdown_timeout:
         log_level=log_level,
         timeout_graceful_shutdown=shutdown_timeout + 5,  # a backstop: GracefulServer stops jobs first
     )
-    return GracefulServer(config, app.jobs, shutdown_timeout)
+    return GracefulServer(config, app.stop_all, shutdown_timeout)
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn's server, stopping the generations still running `grace` seconds into a shutdown, so that
-    their clients get a clean 503 or a final error event rather than a cut connection."""
+    """uvicorn's server, stopping the requests still running `grace` seconds into a shutdown (`stop_all`: their
+    generations, and those still being prepared or tokenized), so that their clients get a clean 503 or a final
+    error event rather than a cut connection."""
 
-    def __init__(self, config, jobs: Jobs, grace: float):
+    def __init__(self, config, stop_all, grace: float):
         super().__init__(config)
-        self.jobs, self.grace = jobs, grace
+        self.stop_all, self.grace = stop_all, grace
 
     async def shutdown(self, sockets=None):
-        asyncio.get_running_loop().call_later(self.grace, self.jobs.stop_all, "shutdown")
+        asyncio.get_running_loop().call_later(self.grace, self.stop_all)
         await super().shutdown(sockets)
 
 

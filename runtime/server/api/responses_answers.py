@@ -38,10 +38,10 @@ def response(req, model_id: str, result: Result | None, output: list | None = No
         content, calls = req.tools.read(req.tool_format, completion.text, cut=completion.finish_reason == "length")
         text = shapes.answer(content) if content else ""
         entries = completion.logprobs if req.logprobs else None
-        output = ([message_item(text, entries, "completed")] if content is not None else []) + [
+        status = "incomplete" if completion.finish_reason == "length" and not calls else "completed"
+        output = ([message_item(text, entries, status)] if content is not None else []) + [
             call_item(call) for call in calls
         ]
-        status = "incomplete" if completion.finish_reason == "length" and not calls else "completed"
     status = status or "in_progress"
     return {
         "id": req.id,
@@ -127,9 +127,9 @@ class ResponsesStream(StreamWriter):
         completion = result.completions[0]
         cut = completion.finish_reason == "length"
         out = self._deltas(self.reader.finish(cut)) if self.reader is not None else []
-        out += self._close_message()
         calls = any(item["type"] == "function_call" for item in self.output)
         status = "incomplete" if completion.finish_reason == "length" and not calls else "completed"
+        out += self._close_message(status)  # a message cut by max_output_tokens is as incomplete as its response
         final = response(self.req, self.model_id, result, self.output, status)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + [self.send({"type": kind, "response": final})]
@@ -164,13 +164,13 @@ class ResponsesStream(StreamWriter):
         delta = {"type": "response.output_text.delta", "item_id": item_id, "output_index": index, "content_index": 0}
         return out + [self.send({**delta, "delta": text, "logprobs": _logprobs(entries)})]
 
-    def _close_message(self) -> list:
+    def _close_message(self, status: str = "completed") -> list:
         if self.message is None:
             return []
         item_id, index, text, entries = self.message
         self.message = None
         done = {"type": "response.output_text.done", "item_id": item_id, "output_index": index, "content_index": 0}
-        item = message_item(text, entries, "completed", item_id)
+        item = message_item(text, entries, status, item_id)
         self.output.append(item)
         return [
             self.send({**done, "text": text, "logprobs": _logprobs(entries)}),
