@@ -12,6 +12,7 @@
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
     POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
     POST /detokenize          {"tokens": [ids]} -> {"content"}
+    GET/POST /api/...         Ollama's API: version, tags, ps, show, chat, generate (api/ollama.py)
 
 Every request that runs on the model takes the one path of pipeline.py: read (JSON only, within
 --read-timeout), parsed, its settings built once (Model.settings), prepared in a worker thread, then it waits
@@ -33,7 +34,7 @@ from starlette.routing import Route
 
 from ..batching.scheduler import Scheduler
 from ..errors import EdgelmError
-from .api import requests, responses
+from .api import ollama, requests, responses
 from .api.chat import Chat
 from .api.completions import Completions
 from .api.requests import Limits, ModelNames
@@ -119,8 +120,29 @@ def create_app(
         await jobs.shutdown()
         text_work.close()
 
+    async def ollama_version(request):
+        return json_response(ollama.version())
+
+    async def ollama_tags(request):
+        return json_response({"models": [ollama.model_entry(model, model_id)]})
+
+    async def ollama_ps(request):
+        return json_response({"models": [ollama.model_entry(model, model_id) | {"size_vram": 0, "expires_at": None}]})
+
+    async def ollama_show(request):
+        body = await read_json(request, limits, time.monotonic() + limits.request_timeout)
+        if isinstance(body, dict):
+            names.check(body.get("model", body.get("name")))
+        return json_response(ollama.show(model, model_id, body))
+
     routes = [
         Route("/health", _endpoint(health)),
+        Route("/api/version", _ollama(ollama_version)),
+        Route("/api/tags", _ollama(ollama_tags)),
+        Route("/api/ps", _ollama(ollama_ps)),
+        Route("/api/show", _ollama(ollama_show), methods=["POST"]),
+        Route("/api/chat", _ollama(route(ollama.OllamaChat(serving))), methods=["POST"]),
+        Route("/api/generate", _ollama(route(ollama.OllamaChat(serving, generate=True))), methods=["POST"]),
         Route("/v1/models", _endpoint(models)),
         Route("/v1/models/{name:path}", _endpoint(one_model)),
         Route("/v1/completions", _endpoint(route(Completions(serving))), methods=["POST"]),
@@ -224,6 +246,21 @@ def _endpoint(handler):
             if not isinstance(error, (EdgelmError, Stopped)):
                 log.error("request failed", exc_info=error)
             raise api_error(error, None) from None
+
+    return endpoint
+
+
+def _ollama(handler):
+    """An Ollama route: `handler` through _endpoint, its errors answered in Ollama's shape ({"error": message})."""
+    inner = _endpoint(handler)
+
+    @functools.wraps(handler)
+    async def endpoint(request):
+        try:
+            return await inner(request)
+        except ApiError as error:
+            request.state.error = error.status
+            return ollama.ollama_error(error)
 
     return endpoint
 

@@ -92,6 +92,8 @@ class StreamWriter:
     """A streamed answer's text, event by event: what comes before the job's first event, each event's chunks,
     the end once the job is done, and the error event a failed stream ends with."""
 
+    media_type = "text/event-stream"
+
     def opening(self) -> list:
         return []
 
@@ -125,7 +127,7 @@ def route(endpoint: Endpoint):
         job = await admit(request, serving.jobs, work, deadline, limits)
         del work
         if req.stream:
-            return event_stream(job, _events(request, job, req, writer, limits))
+            return event_stream(job, _events(request, job, req, writer, limits), writer.media_type)
         result = await answer_of(request, job, limits, req.field_of)
         request.state.tokens = endpoint.tokens(result)
         return json_response(endpoint.answer(req, result))
