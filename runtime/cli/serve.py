@@ -1,7 +1,9 @@
 """`edgelm serve`: load a package once and answer OpenAI-style HTTP requests with it (needs edgelm[server])."""
 
+import json
 import logging
 import os
+import sys
 
 import click
 
@@ -17,7 +19,33 @@ from .terminal import echo
     show_default=True,
     help="Address to listen on; 0.0.0.0 exposes the server to the network.",
 )
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port to listen on; 0 picks a free one, named in the ready line.",
+)
+@click.option(
+    "--uds",
+    type=click.Path(dir_okay=False),
+    help="Listen on this Unix socket instead of a TCP port (an app's private channel).",
+)
+@click.option(
+    "--parent-pid",
+    type=click.IntRange(min=1),
+    help="Stop when the process with this id ends (the app that started the server).",
+)
+@click.option(
+    "--exit-with-stdin",
+    is_flag=True,
+    help="Stop when standard input ends: a parent that spawns the server with a pipe takes it down when it dies.",
+)
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Serve GET /metrics in Prometheus' format (off by default: docs/serve.md says what it shows).",
+)
 @device_option
 @threads_option
 @click.option(
@@ -136,6 +164,10 @@ def serve(
     package,
     host,
     port,
+    uds,
+    parent_pid,
+    exit_with_stdin,
+    metrics,
     device,
     threads,
     api_key,
@@ -220,13 +252,14 @@ def serve(
         model_names,
         accept_any_model,
         max_batch,
+        metrics,
     )
     names = app.names
     also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
     echo(  # the name clients pass as `model`, whatever the log level
         f"edgelm serve: model {names.id!r}"
         + (f" (also answers to {also})" if also else "")
-        + f" at http://{host}:{port}/v1",
+        + (f" at unix:{uds}" if uds else f" at http://{host}:{port}/v1" if port else f" at http://{host} (a free port)"),
         err=True,
     )
     logging.getLogger("edgelm.server").info(
@@ -240,4 +273,20 @@ def serve(
         host,
         port,
     )
-    run(app, host, port, log_level, shutdown_timeout)
+    run(app, host, port, log_level, shutdown_timeout, uds, _ready_line(names.id), parent_pid, exit_with_stdin)
+
+
+def _ready_line(model_id: str):
+    """What edgelm serve prints on stdout once it can answer, one JSON line an app can wait for:
+    {"event": "ready", "url", "host", "port", "model", "pid"} ({"uds"} in place of url, host and port)."""
+
+    def ready(address: dict) -> None:
+        where = address if "uds" in address else {"url": f"http://{_url_host(address['host'])}:{address['port']}"} | address
+        click.echo(json.dumps({"event": "ready", **where, "model": model_id, "pid": os.getpid()}))
+        sys.stdout.flush()
+
+    return ready
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -12,6 +12,7 @@
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
     POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
     POST /detokenize          {"tokens": [ids]} -> {"content"}
+    GET  /metrics             Prometheus' text format, with metrics=True (edgelm serve --metrics; metrics.py)
     GET/POST /api/...         Ollama's API: version, tags, ps, show, chat, generate (api/ollama.py)
 
 Every request that runs on the model takes the one path of pipeline.py: read (JSON only, within
@@ -42,6 +43,7 @@ from .api.responses_api import Responses
 from .bodies import json_response, read_json
 from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
+from .metrics import Metrics
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .pipeline import Endpoint, Ready, Serving, route
 from .text_work import TextWork
@@ -62,6 +64,7 @@ def create_app(
     model_names: tuple = (),
     accept_any_model: bool = False,
     max_batch: int = 16,
+    metrics: bool = False,
 ):
     """The ASGI application serving `model` (a runtime Model, loaded once) on `host` (for the Host check).
     Requests may name it by the package's name or any of `model_names` (the first is the id it is listed as),
@@ -71,9 +74,9 @@ def create_app(
     jobs = jobs_for(model, max_batch, max_concurrency, max_queue)
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
-    serving = Serving(model, jobs, names, limits, model_id)
-
     prefix_cache = model.engine.prefix_cache
+    counters = Metrics(jobs, prefix_cache) if metrics else None
+    serving = Serving(model, jobs, names, limits, model_id, counters)
 
     async def health(request):
         return json_response(
@@ -135,8 +138,13 @@ def create_app(
             names.check(body.get("model", body.get("name")))
         return json_response(ollama.show(model, model_id, body))
 
+    async def metrics_text(request):
+        body, media_type = counters.exposition()
+        return Response(body, media_type=media_type)
+
     routes = [
         Route("/health", _endpoint(health)),
+        *([Route("/metrics", _endpoint(metrics_text))] if counters is not None else []),
         Route("/api/version", _ollama(ollama_version)),
         Route("/api/tags", _ollama(ollama_tags)),
         Route("/api/ps", _ollama(ollama_ps)),
@@ -159,7 +167,8 @@ def create_app(
         Exception: _server_error,
     }
     inner = ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key)
-    app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)))
+    paths = tuple(r.path for r in routes if "{" not in r.path)
+    app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)), counters, paths)
     app.jobs, app.limits, app.names = jobs, limits, names
     return app
 

@@ -36,6 +36,7 @@ class Serving:
     names: ModelNames
     limits: Limits
     model_id: str
+    metrics: object = None  # metrics.Metrics with --metrics, told each generation's figures
 
 
 @dataclass
@@ -121,7 +122,7 @@ def route(endpoint: Endpoint):
         except EdgelmError as error:
             raise api_error(error, field_of=req.field_of) from None
         check_tokens_held(req, ready.prompt_tokens, limits)
-        work = GenerationWork(ready, streamed=req.stream)
+        work = GenerationWork(ready, streamed=req.stream, metrics=serving.metrics, arrived=deadline - limits.request_timeout)
         writer = endpoint.writer(req, ready) if req.stream else None
         del ready  # from here the job holds the Batch, and drops it when it ends
         job = await admit(request, serving.jobs, work, deadline, limits)
@@ -139,9 +140,10 @@ class GenerationWork(Work):
     """One request in the model's thread: `before` (if any), its Batch's pieces as they come (in a stream, each
     with the log-prob entries of the tokens it covers), then the Result."""
 
-    def __init__(self, ready: Ready, streamed: bool):
+    def __init__(self, ready: Ready, streamed: bool, metrics=None, arrived: float | None = None):
         self.batch, self.before, self.prompt_tokens = ready.batch, ready.before, ready.prompt_tokens
         self.streamed, self.before_value = streamed, None
+        self.metrics, self.arrived, self.first = metrics, arrived, None  # time.monotonic() of arrival, first piece
         self.sent = [0] * len(self.batch.rows) if self.batch is not None else []  # log-prob entries sent per row
 
     def start(self, job) -> None:
@@ -150,6 +152,8 @@ class GenerationWork(Work):
             job.emit("before", self.before_value)
 
     def piece(self, job, piece) -> None:
+        if self.first is None:
+            self.first = time.monotonic()
         entries = self.batch.rows.logprobs_so_far(piece.index) if self.streamed else None
         if entries is not None:
             entries, self.sent[piece.index] = entries[self.sent[piece.index] :], len(entries)
@@ -157,7 +161,10 @@ class GenerationWork(Work):
 
     def done(self, job) -> None:
         completions = self.batch.completions if self.batch is not None else None
-        job.emit("done", Result(completions, self.before_value, self.prompt_tokens))
+        result = Result(completions, self.before_value, self.prompt_tokens)
+        if self.metrics is not None and completions is not None:
+            self.metrics.generation(self.arrived, self.first, time.monotonic(), sum(self.prompt_tokens), result.tokens)
+        job.emit("done", result)
 
 
 async def _events(request, job, req, writer: StreamWriter, limits: Limits):
