@@ -66,6 +66,15 @@ def test_the_server_stops_when_its_standard_input_ends(tiny_package):
     assert stopped(server) == 0
 
 
+def test_sigterm_stops_a_server_watching_its_input_cleanly(tiny_package):
+    """The thread waiting on standard input must not turn the interpreter's exit into a fatal error."""
+    server = spawn(tiny_package, "--port", "0", "--exit-with-stdin", stdin=subprocess.PIPE)
+    ready_line(server)
+    server.terminate()
+    assert stopped(server) == 0
+    assert "Fatal Python error" not in server.stderr.read()
+
+
 def test_a_unix_socket_serves_the_api(tiny_package, tmp_path):
     socket_path = tmp_path / "edgelm.sock"
     server = spawn(tiny_package, "--uds", str(socket_path))

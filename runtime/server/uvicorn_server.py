@@ -62,8 +62,8 @@ def _exit_with_process(running, pid: int) -> None:
 
 def _exit_with_stdin(running) -> None:
     """Stop the server once standard input ends: the pipe a parent spawned it with closes when the parent dies."""
-    try:
-        while sys.stdin.buffer.read1(65536):
+    try:  # the file descriptor, not sys.stdin: a thread blocked in a buffered read holds its lock at exit, a fatal error
+        while os.read(sys.stdin.fileno(), 65536):
             pass
     except (OSError, ValueError):
         pass
