@@ -14,6 +14,7 @@ import numpy as np
 
 from .batching.batch import MAX_BATCH_TOKENS, Batch, Stream
 from .batching.prefix_cache import PrefixCache, cache_bytes
+from .batching.prefix_store import DISK_DEFAULT_MB, disk_store
 from .engine import decode as engine_module
 from .engine.decode import Engine
 from .engine.embeddings import TokenEmbeddings
@@ -50,10 +51,12 @@ class Model:
     """A loaded package: tokenizer, onnxruntime session, and the generation defaults it ships."""
 
     def __init__(
-        self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0, spinning=True
-    ):
+        self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0, spinning=True,
+        prefix_cache_dir=None, prefix_cache_disk_mb=DISK_DEFAULT_MB,
+    ):  # fmt: skip
         self.package, self.arch = package, package.arch
         prefix_cache_bytes = cache_bytes(prefix_cache_mb)  # a bad option fails before anything is read
+        disk = disk_store(package, prefix_cache_dir, prefix_cache_disk_mb, prefix_cache_bytes, engine_module.PREFILL_CHUNK)
         self.tokenizer = load_tokenizer(package.tokenizer_text(), package.tokenizer_file)
         # before onnxruntime sees it
         check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)
@@ -78,7 +81,7 @@ class Model:
             self.device,
             embeddings,
             graph_file=package.model_file,
-            prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK) if prefix_cache_bytes else None,
+            prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK, disk) if prefix_cache_bytes else None,
         )
         self.defaults = _generation_defaults(package)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
@@ -363,6 +366,8 @@ def load(
     verify: bool | str = True,
     prefix_cache_mb=0,
     spinning: bool = True,
+    prefix_cache_dir=None,
+    prefix_cache_disk_mb=DISK_DEFAULT_MB,
 ) -> Model:
     """Open a package, check its files, and start a session on `device`. `path` is a package folder or the name of
     an installed package (edgelm list); None opens the default (store.resolve_package says which).
@@ -373,7 +378,11 @@ def load(
     prefix_cache_mb: MiB of recent prompts' key/value rows to keep, so that a prompt starting with a recent
     prompt's first 128-token chunks skips computing them (a chat's history, a shared system prompt); outputs
     are identical with and without it. Off (0) by default: one prompt per process gains nothing from it, and it
-    holds up to that memory. Used on CPU at batch 1 (runtime/batching/prefix_cache.py)."""
+    holds up to that memory. Used on CPU at batch 1 (runtime/batching/prefix_cache.py).
+
+    prefix_cache_dir: a folder where the prefix cache's blocks are also written, at most prefix_cache_disk_mb MiB,
+    so that a later process of the same package (its manifest's sha256) finds them (prefix_store.py); two
+    processes may share it. Needs prefix_cache_mb > 0."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise PackageError(
             f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"
@@ -381,4 +390,5 @@ def load(
     cache_bytes(prefix_cache_mb)  # checked before the package is opened
     if not isinstance(spinning, bool):
         raise DeviceError(f"spinning must be True or False, got {str(spinning)[:40]}")
-    return Model(open_package(resolve_package(path), verify=verify), device, threads, prefix_cache_mb, spinning)
+    package = open_package(resolve_package(path), verify=verify)
+    return Model(package, device, threads, prefix_cache_mb, spinning, prefix_cache_dir, prefix_cache_disk_mb)

@@ -7,7 +7,14 @@ import sys
 
 import click
 
-from .options import device_option, package_option_or_argument, prefix_cache_option, threads_option, verify_options
+from .options import (
+    device_option,
+    package_option_or_argument,
+    prefix_cache_dir_option,
+    prefix_cache_option,
+    threads_option,
+    verify_options,
+)
 from .terminal import echo
 
 
@@ -159,6 +166,7 @@ from .terminal import echo
     help="The server's logging level.",
 )
 @prefix_cache_option
+@prefix_cache_dir_option
 @verify_options
 def serve(
     package,
@@ -188,6 +196,8 @@ def serve(
     shutdown_timeout,
     log_level,
     prefix_cache_mb,
+    prefix_cache_dir,
+    prefix_cache_disk_mb,
     verify,
 ):
     """Serve a package (-m NAME_OR_PATH, or NAME_OR_PATH alone; default: as for every command) over an
@@ -229,8 +239,9 @@ def serve(
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
     # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
     model = load(
-        package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False
-    )
+        package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False,
+        prefix_cache_dir=prefix_cache_dir, prefix_cache_disk_mb=prefix_cache_disk_mb,
+    )  # fmt: skip
     limits = Limits(
         max_tokens_limit or model.arch.n_positions,
         max_n,
