@@ -14,6 +14,7 @@ import numpy as np
 
 from .batching.batch import MAX_BATCH_TOKENS, Batch, Stream
 from .batching.prefix_cache import PrefixCache, cache_bytes
+from .batching.prefix_store import DISK_DEFAULT_MB, disk_store
 from .engine import decode as engine_module
 from .engine.decode import Engine
 from .engine.embeddings import TokenEmbeddings
@@ -53,10 +54,12 @@ class Model:
     """A loaded package: tokenizer, onnxruntime session, and the generation defaults it ships."""
 
     def __init__(
-        self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0, spinning=True
-    ):
+        self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0, spinning=True,
+        prefix_cache_dir=None, prefix_cache_disk_mb=DISK_DEFAULT_MB,
+    ):  # fmt: skip
         self.package, self.arch = package, package.arch
         prefix_cache_bytes = cache_bytes(prefix_cache_mb)  # a bad option fails before anything is read
+        disk = disk_store(package, prefix_cache_dir, prefix_cache_disk_mb, prefix_cache_bytes, engine_module.PREFILL_CHUNK)
         self.tokenizer = load_tokenizer(package.tokenizer_text(), package.tokenizer_file)
         # before onnxruntime sees it
         check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)
@@ -81,7 +84,7 @@ class Model:
             self.device,
             embeddings,
             graph_file=package.model_file,
-            prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK) if prefix_cache_bytes else None,
+            prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK, disk) if prefix_cache_bytes else None,
         )
         defaults_file = package.folder / GENERATION_CONFIG
         self.defaults = generation_defaults(package.generation_defaults, package.arch, defaults_file)
@@ -380,6 +383,8 @@ def load(
     prefix_cache_mb=0,
     spinning: bool = True,
     draft=None,
+    prefix_cache_dir=None,
+    prefix_cache_disk_mb=DISK_DEFAULT_MB,
 ) -> Model:
     """Open a package, check its files, and start a session on `device`. `path` is a package folder or the name of
     an installed package (edgelm list); None opens the default (store.resolve_package says which).
@@ -394,7 +399,11 @@ def load(
 
     draft: a smaller package (folder or installed name) of the same tokenizer, loaded beside this one, whose
     guesses generate() verifies several at a time (speculative "auto" or "draft": runtime/speculative/draft.py);
-    a package of another tokenizer is refused."""
+    a package of another tokenizer is refused.
+
+    prefix_cache_dir: a folder where the prefix cache's blocks are also written, at most prefix_cache_disk_mb MiB,
+    so that a later process of the same package (its manifest's sha256) finds them (prefix_store.py); two
+    processes may share it. Needs prefix_cache_mb > 0."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise PackageError(
             f"load() takes a package folder (a str or Path) or an installed package's name, got {type(path).__name__}"
@@ -404,7 +413,8 @@ def load(
         raise DeviceError(f"spinning must be True or False, got {str(spinning)[:40]}")
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise PackageError(f"draft= takes a package folder or an installed package's name, got {type(draft).__name__}")
-    model = Model(open_package(resolve_package(path), verify=verify), device, threads, prefix_cache_mb, spinning)
+    package = open_package(resolve_package(path), verify=verify)
+    model = Model(package, device, threads, prefix_cache_mb, spinning, prefix_cache_dir, prefix_cache_disk_mb)
     if draft is not None:
         model.draft = Model(open_package(resolve_package(draft), verify=verify), device, threads, 0, spinning)
         check_same_tokenizer(model.package, model.draft.package)

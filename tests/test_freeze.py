@@ -136,3 +136,20 @@ def test_bundle_refuses_a_folder_in_use_and_a_damaged_package(tiny_package, tmp_
     assert refused.exit_code == 1 and "does not match its sha256" in refused.output
     assert not (tmp_path / "out").exists() and "Traceback" not in refused.output
     assert os.listdir(tmp_path / "taken") == ["file"]
+
+
+@pytest.mark.slow
+def test_the_node_sidecar_recipe_runs_the_bundle(bundle, tmp_path):
+    """examples/sidecar.mjs, as docs/apps.md tells an Electron-style app to use the bundle, with no Python."""
+    import shutil
+
+    node = shutil.which("node")
+    assert node, "node is needed for the app recipe's test"
+    example = Path(__file__).resolve().parents[1] / "examples" / "sidecar.mjs"
+    environ = _no_python_environ(tmp_path)
+    done = subprocess.run([node, str(example), str(bundle / "edgelm" / "edgelm")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=environ)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert out["ready"].startswith("tiny-int8 at http://127.0.0.1:") and out["stopped"] == "exit code 0"
+    assert set(json.loads(out["structured"])) == {"city", "days"}

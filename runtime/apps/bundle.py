@@ -29,7 +29,7 @@ from ..errors import EdgelmError
 
 # what the frozen command imports: the runtime's dependencies (pyproject.toml), the server extra, the freezer
 RUNTIME = ("onnxruntime", "numpy", "tokenizers", "click", "huggingface_hub", "jinja2", "tqdm")
-SERVER = ("uvicorn", "starlette", "pydantic")
+SERVER = ("uvicorn", "starlette", "pydantic", "prometheus_client")
 CONSTRAINED = "llguidance"  # structured output and forced tool calls; compiled wheels for the common platforms only
 FREEZER = "pyinstaller"
 NEVER = ("torch", "onnx", "pytest", "transformers", "optimum", "tensorflow", "IPython")  # must not reach the bundle

@@ -47,8 +47,9 @@ class Block:
 class PrefixCache:
     """Key/value rows of recent prompts' first k * chunk tokens, at most `max_bytes` of them."""
 
-    def __init__(self, max_bytes: int, chunk: int):
+    def __init__(self, max_bytes: int, chunk: int, disk=None):
         self.max_bytes, self.chunk = int(max_bytes), int(chunk)
+        self.disk = disk  # a PrefixStore (prefix_store.py): blocks kept on disk across restarts, or None
         self.bytes = 0  # the stored blocks' rows
         self.reused_tokens = 0  # prompt tokens whose rows came from the cache, over the cache's life
         self._root = Block(b"", None, None)
@@ -62,9 +63,13 @@ class PrefixCache:
         """Copy the stored rows of the longest stored start of `ids` [T] into `buffers` (each [1, H, capacity, D],
         in the decoder's order) and return its length: a multiple of chunk, below T so that a pass is left to
         give the last position's logits."""
+        limit = (len(ids) - 1) // self.chunk
         with self._lock:
-            path = self._walk(ids, (len(ids) - 1) // self.chunk)
-            self._touch(path)
+            path = self._walk(ids, limit)
+        if self.disk is not None and len(path) < limit:
+            path = self._from_disk(ids, path, limit, buffers)
+        with self._lock:
+            self._touch([block for block in path if block in self._recent])
             self.reused_tokens += len(path) * self.chunk
         for k, block in enumerate(path):  # outside the lock: stored rows never change
             for buffer, rows in zip(buffers, block.rows):
@@ -96,6 +101,28 @@ class PrefixCache:
             self._touch(path)
             while self.bytes > self.max_bytes:
                 self._evict(next(iter(self._recent)))
+        if self.disk is not None:
+            for k, rows in enumerate(copies, start=known):
+                self.disk.save(ids[: (k + 1) * self.chunk], rows)
+
+    def _from_disk(self, ids, path: list, limit: int, buffers: list) -> list:
+        """`path` extended by the blocks the disk store holds for ids' next chunks, each put in memory too."""
+        like = [b[0, :, : self.chunk] for b in buffers]
+        path = list(path)
+        for k in range(len(path), limit):
+            rows = self.disk.load(ids[: (k + 1) * self.chunk], like)
+            if rows is None:
+                break
+            with self._lock:
+                parent = path[-1] if path else self._root
+                key = self._key(ids, k)
+                block = parent.children.get(key)
+                if block is None and (parent is self._root or parent in self._recent):
+                    block = parent.children[key] = Block(key, rows, parent)
+                    self.bytes += block.nbytes
+                    self._touch([block])
+                path.append(block if block is not None else Block(key, rows, None))
+        return path
 
     def stats(self) -> dict:
         """What the cache holds and has saved, for a server's /health: its bound and the bytes stored (of key/value

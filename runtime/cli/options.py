@@ -250,3 +250,22 @@ def verify_mode(no_verify: bool, full_verify: bool):
     if no_verify and full_verify:
         raise click.UsageError("--verify and --no-verify contradict each other; give one.")
     return False if no_verify else "full" if full_verify else True
+
+
+def prefix_cache_dir_option(command):
+    """Add --prefix-cache-dir and --prefix-cache-disk-mb (passed as `prefix_cache_dir`, `prefix_cache_disk_mb`)."""
+    from ..batching.prefix_store import DISK_DEFAULT_MB
+
+    command = click.option(
+        "--prefix-cache-disk-mb",
+        default=DISK_DEFAULT_MB,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="MiB the --prefix-cache-dir folder may hold; the blocks used least recently go first.",
+    )(command)
+    return click.option(
+        "--prefix-cache-dir",
+        type=click.Path(file_okay=False),
+        help="Also keep the prefix cache's blocks in this folder, so that prompts seen before a restart (a long "
+        "system prompt, a conversation) skip their prefill after it; bound to the package, safe to share.",
+    )(command)

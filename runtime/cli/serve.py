@@ -1,14 +1,23 @@
 """`edgelm serve`: load a package once and answer OpenAI-style HTTP requests with it (needs edgelm[server])."""
 
+import json
 import logging
 import os
+import sys
 
 import click
 
 from ..errors import install_hint
 from ..generation_options import EXTRA, request_fields
 from ..server.limits import Limits
-from .options import device_option, package_option_or_argument, prefix_cache_option, threads_option, verify_options
+from .options import (
+    device_option,
+    package_option_or_argument,
+    prefix_cache_dir_option,
+    prefix_cache_option,
+    threads_option,
+    verify_options,
+)
 from .terminal import echo
 
 
@@ -20,7 +29,33 @@ from .terminal import echo
     show_default=True,
     help="Address to listen on; 0.0.0.0 exposes the server to the network.",
 )
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port to listen on; 0 picks a free one, named in the ready line.",
+)
+@click.option(
+    "--uds",
+    type=click.Path(dir_okay=False),
+    help="Listen on this Unix socket instead of a TCP port (an app's private channel).",
+)
+@click.option(
+    "--parent-pid",
+    type=click.IntRange(min=1),
+    help="Stop when the process with this id ends (the app that started the server).",
+)
+@click.option(
+    "--exit-with-stdin",
+    is_flag=True,
+    help="Stop when standard input ends: a parent that spawns the server with a pipe takes it down when it dies.",
+)
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Serve GET /metrics in Prometheus' format (off by default: docs/serve.md says what it shows).",
+)
 @device_option
 @threads_option
 @click.option(
@@ -139,11 +174,16 @@ from .terminal import echo
     help="The server's logging level.",
 )
 @prefix_cache_option
+@prefix_cache_dir_option
 @verify_options
 def serve(
     package,
     host,
     port,
+    uds,
+    parent_pid,
+    exit_with_stdin,
+    metrics,
     device,
     threads,
     api_key,
@@ -164,6 +204,8 @@ def serve(
     shutdown_timeout,
     log_level,
     prefix_cache_mb,
+    prefix_cache_dir,
+    prefix_cache_disk_mb,
     verify,
 ):
     """Serve a package (-m NAME_OR_PATH, or NAME_OR_PATH alone; default: as for every command) over an
@@ -203,8 +245,9 @@ def serve(
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
     # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
     model = load(
-        package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False
-    )
+        package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False,
+        prefix_cache_dir=prefix_cache_dir, prefix_cache_disk_mb=prefix_cache_disk_mb,
+    )  # fmt: skip
     limits = Limits(
         max_tokens=max_tokens_limit or model.arch.n_positions,
         max_n=max_n,
@@ -226,13 +269,14 @@ def serve(
         model_names,
         accept_any_model,
         max_batch,
+        metrics,
     )
     names = app.names
     also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
     echo(  # the name clients pass as `model`, whatever the log level
         f"edgelm serve: model {names.id!r}"
         + (f" (also answers to {also})" if also else "")
-        + f" at http://{host}:{port}/v1",
+        + (f" at unix:{uds}" if uds else f" at http://{host}:{port}/v1" if port else f" at http://{host} (a free port)"),
         err=True,
     )
     logging.getLogger("edgelm.server").info(
@@ -246,7 +290,23 @@ def serve(
         host,
         port,
     )
-    run(app, host, port, log_level, shutdown_timeout)
+    run(app, host, port, log_level, shutdown_timeout, uds, _ready_line(names.id), parent_pid, exit_with_stdin)
+
+
+def _ready_line(model_id: str):
+    """What edgelm serve prints on stdout once it can answer, one JSON line an app can wait for:
+    {"event": "ready", "url", "host", "port", "model", "pid"} ({"uds"} in place of url, host and port)."""
+
+    def ready(address: dict) -> None:
+        where = address if "uds" in address else {"url": f"http://{_url_host(address['host'])}:{address['port']}"} | address
+        click.echo(json.dumps({"event": "ready", **where, "model": model_id, "pid": os.getpid()}))
+        sys.stdout.flush()
+
+    return ready
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 # the request fields of edgelm's own, as runtime/generation_options.py declares them

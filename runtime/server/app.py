@@ -12,6 +12,8 @@
     POST /v1/score            {"text"} -> per-token log-probs and perplexity (Model.score)
     POST /tokenize            {"content", "add_special"?} -> {"tokens": [ids]}      (llama-server's shapes)
     POST /detokenize          {"tokens": [ids]} -> {"content"}
+    GET  /metrics             Prometheus' text format, with metrics=True (edgelm serve --metrics; metrics.py)
+    GET/POST /api/...         Ollama's API: version, tags, ps, show, chat, generate (api/ollama.py)
 
 Every request that runs on the model takes the one path of request_path.py: read (JSON only, within
 --read-timeout), then parsed, its settings built once (Model.settings) and prepared in a worker thread, then it waits
@@ -23,6 +25,7 @@ that stays usable; only a body that never arrives closes it.
 import asyncio
 import functools
 import logging
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -33,14 +36,15 @@ from starlette.routing import Route
 
 from ..batching.scheduler import Scheduler
 from ..errors import EdgelmError
-from .api import completion_answers, requests
+from .api import completion_answers, ollama, requests
 from .api.chat import Chat
 from .api.completions import Completions
 from .api.requests import Limits, ModelNames
 from .api.responses_api import Responses
-from .bodies import json_response
+from .bodies import json_response, parse_json, read_body
 from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
+from .metrics import Metrics
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .request_path import Endpoint, Ready, Serving, route
 from .text_work import TextWork
@@ -65,6 +69,7 @@ def create_app(
     model_names: tuple = (),
     accept_any_model: bool = False,
     max_batch: int = 16,
+    metrics: bool = False,
 ):
     """The ASGI application serving `model` (a runtime Model, loaded once) on `host` (for the Host check).
     Requests may name it by the package's name or any of `model_names` (the first is the id it is listed as),
@@ -75,9 +80,9 @@ def create_app(
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
     workers = Workers("prepare", PREPARE_THREADS, max_queue, jobs.slots.line)
-    serving = Serving(model, jobs, names, limits, model_id, workers)
-
     prefix_cache = model.engine.prefix_cache
+    counters = Metrics(jobs, prefix_cache) if metrics else None
+    serving = Serving(model, jobs, names, limits, model_id, workers, counters)
 
     async def health(request):
         return json_response(
@@ -119,8 +124,36 @@ def create_app(
         text_work.close()
         await jobs.shutdown()
 
+    async def ollama_version(request):
+        return json_response(ollama.version())
+
+    async def ollama_tags(request):
+        return json_response({"models": [ollama.model_entry(model, model_id)]})
+
+    async def ollama_ps(request):
+        return json_response({"models": [ollama.model_entry(model, model_id) | {"size_vram": 0, "expires_at": None}]})
+
+    async def ollama_show(request):
+        deadline = time.monotonic() + limits.request_timeout
+        raw = await read_body(request, limits, deadline)
+        body = await workers.run(request, deadline, limits.request_timeout, parse_json, raw)  # off the event loop
+        if isinstance(body, dict):
+            names.check(body.get("model", body.get("name")))
+        return json_response(ollama.show(model, model_id, body))
+
+    async def metrics_text(request):
+        body, media_type = counters.exposition()
+        return Response(body, media_type=media_type)
+
     routes = [
         Route("/health", _endpoint(health)),
+        *([Route("/metrics", _endpoint(metrics_text))] if counters is not None else []),
+        Route("/api/version", _ollama(ollama_version)),
+        Route("/api/tags", _ollama(ollama_tags)),
+        Route("/api/ps", _ollama(ollama_ps)),
+        Route("/api/show", _ollama(ollama_show), methods=["POST"]),
+        Route("/api/chat", _ollama(route(ollama.OllamaChat(serving))), methods=["POST"]),
+        Route("/api/generate", _ollama(route(ollama.OllamaChat(serving, generate=True))), methods=["POST"]),
         Route("/v1/models", _endpoint(models)),
         Route("/v1/models/{name:path}", _endpoint(one_model)),
         Route("/v1/completions", _endpoint(route(Completions(serving))), methods=["POST"]),
@@ -137,7 +170,8 @@ def create_app(
         Exception: _server_error,
     }
     inner = ApiKey(Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan), api_key)
-    app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)))
+    paths = tuple(r.path for r in routes if "{" not in r.path)
+    app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)), counters, paths)
     app.jobs, app.limits, app.names, app.model = jobs, limits, names, model
     app.workers, app.text_work, app.stop_all = workers, text_work, stop_all
     return app
@@ -229,6 +263,21 @@ def _endpoint(handler):
             if not isinstance(error, (EdgelmError, Stopped)):
                 log.error("request failed", exc_info=error)
             raise api_error(error, None) from None
+
+    return endpoint
+
+
+def _ollama(handler):
+    """An Ollama route: `handler` through _endpoint, its errors answered in Ollama's shape ({"error": message})."""
+    inner = _endpoint(handler)
+
+    @functools.wraps(handler)
+    async def endpoint(request):
+        try:
+            return await inner(request)
+        except ApiError as error:
+            request.state.error = error.status
+            return ollama.ollama_error(error)
 
     return endpoint
 

@@ -101,8 +101,8 @@ class AccessLog:
     """ASGI middleware: one log line per request (method, path, status, generated tokens, duration). What the
     client sent is escaped: a %0d%0a in a path must not start a line of its own in the log."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, metrics=None, routes: tuple = ()):
+        self.app, self.metrics, self.routes = app, metrics, set(routes)  # with --metrics: each request counted
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -119,14 +119,23 @@ class AccessLog:
             await self.app(scope, receive, send_and_note)
         finally:
             shown = status[0] if state.get("error") in (None, status[0]) else f"{status[0]}->{state['error']}"
+            seconds = time.perf_counter() - started
             log.info(
                 "%s %s %s tokens=%s %.3fs",
                 printable(scope["method"]),
                 printable(scope["path"]),
                 shown,
                 state.get("tokens", "-"),
-                time.perf_counter() - started,
+                seconds,
             )
+            if self.metrics is not None:
+                self.metrics.request(self._endpoint(scope["path"]), state.get("error") or status[0] or 499, seconds)
+
+    def _endpoint(self, path: str) -> str:
+        """The route a path took, as a bounded label: never the client's own text."""
+        if path in self.routes:
+            return path
+        return "/v1/models/{name}" if path.startswith("/v1/models/") else "other"
 
 
 def printable(text: str, limit: int = 200) -> str:

@@ -39,6 +39,7 @@ class Serving:
     limits: Limits
     model_id: str
     workers: object  # workers.Workers: where a request is parsed and prepared
+    metrics: object = None  # metrics.Metrics with --metrics, told each generation's figures
 
 
 @dataclass
@@ -99,6 +100,8 @@ class StreamWriter:
     """A streamed answer's text, event by event: what comes before the job's first event, each event's chunks,
     the end once the job is done, and the error event a failed stream ends with."""
 
+    media_type = "text/event-stream"
+
     def opening(self) -> list:
         return []
 
@@ -124,13 +127,13 @@ def route(endpoint: Endpoint):
         req, ready = await serving.workers.run(request, deadline, timeout, _ready, endpoint, body, deadline)
         del body
         check_tokens_held(req, ready.prompt_tokens, limits)
-        work = GenerationWork(ready, streamed=req.stream)
+        work = GenerationWork(ready, streamed=req.stream, metrics=serving.metrics, arrived=deadline - limits.request_timeout)
         writer = endpoint.writer(req, ready) if req.stream else None
         del ready  # from here the job holds the Batch, and drops it when it ends
         job = await admit(request, serving.jobs, work, deadline, limits)
         del work
         if req.stream:
-            return event_stream(job, _events(request, job, req, writer, limits))
+            return event_stream(job, _events(request, job, req, writer, limits), writer.media_type)
         result = await answer_of(request, job, limits, req.field_of)
         request.state.tokens = endpoint.tokens(result)
         return json_response(endpoint.answer(req, result))
@@ -153,9 +156,10 @@ class GenerationWork(Work):
     """One request in the model's thread: `before` (if any), its Batch's pieces as they come (in a stream, each
     with the log-prob entries of the tokens it covers), then the Result."""
 
-    def __init__(self, ready: Ready, streamed: bool):
+    def __init__(self, ready: Ready, streamed: bool, metrics=None, arrived: float | None = None):
         self.batch, self.before, self.prompt_tokens = ready.batch, ready.before, ready.prompt_tokens
         self.streamed, self.before_value = streamed, None
+        self.metrics, self.arrived, self.first = metrics, arrived, None  # time.monotonic() of arrival, first piece
         self.sent = [0] * len(self.batch.rows) if self.batch is not None else []  # log-prob entries sent per row
 
     def start(self, job) -> None:
@@ -164,6 +168,8 @@ class GenerationWork(Work):
             job.emit("before", self.before_value)
 
     def piece(self, job, piece) -> None:
+        if self.first is None:
+            self.first = time.monotonic()
         entries = self.batch.rows.logprobs_so_far(piece.index) if self.streamed else None
         if entries is not None:
             entries, self.sent[piece.index] = entries[self.sent[piece.index] :], len(entries)
@@ -171,7 +177,10 @@ class GenerationWork(Work):
 
     def done(self, job) -> None:
         completions = self.batch.completions if self.batch is not None else None
-        job.emit("done", Result(completions, self.before_value, self.prompt_tokens))
+        result = Result(completions, self.before_value, self.prompt_tokens)
+        if self.metrics is not None and completions is not None:
+            self.metrics.generation(self.arrived, self.first, time.monotonic(), sum(self.prompt_tokens), result.tokens)
+        job.emit("done", result)
 
 
 async def _events(request, job, req, writer: StreamWriter, limits: Limits):

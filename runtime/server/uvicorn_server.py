@@ -10,7 +10,11 @@ deadline in the route (bodies.read_body).
 
 import asyncio
 import functools
+import os
 import signal
+import sys
+import threading
+import time
 
 import h11
 import uvicorn
@@ -18,24 +22,62 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 
-def run(app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0) -> None:
-    """Serve `app` with uvicorn until SIGINT/SIGTERM; a requested shutdown returns normally (exit code 0)."""
+def run(
+    app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0, uds: str | None = None,
+    ready=None, parent_pid: int | None = None, stdin_closes: bool = False,
+) -> None:  # fmt: skip
+    """Serve `app` with uvicorn until SIGINT/SIGTERM; a requested shutdown returns normally (exit code 0).
+    `uds`: a Unix socket's path instead of host and port. `ready(address)` is called once the server listens, with
+    {"host", "port"} (the port bound, for port 0) or {"uds"}. The server stops as SIGTERM stops it when the
+    process `parent_pid` ends, or with `stdin_closes` when its standard input reaches its end."""
     # uvicorn re-raises the signal after its clean shutdown, which would kill the process with it;
     # handlers that do nothing make that a normal return.
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server(app, host, port, log_level, shutdown_timeout).run()
+        running = server(app, host, port, log_level, shutdown_timeout, uds)
+        running.ready = ready
+        if parent_pid is not None:
+            threading.Thread(target=_exit_with_process, args=(running, parent_pid), daemon=True).start()
+        if stdin_closes:
+            threading.Thread(target=_exit_with_stdin, args=(running,), daemon=True).start()
+        running.run()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def server(app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0) -> "GracefulServer":
+def _exit_with_process(running, pid: int) -> None:
+    """Stop the server once process `pid` is gone (a sidecar's app died, however it died)."""
+    while not running.should_exit:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            running.should_exit = True
+            return
+        except PermissionError:  # alive, another user's
+            pass
+        time.sleep(0.5)
+
+
+def _exit_with_stdin(running) -> None:
+    """Stop the server once standard input ends: the pipe a parent spawned it with closes when the parent dies."""
+    try:  # the file descriptor, not sys.stdin: a thread blocked in a buffered read holds its lock at exit, a fatal error
+        while os.read(sys.stdin.fileno(), 65536):
+            pass
+    except (OSError, ValueError):
+        pass
+    running.should_exit = True
+
+
+def server(
+    app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0, uds: str | None = None
+) -> "GracefulServer":
     """The uvicorn server for `app` (from create_app): its h11 protocol times out slow request heads."""
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        uds=uds,
         http=functools.partial(HeaderTimeoutProtocol, header_timeout=app.limits.read_timeout),
         access_log=False,
         log_config=None,
@@ -52,7 +94,13 @@ class GracefulServer(uvicorn.Server):
 
     def __init__(self, config, stop_all, grace: float):
         super().__init__(config)
-        self.stop_all, self.grace = stop_all, grace
+        self.stop_all, self.grace, self.ready = stop_all, grace, None
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets)
+        if self.ready is not None and not self.should_exit and self.servers:
+            address = self.servers[0].sockets[0].getsockname()
+            self.ready({"uds": address} if isinstance(address, str) else {"host": address[0], "port": address[1]})
 
     async def shutdown(self, sockets=None):
         asyncio.get_running_loop().call_later(self.grace, self.stop_all)

@@ -36,12 +36,10 @@ async def admit(request, jobs, work, deadline, limits):
         raise api_error(stopped, limits.request_timeout) from None
 
 
-def event_stream(job, events) -> StreamingResponse:
-    """A job's answer as server-sent events. The background task stops the job: a stream cut before its generator
-    ever ran has no `finally` to do it."""
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers=SSE_HEADERS, background=BackgroundTask(job.stop)
-    )
+def event_stream(job, events, media_type: str = "text/event-stream") -> StreamingResponse:
+    """A job's answer as server-sent events (or Ollama's JSON lines). The background task stops the job: a stream
+    cut before its generator ever ran has no `finally` to do it."""
+    return StreamingResponse(events, media_type=media_type, headers=SSE_HEADERS, background=BackgroundTask(job.stop))
 
 
 async def answer_of(request, job, limits, field_of=None):

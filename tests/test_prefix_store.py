@@ -1,0 +1,131 @@
+"""The prefix cache on disk (load(..., prefix_cache_dir=DIR), edgelm serve --prefix-cache-dir): a prompt seen by
+one process skips its prefill in the next, with the same output; a block file that is not exactly the block asked
+for (another package's, tampered, truncated, a FIFO) is a miss, never an error or a hang; the folder stays
+within its bound."""
+
+import json
+import os
+import subprocess
+import sys
+
+import edgelm.runtime as rt
+import numpy as np
+import pytest
+from edgelm.runtime.batching.prefix_store import MAGIC, PrefixStore
+from edgelm.runtime.engine import decode as engine
+from edgelm.runtime.errors import GenerationOptionError
+
+CHUNK = 16  # the tiny model has 64 positions: prompts of two and three chunks
+PROMPT = np.random.default_rng(0).integers(0, 300, 40).tolist()  # two whole chunks and a rest
+
+RUN = """
+import json, sys
+import edgelm.runtime as rt
+from edgelm.runtime.engine import decode
+decode.PREFILL_CHUNK = 16
+model = rt.load(sys.argv[1], verify=False, prefix_cache_mb=1, prefix_cache_dir=sys.argv[2])
+done = model.generate([json.loads(sys.argv[3])], max_new_tokens=6, do_sample=False)[0]
+print(json.dumps({"tokens": list(done.token_ids), "reused": model.engine.prefix_cache.reused_tokens}))
+"""
+
+
+def in_a_process(package, folder, prompt=PROMPT) -> dict:
+    done = subprocess.run([sys.executable, "-c", RUN, str(package), str(folder), json.dumps(prompt)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def chunked(monkeypatch):
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", CHUNK)
+
+
+def warm(package, folder, **options):
+    return rt.load(package, verify=False, prefix_cache_mb=1, prefix_cache_dir=folder, **options)
+
+
+@pytest.mark.parametrize("package", ["tiny_package", "tiny_package_int8"])
+def test_a_restarted_process_skips_the_prefill_it_did_before_and_answers_the_same(request, tmp_path, package):
+    folder = request.getfixturevalue(package)
+    cold = rt.load(folder, verify=False).generate([PROMPT], max_new_tokens=6, do_sample=False)[0].token_ids
+    first = in_a_process(folder, tmp_path / "cache")
+    assert first["reused"] == 0 and len(list((tmp_path / "cache").glob("*.kv"))) == 2  # two whole chunks
+    second = in_a_process(folder, tmp_path / "cache")
+    assert second["reused"] == 2 * CHUNK
+    assert first["tokens"] == second["tokens"] == list(cold)
+
+
+def test_a_block_file_that_is_not_exactly_the_block_is_a_miss_and_removed(tiny_package, tmp_path, chunked):
+    cache = tmp_path / "cache"
+    warm(tiny_package, cache).generate([PROMPT], max_new_tokens=2, do_sample=False)
+    files = sorted(cache.glob("*.kv"))
+    expected = rt.load(tiny_package, verify=False).generate([PROMPT], max_new_tokens=6, do_sample=False)[0].token_ids
+    for damage in ("flip", "truncate", "header", "fifo"):
+        warm(tiny_package, cache).generate([PROMPT], max_new_tokens=2, do_sample=False)  # both blocks written
+        target = max(cache.glob("*.kv"), key=lambda p: p.read_bytes()[len(MAGIC) :].split(b"\n")[0].count(b","))
+        data = target.read_bytes()
+        target.unlink()
+        if damage == "flip":
+            target.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        elif damage == "truncate":
+            target.write_bytes(data[:-4])
+        elif damage == "header":  # another package's block, renamed to this one's name
+            header, payload = data[len(MAGIC) :].split(b"\n", 1)
+            other = json.loads(header) | {"package": "0" * 64}
+            target.write_bytes(MAGIC + json.dumps(other).encode() + b"\n" + payload)
+        else:
+            os.mkfifo(target)
+        model = warm(tiny_package, cache)
+        assert model.generate([PROMPT], max_new_tokens=6, do_sample=False)[0].token_ids == expected, damage
+        assert model.engine.prefix_cache.reused_tokens == CHUNK, damage  # the first block only
+    assert len(files) == 2
+
+
+def test_another_package_never_reads_the_blocks(tiny_package, tiny_package_int8, tmp_path, chunked):
+    cache = tmp_path / "cache"
+    warm(tiny_package, cache).generate([PROMPT], max_new_tokens=2, do_sample=False)
+    other = warm(tiny_package_int8, cache)
+    other.generate([PROMPT], max_new_tokens=2, do_sample=False)
+    assert other.engine.prefix_cache.reused_tokens == 0
+    assert len(list(cache.glob("*.kv"))) == 4  # each package's own two blocks
+
+
+def test_the_folder_stays_within_its_bound_least_recently_used_out(tmp_path):
+    rows = (np.ones((2, 16, 8), np.float32), np.ones((2, 16, 8), np.float32))
+    store = PrefixStore(tmp_path, "p" * 64, 16, 3 * 2100)  # room for about three blocks of ~2.1 KB
+    for start in range(6):
+        store.save(list(range(start, start + 16)), rows)
+    sizes = [p.stat().st_size for p in tmp_path.glob("*.kv")]
+    assert len(sizes) == 2 and sum(sizes) <= 3 * 2100
+    assert store.load(list(range(5, 21)), list(rows)) is not None  # the newest stays
+    assert store.load(list(range(0, 16)), list(rows)) is None  # the oldest went first
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_two_stores_on_one_folder_write_and_read_the_same_block(tmp_path):
+    rows = (np.arange(256, dtype=np.float32).reshape(2, 16, 8),)
+    a, b = PrefixStore(tmp_path, "p" * 64, 16, 1 << 20), PrefixStore(tmp_path, "p" * 64, 16, 1 << 20)
+    a.save(list(range(16)), rows)
+    b.save(list(range(16)), rows)  # already there: left as it is
+    (loaded,) = b.load(list(range(16)), list(rows))
+    assert np.array_equal(loaded, rows[0]) and len(list(tmp_path.glob("*.kv"))) == 1
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"prefix_cache_dir": "x"}, "give prefix_cache_mb > 0"),
+        ({"prefix_cache_dir": "x", "prefix_cache_mb": 1, "prefix_cache_disk_mb": 0}, "prefix_cache_disk_mb"),
+        ({"prefix_cache_dir": "", "prefix_cache_mb": 1}, "prefix_cache_dir"),
+    ],
+)
+def test_bad_options_are_refused_by_name(tiny_package, tmp_path, options, message):
+    with pytest.raises(GenerationOptionError, match=message):
+        rt.load(tiny_package, verify=False, **options)
+
+
+def test_a_file_in_place_of_the_folder_is_refused_in_one_line(tiny_package, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(GenerationOptionError, match="cannot use it as a folder"):
+        rt.load(tiny_package, verify=False, prefix_cache_mb=1, prefix_cache_dir=tmp_path / "file")
