@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.errors import EdgelmError, install_hint
 from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
 from edgelm.runtime.package.format import (
     GENERATION_CONFIG,
@@ -136,7 +136,7 @@ class Progress:
         except ImportError as error:  # a library of the export extra missing or broken
             raise StageError(
                 self.current, f"the {self.current} stage needs {error.name or 'a library'}, which cannot be imported "
-                f"({' '.join(str(error).split())[:200]}): install the export extra, pip install 'edgelm[export]'."
+                f"({' '.join(str(error).split())[:200]}): install the export extra, {install_hint('export')}."
             ) from None
         except MemoryError:
             raise StageError(

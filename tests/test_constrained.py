@@ -302,7 +302,7 @@ def test_without_llguidance_a_constraint_says_what_to_install(model, monkeypatch
 
     monkeypatch.setattr(builtins, "__import__", no_llguidance)
     monkeypatch.setattr(constraint_module, "_grammar_texts", type(constraint_module._grammar_texts)())
-    with pytest.raises(GenerationOptionError, match=r"pip install 'edgelm\[constrained\]'"):
+    with pytest.raises(GenerationOptionError, match=r"needs llguidance: pip install 'llguidance>=1.0'"):
         model.settings(regex="[a-z]+")
     assert model.settings(max_new_tokens=3).constraint is None  # no constraint, no llguidance needed
 

@@ -1,4 +1,4 @@
-"""`edgelm serve`: load a package once and answer OpenAI-style HTTP requests with it (needs edgelm[server])."""
+"""`edgelm serve`: load a package once and answer OpenAI-style HTTP requests with it (needs the server extra)."""
 
 import json
 import logging
