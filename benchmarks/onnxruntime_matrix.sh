@@ -31,7 +31,7 @@ TESTS=(
     tests/test_prefix_cache.py
     tests/test_scheduler.py
 )
-RUNTIME_DEPENDENCIES=(numpy tokenizers click jinja2 huggingface_hub uvicorn starlette pydantic)  # + the server extra
+RUNTIME_DEPENDENCIES=(numpy tokenizers click jinja2 huggingface_hub uvicorn starlette pydantic prometheus-client)  # + the server extra
 TEST_DEPENDENCIES=(pytest pytest-xdist onnx)  # onnx builds the tests' own small graphs; the runtime never imports it
 
 oldest=$(sed -n 's/^ *"onnxruntime>=\([0-9.]*\)".*/\1/p' pyproject.toml)

@@ -44,7 +44,6 @@ from .api.responses_api import Responses
 from .bodies import json_response, parse_json, read_body
 from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
-from .metrics import Metrics
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .request_path import Endpoint, Ready, Serving, route
 from .text_work import TextWork
@@ -81,7 +80,11 @@ def create_app(
     model_id = names.id
     workers = Workers("prepare", PREPARE_THREADS, max_queue, jobs.slots.line)
     prefix_cache = model.engine.prefix_cache
-    counters = Metrics(jobs, prefix_cache) if metrics else None
+    counters = None
+    if metrics:  # prometheus_client only when asked for
+        from .metrics import Metrics
+
+        counters = Metrics(jobs, prefix_cache)
     serving = Serving(model, jobs, names, limits, model_id, workers, counters)
 
     async def health(request):
