@@ -49,7 +49,8 @@ for await (const bytes of streamed.body) {
 }
 console.log("streamed:", JSON.stringify(text));
 
-// a structured answer: the server constrains the output to the schema (closed and bounded, so that it ends)
+// a structured answer: the server constrains the output to the schema (closed and bounded, so that it ends well
+// before the room the context leaves, which is its length when max_tokens is not given)
 const schema = {
   type: "object",
   properties: { city: { type: "string", maxLength: 20 }, days: { type: "integer", minimum: 1, maximum: 30 } },
@@ -58,7 +59,6 @@ const schema = {
 };
 const typed = await chat({
   messages: [{ role: "user", content: "Plan a trip to Rome." }],
-  max_tokens: 60,
   response_format: { type: "json_schema", json_schema: { name: "trip", schema } },
 });
 const choice = (await typed.json()).choices[0];
