@@ -53,12 +53,12 @@ console.log("streamed:", JSON.stringify(text));
 // before the room the context leaves, which is its length when max_tokens is not given)
 const schema = {
   type: "object",
-  properties: { city: { type: "string", maxLength: 20 }, days: { type: "integer", minimum: 1, maximum: 30 } },
+  properties: { city: { type: "string", pattern: "^[A-Za-z ]{1,12}$" }, days: { type: "integer", minimum: 1, maximum: 30 } },
   required: ["city", "days"],
   additionalProperties: false,
 };
 const typed = await chat({
-  messages: [{ role: "user", content: "Plan a trip to Rome." }],
+  messages: [{ role: "user", content: "Trip to Rome?" }],
   response_format: { type: "json_schema", json_schema: { name: "trip", schema } },
 });
 const choice = (await typed.json()).choices[0];

@@ -30,5 +30,5 @@ def test_the_node_recipe_spawns_streams_gets_json_and_stops(tiny_package_long):
     assert out["ready"].startswith("tiny-long at http://127.0.0.1:")
     assert json.loads(out["streamed"])  # some text
     trip = json.loads(out["structured"])
-    assert set(trip) == {"city", "days"} and 1 <= trip["days"] <= 30 and len(trip["city"]) <= 20
+    assert set(trip) == {"city", "days"} and 1 <= trip["days"] <= 30 and len(trip["city"]) <= 12
     assert out["stopped"] == "exit code 0"
