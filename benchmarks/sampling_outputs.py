@@ -46,7 +46,10 @@ def measure(tree: str, package: str, tokens: int, batches: list, settings: list)
     runtime = importlib.util.module_from_spec(spec)
     sys.modules["edgelm.runtime"], edgelm.runtime = runtime, runtime
     spec.loader.exec_module(runtime)
-    from edgelm.runtime.bench import exact_decode, prompt_ids
+    try:  # runtime/apps/bench.py; before the apps/ folder, runtime/bench.py
+        from edgelm.runtime.apps.bench import exact_decode, prompt_ids
+    except ModuleNotFoundError:
+        from edgelm.runtime.bench import exact_decode, prompt_ids
     from edgelm.runtime.model import load
 
     assert Path(runtime.__file__).resolve().is_relative_to(Path(tree).resolve()), runtime.__file__
