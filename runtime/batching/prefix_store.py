@@ -19,13 +19,13 @@ import json
 import math
 import numbers
 import os
-import stat
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import GenerationOptionError, PackageError
+from .. import untrusted
+from ..errors import EdgelmError, GenerationOptionError, PackageError
 
 MAGIC = b"EDGELMKV1\n"
 DISK_DEFAULT_MB = 1024  # a folder's bound unless given: a thousand distilgpt2-sized 128-token blocks and more
@@ -104,8 +104,11 @@ def read_block(path: Path, package_id: str, chunk: int, tokens, like: list) -> t
     """A block file's rows if it is exactly the block of `tokens` for this package, shaped as `like`; else None."""
     expected = [[np.asarray(a).dtype.str, list(np.asarray(a).shape)] for a in like]
     payload_size = sum(np.asarray(a).nbytes for a in like)
-    data = read_regular(path, len(MAGIC) + MAX_HEADER + payload_size)
-    if data is None or not data.startswith(MAGIC):
+    try:  # a regular file only, opened without blocking (a FIFO never hangs), within the size the header implies
+        data = untrusted.read_bytes(path, len(MAGIC) + MAX_HEADER + payload_size)
+    except EdgelmError:
+        return None
+    if not data.startswith(MAGIC):
         return None
     end = data.find(b"\n", len(MAGIC))
     if end < 0:
@@ -131,25 +134,6 @@ def read_block(path: Path, package_id: str, chunk: int, tokens, like: list) -> t
         out.append(array.copy())
         at += array.nbytes
     return tuple(out)
-
-
-def read_regular(path: Path, limit: int) -> bytes | None:
-    """The bytes of a regular file of at most `limit` bytes, opened without blocking (a FIFO never hangs); None
-    for anything else or on an error."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            return file.read(limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
