@@ -16,8 +16,6 @@ on a shared network is more than a local app's users may want known. With --metr
 label set stays bounded whatever the clients send.
 """
 
-import time
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -87,7 +85,3 @@ class _Ended:
                 "edgelm_prefix_cache_reused_tokens", "Prompt tokens copied from the cache", value=stats["reused_tokens"]
             )
             yield GaugeMetricFamily("edgelm_prefix_cache_bytes", "Bytes the prefix cache holds", value=stats["bytes"])
-
-
-def now() -> float:
-    return time.monotonic()
