@@ -190,8 +190,8 @@ def test_each_check_finds_a_forbidden_import_added_anywhere(tmp_path):
     root = shutil.copytree(RUNTIME, tmp_path / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     with open(root / "sampling" / "chain.py", "a") as sampling:  # imported by the engine
         sampling.write("\n\ndef _hidden():\n    from tokenizers import Tokenizer\n")
-    with open(root / "model.py", "a") as model:
-        model.write("\n\ndef _hidden():\n    import click.testing\n    from ..export import stages\n")
+    with open(root / "model" / "__init__.py", "a") as model:
+        model.write("\n\ndef _hidden():\n    import click.testing\n    from ...export import stages\n")
     with open(root / "engine" / "session.py", "a") as session:
         session.write("\n\ndef _hidden():\n    __import__('edgelm.export.stages')\n")
     assert engine_imports_of_tokenizers(root) == {"edgelm.runtime.sampling.chain": "tokenizers"}
