@@ -24,6 +24,7 @@ from .errors import (
     PromptError,
     PromptFileError,
     QualityError,
+    SessionError,
     StoreError,
 )
 
@@ -32,6 +33,7 @@ _LAZY = {
     "Completion": "batching.rows",
     "GenerationConfig": "generation_config",
     "Model": "model",
+    "SavedSession": "model",
     "Score": "model",
     "Stream": "model",
     "load": "model",
@@ -47,6 +49,7 @@ __all__ = [
     "Model",
     "Stream",
     "Score",
+    "SavedSession",
     "Completion",
     "ChatTemplate",
     "GenerationConfig",
@@ -61,6 +64,7 @@ __all__ = [
     "PromptFileError",
     "ChatError",
     "InferenceError",
+    "SessionError",
     "StoreError",
     "QualityError",
     "DeadlineError",

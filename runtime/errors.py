@@ -43,6 +43,11 @@ class DeadlineError(EdgelmError):
     a download."""
 
 
+class SessionError(EdgelmError):
+    """A saved conversation (Model.save_session, `edgelm chat --session`) cannot be resumed or written: the file
+    is another package's, altered, truncated, too large or not a regular file, or its folder is not writable."""
+
+
 class StoreError(EdgelmError):
     """The model store cannot do what was asked: an unknown or invalid name, a name already taken, a download
     that failed, or a full disk. The store is left as it was."""

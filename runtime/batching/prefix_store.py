@@ -12,6 +12,9 @@ checks all of it, the rows' sha256 included, within the size the header implies,
 that fails any check is a miss (and removed). Writes go to a temporary file renamed into place, so a reader sees a
 whole file or none, and two servers may share one folder. The folder is bounded: past `max_bytes`, the files used
 least recently (by modification time, refreshed on each use) are removed.
+
+A saved conversation (Model.save_session, runtime/model/saved_session.py) is one file of the same format, read by
+the same checks (read_record).
 """
 
 import hashlib
@@ -89,14 +92,16 @@ class PrefixStore:
 
 
 def block_bytes(package_id: str, chunk: int, tokens, rows: tuple) -> bytes:
+    return record_bytes({"package": package_id, "chunk": chunk, "tokens": [int(t) for t in tokens]}, rows)
+
+
+def record_bytes(header: dict, rows) -> bytes:
+    """A file of this format: MAGIC, `header` with the rows' [dtype, shape] and their sha256 added, the rows' bytes.
+    A block's header holds its package, chunk and tokens; other records (a saved session: model/saved_session.py)
+    add their own keys."""
     payload = b"".join(np.ascontiguousarray(r).tobytes() for r in rows)
-    header = {
-        "package": package_id,
-        "chunk": chunk,
-        "tokens": [int(t) for t in tokens],
-        "arrays": [[r.dtype.str, list(r.shape)] for r in rows],
-        "sha256": hashlib.sha256(payload).hexdigest(),
-    }
+    header = {**header, "arrays": [[r.dtype.str, list(r.shape)] for r in rows]}
+    header["sha256"] = hashlib.sha256(payload).hexdigest()
     return MAGIC + json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
 
 
@@ -105,46 +110,82 @@ def read_block(path: Path, package_id: str, chunk: int, tokens, like: list) -> t
     expected = [[np.asarray(a).dtype.str, list(np.asarray(a).shape)] for a in like]
     payload_size = sum(np.asarray(a).nbytes for a in like)
     try:  # a regular file only, opened without blocking (a FIFO never hangs), within the size the header implies
-        data = untrusted.read_bytes(path, len(MAGIC) + MAX_HEADER + payload_size)
+        header, rows = read_record(path, MAX_HEADER + payload_size)
     except EdgelmError:
         return None
-    if not data.startswith(MAGIC):
-        return None
-    end = data.find(b"\n", len(MAGIC))
-    if end < 0:
-        return None
-    try:
-        header = json.loads(data[len(MAGIC) : end])
-    except (ValueError, RecursionError):
-        return None
-    payload = data[end + 1 :]
     if (
-        not isinstance(header, dict)
-        or header.get("package") != package_id
+        header.get("package") != package_id
         or header.get("chunk") != chunk
         or header.get("tokens") != [int(t) for t in tokens]
         or header.get("arrays") != expected
-        or len(payload) != payload_size
-        or header.get("sha256") != hashlib.sha256(payload).hexdigest()
     ):
         return None
-    out, at = [], 0
-    for dtype, shape in expected:
-        array = np.frombuffer(payload, dtype=np.dtype(dtype), count=int(np.prod(shape)), offset=at).reshape(shape)
-        out.append(array.copy())
-        at += array.nbytes
-    return tuple(out)
+    return rows
+
+
+def read_record(
+    path, limit: int, error=EdgelmError, advice: str = "", what: str = "a key/value file", max_header=MAX_HEADER
+) -> tuple:
+    """(header, rows) of a file of this format, every check of the format made: a regular file of at most
+    len(MAGIC) + `limit` bytes (untrusted.read_bytes), its magic, a JSON header line (of at most `max_header`
+    bytes) of numeric arrays whose bytes are exactly the rest of the file, and their sha256. `error` says which check failed, ending with `advice`; the
+    header's other keys are the caller's to check."""
+    data = untrusted.read_bytes(path, len(MAGIC) + limit, error, advice, what)
+    end = data.find(b"\n", len(MAGIC), len(MAGIC) + max_header + 1) if data.startswith(MAGIC) else -1
+    header = None
+    if end >= 0:
+        try:
+            header = json.loads(data[len(MAGIC) : end])
+        except (ValueError, RecursionError):
+            pass
+    arrays = header.get("arrays") if isinstance(header, dict) else None
+    if not isinstance(arrays, list) or not all(_array_spec(a) for a in arrays):
+        raise error(f"{path} is not {what} of this edgelm (its header cannot be read){advice}")
+    payload = memoryview(data)[end + 1 :]
+    shapes = [(np.dtype(dtype), shape) for dtype, shape in arrays]
+    if len(payload) != sum(dtype.itemsize * math.prod(shape) for dtype, shape in shapes):
+        raise error(f"{path} is truncated or has bytes added: its size is not what its header says{advice}")
+    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        raise error(f"{path} was altered: its content does not match its sha256{advice}")
+    rows, at = [], 0
+    for dtype, shape in shapes:
+        count = math.prod(shape)
+        rows.append(np.frombuffer(payload, dtype=dtype, count=count, offset=at).reshape(shape).copy())
+        at += count * dtype.itemsize
+    return header, tuple(rows)
+
+
+def _array_spec(spec) -> bool:
+    """Whether a header's [dtype, shape] names a numeric array (never an object one) of non-negative sizes."""
+    if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], list)):
+        return False
+    try:
+        dtype = np.dtype(spec[0])
+    except (TypeError, ValueError):
+        return False
+    sizes = spec[1]
+    return dtype.kind in "fiub" and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
     """`data` into `path` through a temporary file in the same folder, renamed into place; nothing on failure."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".partial")
+    try:
+        replace_atomically(path, data)
+    except OSError:
+        pass
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """write_atomically that raises the OSError of a failed write (the temporary file removed): a reader of `path`
+    sees the old file whole or the new one whole."""
+    handle, temporary = tempfile.mkstemp(dir=Path(path).parent, prefix=".", suffix=".partial")
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)
         os.replace(temporary, path)
-    except OSError:
+    except BaseException:
         Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def disk_store(package, folder, megabytes, memory_bytes: int, chunk: int):
@@ -162,13 +203,19 @@ def disk_store(package, folder, megabytes, memory_bytes: int, chunk: int):
         raise GenerationOptionError(
             f"prefix_cache_disk_mb must be a number of MiB > 0, got {str(megabytes)[:40]}", param="prefix_cache_disk_mb"
         )
-    listed = package.folder / "manifest.json"
-    if package.manifest is None or not listed.is_file():
-        raise PackageError(f"prefix_cache_dir needs an edgelm package (one with a manifest); {package.folder} has none")
-    identity = hashlib.sha256(listed.read_bytes()).hexdigest()  # lists every file's sha256: the package itself
+    identity = package_identity(package, "prefix_cache_dir")
     try:
         return PrefixStore(folder, identity, chunk, int(megabytes * (1 << 20)))
     except OSError as error:
         raise GenerationOptionError(
             f"prefix_cache_dir {folder}: cannot use it as a folder ({error.strerror or error})", param="prefix_cache_dir"
         ) from None
+
+
+def package_identity(package, needed_by: str) -> str:
+    """What a key/value file is bound to: the sha256 of the package's manifest, which lists every file's own (the
+    package itself). PackageError, naming what `needed_by` it, for a folder without a manifest."""
+    listed = package.folder / "manifest.json"
+    if package.manifest is None or not listed.is_file():
+        raise PackageError(f"{needed_by} needs an edgelm package (one with a manifest); {package.folder} has none")
+    return hashlib.sha256(listed.read_bytes()).hexdigest()

@@ -7,11 +7,12 @@ When the conversation no longer fits the model's context, its oldest turns are d
 A line that starts with `/` is a command (runtime/cli/chat_commands.py: /help, /reset, /system, /save, /load).
 """
 
+import os
 import sys
 
 import click
 
-from ..errors import EdgelmError, PromptError
+from ..errors import EdgelmError, PromptError, SessionError
 from ..generation_config import sampling_implied
 from ..generation_options import OPTIONS
 from ..inputs import decode_utf8
@@ -34,8 +35,14 @@ SHARED_OPTIONS = (
 
 @click.command()
 @click.option("--system", help="A system message that opens the conversation (kept when old turns are dropped).")
+@click.option(
+    "--session",
+    type=click.Path(dir_okay=False),
+    help="Resume the conversation saved in FILE (its messages and key/value cache), if it exists, and save it there "
+    "after each turn, so that a later `edgelm chat --session FILE` goes on without computing it again.",
+)
 @prefix_cache_option
-def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_verify, draft_model, **options):
+def chat(system, session, prefix_cache_mb, package, device, threads, no_verify, full_verify, draft_model, **options):
     """Talk with a model: one message per line, each answer streamed. Ctrl-D (or Ctrl-C at the prompt) quits.
 
     Commands: /help, /reset, /system TEXT, /save FILE, /load FILE (// sends a line that starts with /).
@@ -43,6 +50,7 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
     \b
     edgelm chat -m models/distilgpt2 --system "You are terse."
     printf 'Hello\\nWhat is ONNX?\\n' | edgelm chat --max-new-tokens 40
+    edgelm chat --session notes.session    # resumes where the last run with it stopped
     """
     from ..model import load
 
@@ -56,6 +64,9 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
         prefix_cache_mb=prefix_cache_mb,
         draft=draft_model,
     )
+    resumed = session is not None and os.path.lexists(session)
+    if resumed:
+        history = _resumed(model, session, system)
     # built once, with the template's stop strings, so that no turn builds them again (model.chat_prompt)
     options["stop"] = model.chat_stop(options.get("stop", model.defaults.stop))
     config = model.settings(**options)
@@ -64,7 +75,7 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
     if interactive:
         click.echo(
             f"Chatting with {model.package.name}. Ctrl-C stops an answer; Ctrl-D or Ctrl-C here quits; /help lists "
-            "commands.",
+            "commands." + (f" Resumed {len(history)} messages from {session}." if resumed else ""),
             err=True,
         )
     said_dropped = False
@@ -77,6 +88,7 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
             except EdgelmError as error:
                 said = f"Error: {error}"
             echo(said, err=True)
+            _save(model, session, history)
             continue
         line = line[1:] if line.startswith("//") else line
         try:
@@ -96,6 +108,31 @@ def chat(system, prefix_cache_mb, package, device, threads, no_verify, full_veri
             history.pop()  # nothing came back: the question goes too, so the turns still alternate
         else:
             history.append({"role": "assistant", "content": answer})
+            _save(model, session, history)
+
+
+def _resumed(model, path: str, system) -> list:
+    """The messages of the conversation saved in `path`, its key/value rows restored into the model."""
+    if system:
+        raise PromptError(
+            f"--system opens a new conversation and {path} holds one: drop --system (/system TEXT changes a resumed "
+            "conversation's system message)"
+        )
+    saved = model.load_session(path)
+    if not saved.messages:
+        raise SessionError(f"{path} holds token ids, not a chat's messages; give another --session file")
+    return saved.messages
+
+
+def _save(model, path: str | None, history: list) -> None:
+    """Save the conversation (with --session), replacing the file atomically; an empty one is not written. A save
+    that fails is said, and the conversation goes on."""
+    if path is None or not history:
+        return
+    try:
+        model.save_session(path, history)
+    except EdgelmError as error:
+        echo(f"Error: {error}", err=True)
 
 
 def fit_history(model, messages: list, config) -> tuple[list, int]:

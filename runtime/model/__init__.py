@@ -3,11 +3,12 @@
     model = edgelm.runtime.load("models/distilgpt2")
     print(model.generate("Hello, my name is", max_new_tokens=20).text)
 
-A Model is immutable after load but for its prefix cache (load(..., prefix_cache_mb=N), runtime/batching/prefix_cache.py),
-which guards itself; any number of threads may call it at once (each call keeps its own state).
+A Model is immutable after load but for its prefix cache (load(..., prefix_cache_mb=N), runtime/batching/prefix_cache.py,
+or the one load_session makes), which guards itself; any number of threads may call it at once (each call keeps its own state).
 
 This module builds a Model from a package (load, Model.__init__); its methods live beside it, one module per
-concern: generation.py (settings, prompts, generate / stream / batch), messages.py (chat), scoring.py (score).
+concern: generation.py (settings, prompts, generate / stream / batch), messages.py (chat), scoring.py (score),
+saved_session.py (a conversation's key/value cache saved to a file and restored).
 """
 
 import os
@@ -30,12 +31,14 @@ from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import load_tokenizer
 from .generation import Generation
 from .messages import Chat
+from .saved_session import SavedSession, Sessions  # noqa: F401 (SavedSession: a public name)
 from .scoring import Score, Scoring  # noqa: F401 (Score: a public name)
 
 
-class Model(Generation, Chat, Scoring):
+class Model(Generation, Chat, Scoring, Sessions):
     """A loaded package: tokenizer, onnxruntime session, and the generation defaults it ships. Its methods come by
-    concern: generate / stream / batch (generation.py), chat (messages.py), score (scoring.py)."""
+    concern: generate / stream / batch (generation.py), chat (messages.py), score (scoring.py), save_session /
+    load_session (saved_session.py)."""
 
     def __init__(
         self, package: Package, device: str = "auto", threads: int | None = None, prefix_cache_mb=0, spinning=True,
