@@ -43,7 +43,7 @@ def conversation(model) -> list:
     return [*FIRST, {"role": "assistant", "content": model.chat(FIRST, **GREEDY).text}]
 
 
-@pytest.mark.parametrize("package", ["tiny_package", "tiny_package_int8"])
+@pytest.mark.parametrize("package", ["tiny_package", "tiny_package_int8", "tiny_package_int8_kv8"])
 def test_a_session_restored_in_a_new_process_answers_as_the_uninterrupted_conversation(request, tmp_path, package):
     folder = request.getfixturevalue(package)
     request.getfixturevalue("chunked")
@@ -72,6 +72,21 @@ def test_a_session_of_token_ids_seeds_generate_and_a_model_without_a_prefix_cach
     assert saved.messages is None and saved.token_ids == ids and saved.cached_tokens == 2 * CHUNK
     assert model.generate([ids], **GREEDY)[0].token_ids == cold
     assert model.engine.prefix_cache.reused_tokens == 2 * CHUNK
+
+
+def test_where_the_cache_is_not_written_in_place_the_file_holds_the_conversation_alone(
+    tiny_package, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", CHUNK)
+    model = rt.load(tiny_package, verify=False)
+    messages = conversation(model)
+    with monkeypatch.context() as growing:  # as on CUDA: each pass's present becomes the next past
+        growing.setattr(engine.Engine, "writes_cache_in_place", property(lambda self: False))
+        assert model.save_session(tmp_path / "chat.session", messages).cached_tokens == 0
+    resumed = rt.load(tiny_package, verify=False)
+    saved = resumed.load_session(tmp_path / "chat.session")
+    assert saved.messages == messages and saved.cached_tokens == 0 and resumed.engine.prefix_cache is None
+    assert resumed.chat([*messages, NEXT], **GREEDY).token_ids == model.chat([*messages, NEXT], **GREEDY).token_ids
 
 
 @pytest.fixture
