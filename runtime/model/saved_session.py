@@ -46,7 +46,7 @@ class SavedSession:
 
     messages: list | None  # the chat messages saved; None for a session of token ids
     token_ids: list  # what the rows are of: the messages rendered (no reply opened), or the ids given
-    cached_tokens: int  # the first token_ids whose key/value rows the file holds and load_session restored
+    cached_tokens: int  # the first token_ids whose rows the file holds, put in the prefix cache (within its bound)
     tools: list | None = None  # the OpenAI function tools the messages were rendered with
 
 
