@@ -22,6 +22,9 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   weights are the package's own int8 rows, unchanged (each block keeps its row's scale); the activations are
   quantized per row and block instead of per row. 10-13 nodes fewer; the codes go to variant.data (the token
   rows stay in model.onnx.data for the lookup).
+- no-attention-bias: GroupQueryAttention without the attention bias, and the nodes that make it (about a dozen
+  small ops a step, not a layer): its own causal mask from the cache lengths is all a row without padding needs.
+  Exact for one row; a left-padded batch would attend to its padding, so this measures the bias's cost only.
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).
@@ -232,6 +235,26 @@ def rotary_in_attention(graph):
     return [n for n in graph.node if id(n) not in dropped], []
 
 
+def no_attention_bias(graph):
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention" and len(node.input) > 10:
+            node.input[10] = ""
+            while node.input and not node.input[-1]:
+                del node.input[-1]
+    return live(graph, list(graph.node)), []
+
+
+def live(graph, nodes):
+    """The nodes whose outputs something reads: a graph output, or a node that is itself live."""
+    wanted = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(in_order(graph, nodes)):
+        if wanted & set(node.output):
+            kept.append(node)
+            wanted |= set(node.input)
+    return kept[::-1]
+
+
 def in_order(graph, nodes):
     """The nodes sorted so each comes after what it reads (the rewrites append Casts out of place)."""
     ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
@@ -248,7 +271,15 @@ def in_order(graph, nodes):
     return ordered
 
 
-VARIANTS = ("kv-float16", "int8-nbits", "rotary-in-attention", "block-sums-reducesum", "int8-head-nbits", "nbits")
+VARIANTS = (
+    "kv-float16",
+    "int8-nbits",
+    "rotary-in-attention",
+    "block-sums-reducesum",
+    "int8-head-nbits",
+    "nbits",
+    "no-attention-bias",
+)
 REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits")  # the variants that read the package's weights
 
 
@@ -271,6 +302,7 @@ def main():
         "int8-nbits": "DynamicQuantizeMatMul",
         "int8-head-nbits": "QGemm",
         "nbits": "MatMulNBits",
+        "no-attention-bias": "GroupQueryAttention",
     }.get(args.variant)
     if needs and needs not in ops:
         raise SystemExit(f"{args.package} is not a graph {args.variant} applies to (it has no {needs})")
@@ -284,6 +316,8 @@ def main():
         nodes, added, extra = int8_head_nbits(graph, data, args.block or 32)
     elif args.variant == "nbits":
         nodes, added, extra = nbits(graph, data, args.block, args.accuracy_level)
+    elif args.variant == "no-attention-bias":
+        nodes, added = no_attention_bias(graph)
     elif args.variant == "block-sums-reducesum":
         nodes, added = block_sums_reducesum(graph)
     else:

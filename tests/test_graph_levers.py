@@ -1,5 +1,6 @@
 """benchmarks/graph_variants.py's decode-step levers rewrite a package into one that decodes what it did: rotary
-inside GroupQueryAttention (float32, batch 1: the same tokens and log-probabilities), the tied int8 head as one
+inside GroupQueryAttention and attention without the bias (float32, batch 1: the same tokens and
+log-probabilities), the tied int8 head as one
 8-bit MatMulNBits over the same rows, and the 8-bit products requantized to another block size."""
 
 import subprocess
@@ -39,6 +40,14 @@ def test_rotary_inside_attention_decodes_the_same_float32_tokens_at_batch_1(llam
     ops = [n.op_type for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node]
     assert "RotaryEmbedding" not in ops
     assert greedy_alone(out) == greedy_alone(llama_package)  # exact: tokens and log-probabilities
+
+
+def test_attention_without_the_bias_decodes_the_same_float32_tokens_at_batch_1(llama_package, tmp_path):
+    out = variant(llama_package, tmp_path / "no-bias", "--variant", "no-attention-bias")
+    nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+    assert {n.op_type for n in nodes}.isdisjoint({"Range", "LessOrEqual", "And"})  # the bias's nodes are gone
+    assert all(len(n.input) <= 10 for n in nodes if n.op_type == "GroupQueryAttention")
+    assert greedy_alone(out) == greedy_alone(llama_package)
 
 
 def test_the_int8_head_as_one_nbits_product_keeps_the_rows_and_the_tokens(tiny_package_int8, tmp_path):
