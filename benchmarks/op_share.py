@@ -5,54 +5,111 @@
 
 For each package, --repeats times: a fresh session with onnxruntime's profiler on, a prompt of --past positions,
 8 warm-up steps, then --steps decode steps (step_profile.py's loop and session options). Per op type it prints the
-kernels per step, the kernels per layer (per step over the graph's GroupQueryAttention count), and the median over
-the repeats of the op type's share of the kernels' summed time (smallest and largest beside it). Shares move far
-less with the machine's load than absolute times do; the ms column is there to rank, not to quote.
+kernels per step, the kernels per layer (per step over the graph's GroupQueryAttention count), and its share of
+each step's kernel time: the median over every profiled step, and beside it the smallest and largest of the
+repeats' own medians. Shares move far less with the machine's load than absolute times do, and a step the machine
+preempted moves its own shares, not the medians; the ms column is there to rank, not to quote.
 
-Below the table: the weight products' share (MatMulNBits, MatMul, QGemm, DynamicQuantizeMatMul, Gemm), and the
-kernels' sum against the profiled step's wall time: the rest is onnxruntime's own work between kernels and the
-Python that feeds the step.
+The LM head's kernels (the nodes between the final norm and `logits`) are rows of their own, "LM head <op>".
+Below the table: the weight products' share (MatMulNBits, MatMul, QGemm, DynamicQuantizeMatMul, Gemm, the head's
+included), and the kernels' sum over onnxruntime's own run time (its model_run events): the rest is onnxruntime's
+work between kernels. The profiled step's wall time above the table adds the Python that feeds each step.
 """
 
 import argparse
+import bisect
+import json
 import os
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
-from step_profile import make_session, op_table, run_steps  # benchmarks/ is on the path of its own scripts
+from step_profile import make_session, run_steps  # benchmarks/ is on the path of its own scripts
 
 PRODUCTS = {"MatMulNBits", "MatMul", "QGemm", "DynamicQuantizeMatMul", "Gemm", "MatMulInteger", "FusedMatMul"}
 
 
-def profile_once(model_file: Path, threads: int, options: dict, past: int, steps: int, seed: int):
-    """One fresh profiled session: (op type -> (kernels per step, ms per step), the median step's wall ms)."""
+def head_nodes(model_file: Path) -> set:
+    """The names of the nodes between the final norm and `logits` (the LM head), as the package's graph names
+    them (onnxruntime keeps a node's name unless it fuses it into another)."""
+    graph = onnx.load(str(model_file), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    names, waiting = set(), ["logits"]
+    while waiting:
+        node = producer.get(waiting.pop())
+        if node is None or node.name in names or node.op_type.endswith("Normalization"):
+            continue
+        names.add(node.name)
+        waiting += list(node.input)
+    return names
+
+
+def op_table(profile_file: str, steps: int, head: set) -> list[tuple[dict, float]]:
+    """For each of the last `steps` runs of the profile: (op type -> (kernels, ms), onnxruntime's run ms). The LM
+    head's kernels are counted apart, as "LM head <op type>"."""
+    events = json.loads(Path(profile_file).read_text())
+    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    runs = runs[-steps:]
+    starts = [ts for ts, _ in runs]
+    tables = [defaultdict(lambda: [0, 0.0]) for _ in runs]
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= starts[0]:
+            op = event["args"]["op_name"]
+            row = tables[bisect.bisect_right(starts, event["ts"]) - 1][
+                f"LM head {op}" if event["name"].removesuffix("_kernel_time") in head else op
+            ]
+            row[0] += 1
+            row[1] += event["dur"] / 1000
+    return [({op: tuple(v) for op, v in table.items()}, dur / 1000) for table, (_, dur) in zip(tables, runs)]
+
+
+def profile_once(model_file: Path, threads: int, options: dict, past: int, steps: int, seed: int, head: set):
+    """One fresh profiled session: (op_table's runs, the median step's wall ms)."""
     with tempfile.TemporaryDirectory() as folder:
         session = make_session(model_file, threads, options, folder)
         step_ms = run_steps(session, past, steps, np.random.default_rng(seed))
-        return op_table(session.end_profiling(), steps), step_ms
+        return op_table(session.end_profiling(), steps, head), step_ms
 
 
 def op_shares(package: Path, threads: int, options: dict, past: int, steps: int, repeats: int) -> dict:
-    """{"ops": op type -> (kernels per step, ms per step median, [share per repeat]), "layers", "step_ms",
-    "kernels_ms", "products"}: per repeat's shares of the kernels' summed time."""
-    runs = [profile_once(package / "model.onnx", threads, options, past, steps, seed) for seed in range(repeats)]
-    ops = sorted({op for table, _ in runs for op in table})
-    totals = [sum(ms for _, ms in table.values()) for table, _ in runs]
+    """Per op type: kernels a step, the median ms a step, and its share of each step's kernel time, as the median
+    over every profiled step and per repeat (the median of that repeat's steps). A step the machine preempted
+    moves its own shares, not the medians. Also per repeat: the weight products' share, and the kernels' sum
+    over onnxruntime's run time."""
+    head = head_nodes(package / "model.onnx")
+    measured = [profile_once(package / "model.onnx", threads, options, past, steps, s, head) for s in range(repeats)]
+    ops = sorted({op for runs, _ in measured for table, _ in runs for op in table})
     rows = {}
     for op in ops:
-        counts = [table.get(op, (0, 0.0))[0] for table, _ in runs]
-        times = [table.get(op, (0, 0.0))[1] for table, _ in runs]
-        rows[op] = (float(np.median(counts)), float(np.median(times)), [t / s for t, s in zip(times, totals)])
-    layers = max(1, round(rows.get("GroupQueryAttention", (1, 0, []))[0]))
-    products = [sum(rows[op][2][i] for op in ops if op in PRODUCTS) for i in range(repeats)]
+        counts = [table.get(op, (0, 0.0))[0] for runs, _ in measured for table, _ in runs]
+        times = [table.get(op, (0, 0.0))[1] for runs, _ in measured for table, _ in runs]
+        per_repeat = [
+            float(np.median([table.get(op, (0, 0.0))[1] / sum(ms for _, ms in table.values()) for table, _ in runs]))
+            for runs, _ in measured
+        ]
+        every = [
+            table.get(op, (0, 0.0))[1] / sum(ms for _, ms in table.values()) for runs, _ in measured for table, _ in runs
+        ]
+        rows[op] = (float(np.median(counts)), float(np.median(times)), float(np.median(every)), per_repeat)
+
+    def per_repeat(share_of_step):
+        return [float(np.median([share_of_step(table, run_ms) for table, run_ms in runs])) for runs, _ in measured]
+
+    kernels = lambda table: sum(ms for _, ms in table.values())  # noqa: E731
+    products = per_repeat(
+        lambda table, _: sum(ms for op, (_, ms) in table.items() if op.removeprefix("LM head ") in PRODUCTS)
+        / kernels(table)
+    )
     return {
         "ops": rows,
-        "layers": layers,
-        "step_ms": float(np.median([s for _, s in runs])),
-        "kernels_ms": float(np.median(totals)),
+        "layers": max(1, round(rows.get("GroupQueryAttention", (1,))[0])),
+        "step_ms": float(np.median([step for _, step in measured])),
+        "kernels_ms": float(np.median([kernels(table) for runs, _ in measured for table, _ in runs])),
         "products": products,
+        "in_kernels": per_repeat(lambda table, run_ms: kernels(table) / run_ms),
     }
 
 
@@ -60,19 +117,17 @@ def print_table(name: str, threads: int, result: dict) -> None:
     rows, layers = result["ops"], result["layers"]
     step, kernels = result["step_ms"], result["kernels_ms"]
     print(f"\n{name}, {threads} thread(s), {layers} layers: profiled step {step:.3f} ms, kernels' sum {kernels:.3f} ms")
-    print("| op | kernels/step | per layer | ms/step | share (median) | min-max |")
+    print("| op | kernels/step | per layer | ms/step | share (median) | repeats' medians |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
-    for op, (count, ms, shares) in sorted(rows.items(), key=lambda item: -np.median(item[1][2])):
+    for op, (count, ms, share, shares) in sorted(rows.items(), key=lambda item: -item[1][2]):
         low, high = 100 * min(shares), 100 * max(shares)
-        print(
-            f"| {op} | {count:.0f} | {count / layers:.2f} | {ms:.3f} | {100 * np.median(shares):.1f}% "
-            f"| {low:.1f}-{high:.1f}% |"
-        )
-    products = result["products"]
+        print(f"| {op} | {count:.0f} | {count / layers:.2f} | {ms:.3f} | {100 * share:.1f}% | {low:.1f}-{high:.1f}% |")
+    products, in_kernels = result["products"], result["in_kernels"]
     print(
-        f"weight products {100 * np.median(products):.1f}% of the kernels ({100 * min(products):.1f}-"
-        f"{100 * max(products):.1f}%); kernels' sum {100 * kernels / step:.0f}% of the profiled step; "
-        f"{sum(c for c, _, _ in rows.values()):.0f} kernels a step"
+        f"weight products (LM head included) {100 * np.median(products):.1f}% of the kernels "
+        f"({100 * min(products):.1f}-{100 * max(products):.1f}%); the kernels' sum "
+        f"{100 * np.median(in_kernels):.0f}% of onnxruntime's run ({100 * min(in_kernels):.0f}-"
+        f"{100 * max(in_kernels):.0f}%); {sum(row[0] for row in rows.values()):.0f} kernels a step"
     )
 
 
