@@ -170,8 +170,9 @@ def int8_head_nbits(graph, data, block):
         waiting += list(node.input)
     slices = [n for n in graph.node if id(n) in head and n.op_type == "QGemm"]
     if not slices or normed is None:
-        raise SystemExit("int8-head-nbits applies to a package whose LM head is QGemm over int8 rows (a tied int8 head)")
-    rows = np.concatenate([array(n.input[3]) for n in slices])  # [V, C] int8, the order of the Concat
+        raise SystemExit("int8-head-nbits applies to a package whose LM head is QGemm over int8 rows (a tied head)")
+    slices.sort(key=lambda n: int(n.input[3].rsplit(".", 1)[1]))  # the rows' slices are named NAME.0, NAME.1, ...
+    rows = np.concatenate([array(n.input[3]) for n in slices])  # [V, C] int8
     scale = np.concatenate([array(n.input[4]) for n in slices]).astype(np.float32)  # [V]
     vocab, width = rows.shape
     if width % block:

@@ -81,35 +81,33 @@ def op_shares(package: Path, threads: int, options: dict, past: int, steps: int,
     over onnxruntime's run time."""
     head = head_nodes(package / "model.onnx")
     measured = [profile_once(package / "model.onnx", threads, options, past, steps, s, head) for s in range(repeats)]
-    ops = sorted({op for runs, _ in measured for table, _ in runs for op in table})
+    repeats_steps = [[table for table, _ in runs] for runs, _ in measured]  # [repeat][step] op -> (kernels, ms)
+
+    def kernels(table):
+        return sum(ms for _, ms in table.values())
+
+    def medians(share):  # share(table) -> float: (over every step, [per repeat])
+        every = float(np.median([share(t) for tables in repeats_steps for t in tables]))
+        return every, [float(np.median([share(t) for t in tables])) for tables in repeats_steps]
+
     rows = {}
-    for op in ops:
-        counts = [table.get(op, (0, 0.0))[0] for runs, _ in measured for table, _ in runs]
-        times = [table.get(op, (0, 0.0))[1] for runs, _ in measured for table, _ in runs]
-        per_repeat = [
-            float(np.median([table.get(op, (0, 0.0))[1] / sum(ms for _, ms in table.values()) for table, _ in runs]))
-            for runs, _ in measured
-        ]
-        every = [
-            table.get(op, (0, 0.0))[1] / sum(ms for _, ms in table.values()) for runs, _ in measured for table, _ in runs
-        ]
-        rows[op] = (float(np.median(counts)), float(np.median(times)), float(np.median(every)), per_repeat)
+    for op in sorted({op for tables in repeats_steps for table in tables for op in table}):
+        counts = [t.get(op, (0, 0.0))[0] for tables in repeats_steps for t in tables]
+        times = [t.get(op, (0, 0.0))[1] for tables in repeats_steps for t in tables]
+        share, per_repeat = medians(lambda t, op=op: t.get(op, (0, 0.0))[1] / kernels(t))
+        rows[op] = (float(np.median(counts)), float(np.median(times)), share, per_repeat)
 
-    def per_repeat(share_of_step):
-        return [float(np.median([share_of_step(table, run_ms) for table, run_ms in runs])) for runs, _ in measured]
+    def in_products(table):
+        return sum(ms for op, (_, ms) in table.items() if op.removeprefix("LM head ") in PRODUCTS)
 
-    kernels = lambda table: sum(ms for _, ms in table.values())  # noqa: E731
-    products = per_repeat(
-        lambda table, _: sum(ms for op, (_, ms) in table.items() if op.removeprefix("LM head ") in PRODUCTS)
-        / kernels(table)
-    )
+    in_kernels = [float(np.median([kernels(t) / run_ms for t, run_ms in runs])) for runs, _ in measured]
     return {
         "ops": rows,
         "layers": max(1, round(rows.get("GroupQueryAttention", (1,))[0])),
         "step_ms": float(np.median([step for _, step in measured])),
-        "kernels_ms": float(np.median([kernels(table) for runs, _ in measured for table, _ in runs])),
-        "products": products,
-        "in_kernels": per_repeat(lambda table, run_ms: kernels(table) / run_ms),
+        "kernels_ms": float(np.median([kernels(t) for tables in repeats_steps for t in tables])),
+        "products": medians(lambda t: in_products(t) / kernels(t))[1],
+        "in_kernels": in_kernels,
     }
 
 
