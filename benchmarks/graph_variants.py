@@ -15,8 +15,9 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   their block sums as a ReduceSum over each block instead of an Einsum (onnxruntime 1.22.0 cannot run a
   ReduceSum over zero rows).
 - rotary-in-attention: GroupQueryAttention rotates Q and K itself (do_rotary, packed Q/K/V, the package's tables
-  and position ids): 3 nodes fewer a layer. Batch 1 is exact; onnxruntime's CPU kernel gives a left-padded
-  batch's prompt the wrong positions, which is why the exporter does not do this.
+  and position ids): 3 nodes fewer a layer. Batch 1 is exact, and so is a left-padded batch's prompt pass; but
+  onnxruntime's CPU kernel (1.32.0) gives a batch of rows decoding over the in-place cache other logits, every row
+  (a growing cache is right), which is why the exporter does not do this.
 - int8-head-nbits: a tied int8 LM head (QGemm slices over the token rows, each row's activations scaled by its
   largest value) as one MatMulNBits, bits 8, in blocks of --block inputs (default 32), accuracy_level 4. The
   weights are the package's own int8 rows, unchanged (each block keeps its row's scale); the activations are
