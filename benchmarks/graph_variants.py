@@ -15,8 +15,20 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   their block sums as a ReduceSum over each block instead of an Einsum (onnxruntime 1.22.0 cannot run a
   ReduceSum over zero rows).
 - rotary-in-attention: GroupQueryAttention rotates Q and K itself (do_rotary, packed Q/K/V, the package's tables
-  and position ids): 3 nodes fewer a layer. Batch 1 is exact; onnxruntime's CPU kernel gives a left-padded
-  batch's prompt the wrong positions, which is why the exporter does not do this.
+  and position ids): 3 nodes fewer a layer. Batch 1 is exact, and so is a left-padded batch's prompt pass; but
+  onnxruntime's CPU kernel (1.32.0) gives a batch of rows decoding over the in-place cache other logits, every row
+  (a growing cache is right), which is why the exporter does not do this.
+- int8-head-nbits: a tied int8 LM head (QGemm slices over the token rows, each row's activations scaled by its
+  largest value) as one MatMulNBits, bits 8, in blocks of --block inputs (default 32), accuracy_level 4. The
+  weights are the package's own int8 rows, unchanged (each block keeps its row's scale); the activations are
+  quantized per row and block instead of per row. 10-13 nodes fewer; the codes go to variant.data (the token
+  rows stay in model.onnx.data for the lookup).
+- no-attention-bias: GroupQueryAttention without the attention bias, and the nodes that make it (about a dozen
+  small ops a step, not a layer): its own causal mask from the cache lengths is all a row without padding needs.
+  Exact for one row; a left-padded batch would attend to its padding, so this measures the bias's cost only.
+- nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
+  codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
+  int8 codes rounds twice, so its tokens are not the export's at that block).
 
 OUT is a measuring copy, not a package to ship: its manifest records the new files' checksums, nothing else.
 """
@@ -69,7 +81,8 @@ def kv_float16(graph):
     return nodes, [lowest]
 
 
-def int8_nbits(graph, data, block):
+def reader(graph, data):
+    """name -> the initializer's array, external ones read from `data` (the package's model.onnx.data bytes)."""
     initializers = {t.name: t for t in graph.initializer}
 
     def array(name):
@@ -81,7 +94,35 @@ def int8_nbits(graph, data, block):
         count = int(where["length"]) // np.dtype(dtype).itemsize
         return np.frombuffer(data, dtype, count, int(where["offset"])).reshape(tensor.dims)
 
-    nodes, added, chunks, offset = [], [], [], 0
+    return array
+
+
+class VariantData:
+    """New initializers, stored as external data in variant.data (64-byte aligned) beside the package's own."""
+
+    def __init__(self):
+        self.tensors, self.chunks, self.offset = [], [], 0
+
+    def add(self, name, values) -> str:
+        tensor = numpy_helper.from_array(np.ascontiguousarray(values), name)
+        raw = tensor.raw_data
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "variant.data"), ("offset", str(self.offset)), ("length", str(len(raw)))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.chunks.append(raw + b"\0" * (-len(raw) % 64))
+        self.offset += len(self.chunks[-1])
+        self.tensors.append(tensor)
+        return name
+
+    def bytes(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def int8_nbits(graph, data, block):
+    array, stored = reader(graph, data), VariantData()
+    nodes = []
     for node in graph.node:
         if node.op_type != "DynamicQuantizeMatMul":
             nodes.append(node)
@@ -92,19 +133,10 @@ def int8_nbits(graph, data, block):
         scale = np.abs(blocks).max(axis=-1) / 127
         scale[scale == 0] = 1
         q = (np.clip(np.rint(blocks / scale[..., None]), -128, 127) + 128).astype(np.uint8)
-        names = []
-        for suffix, values in (("nbits", q), ("nbits_scale", scale.astype(np.float32).reshape(-1))):
-            tensor = numpy_helper.from_array(np.ascontiguousarray(values), f"{node.input[1]}.{suffix}")
-            raw = tensor.raw_data
-            tensor.ClearField("raw_data")
-            tensor.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", "variant.data"), ("offset", str(offset)), ("length", str(len(raw)))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-            chunks.append(raw + b"\0" * (-len(raw) % 64))
-            offset += len(chunks[-1])
-            added.append(tensor)
-            names.append(tensor.name)
+        names = [
+            stored.add(f"{node.input[1]}.{suffix}", values)
+            for suffix, values in (("nbits", q), ("nbits_scale", scale.astype(np.float32).reshape(-1)))
+        ]
         inputs = [node.input[0], *names] + (["", "", node.input[4]] if len(node.input) > 4 and node.input[4] else [])
         nodes.append(
             helper.make_node(
@@ -119,7 +151,64 @@ def int8_nbits(graph, data, block):
                 accuracy_level=4,
             )
         )
-    return nodes, added, b"".join(chunks)
+    return nodes, stored.tensors, stored.bytes()
+
+
+def int8_head_nbits(graph, data, block):
+    """The tied int8 head's subgraph (from the final norm's output to `logits`: Reshape, the per-row scaling,
+    QGemm slices, Mul, Reshape, Concat) as one MatMulNBits over the same int8 rows: [B, K, C] -> [B, K, V]."""
+    array, stored = reader(graph, data), VariantData()
+    producer = {out: node for node in graph.node for out in node.output}
+    head, waiting, normed = {}, ["logits"], None
+    while waiting:  # every node between the final norm and the logits
+        node = producer.get(waiting.pop())
+        if node is None or id(node) in head:
+            continue
+        if node.op_type.endswith("Normalization"):
+            normed = node.output[0]
+            continue
+        head[id(node)] = node
+        waiting += list(node.input)
+    slices = [n for n in graph.node if id(n) in head and n.op_type == "QGemm"]
+    if not slices or normed is None:
+        raise SystemExit("int8-head-nbits applies to a package whose LM head is QGemm over int8 rows (a tied head)")
+    slices.sort(key=lambda n: int(n.input[3].rsplit(".", 1)[1]))  # the rows' slices are named NAME.0, NAME.1, ...
+    rows = np.concatenate([array(n.input[3]) for n in slices])  # [V, C] int8
+    scale = np.concatenate([array(n.input[4]) for n in slices]).astype(np.float32)  # [V]
+    vocab, width = rows.shape
+    if width % block:
+        raise SystemExit(f"--block {block} does not divide the head's {width} inputs")
+    codes = (rows.astype(np.int16) + 128).astype(np.uint8).reshape(vocab, width // block, block)
+    scales = np.repeat(scale[:, None], width // block, axis=1)  # [V, nb]: each block keeps its row's scale
+    names = [stored.add("lm_head.nbits", codes), stored.add("lm_head.nbits_scale", scales)]
+    attributes = dict(K=width, N=vocab, bits=8, block_size=block, accuracy_level=4)
+    matmul = helper.make_node("MatMulNBits", [normed, *names], ["logits"], domain=MS, name="lm_head", **attributes)
+    return [n for n in graph.node if id(n) not in head] + [matmul], stored.tensors, stored.bytes()
+
+
+def nbits(graph, data, block, accuracy_level):
+    """Every MatMulNBits at accuracy_level; the 8-bit ones requantized to `block` (None: as they are)."""
+    from edgelm.export.int4 import quantize_blocks
+
+    array, stored = reader(graph, data), VariantData()
+    for node in graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attributes["accuracy_level"] = accuracy_level
+        if block and attributes["bits"] == 8 and block != attributes["block_size"]:
+            if len(node.input) > 3 and node.input[3]:
+                raise SystemExit(f"{node.name}: 8-bit weights with zero points; --block requantizes symmetric ones")
+            codes = array(node.input[1]).astype(np.float32) - 128  # [N, nb, B], zero point 128
+            scale = array(node.input[2]).astype(np.float32).reshape(codes.shape[0], -1, 1)
+            weight = (codes * scale).reshape(codes.shape[0], -1)[:, : attributes["K"]]  # [N, K]
+            w = quantize_blocks(weight, block, "rtn", 8)
+            node.input[1] = stored.add(f"{node.input[1]}.block{block}", w.packed)
+            node.input[2] = stored.add(f"{node.input[2]}.block{block}", w.scale.astype(np.float32))
+            attributes["block_size"] = block
+        del node.attribute[:]
+        node.attribute.extend(helper.make_attribute(k, v) for k, v in attributes.items())
+    return list(graph.node), stored.tensors, stored.bytes()
 
 
 def block_sums_reducesum(graph):
@@ -148,6 +237,26 @@ def rotary_in_attention(graph):
     return [n for n in graph.node if id(n) not in dropped], []
 
 
+def no_attention_bias(graph):
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention" and len(node.input) > 10:
+            node.input[10] = ""
+            while node.input and not node.input[-1]:
+                del node.input[-1]
+    return live(graph, list(graph.node)), []
+
+
+def live(graph, nodes):
+    """The nodes whose outputs something reads: a graph output, or a node that is itself live."""
+    wanted = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(in_order(graph, nodes)):
+        if wanted & set(node.output):
+            kept.append(node)
+            wanted |= set(node.input)
+    return kept[::-1]
+
+
 def in_order(graph, nodes):
     """The nodes sorted so each comes after what it reads (the rewrites append Casts out of place)."""
     ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
@@ -164,33 +273,59 @@ def in_order(graph, nodes):
     return ordered
 
 
+VARIANTS = (
+    "kv-float16",
+    "int8-nbits",
+    "rotary-in-attention",
+    "block-sums-reducesum",
+    "int8-head-nbits",
+    "nbits",
+    "no-attention-bias",
+)
+REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits")  # the variants that read the package's weights
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("package", type=Path)
     parser.add_argument("out", type=Path)
+    parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument(
-        "--variant", choices=("kv-float16", "int8-nbits", "rotary-in-attention", "block-sums-reducesum"), required=True
+        "--block", type=int, help="inputs per scale: int8-nbits (default 64), int8-head-nbits (32), nbits (as stored)"
     )
-    parser.add_argument("--block", type=int, default=64, help="int8-nbits: inputs per scale")
+    parser.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4), help="nbits: the level")
     args = parser.parse_args()
     model = onnx.load(str(args.package / "model.onnx"), load_external_data=False)
     graph = model.graph
     ops = {node.op_type for node in graph.node}
-    needs = {"kv-float16": "RotaryEmbedding", "rotary-in-attention": "RotaryEmbedding"}.get(args.variant)
-    if needs and needs not in ops or args.variant == "int8-nbits" and "DynamicQuantizeMatMul" not in ops:
-        raise SystemExit(
-            f"{args.package} is not a graph {args.variant} applies to (a Llama-family package; int8 for int8-nbits)"
-        )
+    needs = {
+        "kv-float16": "RotaryEmbedding",
+        "rotary-in-attention": "RotaryEmbedding",
+        "int8-nbits": "DynamicQuantizeMatMul",
+        "int8-head-nbits": "QGemm",
+        "nbits": "MatMulNBits",
+        "no-attention-bias": "GroupQueryAttention",
+    }.get(args.variant)
+    if needs and needs not in ops:
+        raise SystemExit(f"{args.package} is not a graph {args.variant} applies to (it has no {needs})")
+    data = (args.package / "model.onnx.data").read_bytes() if args.variant in REWEIGHED else b""
+    extra = None
     if args.variant == "kv-float16":
         nodes, added = kv_float16(graph)
     elif args.variant == "int8-nbits":
-        nodes, added, extra = int8_nbits(graph, (args.package / "model.onnx.data").read_bytes(), args.block)
+        nodes, added, extra = int8_nbits(graph, data, args.block or 64)
+    elif args.variant == "int8-head-nbits":
+        nodes, added, extra = int8_head_nbits(graph, data, args.block or 32)
+    elif args.variant == "nbits":
+        nodes, added, extra = nbits(graph, data, args.block, args.accuracy_level)
+    elif args.variant == "no-attention-bias":
+        nodes, added = no_attention_bias(graph)
     elif args.variant == "block-sums-reducesum":
         nodes, added = block_sums_reducesum(graph)
     else:
         nodes, added = rotary_in_attention(graph)
     shutil.copytree(args.package, args.out)
-    if args.variant == "int8-nbits":
+    if extra:
         (args.out / "variant.data").write_bytes(extra)
     graph.initializer.extend(added)
     del graph.value_info[:]  # the export's inferred types: some no longer hold

@@ -6,10 +6,11 @@ The same contract as GPT-2's (docs/package-format.md, "Llama and Qwen2"): the sa
 Qwen2's biases), rotary embeddings on Q and K, grouped-query attention, RMSNorm with the residual add, and a
 SwiGLU MLP (gate and up from one packed product).
 
-Why rotary outside GroupQueryAttention: its own rotary (do_rotary) takes each row's positions from
-seqlens_k, but the runtime left-pads a batch and every row holds P + T cache positions (graph/attention.py
-cache_lengths), so a padded row's positions would be off by its padding. com.microsoft RotaryEmbedding reads the
-position_ids input instead, which counts real tokens only (transformers' rule), from cos/sin tables baked here.
+Why rotary outside GroupQueryAttention: the runtime left-pads a batch and every row holds P + T cache positions
+(graph/attention.py cache_lengths), so positions must come from position_ids, which counts real tokens only
+(transformers' rule). com.microsoft RotaryEmbedding reads them, from cos/sin tables baked here. GroupQueryAttention's
+own rotary (do_rotary) takes them too, but its CPU kernel gives a batch of rows decoding over the in-place cache
+other logits (onnxruntime 1.32.0; one row is exact: benchmarks/graph_variants.py rotary-in-attention).
 """
 
 from functools import partial
