@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .batching import package_prefix
 from .batching.batch import MAX_BATCH_TOKENS, Batch, Stream
 from .batching.prefix_cache import PrefixCache, cache_bytes
 from .batching.prefix_store import DISK_DEFAULT_MB, disk_store
@@ -86,6 +87,7 @@ class Model:
             graph_file=package.model_file,
             prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK, disk) if prefix_cache_bytes else None,
         )
+        package_prefix.seed(self.engine, package)  # the package's prompt cache, where it has one
         defaults_file = package.folder / GENERATION_CONFIG
         self.defaults = generation_defaults(package.generation_defaults, package.arch, defaults_file)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
