@@ -149,7 +149,8 @@ class PrefixCache:
 
     def stats(self) -> dict:
         """What the cache holds and has saved, for a server's /health: its bound and the bytes stored (of key/value
-        rows), the blocks of `chunk` tokens, and the prompt tokens whose rows were copied in instead of computed."""
+        rows), the blocks of `chunk` tokens, the prompt tokens whose rows were copied in instead of computed, and the
+        tokens of the pinned blocks (a package's prompt cache)."""
         with self._lock:
             return {
                 "max_bytes": self.max_bytes,
