@@ -234,7 +234,7 @@ def _plan(model, output, quantize, force, revision, kv_cache, validate, name, ch
         raise ExportError("system_prompt must be the system prompt's text (a non-empty string).")
     if tools is not None:
         if system_prompt is None:
-            raise ExportError("tools are stored with a system prompt's cache: give system_prompt (--system-prompt) too.")
+            raise ExportError("tools are stored with a system prompt's cache: give system_prompt (--system-prompt).")
         check_tools(tools)
     return ExportPlan(model, output, package_name, quantize, kv_cache, validate, force, revision, chat_template, text,
                       eval_tokens, int4, system_prompt, tools)  # fmt: skip

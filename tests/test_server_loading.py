@@ -70,7 +70,8 @@ def test_health_says_loading_until_the_model_can_answer(tiny_package, tmp_path):
         models = client.get("http://localhost/v1/models")
         assert models.status_code == 503 and models.headers["retry-after"] == "1"
         assert models.json()["error"]["code"] == "model_loading"
-        chat = client.post("http://localhost/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+        body = {"messages": [{"role": "user", "content": "Hi"}]}
+        chat = client.post("http://localhost/v1/chat/completions", json=body)
         assert chat.status_code == 503 and "loading" in chat.json()["error"]["message"]
         assert nothing_on_stdout(server)  # no ready line while it cannot answer
         release.touch()

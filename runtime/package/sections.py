@@ -214,8 +214,8 @@ class PromptCacheRecord:
         if tokens % chunk:
             raise FormatError(f"{where}.tokens ({tokens}) must be a multiple of {where}.chunk ({chunk})")
         return cls(
-            _get(where, data, "file", file_name), tokens, shared, chunk, _get(where, data, "system_prompt_sha256", _sha256),
-            tuple(tools), _get(where, data, "tools_sha256", lambda w, v: None if v is None else _sha256(w, v), None),
+            _get(where, data, "file", file_name), tokens, shared, chunk,
+            _get(where, data, "system_prompt_sha256", _sha256), tuple(tools), _get(where, data, "tools_sha256", lambda w, v: None if v is None else _sha256(w, v), None),
         )  # fmt: skip
 
     def to_dict(self) -> dict:
