@@ -131,6 +131,21 @@ def test_a_cache_of_another_graph_is_refused(tiny_package, tiny_package_int8, tm
         rt.load(folder)
 
 
+def test_a_package_gets_another_system_prompt_in_place_of_its_own(tiny_package, tmp_path):
+    from edgelm.export import add_prompt_cache as public
+
+    folder, first = with_cache(tiny_package, tmp_path)
+    other = "Answer in French, always, and briefly."
+    second = public(folder, other)
+    assert second.system_prompt_sha256 != first.system_prompt_sha256
+    model = rt.load(folder, verify="full")
+    assert model.package.manifest.prompt_cache == second
+    conversation = [{"role": "system", "content": other}, {"role": "user", "content": "Hi"}]
+    expected = rt.load(tiny_package).chat(conversation, max_new_tokens=4, do_sample=False).token_ids
+    assert model.chat(conversation, max_new_tokens=4, do_sample=False).token_ids == expected
+    assert model.engine.prefix_cache.reused_tokens == second.tokens
+
+
 def test_a_system_prompt_too_short_for_one_pass_is_refused(tiny_package, tmp_path):
     with pytest.raises(ExportError, match="needs a longer system prompt"):
         with_cache(tiny_package, tmp_path, system="Hi")
