@@ -104,6 +104,20 @@ def test_the_server_chat_starts_from_the_package_cache(tiny_package, tmp_path):
         server.stop()
 
 
+def test_edgelm_chat_with_the_system_prompt_starts_from_the_package_cache(tiny_package, tmp_path, monkeypatch):
+    from edgelm.runtime.batching.prefix_cache import PrefixCache
+
+    folder, record = with_cache(tiny_package, tmp_path)
+    restored, restore = [], PrefixCache.restore
+    monkeypatch.setattr(PrefixCache, "restore", lambda self, *a: restored.append(restore(self, *a)) or restored[-1])
+    options = ["--system", SYSTEM, "--max-new-tokens", "4", "--greedy"]
+    warm = CliRunner().invoke(main, ["chat", "-m", str(folder), *options], input="Hi\n")
+    assert warm.exit_code == 0, warm.output
+    assert restored == [record.tokens]
+    cold = CliRunner().invoke(main, ["chat", "-m", str(tiny_package), *options], input="Hi\n")
+    assert cold.stdout == warm.stdout and restored[1:] == [0]  # the CLI's own prefix cache, empty
+
+
 def test_the_file_is_verified_as_every_package_file_is(tiny_package, tmp_path):
     folder, record = with_cache(tiny_package, tmp_path)
     path = folder / record.file
