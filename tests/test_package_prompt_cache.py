@@ -3,6 +3,7 @@ from the rows stored in the package, with the same bits as a cold prefill (fp32,
 the file is listed in the manifest, verified like every other file, and shown by `edgelm info`."""
 
 import json
+import re
 import shutil
 
 import edgelm.runtime as rt
@@ -158,6 +159,26 @@ def test_a_package_gets_another_system_prompt_in_place_of_its_own(tiny_package, 
     expected = rt.load(tiny_package).chat(conversation, max_new_tokens=4, do_sample=False).token_ids
     assert model.chat(conversation, max_new_tokens=4, do_sample=False).token_ids == expected
     assert model.engine.prefix_cache.reused_tokens == second.tokens
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c, m: c.update(tokens=c["tokens"] + 1), "prompt_cache.tokens (33) must be a multiple of"),
+        (lambda c, m: c.update(file="../prompt_cache.kv"), "prompt_cache.file must be a plain file name"),
+        (lambda c, m: m["files"].pop(c["file"]), "files does not list 'prompt_cache.kv' (prompt_cache.file)"),
+        (lambda c, m: c.update(system_prompt_sha256="x"), "prompt_cache.system_prompt_sha256 must be 64"),
+        (lambda c, m: c.update(tools="get_time"), "prompt_cache.tools must be a list"),
+    ],
+)
+def test_a_damaged_prompt_cache_section_is_refused_naming_its_field(tiny_package, tmp_path, change, message):
+    folder, record = with_cache(tiny_package, tmp_path)
+    assert record.tokens == 32
+    manifest = json.loads((folder / "manifest.json").read_text())
+    change(manifest["prompt_cache"], manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PackageError, match=re.escape("manifest.json: " + message)):
+        rt.load(folder)
 
 
 def test_a_system_prompt_too_short_for_one_pass_is_refused(tiny_package, tmp_path):
