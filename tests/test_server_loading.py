@@ -86,14 +86,15 @@ def test_health_says_loading_until_the_model_can_answer(tiny_package, tmp_path):
 
 
 def test_a_load_that_fails_stops_the_server_with_its_one_line(tmp_path):
-    release = tmp_path / "release"
+    release, folder = tmp_path / "release", tmp_path / "not-a-package"
     release.touch()
-    server = spawn(release, "-m", str(tmp_path / "no-such-package"), "--port", "0")
+    folder.mkdir()
+    server = spawn(release, "-m", str(folder), "--port", "0")
     try:
         output, errors = server.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         stop(server)
         pytest.fail("the server did not stop after its load failed")
     assert server.returncode == 1 and "Traceback" not in errors
-    assert errors.rstrip().splitlines()[-1].startswith("Error: no model package at"), errors
+    assert errors.rstrip().splitlines()[-1].startswith(f"Error: {folder} is not a model package"), errors
     assert output == ""  # never ready

@@ -237,6 +237,7 @@ def serve(
             f"edgelm serve needs the server extra ({error.name} is missing): {install_hint('server')}"
         ) from None
     from .. import model as model_module
+    from ..store.local import resolve_package
 
     if any(not name.strip() for name in model_names):
         raise click.BadParameter("a model name must not be empty", param_hint="--model-name")
@@ -244,6 +245,7 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if threads is None and device != "cuda" and max_batch == 0:
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
+    package = resolve_package(package)  # a name that is not there fails now, before the socket listens
     gate = Gate(read_timeout)  # the socket listens while the model loads: /health says "loading" (server/loading.py)
 
     def load():
