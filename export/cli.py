@@ -108,7 +108,8 @@ INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
     "--system-prompt",
     type=click.Path(dir_okay=False),
     help="A UTF-8 text file: the system prompt whose conversation start (rendered by the package's chat template) "
-    "is prefilled at export and stored in the package (prompt_cache.kv), so that chats with it start warm (docs/apps.md).",
+    "is prefilled at export and stored in the package (prompt_cache.kv), so that chats with it start warm "
+    "(docs/apps.md).",
 )
 @click.option(
     "--tools",
