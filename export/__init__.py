@@ -3,6 +3,7 @@
     from edgelm.export import export_model
     export_model("distilgpt2", "models/distilgpt2-int8", quantize="int8")
     export_model("distilgpt2", "models/distilgpt2-int4", quantize="int4", int4=Int4Options(block_size=32))
+    add_prompt_cache("models/distilgpt2-int8", system_prompt)  # a system prompt's start, prefilled, in the package
 
 The stages (stages.py) read the checkpoint (checkpoint.py, load.py, checkpoint_files.py), ask its architecture
 family (families/) to build the decoder from the graph kit (graph/), quantize (quantize.py, int4.py, gptq.py,
@@ -19,6 +20,7 @@ _NAMES = {
     "ExportError": "errors",
     "ParityError": "errors",
     "Int4Options": "int4",
+    "add_prompt_cache": "prompt_cache",
 }
 __all__ = sorted(_NAMES)
 

@@ -104,28 +104,47 @@ INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
     show_default=True,
     help=f"Tokens of the evaluation text the quality report measures (at least {MIN_EVAL_TOKENS}; the text must hold them).",
 )
+@click.option(
+    "--system-prompt",
+    type=click.Path(dir_okay=False),
+    help="A UTF-8 text file: the system prompt whose conversation start (rendered by the package's chat template) "
+    "is prefilled at export and stored in the package (prompt_cache.kv), so that chats with it start warm "
+    "(docs/apps.md).",
+)
+@click.option(
+    "--tools",
+    "tools_path",
+    type=click.Path(dir_okay=False),
+    help="With --system-prompt: a JSON list of OpenAI function tools rendered with it into the stored start.",
+)
 def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache, revision, random_weights, seed,
-           force, validate, name, chat_template, eval_text, eval_tokens):  # fmt: skip
+           force, validate, name, chat_template, eval_text, eval_tokens, system_prompt, tools_path):  # fmt: skip
     """Turn MODEL (a Hugging Face hub id such as distilgpt2, or a local folder) into a validated model package.
 
     Stages: load, export, optimize, quantize (with --quantize), validate against PyTorch (unless --no-validate), save.
     A quantized package's quality report (KL, top-1, greedy agreement, perplexity) measures --eval-tokens tokens of
     --eval-text; edgelm info shows it, edgelm verify --quality measures it again on any text.
+    With --system-prompt (and --tools), a last stage stores the prefilled start of every chat with that system prompt.
     """
     if eval_text is not None:
         try:
             EvalText.read(eval_text)  # the file's faults before the checkpoint is read; its length once it is
         except EdgelmError as error:
             raise click.BadParameter(str(error), param_hint="--eval-text") from None
+    if tools_path is not None and system_prompt is None:
+        raise click.UsageError("--tools goes with --system-prompt: the tools are stored with its conversation start.")
     try:
         from rich.console import Console
 
+        from .prompt_cache import read_system_prompt, read_tools
         from .stages import default_output, export_model
     except ImportError as error:
         raise click.ClickException(
             f"edgelm export needs the export extra ({error.name} is missing): {install_hint('export')}"
         ) from None
     int4 = _int4_options(quantize, int4_block, int4_method, int4_head)
+    system_text = _read_option(read_system_prompt, system_prompt, "--system-prompt")  # before any work
+    tools = _read_option(read_tools, tools_path, "--tools")
     console = Console(stderr=True, highlight=False)
     started = {}
 
@@ -166,6 +185,8 @@ def export(model, output, quantize, int4_block, int4_method, int4_head, kv_cache
                 eval_text=eval_text,
                 eval_tokens=eval_tokens,
                 int4=int4,
+                system_prompt=system_text,
+                tools=tools,
             )
     except EdgelmError as error:  # a stage's unforeseen failure too: StageError names it and what to do
         raise click.ClickException(str(error)) from None
@@ -207,6 +228,16 @@ def _quality_lines(package_folder) -> list:
         return []
     start = next((i for i, line in enumerate(described) if line.startswith("  eval text")), len(described))
     return [line for line in described[start:] if not line.startswith("  made with")]
+
+
+def _read_option(read, path, hint: str):
+    """What `read(path)` makes of an option's file (None without one), its fault as the option's error."""
+    if path is None:
+        return None
+    try:
+        return read(path)
+    except EdgelmError as error:
+        raise click.BadParameter(str(error), param_hint=hint) from None
 
 
 def _read_template(file) -> str | None:

@@ -2,6 +2,7 @@
 `Converter.convert`), each one function below:
 
     load -> convert (export, optimize) -> quantize (optional) -> validate (optional) -> save
+         -> cache (with a system prompt: its prefilled rows stored in the package, export/prompt_cache.py)
 
 The options are checked once, before any work (`ExportPlan`). Each stage reports to an optional
 `progress(stage, event, detail)` callback: event "start", "step" (the long stages' progress within themselves)
@@ -38,6 +39,7 @@ from .graph.contract import OPSET
 from .int4 import Int4Options
 from .load import load_checkpoint
 from .manifest import graph_section, tool_versions
+from .prompt_cache import add_prompt_cache, check_tools
 from .quantize import INT8_RECIPES, RECIPES, recipe_description
 from .weights_file import split_weights
 from .writer import PackageWriter, check_destination, refuse_existing, sweep_partials
@@ -45,7 +47,7 @@ from .writer import PackageWriter, check_destination, refuse_existing, sweep_par
 # The evaluation text a quantized package's quality report measures unless given another: package data.
 DEFAULT_EVAL_TEXT = Path(__file__).resolve().parent / "data" / "persuasion-chapters-1-4.txt"
 NOT_VALIDATED = "exported with --no-validate (validate=False): no comparison against PyTorch was made"
-STAGES = ("load", "export", "optimize", "quantize", "validate", "save")
+STAGES = ("load", "export", "optimize", "quantize", "validate", "save")  # "cache" follows with a system prompt
 # What to do when a stage fails in a way it did not foresee (StageError).
 REPORT = "please report it with the checkpoint's config.json and the command"
 ADVICE = {
@@ -56,6 +58,7 @@ ADVICE = {
     "quantize": REPORT + "; another --quantize recipe or --int4-* option may export",
     "validate": REPORT + "; --no-validate writes the package without this comparison",
     "save": "check the output folder's disk space and permissions and export again, or " + REPORT,
+    "cache": "the package is in place without its prompt cache; " + REPORT,
 }
 
 
@@ -81,6 +84,8 @@ class ExportPlan:
     text: EvalText | None  # the evaluation text a quantized, validated export measures
     eval_tokens: int
     int4: Int4Options | None
+    system_prompt: str | None = None  # the text whose conversation start is prefilled and stored (prompt cache)
+    tools: list | None = None  # OpenAI function tools rendered with it
 
     @property
     def needs_reference(self) -> bool:
@@ -165,6 +170,8 @@ def export_model(
     eval_text=None,
     eval_tokens: int = DEFAULT_EVAL_TOKENS,
     int4: Int4Options | None = None,
+    system_prompt: str | None = None,
+    tools: list | None = None,
 ) -> ExportResult:
     """Export a checkpoint of a family edgelm exports (hub id or local folder; export/families/) to a validated
     model package.
@@ -181,11 +188,15 @@ def export_model(
     int4 (with quantize="int4"): block size, rounding method and the head's bits (export/int4.py; default
     Int4Options()).
 
+    system_prompt (text), with tools (a list of OpenAI function tools) or not: the conversation start they render
+    to through the package's chat template is prefilled once and stored in the package (export/prompt_cache.py),
+    so that a chat with that system prompt starts from it.
+
     progress(stage, event, detail) hears each stage start, its steps where it is long, and its end (module
     docstring). Raises ExportError (runtime/errors.py's EdgelmError), StageError where a stage failed in a way it
     did not foresee."""
     plan = _plan(model, output, quantize, force, revision, kv_cache, validate, name, chat_template, eval_text,
-                 eval_tokens, int4)  # fmt: skip
+                 eval_tokens, int4, system_prompt, tools)  # fmt: skip
     stages = Progress(progress)
     sweep_partials(plan.output)  # first, so a package a stopped export had moved aside is back before the checks
     refuse_existing(plan.output, plan.force)
@@ -195,11 +206,13 @@ def export_model(
         shipped = _quantize(plan, loaded, fp32_graph, stages)  # what is written: model.onnx and model.onnx.data
         validation = _validate(plan, loaded, shipped, fp32_graph, stages)
         manifest = _save(plan, loaded, shipped, validation, stages)
+        if plan.system_prompt is not None:
+            manifest = _cache(plan, stages)
     return ExportResult(plan.output, manifest)
 
 
 def _plan(model, output, quantize, force, revision, kv_cache, validate, name, chat_template, eval_text, eval_tokens,
-          int4) -> ExportPlan:  # fmt: skip
+          int4, system_prompt=None, tools=None) -> ExportPlan:  # fmt: skip
     """export_model's options, checked: ExportError naming the first one that cannot be used."""
     if quantize not in RECIPES:
         raise ExportError(f"unknown quantization {quantize!r}; choose one of {', '.join(RECIPES)}.")
@@ -217,8 +230,14 @@ def _plan(model, output, quantize, force, revision, kv_cache, validate, name, ch
         output = Path("models") / check_name(name) if name is not None else default_output(model, quantize, kv_cache)
     output = Path(output)
     package_name = output.name if name is None else check_name(name)  # the model id servers answer to, the store name
+    if system_prompt is not None and (not isinstance(system_prompt, str) or not system_prompt.strip()):
+        raise ExportError("system_prompt must be the system prompt's text (a non-empty string).")
+    if tools is not None:
+        if system_prompt is None:
+            raise ExportError("tools are stored with a system prompt's cache: give system_prompt (--system-prompt).")
+        check_tools(tools)
     return ExportPlan(model, output, package_name, quantize, kv_cache, validate, force, revision, chat_template, text,
-                      eval_tokens, int4)  # fmt: skip
+                      eval_tokens, int4, system_prompt, tools)  # fmt: skip
 
 
 def default_output(model: str, quantize: str, kv_cache: str = "float32") -> Path:
@@ -350,6 +369,14 @@ def _save(plan: ExportPlan, loaded: Loaded, shipped, validation: Validation, sta
     open_package(plan.output, verify="full")
     stages.done(f"{sum(f['size'] for f in manifest['files'].values()) / 1e6:.1f} MB")
     return manifest
+
+
+def _cache(plan: ExportPlan, stages: Progress) -> dict:
+    """Stage 7 (with a system prompt): its conversation start prefilled and stored in the package just written."""
+    stages.start("cache", "prefilling the system prompt's conversation start")
+    record = add_prompt_cache(plan.output, plan.system_prompt, plan.tools)
+    stages.done(f"{record.tokens:,} of {record.shared_tokens:,} shared tokens in {record.file}")
+    return open_package(plan.output, verify=False).manifest.to_dict()
 
 
 def _eval_text(path, eval_tokens, quantize: str, validate: bool):

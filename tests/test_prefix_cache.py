@@ -145,7 +145,7 @@ def test_a_bad_prefix_cache_size_is_refused_before_the_package_is_read(tmp_path,
     assert error.value.param == "prefix_cache_mb"
 
 
-def test_serve_and_chat_pass_the_size_and_refuse_a_negative_one(monkeypatch):
+def test_serve_and_chat_pass_the_size_and_refuse_a_negative_one(monkeypatch, tmp_path):
     from edgelm.runtime import model as model_module
     from edgelm.runtime.cli.main import main
 
@@ -156,9 +156,10 @@ def test_serve_and_chat_pass_the_size_and_refuse_a_negative_one(monkeypatch):
         raise EdgelmError("stop here")
 
     monkeypatch.setattr(model_module, "load", refuse)
+    folder = str(tmp_path)  # a folder: serve resolves the package before it listens, and load() is refused
     for command in ("serve", "chat"):
-        assert "stop here" in CliRunner().invoke(main, [command, "-m", "x", "--prefix-cache-mb", "0"]).output
-        assert "stop here" in CliRunner().invoke(main, [command, "-m", "x"]).output
-        result = CliRunner().invoke(main, [command, "-m", "x", "--prefix-cache-mb", "-1"])
+        assert "stop here" in CliRunner().invoke(main, [command, "-m", folder, "--prefix-cache-mb", "0"]).output
+        assert "stop here" in CliRunner().invoke(main, [command, "-m", folder]).output
+        result = CliRunner().invoke(main, [command, "-m", folder, "--prefix-cache-mb", "-1"])
         assert result.exit_code == 2 and "--prefix-cache-mb" in result.output
     assert asked == [0, 64, 0, 64]

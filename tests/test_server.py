@@ -466,7 +466,8 @@ def test_health_shows_what_the_prefix_cache_holds_and_has_saved(tiny_package, mo
     try:
         assert plain.health()["prefix_cache"] is None
         empty = cached.health()["prefix_cache"]
-        assert empty == {"max_bytes": 1 << 20, "bytes": 0, "blocks": 0, "chunk_tokens": 16, "reused_tokens": 0}
+        assert empty == {"max_bytes": 1 << 20, "bytes": 0, "blocks": 0, "chunk_tokens": 16, "reused_tokens": 0,
+                         "pinned_tokens": 0}
         prompt = list(range(100, 140))  # 40 token ids: two whole chunks kept, reused by the same prompt again
         answers = [
             complete(cached, {"prompt": prompt, "max_tokens": 3, "temperature": 0}).json()["choices"][0]["text"]

@@ -15,12 +15,16 @@ The blocks form a trie: a block's key is its own `chunk` token ids, under the bl
 share a start share its blocks. Memory is bounded by bytes; the least recently used block goes first, and a
 block is always used more recently than the blocks after it, so eviction takes a path's end before its start.
 One cache serves every thread of a model: a lock guards the trie, and blocks are never changed once stored.
+Pinned blocks (pin(): a package's prompt cache, runtime/batching/package_prefix.py) sit in the same trie but are
+never evicted and not counted in max_bytes; a cache of max_bytes 0 holds those alone.
 """
 
 import math
 import numbers
 import threading
 from collections import OrderedDict
+
+import numpy as np
 
 from ..errors import GenerationOptionError
 
@@ -54,6 +58,7 @@ class PrefixCache:
         self.reused_tokens = 0  # prompt tokens whose rows came from the cache, over the cache's life
         self._root = Block(b"", None, None)
         self._recent: OrderedDict = OrderedDict()  # Block -> None, least recently used first
+        self._pinned: set = set()  # blocks kept for good (pin()), from the root on: never in _recent
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -105,6 +110,24 @@ class PrefixCache:
             for k, rows in enumerate(copies, start=known):
                 self.disk.save(ids[: (k + 1) * self.chunk], rows)
 
+    def pin(self, ids, rows: tuple) -> None:
+        """Keep the rows of the whole chunks of `ids` [T] for good: `rows` holds one array [H, T, D] per cache
+        tensor, in the decoder's order, as a prefill of `ids` in passes of `chunk` wrote them."""
+        ids = np.asarray(ids, dtype=np.int64)
+        with self._lock:
+            parent = self._root
+            for k in range(len(ids) // self.chunk):
+                key = self._key(ids, k)
+                block = parent.children.get(key)
+                if block is None:  # views of `rows`: one copy of the file's rows in memory
+                    span = slice(k * self.chunk, (k + 1) * self.chunk)
+                    block = parent.children[key] = Block(key, tuple(r[:, span] for r in rows), parent)
+                elif block in self._recent:
+                    del self._recent[block]
+                    self.bytes -= block.nbytes
+                self._pinned.add(block)
+                parent = block
+
     def _from_disk(self, ids, path: list, limit: int, buffers: list) -> list:
         """`path` extended by the blocks the disk store holds for ids' next chunks, each put in memory too."""
         like = [b[0, :, : self.chunk] for b in buffers]
@@ -117,7 +140,7 @@ class PrefixCache:
                 parent = path[-1] if path else self._root
                 key = self._key(ids, k)
                 block = parent.children.get(key)
-                if block is None and (parent is self._root or parent in self._recent):
+                if block is None and (parent is self._root or parent in self._recent or parent in self._pinned):
                     block = parent.children[key] = Block(key, rows, parent)
                     self.bytes += block.nbytes
                     self._touch([block])
@@ -126,7 +149,8 @@ class PrefixCache:
 
     def stats(self) -> dict:
         """What the cache holds and has saved, for a server's /health: its bound and the bytes stored (of key/value
-        rows), the blocks of `chunk` tokens, and the prompt tokens whose rows were copied in instead of computed."""
+        rows), the blocks of `chunk` tokens, the prompt tokens whose rows were copied in instead of computed, and the
+        tokens of the pinned blocks (a package's prompt cache)."""
         with self._lock:
             return {
                 "max_bytes": self.max_bytes,
@@ -134,13 +158,15 @@ class PrefixCache:
                 "blocks": len(self._recent),
                 "chunk_tokens": self.chunk,
                 "reused_tokens": self.reused_tokens,
+                "pinned_tokens": len(self._pinned) * self.chunk,
             }
 
     def clear(self) -> None:
+        """Drop every block but the pinned ones."""
         with self._lock:
-            self._root.children.clear()
-            self._recent.clear()
-            self.bytes = 0
+            for block in list(self._recent):
+                if block in self._recent:  # not dropped with a block before it
+                    self._evict(block)
 
     def _key(self, ids, k: int) -> bytes:
         return ids[k * self.chunk : (k + 1) * self.chunk].astype("int64", copy=False).tobytes()
@@ -158,6 +184,8 @@ class PrefixCache:
     def _touch(self, path: list) -> None:
         """Mark a path as just used, its end first: each block stays more recent than the blocks after it."""
         for block in reversed(path):
+            if block in self._pinned:
+                continue
             self._recent[block] = None
             self._recent.move_to_end(block)
 

@@ -167,6 +167,24 @@ def _array_spec(spec) -> bool:
     return dtype.kind in "fiub" and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes)
 
 
+def read_header(path: Path) -> dict | None:
+    """The header of a block file (its first line after the magic) as a dict, without reading its rows; None
+    when the file is not a regular file of this format."""
+    try:
+        with untrusted.open_regular(path) as file:
+            data = file.read(len(MAGIC) + MAX_HEADER)
+    except (EdgelmError, OSError):
+        return None
+    end = data.find(b"\n", len(MAGIC))
+    if not data.startswith(MAGIC) or end < 0:
+        return None
+    try:
+        header = json.loads(data[len(MAGIC) : end])
+    except (ValueError, RecursionError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """`data` into `path` through a temporary file in the same folder, renamed into place; nothing on failure."""
     try:

@@ -218,7 +218,7 @@ def serve(
     POST /v1/responses    OpenAI's Responses API, stateless (input, instructions, text.format, function tools)
     POST /v1/score        per-token log-probs and perplexity of {"text": ...}
     POST /tokenize, /detokenize   {"content": ...} <-> {"tokens": [...]} (llama-server's shapes)
-    GET  /v1/models, /health
+    GET  /v1/models, /health (503 {"status": "loading"} while the model loads, every other path 503 meanwhile)
 
     Sampling follows OpenAI: temperature 0 is greedy, default 1.0 (sampling), top_k off (0) unless sent;
     transformers' options and edgelm's (EXTRA_FIELDS) are extra fields. Requests share one running batch (--max-batch), yet a seeded or
@@ -230,12 +230,14 @@ def serve(
     """
     try:
         from ..server.app import create_app
+        from ..server.loading import Gate
         from ..server.uvicorn_server import run
     except ImportError as error:
         raise click.ClickException(
             f"edgelm serve needs the server extra ({error.name} is missing): {install_hint('server')}"
         ) from None
-    from ..model import load
+    from .. import model as model_module
+    from ..store.local import resolve_package
 
     if any(not name.strip() for name in model_names):
         raise click.BadParameter("a model name must not be empty", param_hint="--model-name")
@@ -243,54 +245,60 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if threads is None and device != "cuda" and max_batch == 0:
         threads = max(1, (os.cpu_count() or 1) // max_concurrency)  # each request alone gets its share of cores
-    # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
-    model = load(
-        package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False,
-        prefix_cache_dir=prefix_cache_dir, prefix_cache_disk_mb=prefix_cache_disk_mb,
-    )  # fmt: skip
-    limits = Limits(
-        max_tokens=max_tokens_limit or model.arch.n_positions,
-        max_n=max_n,
-        max_prompts=max_prompts,
-        max_body_bytes=max_body_bytes,
-        request_timeout=request_timeout,
-        max_batch_tokens=max_batch_tokens,
-        read_timeout=read_timeout,
-    )
-    app = create_app(
-        model,
-        limits,
-        max_concurrency,
-        max_queue,
-        api_key,
-        host,
-        allow_hosts,
-        allow_origins,
-        model_names,
-        accept_any_model,
-        max_batch,
-        metrics,
-    )
-    names = app.names
-    also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
-    echo(  # the name clients pass as `model`, whatever the log level
-        f"edgelm serve: model {names.id!r}"
-        + (f" (also answers to {also})" if also else "")
-        + (f" at unix:{uds}" if uds else f" at http://{host}:{port}/v1" if port else f" at http://{host} (a free port)"),
-        err=True,
-    )
-    logging.getLogger("edgelm.server").info(
-        "serving %s on %s (%s, onnxruntime threads: %s) at http://%s:%d/v1",
-        model.package.name,
-        model.device,
-        f"one running batch of up to {max_batch} rows"
-        if app.jobs.scheduler is not None
-        else f"{max_concurrency} requests at once, each alone",
-        threads or "all",
-        host,
-        port,
-    )
-    run(app, host, port, log_level, shutdown_timeout, uds, _ready_line(names.id), parent_pid, exit_with_stdin)
+    package = resolve_package(package)  # a name that is not there fails now, before the socket listens
+    gate = Gate(read_timeout)  # the socket listens while the model loads: /health says "loading" (server/loading.py)
+
+    def load():
+        # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
+        model = model_module.load(
+            package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False,
+            prefix_cache_dir=prefix_cache_dir, prefix_cache_disk_mb=prefix_cache_disk_mb,
+        )  # fmt: skip
+        limits = Limits(
+            max_tokens=max_tokens_limit or model.arch.n_positions,
+            max_n=max_n,
+            max_prompts=max_prompts,
+            max_body_bytes=max_body_bytes,
+            request_timeout=request_timeout,
+            max_batch_tokens=max_batch_tokens,
+            read_timeout=read_timeout,
+        )
+        app = create_app(
+            model,
+            limits,
+            max_concurrency,
+            max_queue,
+            api_key,
+            host,
+            allow_hosts,
+            allow_origins,
+            model_names,
+            accept_any_model,
+            max_batch,
+            metrics,
+        )
+        names = app.names
+        also = "any name" if names.accept_any else ", ".join(repr(n) for n in names.aliases if n != names.id)
+        echo(  # the name clients pass as `model`, whatever the log level
+            f"edgelm serve: model {names.id!r}"
+            + (f" (also answers to {also})" if also else "")
+            + (f" at unix:{uds}" if uds else f" at http://{host}:{port}/v1" if port else f" at http://{host} (a free port)"),
+            err=True,
+        )
+        logging.getLogger("edgelm.server").info(
+            "serving %s on %s (%s, onnxruntime threads: %s) at http://%s:%d/v1",
+            model.package.name,
+            model.device,
+            f"one running batch of up to {max_batch} rows"
+            if app.jobs.scheduler is not None
+            else f"{max_concurrency} requests at once, each alone",
+            threads or "all",
+            host,
+            port,
+        )
+        gate.open(app, _ready_line(names.id))
+
+    run(gate, host, port, log_level, shutdown_timeout, uds, gate.listening, parent_pid, exit_with_stdin, load)
 
 
 def _ready_line(model_id: str):

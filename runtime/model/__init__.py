@@ -14,6 +14,7 @@ saved_session.py (a conversation's key/value cache saved to a file and restored)
 import os
 
 from ..batching.batch import Stream  # noqa: F401 (a public name: edgelm.runtime.Stream)
+from ..batching import package_prefix
 from ..batching.prefix_cache import PrefixCache, cache_bytes
 from ..batching.prefix_store import DISK_DEFAULT_MB, disk_store
 from ..engine import decode as engine_module
@@ -73,6 +74,7 @@ class Model(Generation, Chat, Scoring, Sessions):
             graph_file=package.model_file,
             prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK, disk) if prefix_cache_bytes else None,
         )
+        package_prefix.seed(self.engine, package)  # the package's prompt cache, where it has one
         defaults_file = package.folder / GENERATION_CONFIG
         self.defaults = generation_defaults(package.generation_defaults, package.arch, defaults_file)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)

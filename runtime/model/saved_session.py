@@ -125,8 +125,11 @@ class Sessions:
             raise SessionError(f"{path} does not hold a conversation of this package's shape{ADVICE}")
         restored = cached if engine.writes_cache_in_place else 0
         if restored:
+            room = max(CLI_DEFAULT_MB << 20, 2 * sum(r.nbytes for r in rows))
             if engine.prefix_cache is None:
-                engine.prefix_cache = PrefixCache(max(CLI_DEFAULT_MB << 20, 2 * sum(r.nbytes for r in rows)), chunk)
+                engine.prefix_cache = PrefixCache(room, chunk)
+            elif engine.prefix_cache.max_bytes == 0:  # only a package's pinned prompt cache (package_prefix.py)
+                engine.prefix_cache.max_bytes = room
             # [H, cached, D] per cache tensor, seen as the [1, H, capacity, D] buffers a prefill leaves
             engine.prefix_cache.store(np.asarray(tokens[:cached], dtype=np.int64), [r[None] for r in rows])
         return SavedSession(header.get("messages"), tokens, restored, header.get("tools"))

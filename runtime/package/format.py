@@ -13,6 +13,8 @@ A package folder (format_version 2) holds, each listed in manifest.json's `files
     tokenizer.json           the fast tokenizer (tokenizer)
     generation_config.json   generation defaults, transformers' format
     config.json, ...         the checkpoint's own files, copied as they were
+    prompt_cache.kv          with `edgelm export --system-prompt`: the prefilled rows of the start every chat with
+                             that system prompt shares (prompt_cache; runtime/batching/package_prefix.py)
 
 Every name is a plain file name inside the folder: no folders, no '..', no absolute paths.
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from .architecture import Architecture
 from .fields import FormatError, _get, _int, _object, _str, file_name
 from .graph_section import Graph, Region, TensorInfo, TokenTable
-from .sections import FileRecord, Validation, Weights
+from .sections import FileRecord, PromptCacheRecord, Validation, Weights
 
 MANIFEST = "manifest.json"
 FORMAT = "edgelm-package"
@@ -33,6 +35,7 @@ GRAPH_FILE = "model.onnx"
 WEIGHTS_FILE = "model.onnx.data"
 TOKENIZER_FILE = "tokenizer.json"
 GENERATION_CONFIG = "generation_config.json"
+PROMPT_CACHE_FILE = "prompt_cache.kv"
 HF_CONFIG = "config.json"  # the checkpoint's config: all an optimum folder is described by
 ALIGN = 65536  # offsets of large tensors and of the token table: onnxruntime maps aligned external data
 TOKEN_ROWS, TOKEN_SCALE = "transformer.wte.weight_int8", "transformer.wte.weight_scale"  # + ".{part}"
@@ -72,6 +75,7 @@ __all__ = [
     "FormatError",
     "Graph",
     "Manifest",
+    "PromptCacheRecord",
     "Region",
     "TensorInfo",
     "TokenTable",
@@ -115,6 +119,7 @@ class Manifest:
     export_seconds: dict = field(default_factory=dict)
     created: str = ""
     format_version: int = FORMAT_VERSION
+    prompt_cache: PromptCacheRecord | None = None  # a system prompt's prefilled rows (edgelm export --system-prompt)
 
     def required_files(self) -> dict:
         """What the runtime reads, by the field that names it: each must be listed in `files`."""
@@ -123,6 +128,8 @@ class Manifest:
             needed["graph.weights_file"] = self.graph.weights_file
         if self.graph.token_embeddings is not None:
             needed["graph.token_embeddings.file"] = self.graph.token_embeddings.file
+        if self.prompt_cache is not None:
+            needed["prompt_cache.file"] = self.prompt_cache.file
         return needed
 
     @classmethod
@@ -147,6 +154,7 @@ class Manifest:
             export_seconds=_get("", data, "export_seconds", lambda w, v: _object("export_seconds", v), {}),
             created=_get("", data, "created", lambda w, v: _str("created", v), ""),
             format_version=data["format_version"],
+            prompt_cache=_get("", data, "prompt_cache", lambda w, v: PromptCacheRecord.from_dict(v, w), None),
         )
         for role, name in manifest.required_files().items():
             if name not in files:
@@ -173,7 +181,7 @@ class Manifest:
             "export_seconds": self.export_seconds,
             "files": {name: record.to_dict() for name, record in self.files.items()},
             "created": self.created,
-        }
+        } | ({"prompt_cache": self.prompt_cache.to_dict()} if self.prompt_cache is not None else {})
 
 
 def describe(
@@ -221,6 +229,7 @@ def describe(
         ),
         f"  source        {source} {m.source.get('revision') or ''}".rstrip(),
         "  files         " + ", ".join(f"{n} {f.size / 1e6:.1f} MB" for n, f in m.files.items()),
+        *_prompt_cache(m),
     ]
     v = m.validation
     if v.skipped is not None:
@@ -330,6 +339,19 @@ def _figure(figures: dict, key: str, spec: str) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return format(value, spec)
     return "?" if value is None else str(value)
+
+
+def _prompt_cache(m: Manifest) -> list:
+    """The prompt cache's line: what it covers and what it holds."""
+    c = m.prompt_cache
+    if c is None:
+        return []
+    tools = f", tools {', '.join(c.tools)} (sha256 {c.tools_sha256[:12]}...)" if c.tools_sha256 else ", no tools"
+    return [
+        f"  prompt cache  {c.tokens:,} of the {c.shared_tokens:,} tokens every chat with its system prompt starts with "
+        f"({m.files[c.file].size:,} bytes in {c.file}, {m.graph.kv_cache_dtype}): system prompt sha256 "
+        f"{c.system_prompt_sha256[:12]}...{tools}"
+    ]
 
 
 def _tools(m: Manifest) -> list:

@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .fields import FormatError, _bool, _get, _int, _number, _object, _show, _str
+from .fields import FormatError, _bool, _get, _int, _list, _number, _object, _show, _str, file_name
 
 
 @dataclass(frozen=True)
@@ -188,3 +188,49 @@ class FileRecord:
 
     def to_dict(self) -> dict:
         return {"size": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class PromptCacheRecord:
+    """prompt_cache: the key/value rows of the conversation start every chat with the export's system prompt
+    (and tools) shares, prefilled at export (`edgelm export --system-prompt`) and stored in `file`
+    (runtime/batching/package_prefix.py reads it). A chat whose prompt starts with those tokens starts from them."""
+
+    file: str  # a block file of runtime/batching/prefix_store.py's format, listed in `files`
+    tokens: int  # the cached tokens: whole prefill chunks of the shared start
+    shared_tokens: int  # the shared start as rendered, of which `tokens` are cached
+    chunk: int  # the prefill pass the rows were made in (runtime/engine/decode.py's PREFILL_CHUNK)
+    system_prompt_sha256: str  # of the system prompt's UTF-8 text
+    tools: tuple = ()  # the names of the tools rendered with it
+    tools_sha256: str | None = None  # of the tools' JSON as given, None without tools
+
+    @classmethod
+    def from_dict(cls, data, where="prompt_cache") -> "PromptCacheRecord":
+        data = _object(where, data)
+        tools = _get(where, data, "tools", lambda w, v: [_str(f"{w}[]", name) for name in _list(w, v)], [])
+        chunk = _get(where, data, "chunk", lambda w, v: _int(w, v, 1))
+        shared = _get(where, data, "shared_tokens", lambda w, v: _int(w, v, 1))
+        tokens = _get(where, data, "tokens", lambda w, v: _int(w, v, 1, shared))
+        if tokens % chunk:
+            raise FormatError(f"{where}.tokens ({tokens}) must be a multiple of {where}.chunk ({chunk})")
+        return cls(
+            _get(where, data, "file", file_name), tokens, shared, chunk,
+            _get(where, data, "system_prompt_sha256", _sha256), tuple(tools), _get(where, data, "tools_sha256", lambda w, v: None if v is None else _sha256(w, v), None),
+        )  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return {
+            "file": self.file,
+            "tokens": self.tokens,
+            "shared_tokens": self.shared_tokens,
+            "chunk": self.chunk,
+            "system_prompt_sha256": self.system_prompt_sha256,
+            "tools": list(self.tools),
+            "tools_sha256": self.tools_sha256,
+        }
+
+
+def _sha256(where, value) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise FormatError(f"{where} must be 64 lowercase hex digits, got {_show(value)}")
+    return value

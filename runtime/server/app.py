@@ -2,7 +2,8 @@
 
     GET  /health              {"status", "model", "active", "queued", jobs ended so far by outcome ("finished",
                               "cancelled", "timeout", "shutdown"), and "prefix_cache": PrefixCache.stats() or
-                              null without one}                                  (no API key needed)
+                              null without one}                                  (no API key needed); while
+                              the model loads, 503 {"status": "loading"} (edgelm serve: loading.py)
     GET  /v1/models           the loaded package as the one model (id: the first --model-name, else the package name)
     POST /v1/completions      OpenAI's legacy completions, streaming (server-sent events) or not; prompts as
                               text or token ids

@@ -24,12 +24,14 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 def run(
     app, host: str, port: int, log_level: str = "info", shutdown_timeout: float = 5.0, uds: str | None = None,
-    ready=None, parent_pid: int | None = None, stdin_closes: bool = False,
+    ready=None, parent_pid: int | None = None, stdin_closes: bool = False, load=None,
 ) -> None:  # fmt: skip
     """Serve `app` with uvicorn until SIGINT/SIGTERM; a requested shutdown returns normally (exit code 0).
     `uds`: a Unix socket's path instead of host and port. `ready(address)` is called once the server listens, with
     {"host", "port"} (the port bound, for port 0) or {"uds"}. The server stops as SIGTERM stops it when the
-    process `parent_pid` ends, or with `stdin_closes` when its standard input reaches its end."""
+    process `parent_pid` ends, or with `stdin_closes` when its standard input reaches its end. `load()` runs in a
+    thread of its own while the server listens (loading.py's Gate answers meanwhile); if it raises, the server
+    stops and run raises its error."""
     # uvicorn re-raises the signal after its clean shutdown, which would kill the process with it;
     # handlers that do nothing make that a normal return.
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -40,10 +42,24 @@ def run(
             threading.Thread(target=_exit_with_process, args=(running, parent_pid), daemon=True).start()
         if stdin_closes:
             threading.Thread(target=_exit_with_stdin, args=(running,), daemon=True).start()
+        failed = []
+        if load is not None:
+            threading.Thread(target=_load, args=(running, load, failed), daemon=True).start()
         running.run()
+        if failed:
+            raise failed[0]
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _load(running, load, failed: list) -> None:
+    """Run `load()`; on failure keep its error in `failed` and stop the server."""
+    try:
+        load()
+    except BaseException as error:  # noqa: BLE001 (the command reports it once the server has stopped)
+        failed.append(error)
+        running.should_exit = True
 
 
 def _exit_with_process(running, pid: int) -> None:

@@ -1,0 +1,124 @@
+"""The package's prompt cache (`edgelm export --system-prompt FILE [--tools FILE]`): the start every conversation
+with that system prompt and those tools shares, rendered by the package's own chat template, prefilled once by
+the runtime's engine on the package's own graph, and stored in the package (runtime/batching/package_prefix.py
+says the file's format and how a conversation starts from it).
+
+    render [system, user "a"] and [system, user "1"] -> the ids they share (the shared start, T tokens)
+    -> its whole prefill chunks (T // chunk * chunk tokens) prefilled in passes of chunk, as any prompt is
+    -> prompt_cache.kv beside the package's files, then the manifest rewritten to list it (files, prompt_cache)
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from edgelm.runtime import untrusted
+from edgelm.runtime.batching.package_prefix import prefix_bytes
+from edgelm.runtime.engine import decode as engine_module
+from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.package.format import MANIFEST, PROMPT_CACHE_FILE, FileRecord, PromptCacheRecord
+from edgelm.runtime.package.open import file_record, open_package
+
+from .errors import ExportError
+
+MAX_SYSTEM_PROMPT_BYTES = 1 << 20  # far beyond any context a package has
+MAX_TOOLS_BYTES = 4 << 20
+USERS = ("a", "1")  # two first user messages that differ from their first character on
+
+
+def read_system_prompt(path) -> str:
+    """The UTF-8 text of a --system-prompt file; ExportError for anything else."""
+    text = untrusted.read_text(Path(path), MAX_SYSTEM_PROMPT_BYTES, ExportError, what="a system prompt")
+    if not text.strip():
+        raise ExportError(f"{path} is empty; --system-prompt takes the system prompt's text.")
+    return text
+
+
+def read_tools(path) -> list:
+    """A --tools file: a JSON list of OpenAI function tools ({"type": "function", "function": {"name", ...}})."""
+    text = untrusted.read_text(Path(path), MAX_TOOLS_BYTES, ExportError, what="a JSON file of tools")
+    try:
+        tools = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise ExportError(f"{path} is not JSON ({error}); --tools takes a JSON list of OpenAI tools.") from None
+    check_tools(tools, str(path))
+    return tools
+
+
+def check_tools(tools, where: str = "tools") -> None:
+    if not isinstance(tools, list) or not tools:
+        raise ExportError(f"{where} must be a non-empty JSON list of OpenAI tools ([{{\"type\": \"function\", ...}}]).")
+    for k, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ExportError(f"{where}[{k}] is not an OpenAI function tool: it needs function.name.")
+
+
+def shared_start(model, system_prompt: str, tools: list | None) -> list:
+    """The token ids every conversation with this system prompt and these tools starts with, as `model`'s chat
+    path renders them (Model.chat_ids): what two conversations of different first user messages share."""
+    try:
+        a, b = (model.chat_ids([{"role": "system", "content": system_prompt}, {"role": "user", "content": u}], tools)
+                for u in USERS)  # fmt: skip
+    except EdgelmError as error:
+        raise ExportError(f"the package's chat template cannot render the system prompt: {error}") from None
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a[:n]
+
+
+def add_prompt_cache(folder, system_prompt: str, tools: list | None = None) -> PromptCacheRecord:
+    """Prefill the start every conversation with `system_prompt` (and `tools`) shares on the package at `folder`
+    and store its rows in the package, listed in its manifest; replaces a prompt cache it had."""
+    from edgelm.runtime.model import load
+
+    if tools is not None:
+        check_tools(tools)
+    model = load(folder, device="cpu", verify="full")
+    model.engine.prefix_cache = None  # computed, never restored from a cache the package had
+    if not model.engine.writes_cache_in_place:
+        raise ExportError(f"{folder}'s graph does not update its cache in place; export it again with edgelm export.")
+    ids = shared_start(model, system_prompt, tools)
+    chunk = engine_module.PREFILL_CHUNK
+    cached = min(len(ids), model.arch.n_positions - 1) // chunk * chunk  # a chat needs a token after it
+    if cached == 0:
+        raise ExportError(
+            f"the system prompt renders to a shared start of {len(ids)} tokens; the prompt cache holds whole "
+            f"prefill passes of {chunk} tokens, so it needs a longer system prompt (or tools)."
+        )
+    decoder = model.engine.decoder(1, cached)
+    decoder.run(np.asarray([ids[:cached]], dtype=np.int64), np.ones((1, cached), np.int64), np.arange(cached)[None])
+    rows = tuple(buffer[0] for buffer in decoder.buffers)  # [KV, cached, D] per cache tensor
+    manifest = model.package.manifest
+    folder = Path(folder)
+    _write(folder / PROMPT_CACHE_FILE, prefix_bytes(manifest, chunk, ids[:cached], rows))
+    tools_json = json.dumps(tools, sort_keys=True, separators=(",", ":")).encode() if tools else None
+    record = PromptCacheRecord(
+        file=PROMPT_CACHE_FILE,
+        tokens=cached,
+        shared_tokens=len(ids),
+        chunk=chunk,
+        system_prompt_sha256=hashlib.sha256(system_prompt.encode()).hexdigest(),
+        tools=tuple(t["function"]["name"] for t in tools or ()),
+        tools_sha256=hashlib.sha256(tools_json).hexdigest() if tools_json else None,
+    )
+    files = manifest.files | {PROMPT_CACHE_FILE: FileRecord(**file_record(folder / PROMPT_CACHE_FILE))}
+    text = json.dumps(replace(manifest, files=files, prompt_cache=record).to_dict(), indent=2, allow_nan=False)
+    _write(folder / MANIFEST, (text + "\n").encode())
+    open_package(folder, verify="full")  # reads back as written; recorded, so the first load need not hash it
+    return record
+
+
+def _write(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file renamed into place: a reader sees the old file or the new."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        raise ExportError(f"cannot write {path}: {error.strerror or error}.") from None
