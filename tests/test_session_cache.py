@@ -181,3 +181,29 @@ def test_chat_session_resumes_across_two_runs_and_refuses_another_package(
     assert len(other.output.strip().splitlines()) == 1
     with_system = CliRunner().invoke(main, [*command, "--system", "Be brief."], input="Hi\n")
     assert with_system.exit_code == 1 and "drop --system" in with_system.output
+
+
+def test_a_session_restores_into_a_model_whose_package_has_a_prompt_cache(tiny_package, tmp_path, chunked):
+    """A package's prompt cache gives a model a prefix cache of no bytes of its own (only the pinned rows):
+    a restored session's rows still find room in it, and the package's rows stay."""
+    import shutil
+
+    from edgelm.export import add_prompt_cache
+
+    folder = tmp_path / "pkg"
+    shutil.copytree(tiny_package, folder)
+    add_prompt_cache(folder, "Be brief, kind and exact.", None)
+    writer = rt.load(folder, verify=False)
+    messages = [{"role": "system", "content": "Be brief, kind and exact."}, {"role": "user", "content": "The quick brown fox ran"}]
+    uninterrupted = writer.chat(messages, **GREEDY).token_ids
+    saved = writer.save_session(tmp_path / "chat.session", messages)
+
+    reader = rt.load(folder, verify=False)
+    pinned = reader.engine.prefix_cache.stats()["pinned_tokens"]
+    assert pinned > 0 and reader.engine.prefix_cache.max_bytes == 0
+    restored = reader.load_session(tmp_path / "chat.session")
+    assert restored.cached_tokens == saved.cached_tokens > pinned
+    before = reader.engine.prefix_cache.reused_tokens
+    assert reader.chat(restored.messages, **GREEDY).token_ids == uninterrupted
+    assert reader.engine.prefix_cache.reused_tokens - before == saved.cached_tokens
+    assert reader.engine.prefix_cache.stats()["pinned_tokens"] == pinned
