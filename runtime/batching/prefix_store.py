@@ -19,7 +19,6 @@ import json
 import math
 import numbers
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +137,8 @@ def read_block(path: Path, package_id: str, chunk: int, tokens, like: list) -> t
 
 def write_atomically(path: Path, data: bytes) -> None:
     """`data` into `path` through a temporary file in the same folder, renamed into place; nothing on failure."""
+    import tempfile  # only here: shutil, bz2 and lzma come with it, and most loads write no block
+
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".partial")
     try:
         with os.fdopen(handle, "wb") as file:
