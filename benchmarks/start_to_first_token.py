@@ -12,8 +12,9 @@ its imports of numpy, onnxruntime and tokenizers, and those imports plus the pac
 onnxruntime session created (edgelm's session options), nothing of edgelm's.
 Printed: the median and the range over the rounds, per command, of the time to its exit, the median time to
 its first byte on stdout (the first token; for the floor commands, which print nothing, their exit), and the
-median CPU time (user + system) of the process, which a busy machine changes less than the time. The first round is a warm-up, not counted; it
-also writes the bytecode caches an installed package has (PYTHONDONTWRITEBYTECODE is cleared for the commands).
+median CPU time (user + system) of the process, which a busy machine changes less than the time. The first
+round is a warm-up, not counted; it also writes the bytecode caches an installed package has
+(PYTHONDONTWRITEBYTECODE is cleared for the commands).
 """
 
 import argparse
