@@ -1,6 +1,6 @@
-"""`import edgelm.runtime`, `edgelm.load(PKG)` with a first generation, and `edgelm generate` import what the first
-token needs and nothing more: each unneeded import is paid by every start (benchmarks/start_stages.py measures
-each stage, benchmarks/start_to_first_token.py the command)."""
+"""`import edgelm.runtime`, `edgelm.load(PKG)` with a first generation, `edgelm generate` and the server's first
+completion import what the first token needs and nothing more: each unneeded import is paid by every start
+(benchmarks/start_stages.py measures each stage, benchmarks/start_to_first_token.py the command)."""
 
 import subprocess
 import sys
@@ -102,3 +102,36 @@ def test_the_check_sees_a_planted_import(tiny_package):
         REPORT
     """
     assert imported_after(code, NOT_NEEDED, checked_once(tiny_package)) == ["concurrent.futures", "logging"]
+
+
+# The server's own stack (Starlette, pydantic, anyio, uvicorn) imports logging, tempfile, email, importlib.metadata
+# and concurrent.futures itself; what it must not pull in before a chat or a constrained request is the rest.
+SERVE_NOT_NEEDED = (
+    "jinja2",
+    "tqdm",
+    "huggingface_hub",
+    "onnxruntime.transformers",
+    "onnxruntime.tools",
+    "edgelm.export",
+    "edgelm.runtime.store.hub",
+    "edgelm.runtime.cli",
+    "torch",
+    "transformers",
+    "llguidance",
+)
+
+
+def test_the_server_answers_its_first_completion_without_what_it_does_not_need(tiny_package):
+    code = """
+        import sys
+        from starlette.testclient import TestClient
+        import edgelm.runtime as edgelm
+        from edgelm.runtime.server.app import create_app
+
+        app = create_app(edgelm.load(sys.argv[1], spinning=False))  # one running batch, as serve runs
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            answer = client.post("/v1/completions", json={"model": app.names.id, "prompt": "Hi", "max_tokens": 1})
+            assert answer.status_code == 200, answer.text
+        REPORT
+    """
+    assert imported_after(code, SERVE_NOT_NEEDED, checked_once(tiny_package)) == []
