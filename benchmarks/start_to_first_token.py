@@ -10,9 +10,11 @@ add --detach DIR COMMIT`) with this interpreter and its packages, so that before
 --floor adds what any program that runs the package with onnxruntime and tokenizers pays: the interpreter alone,
 its imports of numpy, onnxruntime and tokenizers, and those imports plus the package's tokenizer built and its
 onnxruntime session created (edgelm's session options), nothing of edgelm's.
-Printed: the median and the range over the rounds, per command, and the median CPU time (user + system) of
-the process, which a busy machine changes less than the time. The first round is a warm-up, not counted; it
-also writes the bytecode caches an installed package has (PYTHONDONTWRITEBYTECODE is cleared for the commands).
+Printed: the median and the range over the rounds, per command, of the time to its exit, the median time to
+its first byte on stdout (the first token; for the floor commands, which print nothing, their exit), and the
+median CPU time (user + system) of the process, which a busy machine changes less than the time. The first
+round is a warm-up, not counted; it also writes the bytecode caches an installed package has
+(PYTHONDONTWRITEBYTECODE is cleared for the commands).
 """
 
 import argparse
@@ -74,19 +76,26 @@ def main():
         commands["floor: + tokenizer, session"] = ([sys.executable, "-c", FLOOR_SESSION, args.package], environ)
     times = {name: [] for name in commands}
     cpu = {name: [] for name in commands}
+    firsts = {name: [] for name in commands}
     for round_ in range(args.rounds + 1):
         for name, (command, env) in commands.items():
             before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True, env=env)
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+            process.stdout.read(1)  # blocks until the first token's first byte is written (or the exit)
+            first = time.perf_counter() - started
+            process.communicate()
+            if process.returncode:
+                sys.exit(f"{name} failed with exit status {process.returncode}: {' '.join(command)}")
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if round_:
                 times[name].append(time.perf_counter() - started)
+                firsts[name].append(first)
                 cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     scratch.cleanup()
     for name, seconds in times.items():
         print(
             f"{name:32} median {statistics.median(seconds):.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}); "
-            f"CPU time {statistics.median(cpu[name]):.3f} s"
+            f"first output {statistics.median(firsts[name]):.3f} s; CPU time {statistics.median(cpu[name]):.3f} s"
         )
 
 

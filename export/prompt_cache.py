@@ -10,14 +10,13 @@ says the file's format and how a conversation starts from it).
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from edgelm.runtime import untrusted
 from edgelm.runtime.batching.package_prefix import prefix_bytes
+from edgelm.runtime.batching.prefix_store import replace_atomically
 from edgelm.runtime.engine import decode as engine_module
 from edgelm.runtime.errors import EdgelmError
 from edgelm.runtime.package.format import MANIFEST, PROMPT_CACHE_FILE, FileRecord, PromptCacheRecord
@@ -114,11 +113,7 @@ def add_prompt_cache(folder, system_prompt: str, tools: list | None = None) -> P
 
 def _write(path: Path, data: bytes) -> None:
     """`data` into `path` through a temporary file renamed into place: a reader sees the old file or the new."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
+        replace_atomically(path, data)
     except OSError as error:
-        Path(temporary).unlink(missing_ok=True)
         raise ExportError(f"cannot write {path}: {error.strerror or error}.") from None

@@ -86,3 +86,39 @@ def test_errors_read_the_same_from_both_entry_points(tmp_path, child_env):
         assert len(lines) == 1 and lines[0].startswith("Error: ") and "absent" in lines[0], (name, done.stderr)
         errors.add(lines[0])
     assert len(errors) == 1
+
+
+# A child that runs the launcher as the `edgelm` command does, with an object whose finalizer shows whether Python
+# tore the interpreter down, and an atexit function, which must run either way.
+EXIT_CHILD = """
+import atexit, sys, threading
+from edgelm.runtime.cli.launch import command
+
+class Witness:
+    def __del__(self):
+        print("torn down", flush=True)
+
+witness = Witness()
+atexit.register(print, "atexit ran")
+if sys.argv[1] == "thread":  # a thread that ends when Python, exiting, stops the main thread: the exit is Python's
+    threading.Thread(target=threading.main_thread().join).start()
+sys.argv = ["edgelm", *sys.argv[2:]]
+command()
+"""
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_the_command_ends_its_process_without_tearing_python_down(tiny_package, thread):
+    args = ["thread" if thread else "plain", "generate", "-m", str(tiny_package), "Hi", "--max-new-tokens", "2"]
+    done = subprocess.run([sys.executable, "-c", EXIT_CHILD, *args], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-2 if thread else -1] == "atexit ran" and lines[0].strip()  # the text came out before it
+    assert ("torn down" in lines) == thread
+
+
+def test_a_failed_command_keeps_its_exit_status_and_message(tmp_path):
+    args = ["plain", "generate", "-m", str(tmp_path / "absent"), "Hi"]
+    done = subprocess.run([sys.executable, "-c", EXIT_CHILD, *args], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1 and done.stdout.splitlines() == ["atexit ran"]
+    assert done.stderr.startswith("Error: no model package at ") and "Traceback" not in done.stderr

@@ -22,7 +22,6 @@ import json
 import math
 import numbers
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +195,8 @@ def write_atomically(path: Path, data: bytes) -> None:
 def replace_atomically(path: Path, data: bytes) -> None:
     """write_atomically that raises the OSError of a failed write (the temporary file removed): a reader of `path`
     sees the old file whole or the new one whole."""
+    import tempfile  # only here: shutil, bz2 and lzma come with it, and most loads write no block
+
     handle, temporary = tempfile.mkstemp(dir=Path(path).parent, prefix=".", suffix=".partial")
     try:
         with os.fdopen(handle, "wb") as file:

@@ -4,8 +4,13 @@ helps (hugepages.py), then run the command (cli.py).
 It decides before click, NumPy, onnxruntime and tokenizers are imported, but a restart still costs a second
 interpreter start, which the faster decode pays back only over many tokens (benchmarks/NOTES.md). So only the
 long-running commands restart: `serve`, and `bench` (which measures what serve gets). `generate` does not; give
-it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs."""
+it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs.
 
+Once the command is done, the process ends without tearing the interpreter down (exit_now): Python would free
+every module, the tokenizer and the session's packed weights one object at a time, which the system does at once
+when the process ends (benchmarks/NOTES.md, "Start:" rows)."""
+
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -65,4 +70,27 @@ def command(main=None):
     if main is None:
         from .main import main
 
-    main()
+    try:
+        main()
+    except SystemExit as done:
+        exit_now(done.code)
+        raise
+
+
+def exit_now(code) -> None:
+    """End the process with exit status `code` (None or an int: a message to print is left to Python) after what
+    an exit must do: the atexit functions run (logging's flush among them) and stdout and stderr flushed. Returns,
+    leaving the exit to Python, while another Python thread runs (a server's, a constraint compiler's: Python
+    joins or stops them first) or where the output cannot be flushed (a closed pipe: Python reports it)."""
+    import threading
+
+    if not (code is None or isinstance(code, int)) or threading.active_count() > 1:
+        return
+    atexit._run_exitfuncs()  # what Python runs at exit before it frees the modules; each runs once
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(code or 0)

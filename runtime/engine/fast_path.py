@@ -13,7 +13,6 @@ InferenceError, so a failed run reaches the user as one line.
 """
 
 import inspect
-import logging
 
 import numpy as np
 import onnxruntime as ort
@@ -22,8 +21,6 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
 from ..errors import InferenceError
 from ..package.format import LOGITS, PAST
 from ..package.onnxruntime_compat import installed_wheel
-
-log = logging.getLogger("edgelm")
 
 # Everything onnxruntime raises from C++: its own exception types (all plain Exceptions) and, for errors it
 # does not map to one of them, RuntimeError.
@@ -60,7 +57,10 @@ def runner(session: ort.InferenceSession, graph: str = "the graph", private: boo
     if private is None:
         missing = private_api_missing(session)
         if missing:
-            log.debug("onnxruntime %s lacks %s: running through the public IO binding", ort.__version__, missing)
+            import logging  # only here: logging costs every start its import
+
+            message = "onnxruntime %s lacks %s: running through the public IO binding"
+            logging.getLogger("edgelm").debug(message, ort.__version__, missing)
         private = not missing
     return (PrivateRunner if private else BindingRunner)(session, graph)
 

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from .. import untrusted
@@ -70,6 +69,8 @@ def read(folder: Path) -> dict:
 
 def write(folder: Path, files: dict) -> None:
     """Record `files` (read's shape) for `folder`, replacing the record whole; silent where it cannot be written."""
+    import tempfile  # only here: a load whose record matches writes nothing
+
     path = record_path(folder)
     temporary = None
     try:

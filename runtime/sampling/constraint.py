@@ -19,7 +19,6 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -291,7 +290,7 @@ class Masks:
     """The allowed tokens of a batch's rows, computed off the calling thread: start(constraints) before the graph
     runs a step, wait() after it. A row without a constraint (None) allows every token."""
 
-    _pool = ThreadPoolExecutor(1, thread_name_prefix="edgelm-masks")  # llguidance spreads a batch over its own
+    _pool = None  # one worker (llguidance spreads a batch over its own), made by the first constrained step
     _executor = None
 
     def __init__(self, rows: int, vocab_size: int):
@@ -302,7 +301,7 @@ class Masks:
     def start(self, constraints: list) -> None:
         """Compute row r's allowed tokens from constraints[r] (None, or a finished one: every token)."""
         rows = [(c, r) for r, c in enumerate(constraints) if c is not None and not c.finished]
-        self._pending = Masks._pool.submit(self._fill, rows, len(constraints))
+        self._pending = _mask_pool().submit(self._fill, rows, len(constraints))
 
     def _fill(self, rows: list, n: int) -> "Allowed":
         # [n, words] bitmask -> per row the ids to keep or ban, here, while the graph runs; a row whose matcher
@@ -336,6 +335,20 @@ class Masks:
 
 
 NONE = np.zeros(0, dtype=np.int64)
+
+
+_pool_lock = threading.Lock()
+
+
+def _mask_pool():
+    """Masks' worker thread, started on first use: a generation without a constraint starts no thread (so the
+    command's process ends at once, cli/launch.py) and does not import concurrent.futures."""
+    with _pool_lock:
+        if Masks._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            Masks._pool = ThreadPoolExecutor(1, thread_name_prefix="edgelm-masks")
+        return Masks._pool
 
 
 def _row_ids(bitmask_row: np.ndarray, n_vocab: int) -> tuple:

@@ -24,9 +24,7 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -37,7 +35,7 @@ from ..errors import EdgelmError, PackageError, StoreError
 from ..package.onnxruntime_compat import check_installed
 from ..package.format import MANIFEST, MAX_MANIFEST_BYTES, FormatError, Manifest
 from ..package.open import DEFAULT_PACKAGE, Package, open_package
-from .staging import sweep_dead, take_over
+from .staging import remove_tree, sweep_dead, take_over
 
 EXPORTED = DEFAULT_PACKAGE.parent  # models/: edgelm export's default output folder, relative to the current folder
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a store name, and a package file name inside a package
@@ -129,7 +127,7 @@ def remove(name: str) -> None:
     trash = store_dir() / f"{TRASH}{os.getpid()}-{name}"
     with store_writes():
         os.rename(folder, trash)  # one step: the package is there or gone, never half-deleted
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_tree(trash)
         (store_dir() / META / f"{name}.json").unlink(missing_ok=True)
         if get_default() == name:
             _write_json(store_dir() / META / "config.json", {k: v for k, v in _config().items() if k != "default"})
@@ -251,6 +249,8 @@ def refuse_taken(name: str, force: bool) -> None:
 
 def free_space() -> int:
     """Bytes free where the store is (what a download may take at most)."""
+    import shutil  # only here: bz2 and lzma come with it, and a load writes nothing to the store
+
     root = store_dir()
     root.mkdir(parents=True, exist_ok=True)
     return shutil.disk_usage(root).free
@@ -267,6 +267,8 @@ def check_free_space(needed: int) -> None:
 @contextmanager
 def staging():
     """A hidden work folder inside the store (same file system, so the final rename is atomic), always removed."""
+    import tempfile  # only here: a load writes nothing to the store
+
     with store_writes():
         root = store_dir()
         root.mkdir(parents=True, exist_ok=True)
@@ -276,7 +278,7 @@ def staging():
         with store_writes():
             yield work
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
 
 
 @contextmanager
@@ -287,7 +289,7 @@ def store_writes(discard: Path | None = None):
         yield
     except OSError as error:
         if discard is not None:
-            shutil.rmtree(discard, ignore_errors=True)
+            remove_tree(discard)
         if error.errno == errno.ENOSPC:
             raise StoreError(
                 f"the disk filled up while installing into {store_dir()}; free some space and run again. The store is unchanged."
@@ -334,7 +336,7 @@ def install_folder(folder: Path, name: str, source: dict, force: bool = False) -
             os.replace(record, root / META / f"{name}.json")
     finally:
         record.unlink(missing_ok=True)
-        shutil.rmtree(replaced, ignore_errors=True)
+        remove_tree(replaced)
     return Installed(name, target, manifest, _read_record(name), _folder_size(target))
 
 

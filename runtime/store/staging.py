@@ -3,9 +3,15 @@ pid, then anything), so two processes never share one, and one whose process is 
 that resumes, taken over by the next process that needs it."""
 
 import os
-import shutil
 import sys
 from pathlib import Path
+
+
+def remove_tree(folder: Path) -> None:
+    """Remove `folder` and everything in it, as far as it can be removed (what is left, the next sweep finds)."""
+    import shutil  # only here: bz2 and lzma come with it, and a load removes nothing
+
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def sweep_dead(root: Path, prefixes) -> None:
@@ -14,7 +20,7 @@ def sweep_dead(root: Path, prefixes) -> None:
         for entry in root.glob(f"{prefix}*"):
             pid = entry.name[len(prefix) :].split("-")[0]
             if pid.isdigit() and not alive(int(pid)):
-                shutil.rmtree(entry, ignore_errors=True)
+                remove_tree(entry)
 
 
 def take_over(root: Path, prefix: str) -> Path:

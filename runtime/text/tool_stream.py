@@ -14,7 +14,6 @@ agree on every input.
 """
 
 import json
-import uuid
 from dataclasses import dataclass
 
 
@@ -49,6 +48,8 @@ class ToolCallDelta:
 
 
 def new_call_id() -> str:
+    import uuid  # only here: a model that never calls a tool does not pay for it
+
     return "call_" + uuid.uuid4().hex[:24]
 
 

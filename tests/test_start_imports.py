@@ -1,0 +1,137 @@
+"""`import edgelm.runtime`, `edgelm.load(PKG)` with a first generation, `edgelm generate` and the server's first
+completion import what the first token needs and nothing more: each unneeded import is paid by every start
+(benchmarks/start_stages.py measures each stage, benchmarks/start_to_first_token.py the command)."""
+
+import subprocess
+import sys
+import textwrap
+
+# Imported by other commands, other options or by nothing on these paths. importlib.metadata (email, zipfile,
+# csv: ~0.07 s) was once imported to read the onnxruntime distributions, which their folders' names give; the
+# standard library's logging, tempfile (with shutil, bz2 and lzma) and concurrent.futures are imported where a line
+# is logged, a file written or a constraint's masks computed.
+NOT_NEEDED = (
+    "importlib.metadata",
+    "email",
+    "jinja2",
+    "tqdm",
+    "huggingface_hub",
+    "starlette",
+    "uvicorn",
+    "pydantic",
+    "onnxruntime.transformers",
+    "onnxruntime.tools",
+    "edgelm.export",
+    "edgelm.runtime.server",
+    "edgelm.runtime.store.hub",
+    "edgelm.runtime.cli.serve",
+    "edgelm.runtime.cli.chat",
+    "edgelm.runtime.cli.bundle",
+    "edgelm.runtime.apps.bench",
+    "torch",
+    "transformers",
+    "llguidance",
+    "logging",
+    "tempfile",
+    "shutil",
+    "bz2",
+    "lzma",
+    "concurrent.futures",
+)
+# `import edgelm.runtime` gives the error types at once and the rest on first use (runtime/__init__.py), so that
+# the command can restart with huge pages before it pays for these (cli/launch.py).
+NOT_AT_IMPORT = ("numpy", "onnxruntime", "tokenizers", "click", "edgelm.runtime.model")
+
+REPORT = "print('imported', sorted(m for m in NAMES if m in sys.modules), flush=True)"
+
+
+def checked_once(package) -> str:
+    """The package's folder, loaded once already: a load whose files match the record of the last full check
+    writes nothing (package/verified.py), the first one writes the record."""
+    import edgelm.runtime
+
+    edgelm.runtime.load(package)
+    return str(package)
+
+
+def imported_after(code: str, names: tuple, *args) -> list:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code).replace("REPORT", REPORT.replace("NAMES", repr(names))), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("imported "), done.stdout
+    return eval(last.removeprefix("imported "))
+
+
+def test_import_edgelm_runtime_imports_none_of_the_engine():
+    assert imported_after("import sys\nimport edgelm.runtime\nREPORT", NOT_AT_IMPORT + NOT_NEEDED) == []
+
+
+def test_the_api_loads_and_generates_without_what_its_first_token_does_not_need(tiny_package):
+    code = """
+        import sys
+        import edgelm.runtime as edgelm
+        print(edgelm.load(sys.argv[1]).generate("Hello", max_new_tokens=1).completion_tokens)
+        REPORT
+    """
+    assert imported_after(code, NOT_NEEDED + ("click",), checked_once(tiny_package)) == []
+
+
+def test_generate_imports_nothing_its_first_token_does_not_need(tiny_package):
+    # reported at exit: the command ends the process itself (cli/launch.py), after the atexit functions
+    code = """
+        import atexit, sys
+        from edgelm.runtime.cli.launch import command
+        sys.argv = ["edgelm", "generate", "-m", sys.argv[1], "Hello", "--max-new-tokens", "1"]
+        atexit.register(lambda: REPORT)
+        command()
+    """
+    assert imported_after(code, NOT_NEEDED, checked_once(tiny_package)) == []
+
+
+def test_the_check_sees_a_planted_import(tiny_package):
+    code = """
+        import sys
+        import edgelm.runtime as edgelm
+        import logging, concurrent.futures
+        print(edgelm.load(sys.argv[1]).generate("Hello", max_new_tokens=1).completion_tokens)
+        REPORT
+    """
+    assert imported_after(code, NOT_NEEDED, checked_once(tiny_package)) == ["concurrent.futures", "logging"]
+
+
+# The server's own stack (Starlette, pydantic, anyio, uvicorn) imports logging, tempfile, email, importlib.metadata
+# and concurrent.futures itself; what it must not pull in before a chat or a constrained request is the rest.
+SERVE_NOT_NEEDED = (
+    "jinja2",
+    "tqdm",
+    "huggingface_hub",
+    "onnxruntime.transformers",
+    "onnxruntime.tools",
+    "edgelm.export",
+    "edgelm.runtime.store.hub",
+    "edgelm.runtime.cli",
+    "torch",
+    "transformers",
+    "llguidance",
+)
+
+
+def test_the_server_answers_its_first_completion_without_what_it_does_not_need(tiny_package):
+    code = """
+        import sys
+        from starlette.testclient import TestClient
+        import edgelm.runtime as edgelm
+        from edgelm.runtime.server.app import create_app
+
+        app = create_app(edgelm.load(sys.argv[1], spinning=False))  # one running batch, as serve runs
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            answer = client.post("/v1/completions", json={"model": app.names.id, "prompt": "Hi", "max_tokens": 1})
+            assert answer.status_code == 200, answer.text
+        REPORT
+    """
+    assert imported_after(code, SERVE_NOT_NEEDED, checked_once(tiny_package)) == []
