@@ -10,10 +10,10 @@ loaded draft model's guesses), "ngram" those and prompt lookup, "draft" those an
 one row speculates; a batch of several rows decodes one token per pass (uses() says which).
 """
 
-from .decode import Speculation, speculative_steps
+from .decode import Speculation, speculative_round, speculative_steps
 from .ngram import NgramProposer
 
-__all__ = ["NgramProposer", "Speculation", "speculative_steps", "uses", "proposer"]
+__all__ = ["NgramProposer", "Speculation", "speculative_round", "speculative_steps", "uses", "proposer"]
 
 
 def uses(config, rows: int, constraints: list, draft=None) -> bool:
