@@ -209,3 +209,14 @@ def test_speculation_off_runs_no_round(model, monkeypatch):
     finally:
         scheduler.close()
     assert rounds == [] and job.batch.completions[0].speculation is None
+
+
+def test_auto_adds_prompt_lookup_only_where_its_constant_says(model, monkeypatch):
+    from edgelm.runtime import speculative
+
+    config = model.settings(speculative="auto")
+    assert not speculative.uses(config, 1, [None]) and speculative.proposer(config) is None
+    assert model.generate(PROMPTS[0], max_new_tokens=8).speculation is None  # auto, nothing forced: one per pass
+    monkeypatch.setattr(speculative, "AUTO_NGRAM", True)
+    assert speculative.uses(config, 1, [None]) and isinstance(speculative.proposer(config), speculative.NgramProposer)
+    assert model.generate(PROMPTS[0], max_new_tokens=8).speculation["passes"] > 0
