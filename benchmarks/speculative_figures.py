@@ -11,6 +11,9 @@ CPU, the load average and its command line before its figures.
     python benchmarks/speculative_figures.py cost     # the draft's step over the target's at real shapes (random
                                                       # weights, int8): distilgpt2 / gpt2-large, SmolLM2-135M /
                                                       # 1.7B, Qwen2.5-0.5B / 1.5B, and the speed-ups they allow
+    python benchmarks/speculative_figures.py server   # 1 and 16 streaming clients of `edgelm serve` at
+                                                      # distilgpt2's shape, int8: --speculative off, then ngram
+                                                      # (benchmarks/server_load.py; the target: >= 0.95x at 16)
     ... --quick   the smallest setting (5 training steps, 16 tokens, one round, a 5-item array; cost: the trained
                   pair only): proves the command runs; its figures mean nothing
 
@@ -80,11 +83,15 @@ def distilgpt2_int8() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("figure", choices=["forced", "lookup", "draft", "cost"])
+    parser.add_argument("figure", choices=["forced", "lookup", "draft", "cost", "server"])
     parser.add_argument("--quick", action="store_true", help="the smallest setting: proves the command runs")
     parser.add_argument("--steps", type=int, default=600, help="training steps of the trained checkpoints")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    from speculative import header
+
+    header()
     steps, rounds = (5, 1) if args.quick else (args.steps, args.rounds)
     common = ["--rounds", rounds] + (["--tokens", 16, "--items", 5] if args.quick else [])
     bench = HERE / "speculative.py"
@@ -96,6 +103,12 @@ def main() -> None:
     elif args.figure == "draft":
         target, draft = (exported(trained(shape, steps), "int8") for shape in ("gpt2-target", "gpt2-draft"))
         python(bench, target, "--draft", draft, "--tasks", "quote,extract,open", "--modes", "off,draft", *common)
+    elif args.figure == "server":
+        package, clients = distilgpt2_int8(), "1,2" if args.quick else "1,16"
+        tokens = ["--max-tokens", 8] if args.quick else []
+        for mode in ("off", "ngram"):
+            python(HERE / "server_load.py", package, "--clients", clients, "--rounds", rounds, *tokens, "--",
+                   "--speculative", mode)  # fmt: skip
     else:
         pairs = [("gpt2-draft", "gpt2-target")] if args.quick else REAL_PAIRS
         for small, large in pairs:
