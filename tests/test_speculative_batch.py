@@ -130,7 +130,8 @@ def test_concurrent_requests_get_their_output_without_speculation(model, monkeyp
         same(job.batch.completions, [alone])
         assert "".join(p.text for p in job.pieces) == alone.text
     stats = jobs[0].batch.completions[0].speculation
-    assert set(rounds) == {0} and stats["accepted"] > 0 and stats["passes"] + 12 < 28  # the long one speculated alone, before the others and after
+    # the long one speculated alone, before the others came and after they left
+    assert set(rounds) == {0} and stats["accepted"] > 0 and stats["passes"] + 12 < 28
     assert scheduler.cache.rows == [] and scheduler.cache.buffers is None
 
 

@@ -30,9 +30,8 @@ def model(tiny_package):
 @pytest.fixture(scope="module")
 def servers(model):
     """A server per --speculative value, the ngram one with --metrics."""
-    made = {
-        mode: InProcessServer(model, Limits(speculative=mode), metrics=mode == "ngram") for mode in ("off", "ngram", "auto")
-    }
+    modes = ("off", "ngram", "auto")
+    made = {mode: InProcessServer(model, Limits(speculative=mode), metrics=mode == "ngram") for mode in modes}
     yield made
     for server in made.values():
         server.stop()
@@ -41,13 +40,14 @@ def servers(model):
 def bodies() -> list:
     """(path, body): completions and chat, streamed and not, greedy, one of them with a JSON schema."""
     schema = {"type": "object", "properties": {"n": {"enum": ["alpha", "beta gamma"]}}, "required": ["n"]}
+    structured = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     out = []
     for i, prompt in enumerate(PROMPTS):
         out.append(("/v1/completions", {"prompt": prompt, "max_tokens": 20, "temperature": 0, "stream": i % 2 == 1}))
     out.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 16,
                                          "temperature": 0}))  # fmt: skip
     out.append(("/v1/completions", {"prompt": "JSON:", "max_tokens": 24, "temperature": 0,
-                                    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}))  # fmt: skip
+                                    "response_format": structured}))  # fmt: skip
     return out
 
 

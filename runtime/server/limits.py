@@ -1,6 +1,6 @@
-"""The server's limits: what one request may ask for, and how its tokens are decoded. Their defaults are written here only; `edgelm serve`
-(runtime/cli/serve.py) shows them as its options' defaults, and this module imports nothing of the server
-extra, so the command's help works without it."""
+"""The server's limits: what one request may ask for, and how its tokens are decoded. Their defaults are written
+here only; `edgelm serve` (runtime/cli/serve.py) shows them as its options' defaults, and this module imports
+nothing of the server extra, so the command's help works without it."""
 
 from dataclasses import dataclass
 
