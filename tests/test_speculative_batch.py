@@ -221,3 +221,21 @@ def test_auto_adds_prompt_lookup_only_where_its_constant_says(model, monkeypatch
     monkeypatch.setattr(speculative, "AUTO_NGRAM", True)
     assert speculative.uses(config, 1, [None]) and isinstance(speculative.proposer(config), speculative.NgramProposer)
     assert model.generate(PROMPTS[0], max_new_tokens=8).speculation["passes"] > 0
+
+
+def test_a_draft_model_proposes_in_the_running_batch(tiny_package):
+    """The package as its own draft: its greedy guesses are the target's, so nearly all are accepted; two
+    requests, one after the other, get their output without speculation."""
+    model = load(tiny_package, draft=tiny_package)
+    options = dict(do_sample=False, ignore_eos=True, max_new_tokens=20)
+    scheduler = Scheduler(model, max_rows=2)
+    jobs = [Job(model.batch([prompt], speculative="draft", **options)) for prompt in PROMPTS[1:]]
+    try:
+        run(scheduler, jobs[:1])
+        run(scheduler, jobs[1:])
+    finally:
+        scheduler.close()
+    for job, prompt in zip(jobs, PROMPTS[1:]):
+        same(job.batch.completions, model.generate([prompt], speculative="off", **options))
+        stats = job.batch.completions[0].speculation
+        assert stats["accepted"] > 0 and stats["passes"] < 19
