@@ -29,6 +29,7 @@ rounding); int8 graphs quantize activations per pass, over all rows at once, so 
 
 import threading
 from collections import deque
+from functools import partial
 
 import numpy as np
 
@@ -195,10 +196,7 @@ class Scheduler:
             if entry not in failed and not row.finished:
                 proposer, stats = entry.speculation(row.index, self.draft) or (None, speculative.Speculation())
                 limit = SPECULATIVE_TOKENS if entry.rounds[row.index] else 0
-
-                def verify(tokens, slot=slot):
-                    return self.cache.verify(slot, tokens)
-
+                verify = partial(self.cache.verify, slot)  # tokens -> logits [len(tokens), V]
                 try:
                     pieces = speculative.speculative_round(entry.step, row.index, proposer, stats, verify, limit)
                     for piece in pieces:
