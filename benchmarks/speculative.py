@@ -2,7 +2,11 @@
 one package, in one process, the modes taking turns within each round.
 
     python benchmarks/speculative.py PKG [--draft DRAFT] [--rounds 3] [--tokens 64] [--items 40]
+                                         [--tasks schema,quote,extract,open] [--modes off,auto,ngram,draft]
     python benchmarks/speculative.py PKG --exactness 200 [--tokens 32]
+    python benchmarks/speculative.py PKG --draft DRAFT --cost-ratio [--acceptance 0.6]
+
+benchmarks/speculative_figures.py builds the packages and runs this once per figure of docs/performance.md.
 
 Tasks (greedy, prompts cut to the context from the left):
 - schema: a JSON schema whose output is mostly forced (fixed keys, long enum words, an array of --items enum
@@ -20,12 +24,26 @@ whether the tokens equal "off"'s (greedy with speculation is token-identical unl
 the package itself as its own draft makes every pass as wide as the draft); printed: tokens drafted, how many
 outputs differ and, for those, where they first do: a kernel whose multi-row path sums in another order can
 flip a near-tie. No figures are asserted here; tests never time anything.
+
+--cost-ratio: the seconds of one decode step of DRAFT over one of PKG (batch 1, medians of --rounds x 32 steps
+after a 64-token prompt), and from it the speed-up a draft of length k can give at an acceptance rate a per
+token (Leviathan et al. 2023: (1 - a^(k+1)) / ((1 - a)(k c + 1)), c the cost ratio), for --acceptance (default:
+0.5, 0.6, 0.7, 0.8) and k from 1 to 8: what a pair of real shapes (distilgpt2 drafting gpt2-large, SmolLM2-135M
+drafting SmolLM2-1.7B, Qwen2.5-0.5B drafting 1.5B: benchmarks/random_checkpoint.py builds them) lets users expect
+from the acceptance a trained pair measures.
+
+Every run prints first the CPU, the load average and its command line (one JSON line).
 """
 
 import argparse
 import json
+import os
+import platform
 import statistics
+import sys
 import time
+
+import numpy as np
 
 from edgelm.runtime.model import load
 
@@ -87,8 +105,27 @@ def run(model, prompt: str, mode: str, tokens: int, options: dict) -> dict:
     }
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo") as lines:
+            for line in lines:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def header() -> None:
+    """The machine and the command, printed before the figures they belong to."""
+    line = {"cpu": cpu_model(), "cores": os.cpu_count(), "load average": os.getloadavg()}
+    print(json.dumps(line | {"command": " ".join(["python", *sys.argv])}), flush=True)
+
+
 def speeds(model, args, modes: list) -> None:
-    for task, (prompt, options) in tasks(args.items).items():
+    chosen = tasks(args.items)
+    for task, (prompt, options) in ((t, chosen[t]) for t in args.tasks):
         task_modes = [m for m in modes if m != "auto" or options]  # auto differs from off under a constraint only
         for mode in task_modes:  # warm: the grammar compiled, onnxruntime's buffers for each pass width made
             run(model, prompt, mode, args.tokens, options)
@@ -126,6 +163,30 @@ def exactness(model, args) -> None:
     print(json.dumps(line | {"outputs that differ": len(differ), "first difference at": differ}))
 
 
+def step_seconds(model, rounds: int) -> float:
+    """Median seconds of one batch-1 decode step after a 64-token prompt (32 steps a round, greedy)."""
+    prompt = [int(i) for i in np.random.default_rng(0).integers(0, model.arch.vocab_size - 1, size=64)]
+    times = []
+    for _ in range(rounds + 1):  # the first is a warm-up
+        started = time.perf_counter()
+        model.generate([prompt], max_new_tokens=33, ignore_eos=True, speculative="off")
+        middle = time.perf_counter()
+        model.generate([prompt], max_new_tokens=1, ignore_eos=True, speculative="off")
+        times.append(((middle - started) - (time.perf_counter() - middle)) / 32)  # the 32 steps after the first
+    return statistics.median(times[1:])
+
+
+def cost_ratio(model, args) -> None:
+    """The draft's step over the target's, and the speed-ups it allows (see the module docstring)."""
+    target, draft = step_seconds(model, args.rounds), step_seconds(model.draft, args.rounds)
+    c = draft / target
+    print(json.dumps({"target step s": round(target, 5), "draft step s": round(draft, 5), "cost ratio": round(c, 4)}))
+    for a in args.acceptance or [0.5, 0.6, 0.7, 0.8]:
+        gains = {k: round((1 - a ** (k + 1)) / ((1 - a) * (k * c + 1)), 3) for k in range(1, 9)}
+        best = max(gains, key=gains.get)
+        print(json.dumps({"acceptance": a, "expected speed-up by draft length": gains, "best length": best}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("package")
@@ -134,12 +195,28 @@ def main():
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per call")
     parser.add_argument("--items", type=int, default=40, help="enum words in the schema's array")
     parser.add_argument("--exactness", type=int, default=0, metavar="N", help="count outputs that differ instead")
+    parser.add_argument("--tasks", default="schema,quote,extract,open", help="comma-separated tasks to run")
+    parser.add_argument("--modes", help="comma-separated modes (default: off,auto,ngram and draft with --draft)")
+    parser.add_argument("--cost-ratio", action="store_true", help="time the draft's step against PKG's instead")
+    parser.add_argument("--acceptance", type=float, action="append", help="acceptance rate for --cost-ratio")
     args = parser.parse_args()
+    args.tasks = args.tasks.split(",")
+    unknown = set(args.tasks) - set(tasks(1))
+    if unknown:
+        parser.error(f"unknown task {sorted(unknown)[0]!r}: the tasks are {', '.join(tasks(1))}")
+    modes = args.modes.split(",") if args.modes else ["off", "auto", "ngram"] + (["draft"] if args.draft else [])
+    if "off" not in modes or not set(modes) <= {"off", "auto", "ngram", "draft"}:
+        parser.error("--modes takes off (always: the others are compared with it), auto, ngram and draft")
+    if ("draft" in modes or args.cost_ratio) and not args.draft:
+        parser.error("the draft mode and --cost-ratio need --draft DRAFT")
+    header()
     model = load(args.package, draft=args.draft)
-    if args.exactness:
+    if args.cost_ratio:
+        cost_ratio(model, args)
+    elif args.exactness:
         exactness(model, args)
-        return
-    speeds(model, args, ["off", "auto", "ngram"] + (["draft"] if args.draft else []))
+    else:
+        speeds(model, args, modes)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
     benchmarks/austen_text.sh                                   # the texts, into benchmarks/out/austen
     python benchmarks/train_small.py gpt2  [--steps 600] [--out DIR]
     python benchmarks/train_small.py llama [--steps 600] [--out DIR]
+    python benchmarks/train_small.py gpt2-draft  [--text python-docs]    # a draft/target pair of one tokenizer
+    python benchmarks/train_small.py gpt2-target [--text python-docs]
 
 Random weights hide quantization error: their next-token distributions are nearly flat, so a 4-bit package can
 even score a lower perplexity than its float32 source. A model trained for a few hundred steps on real text has
@@ -14,6 +16,12 @@ perplexity printed at the end (export/data/ ships an extract of it as the export
 The Llama shape has grouped-query attention (6 query heads, 2 key/value heads) and a tied embedding, like
 SmolLM2. Seeded, single process, CPU: 600 steps of 8 x 256 tokens take a few minutes on 2 cores.
 Writes a transformers checkpoint folder (safetensors, config, tokenizer) that `edgelm export` reads.
+
+gpt2-draft (2 layers of width 128) and gpt2-target (6 layers of width 384, about 30M parameters: the largest
+GPT-2 shape 600 steps train in about an hour of 2 cores) share GPT-2's tokenizer: a draft model and its target
+for speculative decoding (benchmarks/speculative.py --draft). `--text python-docs` trains on an English text
+every Python has offline, where Austen's novels cannot be fetched: the documentation of the language in the
+standard library's pydoc_data (the reference's topics: prose with code), the last tenth of the topics held out.
 """
 
 import argparse
@@ -35,6 +43,14 @@ SHAPES = {
         model_type="gpt2", vocab_size=50_257, n_positions=512, n_embd=192, n_layer=4, n_head=6,
         bos_token_id=EOS, eos_token_id=EOS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     ),
+    "gpt2-draft": dict(
+        model_type="gpt2", vocab_size=50_257, n_positions=512, n_embd=128, n_layer=2, n_head=4,
+        bos_token_id=EOS, eos_token_id=EOS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    ),
+    "gpt2-target": dict(
+        model_type="gpt2", vocab_size=50_257, n_positions=512, n_embd=384, n_layer=6, n_head=6,
+        bos_token_id=EOS, eos_token_id=EOS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    ),
     "llama": dict(
         model_type="llama", vocab_size=50_257, max_position_embeddings=512, hidden_size=192,
         intermediate_size=512, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2,
@@ -49,17 +65,38 @@ def paragraphs(text: str) -> str:
     return "\n\n".join(p for p in joined if p) + "\n"
 
 
-def token_stream(texts: list[Path], tokenizer):
+def token_stream(texts: list[str], tokenizer):
     import numpy as np
 
     ids = []
-    for path in texts:
-        ids.extend(tokenizer.encode(paragraphs(path.read_text(encoding="utf-8"))).ids)
+    for text in texts:
+        ids.extend(tokenizer.encode(paragraphs(text)).ids)
         ids.append(EOS)
     return np.asarray(ids, dtype=np.int64)
 
 
-def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, context: int, lr: float, seed: int):
+def corpus(source: str, text_dir: Path) -> tuple[list[str], list[str], list[str], str]:
+    """(training texts, their names, held-out texts, the held-out name) of "austen" (text_dir's novels) or
+    "python-docs" (pydoc_data's topics, sorted by name, the last tenth held out)."""
+    if source == "python-docs":
+        from pydoc_data.topics import topics
+
+        names = sorted(topics)
+        cut = len(names) - max(1, len(names) // 10)
+        return [topics[n] for n in names[:cut]], names[:cut], [topics[n] for n in names[cut:]], "pydoc topics " + (
+            f"{names[cut]}..{names[-1]}"
+        )
+    books = sorted(p for p in text_dir.glob("*.txt") if p.stem != HELD_OUT)
+    if len(books) < 2 or not (text_dir / f"{HELD_OUT}.txt").exists():
+        raise SystemExit(
+            f"need Austen's novels in {text_dir}: run benchmarks/austen_text.sh first (or use --text python-docs)"
+        )
+    read = lambda path: path.read_text(encoding="utf-8")  # noqa: E731
+    return [read(p) for p in books], [p.stem for p in books], [read(text_dir / f"{HELD_OUT}.txt")], HELD_OUT
+
+
+def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, context: int, lr: float, seed: int,
+          source: str = "austen"):  # fmt: skip
     import numpy as np
     import torch
     from tokenizers import Tokenizer
@@ -68,11 +105,9 @@ def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, contex
     torch.manual_seed(seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     tokenizer = Tokenizer.from_file(str(SHARED / "gpt2-tokenizer" / "tokenizer.json"))
-    books = sorted(p for p in text_dir.glob("*.txt") if p.stem != HELD_OUT)
-    if len(books) < 2 or not (text_dir / f"{HELD_OUT}.txt").exists():
-        raise SystemExit(f"need Austen's novels in {text_dir}: run benchmarks/austen_text.sh first")
-    train_ids = token_stream(books, tokenizer)
-    held_ids = token_stream([text_dir / f"{HELD_OUT}.txt"], tokenizer)[: 64 * context]
+    texts, names, held_texts, held_name = corpus(source, text_dir)
+    train_ids = token_stream(texts, tokenizer)
+    held_ids = token_stream(held_texts, tokenizer)[: 64 * context]
     config = AutoConfig.for_model(**SHAPES[family])
     model = AutoModelForCausalLM.from_config(config)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -107,9 +142,10 @@ def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, contex
         "steps": steps,
         "batch": batch,
         "context": context,
+        "text": source,
         "train_tokens": int(len(train_ids)),
-        "train_books": [p.stem for p in books],
-        "held_out": HELD_OUT,
+        "train_books": names if source == "austen" else f"{len(names)} topics",
+        "held_out": held_name,
         "held_out_tokens": int(windows.numel()),
         "held_out_perplexity": round(math.exp(held), 2),
         "seconds": round(time.perf_counter() - started, 1),
@@ -123,6 +159,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("family", choices=sorted(SHAPES))
     parser.add_argument("--text-dir", type=Path, default=HERE / "out" / "austen")
+    parser.add_argument("--text", choices=["austen", "python-docs"], default="austen", help="what to train on")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=8)
@@ -130,8 +167,8 @@ def main():
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    out = args.out or HERE / "out" / f"{args.family}-austen"
-    train(args.family, args.text_dir, out, args.steps, args.batch, args.context, args.lr, args.seed)
+    out = args.out or HERE / "out" / f"{args.family}-{args.text}"
+    train(args.family, args.text_dir, out, args.steps, args.batch, args.context, args.lr, args.seed, args.text)
 
 
 if __name__ == "__main__":

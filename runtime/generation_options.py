@@ -118,7 +118,7 @@ OPTIONS = (
         "off decodes one token per pass. Statistics in --json.",
         chat=True,
         choices=SPECULATIVE,
-        # the running batch decodes one token per pass: a request alone does too, so its answer is the same either way
+        # the server's unless `edgelm serve --speculative` says otherwise (server/limits.py): requests do not set it
         server_default="off",
     ),
     # n > 1 at temperature 0 gives n greedy copies, as OpenAI's n does

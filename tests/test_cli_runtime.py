@@ -347,8 +347,8 @@ def test_bench_reports_every_figure_as_json_and_as_a_table(tiny_package, monkeyp
 def test_bench_on_cuda_leaves_out_the_host_memory_ceiling(tiny_package, monkeypatch):
     from edgelm.runtime.apps import bench
 
-    def on_cuda(path, device, threads):  # the figures come from the CPU; the model says it runs on CUDA
-        model = rt.load(path, device="cpu", threads=threads)
+    def on_cuda(path, device, threads, draft=None):  # the figures come from the CPU; the model says it runs on CUDA
+        model = rt.load(path, device="cpu", threads=threads, draft=draft)
         model.device = "cuda"
         return model
 

@@ -154,11 +154,14 @@ def run_bench(
     runs: int = 3,
     new_tokens: int = 128,
     long_context: int = 896,
+    speculative: str | None = None,
+    draft=None,
 ) -> dict:
-    """Measure one package; returns a dict of figures (also what `edgelm bench --json` prints)."""
+    """Measure one package; returns a dict of figures (also what `edgelm bench --json` prints). speculative: a
+    mode of the `speculative` option to time against "off" as well (speculation_figures); draft: its draft model."""
     threads = threads or os.cpu_count()
     started = time.perf_counter()
-    model = load(path, device=device, threads=threads)
+    model = load(path, device=device, threads=threads, draft=draft)
     result = {
         "package": str(model.package.folder),
         "device": model.device,
@@ -208,6 +211,8 @@ def run_bench(
             rate.append(batch * (batch_tokens - 1) / rest)
     result.update({"batch_8_tok_s": _median(rates[8]), "batch_16_tok_s": _median(rates[16])})
     result["batch_16_over_batch_1"] = _median([b16 / b1 for b1, b16 in zip(rates[1], rates[16])])
+    if speculative is not None:
+        result.update(speculation_figures(model, speculative, runs, batch_tokens))
     result.update(
         {
             "cold_start_to_first_token_s": _median([cold_start(path, threads) for _ in range(max(1, runs // 2))]),
@@ -215,6 +220,32 @@ def run_bench(
         }
     )
     return result
+
+
+def speculation_figures(model, mode: str, runs: int, new_tokens: int) -> dict:
+    """Greedy decode with speculative=`mode` and with "off", side by side in the same rounds, on a prompt that
+    quotes itself (a random span given twice: prompt lookup's best case, a draft model's usual one): the
+    tokens/s of each, their ratio, and the drafted and accepted tokens of the last round."""
+    span = max(4, min(64, (model.arch.n_positions - new_tokens) // 2 - 1))
+    on, off, stats = [], [], {}
+    for r in range(runs):
+        prompt = prompt_ids(model, span, 1000 + r) * 2
+        for speculative, rates in ((mode, on), ("off", off)):
+            time.sleep(SETTLE_S)
+            started = time.perf_counter()
+            completion = model.generate([prompt], max_new_tokens=new_tokens, do_sample=False, ignore_eos=True,
+                                        speculative=speculative)[0]  # fmt: skip
+            rates.append(completion.completion_tokens / (time.perf_counter() - started))
+            stats = completion.speculation or stats
+    return {
+        "speculative": mode,
+        "speculative_tok_s": _median(on),
+        "speculative_off_tok_s": _median(off),
+        "speculative_speedup": _median([a / b for a, b in zip(on, off)]),
+        "speculative_drafted": stats.get("drafted", 0),
+        "speculative_accepted": stats.get("accepted", 0),
+        "speculative_acceptance_rate": stats.get("acceptance_rate"),
+    }
 
 
 ROWS = [
@@ -233,6 +264,13 @@ ROWS = [
     ("read_gb_s", "memory read, same threads", "{:.1f} GB/s"),
     ("ceiling_tok_s", "ceiling: weights read once per token", "{:.1f} tok/s"),
     ("decode_fraction_of_ceiling", "decode / ceiling, same rounds", "{:.2f}"),
+    ("speculative", "speculative (a prompt quoting itself)", "{}"),
+    ("speculative_tok_s", "  greedy decode with it", "{:.1f} tok/s"),
+    ("speculative_off_tok_s", "  greedy decode with it off", "{:.1f} tok/s"),
+    ("speculative_speedup", "  on / off, same rounds", "{:.2f}x"),
+    ("speculative_drafted", "  tokens drafted (last round)", "{}"),
+    ("speculative_accepted", "  tokens accepted (last round)", "{}"),
+    ("speculative_acceptance_rate", "  acceptance rate", "{:.2f}"),
 ]
 
 

@@ -9,6 +9,14 @@ between steps, each with its own options, random generators, stop strings and le
     steps its own rows -> text pieces (job.piece) -> a finished row frees its slot at once -> a job whose rows
     have all finished ends (job.finish); a job one of whose rows failed ends at once with that row's error
 
+Several tokens per pass (runtime/speculative/): while the batch holds at most `speculative_rows` rows (default
+SPECULATIVE_ROWS) and one of them has something to propose (its request's `speculative` option: prompt lookup, a
+draft model, its constraint's forced tokens), each row takes a verify pass of its own over its slot (propose,
+verify, accept: speculative_round) instead of the shared one-token step: one row alone gains what a call of one
+row gains. With more rows, one pass for all of them already reads the weights once for several tokens, and a
+pass per row would read them once per row: every row decodes one token per pass. A greedy row's output is the
+same either way (the picks are the sampler chain's own).
+
 A job is any object with: `batch` (a runtime Batch, whose `rows` (runtime/batching/rows.py) this thread drives;
 None once start() has done all the work, as a scoring request does), start() (called first, in this thread), check() (raises to stop the job: called at every step
 boundary while it waits or runs), piece(Piece), and finish(error) (None: batch.completions is ready; else why
@@ -21,9 +29,11 @@ rounding); int8 graphs quantize activations per pass, over all rows at once, so 
 
 import threading
 from collections import deque
+from functools import partial
 
 import numpy as np
 
+from .. import speculative
 from ..engine.decode import PREFILL_CHUNK as CHUNK
 from ..engine.steps import prefill_inputs
 from ..sampling.constraint import Masks
@@ -35,6 +45,11 @@ from .step import Step
 # token waits for one more prefill, not for a step of the rows just joined as well. The running rows' next
 # token waits for at most this many rounds of prefills.
 JOIN_ROUNDS = 2
+# Rows at most in the running batch for its rows to speculate (a verify pass each). Above it, the batched step
+# reads the weights once for every row's token, which a pass per row cannot beat (benchmarks/speculative.py).
+SPECULATIVE_ROWS = 1
+# Draft ids per row and pass at most in the running batch: the slot cache reserves the columns before the passes.
+SPECULATIVE_TOKENS = 16
 
 
 class Entry:
@@ -46,6 +61,24 @@ class Entry:
         self.step = Step(self.rows, vocab_size)
         self.waiting = deque(range(len(self.rows)))  # rows not yet prefilled, in order
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
+        self.rounds: dict = {}  # row index -> (its proposer, a speculative.Speculation), or None: it never proposes
+
+    def speculation(self, index: int, draft) -> tuple | None:
+        """Row `index`'s proposer and statistics if its settings speculate (draft: the model's draft Model or None)."""
+        if index not in self.rounds:
+            config, state = self.rows.config, self.step.states[index]
+            self.rounds[index] = None
+            if speculative.uses(config, 1, [state.constraint], draft):
+                proposer = speculative.proposer(config, draft, len(self.rows[index]), self.step.rngs[index])
+                self.rounds[index] = (proposer, speculative.Speculation())
+        return self.rounds[index]
+
+    def record(self) -> None:
+        """Each row that speculated: its statistics in its Completion (Completion.speculation)."""
+        completions = self.rows.completions
+        for index, round_ in self.rounds.items():
+            if round_ is not None and round_[1].passes and completions:
+                completions[index].speculation = round_[1].to_dict()
 
 
 class Row:
@@ -73,8 +106,10 @@ class Row:
 class Scheduler:
     """Runs submitted jobs in one running batch of up to `max_rows` rows on `model`, in a thread of its own."""
 
-    def __init__(self, model, max_rows: int):
+    def __init__(self, model, max_rows: int, speculative_rows: int = SPECULATIVE_ROWS):
         self.engine, self.vocab_size = model.engine, model.arch.vocab_size
+        self.draft = getattr(model, "draft", None)  # the draft Model of load(..., draft=), or None
+        self.speculative_rows = speculative_rows
         self.cache = SlotCache(model.engine, max_rows, model.arch.n_positions)
         self.masks = Masks(max_rows, self.vocab_size)  # the running batch's constrained rows' masks, by slot
         self.entries: list = []  # running or waiting jobs, in arrival order (this thread only)
@@ -137,8 +172,46 @@ class Scheduler:
             self._step()
 
     def _step(self) -> None:
-        """Decode: one token for every row in the batch, then each job picks its rows' next ids."""
+        """Decode, several tokens per row (a few rows that propose) or one for every row, then free the finished
+        rows' slots and end the jobs whose rows have all finished."""
         rows = list(self.cache.rows)
+        if len(rows) <= self.speculative_rows and any(r.entry.speculation(r.index, self.draft) for r in rows):
+            self._speculate(rows)
+        else:
+            self._decode(rows)
+        for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
+            if self.cache.rows[slot].finished:
+                self.cache.leave(slot)
+        for entry in dict.fromkeys(row.entry for row in rows):
+            if not entry.step.running and entry in self.entries:
+                self._end(entry, None)
+
+    def _speculate(self, rows: list) -> None:
+        """Each row alone: propose, verify in one pass over its slot, accept (speculative_round); a row that does
+        not propose takes a pass of one token. Then the slot cache keeps what each row accepted."""
+        self.cache.reserve_columns(SPECULATIVE_TOKENS + 1)
+        kept, failed = [], {}
+        for slot, row in enumerate(rows):
+            entry, before = row.entry, len(row.state.seen)
+            if entry not in failed and not row.finished:
+                proposer, stats = entry.speculation(row.index, self.draft) or (None, speculative.Speculation())
+                limit = SPECULATIVE_TOKENS if entry.rounds[row.index] else 0
+                verify = partial(self.cache.verify, slot)  # tokens -> logits [len(tokens), V]
+                try:
+                    pieces = speculative.speculative_round(entry.step, row.index, proposer, stats, verify, limit)
+                    for piece in pieces:
+                        entry.job.piece(piece)
+                    if entry.step.error is not None:
+                        raise entry.step.error
+                except BaseException as error:  # the job's alone; it ends once the slots are settled
+                    failed[entry] = error
+            kept.append(len(row.state.seen) - before)  # the last token and the accepted draft: now in the cache
+        self.cache.settle(kept)
+        for entry, error in failed.items():
+            self._end(entry, error)
+
+    def _decode(self, rows: list) -> None:
+        """One token for every row in the batch, then each job picks its rows' next ids."""
         constraints = [row.state.constraint for row in rows]
         constrained = any(c is not None for c in constraints)
         if constrained:  # the constrained rows' masks, computed while the step runs (a row's failure is its own)
@@ -156,12 +229,6 @@ class Scheduler:
         for entry, mine in slots.items():
             mine_allowed = allowed.take(mine) if allowed is not None and entry.step.constrained else None
             self._guard(entry, self._pick, entry, [rows[s].index for s in mine], logits[mine], mine_allowed)
-        for slot in reversed(range(len(self.cache.rows))):  # a finished row's slot is free at once
-            if self.cache.rows[slot].finished:
-                self.cache.leave(slot)
-        for entry in slots:
-            if not entry.step.running and entry in self.entries:
-                self._end(entry, None)
 
     def _pick(self, entry: Entry, indices: list, logits: np.ndarray, allowed=None) -> None:
         """Step the job's rows `indices` from their logits [k, V] (allowed: their allowed tokens, a constraint.Allowed,
@@ -273,6 +340,8 @@ class Scheduler:
         if entry in self.entries:
             self.entries.remove(entry)
         entry.prefilled = None
+        if error is None:
+            entry.record()
         _finish(entry.job, error)
 
 

@@ -7,6 +7,10 @@ between steps, each with its own length, all decoded by one forward pass per ste
     step        attention_mask [n, W + 1], 1 over each row's positions and the new one; position_ids [n, 1] =
                 lengths (each row counts its own); the graph writes every row's new key and value at column W
 
+    verify      (several tokens per pass, runtime/speculative/) one row alone: attention_mask [1, W + k] over its
+                slot, k new tokens written at columns [W, W + k); settle() then keeps each row's accepted ones and
+                moves the rows that kept fewer right, so that all are right-aligned at the new W
+
 This is the graph contract's own layout for a left-padded batch (every row holds W positions, the padding masked
 by the attention bias: export/graph/attention.py's cache_lengths), so the same graph runs it. A masked column adds
 exp(MASKED) = exactly 0 to a row's attention, whatever it holds, so a row's logits do not depend on its
@@ -21,6 +25,8 @@ empty.
 
 import numpy as np
 
+from ..engine.verify_pass import VerifyPasses
+
 
 class SlotCache:
     """Up to `max_rows` rows of cache; `rows` holds the caller's object for each slot, in slot order."""
@@ -33,7 +39,7 @@ class SlotCache:
         self.lengths: list = []  # positions each row holds (prompt + tokens fed so far)
         self.width = 0  # W: columns in use, the same for every row
         self.buffers: list | None = None
-        self._decoders: dict = {}  # n -> a decoder over the first n rows of the buffers
+        self._decoders: dict = {}  # n -> a decoder over the first n rows; ("verify", slot) -> one row's passes
 
     @property
     def capacity(self) -> int:
@@ -88,6 +94,33 @@ class SlotCache:
         self.width += 1
         self.lengths = [length + 1 for length in self.lengths]
         return logits[:, -1, :]
+
+    def reserve_columns(self, columns: int) -> None:
+        """Room for `columns` more columns after W, for verify passes (several tokens per row) before settle()."""
+        self._fit(len(self.rows), joining=self.width + columns - 1)
+
+    def verify(self, slot: int, tokens: list) -> np.ndarray:
+        """Feed several tokens to row `slot` alone: a batch-1 verify pass over its slot (runtime/engine/verify_pass.py),
+        its new keys and values written at columns W, W + 1, ... (reserve_columns first). Returns their logits
+        [len(tokens), V], valid until the next pass. W and the row's length stay as they are until settle()."""
+        key = ("verify", slot)
+        if key not in self._decoders:
+            views = [buffer[slot : slot + 1] for buffer in self.buffers]  # a row of a C-contiguous array: one block
+            self._decoders[key] = VerifyPasses(self.engine.decoder(1, self.capacity, buffers=views))
+        length = self.lengths[slot]
+        return self._decoders[key].run(tokens, length, padding=self.width - length)
+
+    def settle(self, kept: list) -> None:
+        """After verify passes: row r keeps the first kept[r] of the columns its pass wrote at W, W + 1, ...; W grows by
+        the most any row kept, and every row that kept fewer moves right to stay right-aligned."""
+        most = max(kept, default=0)
+        for slot, count in enumerate(kept):
+            if count < most:  # numpy copies overlapping ranges safely
+                start, shift = self.width - self.lengths[slot], most - count
+                for buffer in self.buffers:
+                    buffer[slot, :, start + shift : self.width + most] = buffer[slot, :, start : self.width + count]
+            self.lengths[slot] += count
+        self.width += most
 
     def _move(self, source: int, slot: int) -> None:
         """Row `source` into `slot`: its positions' cache, its object and its length (`source` is then free)."""

@@ -6,7 +6,7 @@ import sys
 import click
 
 from ..errors import EdgelmError
-from ..generation_config import sampling_implied
+from ..generation_config import SPECULATIVE, sampling_implied
 from ..quality.eval_text import MIN_EVAL_TOKENS
 from ..inputs import decode_utf8
 from .options import (
@@ -295,13 +295,24 @@ def verify(package, quality, reference, text_path, eval_tokens, as_json):
 @click.option("--runs", type=int, default=3, show_default=True, help="Repeats per figure (medians are reported).")
 @threads_option
 @device_option
+@click.option(
+    "--speculative",
+    type=click.Choice(SPECULATIVE),
+    help="Also time greedy decode with this speculative mode against off, side by side, on a prompt that quotes "
+    "itself: tokens/s of each, the speed-up, the drafted and accepted tokens.",
+)
+@click.option("--draft-model", metavar="NAME_OR_PATH", help="The draft package for --speculative draft (or auto).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench(package, runs, threads, device, as_json):
+def bench(package, runs, threads, device, speculative, draft_model, as_json):
     """Measure load time, time to first token, decode speed (batch 1, 8, 16), memory and the bandwidth ceiling
     (NAME_OR_PATH is the same as -m)."""
     from ..apps.bench import format_table, run_bench
 
     if runs < 1:
         raise click.BadParameter("must be at least 1", param_hint="--runs")
-    result = run_bench(package, threads=threads, device=device, runs=runs)
+    if speculative == "draft" and draft_model is None:
+        raise click.BadParameter("--speculative draft needs --draft-model NAME_OR_PATH", param_hint="--speculative")
+    result = run_bench(
+        package, threads=threads, device=device, runs=runs, speculative=speculative, draft=draft_model
+    )
     click.echo(json.dumps(result, indent=2) if as_json else format_table(result))

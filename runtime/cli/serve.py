@@ -8,6 +8,7 @@ import sys
 import click
 
 from ..errors import install_hint
+from ..generation_config import SPECULATIVE
 from ..generation_options import EXTRA, request_fields
 from ..server.limits import Limits
 from .options import (
@@ -55,6 +56,21 @@ from .terminal import echo
     "--metrics",
     is_flag=True,
     help="Serve GET /metrics in Prometheus' format (off by default: docs/serve.md says what it shows).",
+)
+@click.option(
+    "--speculative",
+    type=click.Choice(SPECULATIVE),
+    default=Limits.speculative,
+    show_default=True,
+    help="Several tokens per pass, the same output, for every request: auto feeds a constraint's forced tokens in "
+    "one pass, ngram adds prompt lookup, draft a draft model's guesses (--draft-model). The running batch "
+    "speculates while it holds one row and decodes one token per pass for all rows above that; usage.speculation "
+    "counts the drafted and accepted tokens.",
+)
+@click.option(
+    "--draft-model",
+    metavar="NAME_OR_PATH",
+    help="A smaller package of the same tokenizer whose guesses are verified several per pass (auto and draft).",
 )
 @device_option
 @threads_option
@@ -184,6 +200,8 @@ def serve(
     parent_pid,
     exit_with_stdin,
     metrics,
+    speculative,
+    draft_model,
     device,
     threads,
     api_key,
@@ -239,6 +257,8 @@ def serve(
     from .. import model as model_module
     from ..store.local import resolve_package
 
+    if speculative == "draft" and draft_model is None:
+        raise click.BadParameter("--speculative draft needs --draft-model NAME_OR_PATH", param_hint="--speculative")
     if any(not name.strip() for name in model_names):
         raise click.BadParameter("a model name must not be empty", param_hint="--model-name")
 
@@ -252,7 +272,7 @@ def serve(
         # spinning off: the event loop, the tokenizer and the clients share the cores with onnxruntime's threads
         model = model_module.load(
             package, device=device, threads=threads, verify=verify, prefix_cache_mb=prefix_cache_mb, spinning=False,
-            prefix_cache_dir=prefix_cache_dir, prefix_cache_disk_mb=prefix_cache_disk_mb,
+            prefix_cache_dir=prefix_cache_dir, prefix_cache_disk_mb=prefix_cache_disk_mb, draft=draft_model,
         )  # fmt: skip
         limits = Limits(
             max_tokens=max_tokens_limit or model.arch.n_positions,
@@ -262,6 +282,7 @@ def serve(
             request_timeout=request_timeout,
             max_batch_tokens=max_batch_tokens,
             read_timeout=read_timeout,
+            speculative=speculative,
         )
         app = create_app(
             model,

@@ -26,13 +26,15 @@ class VerifyPasses:
         self._runs = {}  # in place: tokens per pass -> (run, keep OrtValue, logits [1, n, V], arrays they borrow)
         self.length = None  # growing: the positions its cache holds after the last pass here (None: the prompt's)
 
-    def run(self, tokens: list, cached: int) -> np.ndarray:
+    def run(self, tokens: list, cached: int, padding: int = 0) -> np.ndarray:
         """Feed `tokens` at positions cached, cached + 1, ...; returns their logits [len(tokens), V] (valid until
-        the next pass). The cache must hold exactly `cached` positions of this row (rewind says so)."""
+        the next pass). The cache must hold exactly `cached` positions of this row (rewind says so), after
+        `padding` masked columns (in place only: a row of the running batch's slot cache, right-aligned)."""
         n = len(tokens)
-        # [1, n] ids, [1, cached + n] mask, [1, n] positions: one unpadded row
+        # [1, n] ids, [1, padding + cached + n] mask (0 over the padding), [1, n] positions: one row
         input_ids = np.asarray([tokens], dtype=np.int64)
-        attention_mask = np.ones((1, cached + n), dtype=np.int64)
+        attention_mask = np.ones((1, padding + cached + n), dtype=np.int64)
+        attention_mask[:, :padding] = 0
         position_ids = np.arange(cached, cached + n, dtype=np.int64)[None]
         self.length = cached + n
         if n == 1:  # one token: the decoder's own step, the same pass a plain decode makes

@@ -1,8 +1,10 @@
-"""The server's limits: what one request may ask for. Their defaults are written here only; `edgelm serve`
-(runtime/cli/serve.py) shows them as its options' defaults, and this module imports nothing of the server
-extra, so the command's help works without it."""
+"""The server's limits: what one request may ask for, and how its tokens are decoded. Their defaults are written
+here only; `edgelm serve` (runtime/cli/serve.py) shows them as its options' defaults, and this module imports
+nothing of the server extra, so the command's help works without it."""
 
 from dataclasses import dataclass
+
+from ..generation_options import server_defaults
 
 
 @dataclass(frozen=True)
@@ -16,3 +18,6 @@ class Limits:
     request_timeout: float = 300.0  # seconds from arrival, queue time included (408 above)
     max_batch_tokens: int = 32_768  # prompts x n x (prompt + max_tokens): the tokens one request may hold
     read_timeout: float = 5.0  # seconds for a request's headers, and again for its body (408 / closed)
+    # every request's `speculative` option (requests do not set it): several tokens per pass in the running batch
+    # while it holds few rows (runtime/batching/scheduler.py), or for a request decoded alone
+    speculative: str = server_defaults()["speculative"]

@@ -3,6 +3,8 @@
     edgelm_requests_total{endpoint, status}          requests answered, by route and HTTP status
     edgelm_request_duration_seconds{endpoint}        how long each took, streams to their last byte
     edgelm_prompt_tokens_total, edgelm_generated_tokens_total
+    edgelm_speculative_drafted_tokens_total          tokens proposed to verify passes (runtime/speculative/)
+    edgelm_speculative_accepted_tokens_total         of them, those the model accepted
     edgelm_time_to_first_token_seconds               from the request's arrival to its first generated text
     edgelm_time_per_output_token_seconds             the decode time per token after the first, per request
     edgelm_queue_depth, edgelm_running_requests      waiting for a slot; holding one
@@ -34,6 +36,8 @@ class Metrics:
         )
         self.prompt_tokens = Counter("edgelm_prompt_tokens", "Prompt tokens of generation requests", registry=registry)
         self.generated = Counter("edgelm_generated_tokens", "Tokens generated", registry=registry)
+        self.drafted = Counter("edgelm_speculative_drafted_tokens", "Tokens proposed to verify", registry=registry)
+        self.accepted = Counter("edgelm_speculative_accepted_tokens", "Proposed tokens accepted", registry=registry)
         self.first_token = Histogram(
             "edgelm_time_to_first_token_seconds", "Arrival to first text", buckets=LATENCY, registry=registry
         )
@@ -52,10 +56,16 @@ class Metrics:
         self.requests.labels(endpoint, str(status)).inc()
         self.duration.labels(endpoint).observe(seconds)
 
-    def generation(self, arrived: float, first: float | None, last: float, prompt_tokens: int, tokens: int) -> None:
-        """A generation request's figures, told once it ends (time.monotonic() values)."""
+    def generation(
+        self, arrived: float, first: float | None, last: float, prompt_tokens: int, tokens: int, speculation=None
+    ) -> None:
+        """A generation request's figures, told once it ends (time.monotonic() values; speculation: its
+        {drafted, accepted, ...} where it speculated, else None)."""
         self.prompt_tokens.inc(prompt_tokens)
         self.generated.inc(tokens)
+        if speculation is not None:
+            self.drafted.inc(speculation["drafted"])
+            self.accepted.inc(speculation["accepted"])
         if first is not None:
             self.first_token.observe(first - arrived)
             if tokens > 1:

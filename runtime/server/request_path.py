@@ -66,6 +66,16 @@ class Result:
     def tokens(self) -> int:
         return sum(c.completion_tokens for c in self.completions or [])
 
+    @property
+    def speculation(self) -> dict | None:
+        """{drafted, accepted, acceptance_rate} over the completions that speculated (usage.speculation, an
+        extension of edgelm's), or None when none did."""
+        rows = [c.speculation for c in self.completions or [] if getattr(c, "speculation", None)]
+        if not rows:
+            return None
+        drafted, accepted = sum(r["drafted"] for r in rows), sum(r["accepted"] for r in rows)
+        return {"drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / drafted if drafted else None}
+
 
 class Endpoint:
     """What an endpoint writes: its parsing, its preparation and its answer's shapes."""
@@ -179,7 +189,9 @@ class GenerationWork(Work):
         completions = self.batch.completions if self.batch is not None else None
         result = Result(completions, self.before_value, self.prompt_tokens)
         if self.metrics is not None and completions is not None:
-            self.metrics.generation(self.arrived, self.first, time.monotonic(), sum(self.prompt_tokens), result.tokens)
+            self.metrics.generation(
+                self.arrived, self.first, time.monotonic(), sum(self.prompt_tokens), result.tokens, result.speculation
+            )
         job.emit("done", result)
 
 

@@ -6,14 +6,21 @@
     decode.py   the row's loop: propose, verify in one pass (engine/verify_pass.py), accept
 
 The `speculative` option (GenerationConfig) picks what is proposed: "auto" the constraint's forced tokens (and a
-loaded draft model's guesses), "ngram" those and prompt lookup, "draft" those and a draft model's guesses (draft.py), "off" nothing. A call of
-one row speculates; a batch of several rows decodes one token per pass (uses() says which).
+loaded draft model's guesses; prompt lookup too where AUTO_NGRAM says so), "ngram" those and prompt lookup,
+"draft" those and a draft model's guesses (draft.py), "off" nothing. A call of one row speculates; a batch of
+several rows decodes one token per pass (uses() says which); the running batch speculates while it holds few
+rows (runtime/batching/scheduler.py).
 """
 
-from .decode import Speculation, speculative_steps
+from .decode import Speculation, speculative_round, speculative_steps
 from .ngram import NgramProposer
 
-__all__ = ["NgramProposer", "Speculation", "speculative_steps", "uses", "proposer"]
+__all__ = ["AUTO_NGRAM", "NgramProposer", "Speculation", "speculative_round", "speculative_steps", "uses", "proposer"]
+
+# Whether "auto" adds prompt lookup (with its off-switch) to the forced tokens. The rule: only where open-ended
+# text costs at most 3% of one token per pass with it (benchmarks/speculative.py --task open); until that is
+# measured on quiet cores, "auto" proposes only what wastes no work.
+AUTO_NGRAM = False
 
 
 def uses(config, rows: int, constraints: list, draft=None) -> bool:
@@ -21,15 +28,16 @@ def uses(config, rows: int, constraints: list, draft=None) -> bool:
     speculative not "off", and something to propose (prompt lookup, a draft model, a constraint's forced tokens)."""
     if rows != 1 or config.speculative == "off":
         return False
-    return config.speculative != "auto" or constraints[0] is not None or draft is not None
+    return config.speculative != "auto" or constraints[0] is not None or draft is not None or AUTO_NGRAM
 
 
 def proposer(config, draft=None, prompt_length: int = 0, rng=None):
     """The row's proposer for these settings: an NgramProposer for "ngram", a DraftProposer for "draft" (draft:
-    the draft Model, see load(..., draft=); rng: the row's generator), as for "auto" when a draft is loaded, else
-    None (forced tokens only)."""
+    the draft Model, see load(..., draft=); rng: the row's generator), as for "auto" when a draft is loaded; an
+    NgramProposer for "ngram" (and "auto" with AUTO_NGRAM); else None (forced tokens only)."""
     if config.speculative == "draft" or (config.speculative == "auto" and draft is not None):
         from .draft import DraftProposer
 
         return DraftProposer(draft.engine, config, prompt_length, config.vocab_size, draft.arch.n_positions, rng)
-    return NgramProposer() if config.speculative == "ngram" else None
+    ngram = config.speculative == "ngram" or (config.speculative == "auto" and AUTO_NGRAM)
+    return NgramProposer() if ngram else None

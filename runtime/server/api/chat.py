@@ -50,7 +50,7 @@ class Chat(Endpoint):
         return Ready(batch, [len(batch.prompts[0])])
 
     def answer(self, req: ChatRequest, result: Result):
-        counted = usage(sum(result.prompt_tokens), result.tokens)
+        counted = usage(sum(result.prompt_tokens), result.tokens, result.speculation)
         return shapes.completion(req, self.serving.model_id, result.completions, counted, req.tool_format)
 
     def writer(self, req: ChatRequest, ready: Ready) -> StreamWriter:
@@ -100,7 +100,7 @@ class ChatStream(StreamWriter):
             reason = finish_reason(c.finish_reason, self.calls[i])
             out.append(self.chunk([shapes.ChunkChoice(index=i, delta={}, logprobs=lp, finish_reason=reason)]))
         if self.req.include_usage:
-            out.append(self.chunk([], usage(sum(result.prompt_tokens), result.tokens)))
+            out.append(self.chunk([], usage(sum(result.prompt_tokens), result.tokens, result.speculation)))
         return out + ["data: [DONE]\n\n"]
 
     def _read(self, i: int, deltas: list) -> list:

@@ -1,17 +1,21 @@
 """Response bodies out: pydantic models of OpenAI's completion shapes (and edgelm's score), built from Completions.
 
 A streamed answer is a series of `TextCompletion` chunks with the same id: each carries a few choices, and
-`usage` is null in all but the last one when stream_options.include_usage asks for it (OpenAI's shape).
+`usage` is null in all but the last one when stream_options.include_usage asks for it (OpenAI's shape). When
+several tokens were decoded per pass (runtime/speculative/), `usage.speculation` = {drafted, accepted,
+acceptance_rate} says how many tokens were proposed and accepted (edgelm's extension: absent otherwise).
 """
 
 import math
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from .requests import CompletionRequest
 
 
 class Usage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # `speculation`, only where a row speculated
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -145,9 +149,14 @@ def logprobs(request: CompletionRequest, entries: list, at: int) -> Logprobs | N
     return Logprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, speculation: dict | None = None) -> Usage:
+    """OpenAI's usage; with `speculation` (Result.speculation) its extension field as well."""
+    extension = {} if speculation is None else {"speculation": speculation}
     return Usage(
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        **extension,
     )
 
 

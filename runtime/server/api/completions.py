@@ -35,7 +35,7 @@ class Completions(Endpoint):
 
     def answer(self, req: CompletionRequest, result: Result):
         choices = answers.choices(req, result.completions, result.before)
-        usage = answers.usage(sum(result.prompt_tokens), result.tokens)
+        usage = answers.usage(sum(result.prompt_tokens), result.tokens, result.speculation)
         return answers.completion(req, self.serving.model_id, choices, usage)
 
     def writer(self, req: CompletionRequest, ready: Ready) -> StreamWriter:
@@ -91,5 +91,5 @@ class CompletionStream(StreamWriter):
             lp = answers.logprobs(req, left, self.offsets[c.index])
             out.append(self.chunk([answers.choice(c.index, "", lp, c.finish_reason)]))
         if req.include_usage:
-            out.append(self.chunk([], answers.usage(sum(result.prompt_tokens), result.tokens)))
+            out.append(self.chunk([], answers.usage(sum(result.prompt_tokens), result.tokens, result.speculation)))
         return out + ["data: [DONE]\n\n"]

@@ -137,7 +137,7 @@ def sampling_request(parsed: SamplingBody, given: set, vocab_size: int, limits: 
         if option in given and alias in given:
             raise ApiError(400, f"give {alias} or {option}, not both (they are the same option)", alias)
     temperature = 1.0 if parsed.temperature is None else parsed.temperature
-    options = server_defaults(declared)
+    options = server_defaults(declared) | {"speculative": limits.speculative}  # the server's (--speculative)
     for option in request_fields(declared):
         for name in (option.name, option.alias):
             if name in given:

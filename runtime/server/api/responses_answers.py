@@ -28,6 +28,7 @@ def usage(result: Result) -> dict:
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + output,
+        **({} if result.speculation is None else {"speculation": result.speculation}),
     }
 
 
