@@ -15,7 +15,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared beside the 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-PREBUILT = os.environ.get("EDGELM_TEST_PACKAGES")  # tiny-*/ exported beforehand: benchmarks/onnxruntime_matrix.sh
+PREBUILT = os.environ.get("EDGELM_TEST_PACKAGES")  # tiny-*/ exported beforehand: tools/ci/onnxruntime_matrix.sh
 
 
 def _export(checkpoint, folder, **options):

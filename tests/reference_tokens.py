@@ -4,7 +4,7 @@ tests/test_reference_tokens.py.
 
     python tests/reference_tokens.py PACKAGES      # writes PACKAGES/reference.json
 
-PACKAGES holds the folders benchmarks/onnxruntime_matrix.sh exports (tiny-fp32, tiny-int8, ...). Per package:
+PACKAGES holds the folders tools/ci/onnxruntime_matrix.sh exports (tiny-fp32, tiny-int8, ...). Per package:
 the greedy tokens of each prompt, and the score (per-token log-probabilities) of the first one."""
 
 import json

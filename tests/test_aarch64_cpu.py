@@ -1,6 +1,6 @@
 """An onnxruntime release that stops a 64-bit ARM CPU without dot-product instructions (Raspberry Pi 4) with
 "Illegal instruction" is refused by name before it is imported; other releases and CPUs are let through.
-benchmarks/aarch64_emulated.sh runs this file on emulated Cortex-A72 and A76 CPUs too."""
+tools/ci/aarch64_emulated.sh runs this file on emulated Cortex-A72 and A76 CPUs too."""
 
 import ctypes
 import platform
@@ -37,14 +37,14 @@ def test_a_release_that_needs_dot_product_is_refused_on_a_pi_4(version):
 
 @pytest.mark.parametrize("version", [f"{compat.OLDEST_SUPPORTED}.0", *compat.RUNS_WITHOUT_DOT_PRODUCT, None])
 def test_releases_that_ran_on_the_emulated_pi_4_pass(version):
-    """What `benchmarks/aarch64_emulated.sh --survey` found running there is never refused on a Pi 4."""
+    """What `tools/ci/aarch64_emulated.sh --survey` found running there is never refused on a Pi 4."""
     assert version not in compat.NEEDS_DOT_PRODUCT
     compat.check_cpu(version, "aarch64", A72)
 
 
 @pytest.mark.skipif(platform.machine() != "aarch64", reason="reads this CPU's own auxiliary vector: aarch64 only")
 def test_cpuinfo_agrees_with_the_cpu_itself():
-    """Under benchmarks/aarch64_emulated.sh: the cpuinfo bound over /proc/cpuinfo says what the emulated CPU
+    """Under tools/ci/aarch64_emulated.sh: the cpuinfo bound over /proc/cpuinfo says what the emulated CPU
     does (HWCAP_ASIMDDP, bit 20 of AT_HWCAP), so the refusal above is decided on the CPU that runs."""
     getauxval = ctypes.CDLL(None).getauxval
     getauxval.restype, getauxval.argtypes = ctypes.c_ulong, (ctypes.c_ulong,)

@@ -5,7 +5,7 @@ What counts as a path: a name under one of the repository's folders (`runtime/en
 `benchmarks/results/`, `tests/test_layers.py`) that ends in a file extension or a slash, globs allowed
 (`export/families/*/graph.py`), placeholders in capitals skipped (`export/families/NAME/`); and a bare module name
 (`fast_path.py`), which must be the name of some file of the repository. Names wrapped across two lines are not
-read.
+read. benchmarks/README.md indexes every script of benchmarks/ and names no other file.
 """
 
 import ast
@@ -93,3 +93,37 @@ def test_the_check_finds_a_stale_path_in_a_document_a_docstring_and_a_comment(tm
     }
     (root / "runtime" / "engine" / "fast_path.py").unlink()
     assert "fast_path.py" in missing_paths(root)["runtime/engine/decode.py"]
+
+
+SCRIPT_SUFFIXES = (".py", ".sh", ".c", ".mjs")
+INDEX_ROW = re.compile(r"^\| `([^`]+)` \|", re.MULTILINE)
+
+
+def benchmark_index_gaps(benchmarks: Path) -> dict:
+    """{"unlisted": scripts of `benchmarks` (and its clients/) that its README.md's table leaves out,
+    "gone": names the table lists that are not files there}."""
+    scripts = {
+        str(p.relative_to(benchmarks))
+        for folder in (benchmarks, benchmarks / "clients")
+        if folder.is_dir()
+        for p in folder.iterdir()
+        if p.is_file() and p.suffix in SCRIPT_SUFFIXES
+    }
+    readme = benchmarks / "README.md"
+    listed = set(INDEX_ROW.findall(readme.read_text(encoding="utf-8"))) if readme.exists() else set()
+    return {"unlisted": sorted(scripts - listed), "gone": sorted(listed - scripts)}
+
+
+def test_the_benchmarks_index_lists_every_script_and_no_other():
+    assert benchmark_index_gaps(REPOSITORY / "benchmarks") == {"unlisted": [], "gone": []}
+
+
+def test_the_index_check_finds_an_unlisted_script_and_a_gone_one(tmp_path):
+    (tmp_path / "clients").mkdir()
+    for name in ("listed.py", "new.sh", "clients/client.mjs", "NOTES.md"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "README.md").write_text(
+        "| script | what | command |\n| --- | --- | --- |\n"
+        "| `listed.py` | a | `python listed.py` |\n| `clients/client.mjs` | b | c |\n| `removed.py` | d | e |\n"
+    )
+    assert benchmark_index_gaps(tmp_path) == {"unlisted": ["new.sh"], "gone": ["removed.py"]}

@@ -1,4 +1,4 @@
-"""A graph whose key/value cache is float16 (another exporter's, or benchmarks/graph_variants.py's): the runtime
+"""A graph whose key/value cache is float16 (another exporter's, or tools/graph_variants.py's): the runtime
 allocates its cache in float16, in place, alone and in a running batch."""
 
 import subprocess
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from edgelm.runtime.batching.scheduler import Scheduler
 
-VARIANTS = Path(__file__).resolve().parents[1] / "benchmarks" / "graph_variants.py"
+VARIANTS = Path(__file__).resolve().parents[1] / "tools" / "graph_variants.py"
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ def test_each_recipe_generates_scores_and_follows_float32(request, tiny_package,
     package = request.getfixturevalue(fixture)
     manifest = json.loads((package / "manifest.json").read_text())
     assert manifest["weights"]["quantization"]["method"] == recipe
-    assert manifest["graph"]["min_onnxruntime"] == "1.22"  # benchmarks/onnxruntime_matrix.sh runs it there
+    assert manifest["graph"]["min_onnxruntime"] == "1.22"  # tools/ci/onnxruntime_matrix.sh runs it there
     reported = manifest["validation"][recipe]["greedy"]["prefix_agreement"]
     model, fp32 = load(package), load(tiny_package)
     agreement = []

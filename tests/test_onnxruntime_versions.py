@@ -1,7 +1,7 @@
 """The oldest onnxruntime a package needs is recorded at export and checked before a session is created; two
 onnxruntime distributions installed together are named, and --device cuda without CUDA is one clear line.
 
-benchmarks/onnxruntime_matrix.sh runs the runtime's tests under the oldest and newest supported releases."""
+tools/ci/onnxruntime_matrix.sh runs the runtime's tests under the oldest and newest supported releases."""
 
 import json
 import logging
@@ -154,7 +154,7 @@ def test_a_manifest_from_before_the_field_is_checked_from_its_graph(tiny_package
     ["tiny_package", "tiny_package_int8", "tiny_package_int8_dynamic", "tiny_package_int4", "tiny_package_int8_kv8"],
 )
 def test_the_installed_onnxruntime_runs_the_package_or_refuses_it_by_name(fixture, request):
-    """Against the real onnxruntime: under benchmarks/onnxruntime_matrix.sh's oldest release this is the
+    """Against the real onnxruntime: under tools/ci/onnxruntime_matrix.sh's oldest release this is the
     refusal, under a current one the run."""
     prebuilt = os.environ.get("EDGELM_TEST_PACKAGES")  # there the fixtures skip what this onnxruntime cannot run
     folder = Path(prebuilt) / PREBUILT_NAMES[fixture] if prebuilt else request.getfixturevalue(fixture)

@@ -3,7 +3,7 @@ and int4 within the greedy agreement their export recorded, scores, chat and a b
 whose manifest says batch_invariant, each prompt's tokens the same in a batch as alone).
 
 It needs packages exported elsewhere with their reference.json (tests/reference_tokens.py): EDGELM_TEST_PACKAGES
-names them (benchmarks/onnxruntime_matrix.sh, benchmarks/aarch64_emulated.sh). The default run has none."""
+names them (tools/ci/onnxruntime_matrix.sh, tools/ci/aarch64_emulated.sh). The default run has none."""
 
 import json
 import math

@@ -1,5 +1,5 @@
 """A distilgpt2-shaped int8 package generates, chats and serves inside a 512 MB memory cgroup, as on a board
-with 512 MB of RAM (benchmarks/memory_limit.py runs the commands and reads the cgroup's peak; the package's page
+with 512 MB of RAM (tools/ci/memory_limit.py runs the commands and reads the cgroup's peak; the package's page
 cache is charged to it too). Slow tier: it exports the 89 MB package; it needs root, to make the cgroup."""
 
 import os

@@ -1,6 +1,6 @@
 """Run edgelm commands inside a memory limit, as on a small machine, and report each one's peak memory.
 
-    python benchmarks/memory_limit.py PKG [PKG ...] [--limit-mb 512]     # as root: it makes a cgroup
+    python tools/ci/memory_limit.py PKG [PKG ...] [--limit-mb 512]     # as root: it makes a cgroup
 
 For each package: `edgelm generate` (32 tokens), `edgelm chat` (one turn, 32 tokens) and `edgelm serve` (one
 completion and one chat request, 32 tokens each), each process in a fresh memory cgroup limited to --limit-mb

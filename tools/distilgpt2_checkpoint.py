@@ -1,5 +1,5 @@
 """Build a checkpoint of distilgpt2's exact shape with random weights (no hub needed): same size and speed
-as the real model. Used by the benchmarks; `python benchmarks/distilgpt2_checkpoint.py OUT` makes one."""
+as the real model. Used by the benchmarks; `python tools/distilgpt2_checkpoint.py OUT` makes one."""
 
 import json
 import shutil

@@ -1,6 +1,6 @@
 """Rewrite an exported package's graph into a variant the exporter does not make, to measure what it would change.
 
-    python benchmarks/graph_variants.py PKG OUT --variant kv-float16
+    python tools/graph_variants.py PKG OUT --variant kv-float16
     python benchmarks/package_ab.py PKG OUT            # then: decode and first token, side by side
     python benchmarks/rss_stages.py OUT                # peak memory
 

@@ -3,17 +3,17 @@
 # holds the runtime's dependencies only (no torch, transformers or optimum), as on a machine that runs packages
 # but cannot export them. Outside the default test command: it downloads onnxruntime twice (~2 minutes).
 #
-#   benchmarks/onnxruntime_matrix.sh                  # pyproject's minimum (its .0 release) and the newest release
-#   benchmarks/onnxruntime_matrix.sh 1.23.2 1.28.0    # the releases given
-#   benchmarks/onnxruntime_matrix.sh oldest           # pyproject's minimum alone (.ci/run)
-#   benchmarks/onnxruntime_matrix.sh --export-only DIR  # the packages and reference.json alone (aarch64_emulated.sh)
+#   tools/ci/onnxruntime_matrix.sh                  # pyproject's minimum (its .0 release) and the newest release
+#   tools/ci/onnxruntime_matrix.sh 1.23.2 1.28.0    # the releases given
+#   tools/ci/onnxruntime_matrix.sh oldest           # pyproject's minimum alone (.ci/run)
+#   tools/ci/onnxruntime_matrix.sh --export-only DIR  # the packages and reference.json alone (aarch64_emulated.sh)
 #
 # The tiny packages are exported first by the checkout's .venv (the export extra; PYTHON=... to use another),
 # then the tests read them through EDGELM_TEST_PACKAGES (tests/conftest.py). Work folder: $ORT_MATRIX_DIR.
 # Tests whose package needs a newer onnxruntime than the one under test are skipped there, and
 # tests/test_onnxruntime_versions.py checks that such a package is refused with the version to install.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=${ORT_MATRIX_DIR:-${TMPDIR:-/tmp}/edgelm-onnxruntime-matrix}
 TESTS=(

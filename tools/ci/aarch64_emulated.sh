@@ -7,12 +7,12 @@
 # Emulated speed says nothing of a board's: only --start-to-first-token times anything, to show which parts of a
 # start dominate on an ARM core (the interpreter, the imports, edgelm generate: start_to_first_token.py's commands).
 #
-#   benchmarks/aarch64_emulated.sh                         # onnxruntime: pyproject's minimum (.0) and the newest
-#   benchmarks/aarch64_emulated.sh 1.24.1                  # the releases given
-#   benchmarks/aarch64_emulated.sh --survey [VERSION...]   # every release from pyproject's minimum to the newest
+#   tools/ci/aarch64_emulated.sh                         # onnxruntime: pyproject's minimum (.0) and the newest
+#   tools/ci/aarch64_emulated.sh 1.24.1                  # the releases given
+#   tools/ci/aarch64_emulated.sh --survey [VERSION...]   # every release from pyproject's minimum to the newest
 #                                                          # that has an aarch64 wheel (or those given), on
 #                                                          # cortex-a72 only
-#   benchmarks/aarch64_emulated.sh --start-to-first-token PKG [ROUNDS]
+#   tools/ci/aarch64_emulated.sh --start-to-first-token PKG [ROUNDS]
 #                                                          # emulated seconds to edgelm generate's first token
 #
 # The survey (1 to 10 minutes a release on 2 shared cores; not in .ci/run) says per release whether it runs the
@@ -29,7 +29,7 @@
 # that its ARM code does not expect): each run is in its own mount namespace with an ARM cpuinfo bound over it.
 # About 10 minutes on 2 cores, the first time (most of it downloads); .ci/run runs it.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=${ARM_WORK:-${TMPDIR:-/tmp}/edgelm-aarch64}
 ROOT=$WORK/debian-arm64
@@ -83,7 +83,7 @@ cpuinfo cortex-a76 "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asim
 
 if [ ! -f "$PACKAGES/reference.json" ]; then
     echo "== exporting the tiny packages into $PACKAGES (with $PYTHON) and recording this machine's tokens"
-    ORT_MATRIX_DIR=$WORK/export-only PYTHON=$PYTHON bash benchmarks/onnxruntime_matrix.sh --export-only "$PACKAGES"
+    ORT_MATRIX_DIR=$WORK/export-only PYTHON=$PYTHON bash tools/ci/onnxruntime_matrix.sh --export-only "$PACKAGES"
 fi
 
 emulated() {  # emulated CPU SITE ARGS...: the aarch64 Python with SITE and the checkout's runtime on its path
