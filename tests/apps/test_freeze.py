@@ -145,7 +145,7 @@ def test_the_node_sidecar_recipe_runs_the_bundle(bundle, tmp_path):
 
     node = shutil.which("node")
     assert node, "node is needed for the app recipe's test"
-    example = Path(__file__).resolve().parents[1] / "examples" / "sidecar.mjs"
+    example = Path(__file__).resolve().parents[2] / "examples" / "sidecar.mjs"
     environ = _no_python_environ(tmp_path)
     done = subprocess.run([node, str(example), str(bundle / "edgelm" / "edgelm")], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=environ)  # fmt: skip

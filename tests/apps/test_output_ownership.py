@@ -17,7 +17,7 @@ from edgelm.runtime.apps import prompt_file
 from edgelm.runtime.apps.prompt_file import PromptFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_prompt_file import GOOD, read_output, run, write_lines
+from prompt_files import GOOD, read_output, run, write_lines
 
 FUZZ = settings(
     max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)

@@ -7,35 +7,12 @@ import json
 
 import edgelm.runtime as rt
 import pytest
-from click.testing import CliRunner
 from edgelm.runtime.apps import prompt_file
-from edgelm.runtime.cli.main import main
-from edgelm.runtime.cli.prompt_file import progress_bar
 from edgelm.runtime.apps.prompt_file import PromptFile
+from edgelm.runtime.cli.prompt_file import progress_bar
+from prompt_files import GOOD, read_output, run, write_lines
 
-GOOD = [
-    {"prompt": "The quick brown", "id": "first"},
-    {"prompt": "Hello", "max_new_tokens": 3},
-    {"prompt": "Once upon a time", "id": 7},
-    {"prompt": [5, 6, 7]},
-    {"prompt": "A third"},
-]
 TOO_LONG = "one two three four five six seven eight nine ten " * 4  # over the tiny model's 64 positions
-
-
-def write_lines(path, lines):
-    path.write_bytes(
-        b"".join((line if isinstance(line, bytes) else json.dumps(line).encode()) + b"\n" for line in lines)
-    )
-    return path
-
-
-def read_output(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def expected_text(model, record, max_new_tokens=5):

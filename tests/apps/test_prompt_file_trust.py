@@ -11,7 +11,7 @@ import edgelm.runtime as rt
 import pytest
 from edgelm.runtime.apps import output_lock, prompt_file
 from edgelm.runtime.apps.prompt_file import PromptFile
-from test_prompt_file import GOOD, read_output, run, write_lines
+from prompt_files import GOOD, read_output, run, write_lines
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ray_generate.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_generate.py"
 
 
 def load_example():

@@ -1,6 +1,6 @@
 """examples/sidecar.mjs, the recipe docs/apps.md gives an Electron-style app, run with node against the installed
 `edgelm` command: spawn, ready line, a streamed chat, a structured answer, a clean stop. (The frozen command made
-by `edgelm bundle` runs it too: tests/test_freeze.py.)"""
+by `edgelm bundle` runs it too: tests/apps/test_freeze.py.)"""
 
 import json
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "sidecar.mjs"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sidecar.mjs"
 NODE = shutil.which("node")
 
 

@@ -255,7 +255,7 @@ def _read_until(pipe, marker: bytes, timeout: float = 120) -> bytes:
 
 
 def test_chat_runs_without_torch(model, tiny_package):
-    from test_torch_free import run_blocked
+    from torch_blocker import run_blocked
 
     done = run_blocked(
         """

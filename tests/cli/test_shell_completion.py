@@ -28,4 +28,4 @@ def test_each_documented_shell_gets_a_script(shell):
         timeout=60,
     )  # fmt: skip
     assert done.returncode == 0 and "_EDGELM_COMPLETE" in done.stdout
-    assert f'_EDGELM_COMPLETE={shell}_source edgelm' in (Path(__file__).parents[1] / "docs" / "install.md").read_text()
+    assert f'_EDGELM_COMPLETE={shell}_source edgelm' in (Path(__file__).parents[2] / "docs" / "install.md").read_text()

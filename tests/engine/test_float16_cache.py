@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from edgelm.runtime.batching.scheduler import Scheduler
 
-VARIANTS = Path(__file__).resolve().parents[1] / "tools" / "graph_variants.py"
+VARIANTS = Path(__file__).resolve().parents[2] / "tools" / "graph_variants.py"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_a_float16_cache_decodes_like_the_float32_one(llama_package, float16_pac
 
 
 def test_a_running_batch_of_a_float16_cache_gets_what_each_gets_alone(float16_package):
-    from test_scheduler import Job
+    from scheduler_job import Job
 
     model = rt.load(float16_package)
     options = dict(do_sample=False, ignore_eos=True, max_new_tokens=8)

@@ -17,8 +17,8 @@ from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.sampling.constraint import Grammar
 from edgelm.runtime.server.api.requests import Limits
+from scheduler_job import Job
 from server_harness import HTTP, InProcessServer, gate
-from test_scheduler import Job
 
 LETTERS = "[a-z]{60,80}"  # a constraint no row can finish within these tests' lengths: every row reaches its fault
 PROMPTS = ["Hi", "The quick brown", "Once", "A", "import numpy"]

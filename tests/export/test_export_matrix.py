@@ -33,7 +33,7 @@ def test_the_int4_cases_cover_every_block_size_and_head_width():
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
 def checkpoint(request, tmp_path_factory):
     """One tiny checkpoint per family and tying, built once and shared by every recipe."""
-    from conftest import _once
+    from built_once import build_once
 
     shape, settings = CHECKPOINTS[request.param]
 
@@ -47,7 +47,7 @@ def checkpoint(request, tmp_path_factory):
 
             build_llama_checkpoint(folder, shape, **settings)
 
-    folder = _once(tmp_path_factory, f"matrix-{request.param}", build)
+    folder = build_once(tmp_path_factory, f"matrix-{request.param}", build)
     tied = json.loads((folder / "config.json").read_text()).get("tie_word_embeddings", True)
     assert tied == request.param.endswith("-tied")
     return folder

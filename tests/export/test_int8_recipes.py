@@ -12,7 +12,7 @@ import pytest
 from edgelm.export.quantize import quantize_int8_blocks
 from edgelm.runtime import load
 from edgelm.runtime.batching.scheduler import Scheduler
-from test_scheduler import Job
+from scheduler_job import Job
 
 PROMPTS = [
     "Hello",

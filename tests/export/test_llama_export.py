@@ -133,7 +133,7 @@ def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
     from edgelm.export.validate import _engine
     from edgelm.export.weights_file import split_weights
 
-    int4 = Int4Options()  # the defaults; tests/test_int4_options.py checks the other options the same way
+    int4 = Int4Options()  # the defaults; tests/export/test_int4_options.py checks the other options the same way
 
     def dequantized(name, w):  # [N, K] -> the same shape, as stored
         head = name == "model.embed_tokens.weight"

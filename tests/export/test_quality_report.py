@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import PackageError
-from edgelm.runtime.quality.eval_text import EvalText
 from edgelm.runtime.package.open import open_package
+from edgelm.runtime.quality.eval_text import EvalText
 from edgelm.runtime.quality.measure import Plan, compare_engines
 
-SAMPLE = Path(__file__).resolve().parents[1] / "export" / "data" / "persuasion-chapters-1-4.txt"
+SAMPLE = Path(__file__).resolve().parents[2] / "export" / "data" / "persuasion-chapters-1-4.txt"
 
 
 def invoke(*args):

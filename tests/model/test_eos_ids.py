@@ -60,7 +60,7 @@ def test_generation_stops_at_any_end_of_text_id(model):
 
 def test_a_running_batch_stops_at_any_end_of_text_id(model):
     from edgelm.runtime.batching.scheduler import Scheduler
-    from test_scheduler import Job
+    from scheduler_job import Job
 
     options = dict(eos_token_id=[EOS, OTHER], logit_bias={OTHER: 100}, min_new_tokens=2, max_new_tokens=12)
     scheduler = Scheduler(model, max_rows=2)

@@ -15,7 +15,7 @@ from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.generation_defaults import generation_defaults, task_defaults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_package_trust import copy, rerecord
+from package_files import copy, rerecord
 
 FUZZ = settings(
     max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)

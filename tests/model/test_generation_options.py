@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from edgelm.runtime import GenerationOptionError, PackageError, PromptError, sampling
-from edgelm.runtime.cli.main import main
 from edgelm.runtime.batching import step as stepping
+from edgelm.runtime.cli.main import main
 from edgelm.runtime.engine.decode import decode_steps
 from edgelm.runtime.generation_config import GenerationConfig
 from edgelm.runtime.sampling import filters
-from test_runtime_api import count_passes
+from pass_counter import count_passes
 
 PROMPT = "The quick brown fox"
 

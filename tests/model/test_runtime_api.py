@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from edgelm.runtime import DeviceError, GenerationOptionError, PackageError, PromptError
+from pass_counter import count_passes
 
 EOS = 0
 REPLACEMENT_CHAR = "\ufffd"
@@ -92,26 +93,6 @@ def test_continuing_token_ids_that_end_mid_character(gpt2_vocab_model):
     )
     assert completion.token_ids[0] == ids[1]
     assert completion.text == gpt2_vocab_model.tokenizer.decode(completion.token_ids, skip_special_tokens=False)
-
-
-def count_passes(model, monkeypatch) -> list:
-    """Every pass through the graph (a prompt chunk, a decode step, a scoring pass) appends to the list."""
-    calls, make_decoder, forward = [], model.engine.decoder, model.engine.forward
-
-    class Counted:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def run(self, *args):
-            calls.append(1)
-            return self.inner.run(*args)
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-    monkeypatch.setattr(model.engine, "decoder", lambda *a, **k: Counted(make_decoder(*a, **k)))
-    monkeypatch.setattr(model.engine, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
-    return calls
 
 
 def test_breaking_out_of_a_stream_stops_generation(model, monkeypatch):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from edgelm.runtime.package import format as package_format
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = {
     package_format.INPUT_IDS,
     package_format.INPUTS_EMBEDS,

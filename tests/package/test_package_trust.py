@@ -17,29 +17,10 @@ from click.testing import CliRunner
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import PackageError
 from edgelm.runtime.package.open import open_package
+from package_files import copy, read_manifest, record, rerecord, write_manifest
 
 EDGELM = Path(sys.executable).parent / "edgelm"
 SECRET = b"a file outside the package, 41 bytes long"
-
-
-def record(path: Path) -> dict:
-    data = path.read_bytes()
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def read_manifest(folder: Path) -> dict:
-    return json.loads((folder / "manifest.json").read_text())
-
-
-def write_manifest(folder: Path, manifest: dict) -> None:
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-
-
-def rerecord(folder: Path, name: str) -> None:
-    """Record a file's present bytes in the manifest, as someone crafting a package would."""
-    manifest = read_manifest(folder)
-    manifest["files"][name] = record(folder / name)
-    write_manifest(folder, manifest)
 
 
 @pytest.fixture
@@ -49,10 +30,6 @@ def outside(tmp_path):
     folder.mkdir()
     (folder / "secret.txt").write_bytes(SECRET)
     return folder
-
-
-def copy(package: Path, tmp_path: Path) -> Path:
-    return shutil.copytree(package, tmp_path / "pkg")
 
 
 # --- crafts: each takes (folder, outside) and damages the package copy in folder ---------------------------

@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from edgelm.runtime import DeviceError, PackageError
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.engine import session
-from edgelm.runtime.package import onnxruntime_compat
 from edgelm.runtime.engine.session import CPU, CUDA
+from edgelm.runtime.package import onnxruntime_compat
 from edgelm.runtime.package.open import open_package
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PREBUILT_NAMES = {
     "tiny_package": "tiny-fp32",
     "tiny_package_int8": "tiny-int8",

@@ -2,7 +2,7 @@
 and int4 within the greedy agreement their export recorded, scores, chat and a batch working (and, for a recipe
 whose manifest says batch_invariant, each prompt's tokens the same in a batch as alone).
 
-It needs packages exported elsewhere with their reference.json (tests/reference_tokens.py): EDGELM_TEST_PACKAGES
+It needs packages exported elsewhere with their reference.json (tests/support/reference_tokens.py): EDGELM_TEST_PACKAGES
 names them (tools/ci/onnxruntime_matrix.sh, tools/ci/aarch64_emulated.sh). The default run has none."""
 
 import json

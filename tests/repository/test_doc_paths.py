@@ -2,7 +2,7 @@
 runtime/ and export/.
 
 What counts as a path: a name under one of the repository's folders (`runtime/engine/decode.py`, `docs/serve.md`,
-`benchmarks/results/`, `tests/test_layers.py`) that ends in a file extension or a slash, globs allowed
+`benchmarks/results/`, `tests/repository/test_layers.py`) that ends in a file extension or a slash, globs allowed
 (`export/families/*/graph.py`), placeholders in capitals skipped (`export/families/NAME/`); and a bare module name
 (`fast_path.py`), which must be the name of some file of the repository. Names wrapped across two lines are not
 read. benchmarks/README.md indexes every script of benchmarks/ and names no other file.
@@ -14,7 +14,7 @@ import re
 import tokenize
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 FOLDERS = ("runtime", "export", "docs", "benchmarks", "tests", "examples", "tools", "models")
 EXTENSIONS = (".py", ".md", ".sh", ".json", ".txt", ".toml", ".yml", ".yaml", ".jsonl", ".onnx")
 PATH = re.compile(r"(?<![\w./$~-])((?:" + "|".join(FOLDERS) + r")/[\w.*/-]*)")

@@ -3,7 +3,7 @@ README shows it as it stands there."""
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def first_table(text: str) -> list:

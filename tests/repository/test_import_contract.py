@@ -22,7 +22,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 EXPORT = RUNTIME.parent / "export"
 PACKAGE = "edgelm.runtime"
 COMMAND_LINE = f"{PACKAGE}.cli"  # the only subpackage that may import click, and name the export stage

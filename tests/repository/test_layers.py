@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 RUNTIME = REPOSITORY / "runtime"
 EXPORT = REPOSITORY / "export"
 

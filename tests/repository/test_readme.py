@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fake_hub import FakeHub
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"^```(bash|python)\n(.*?)^```", re.M | re.S)
 INSTALL = re.compile(r"^python3 -m venv \.venv && \.venv/bin/pip install (.*)$", re.M)
 

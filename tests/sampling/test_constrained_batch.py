@@ -14,7 +14,7 @@ from edgelm.runtime import load
 from edgelm.runtime.batching.scheduler import Scheduler
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import GenerationOptionError
-from test_scheduler import Job
+from scheduler_job import Job
 
 POINT = {
     "type": "object",

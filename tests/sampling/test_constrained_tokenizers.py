@@ -1,4 +1,4 @@
-"""The constraint engine knows every token of the tokenizers real families ship (tests/tokenizer_layouts.py:
+"""The constraint engine knows every token of the tokenizers real families ship (tests/support/tokenizer_layouts.py:
 Qwen2.5's, Llama 3.2's, SmolLM2's and TinyLlama's, on small vocabularies) with the bytes it spells: added tokens
 that are text (Qwen2.5's `<tool_call>`), special ones, byte fallback, merges, and ids past the tokenizer.
 

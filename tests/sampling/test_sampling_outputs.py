@@ -13,7 +13,7 @@ from edgelm.runtime.batching.scheduler import Scheduler
 from edgelm.runtime.package.format import SAMPLING_TEMPERATURE
 from edgelm.runtime.package.open import file_record
 from onnx import TensorProto, helper, numpy_helper
-from test_scheduler import Job
+from scheduler_job import Job
 
 BLOCK = 256  # tokens per block of the older graphs' weights
 

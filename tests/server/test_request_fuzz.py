@@ -28,7 +28,7 @@ FUZZ = settings(
 )
 DEEP = "__deep__"  # replaced in the written text by a list nested DEPTH deep (json.dumps itself would recurse)
 DEPTH = 100_000
-VOCAB = 320  # the tiny package's vocabulary (tests/checkpoints.py)
+VOCAB = 320  # the tiny package's vocabulary (tests/support/checkpoints.py)
 
 ODD_STRINGS = ["", "NaN", "Infinity", "-Infinity", "nan", "1e309", "0x10", "5", "true", "null", "a\ud800b", "\udfff"]
 ODD_STRINGS += ["\x00", "<|endoftext|>", "é" * 50, "x" * 5000, "\u202e", "\r\n", "%0d%0a", "../../etc/passwd"]

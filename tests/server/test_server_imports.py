@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 SERVER_ONLY = {"pydantic", "pydantic_core", "starlette", "uvicorn", "h11"}
 
 BLOCKER = textwrap.dedent(f"""

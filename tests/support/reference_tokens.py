@@ -1,8 +1,8 @@
 """What the exporting machine's runtime makes of each tiny package, written beside the packages, so that a
 runtime elsewhere (the oldest onnxruntime edgelm supports, an emulated aarch64 CPU) is checked against it by
-tests/test_reference_tokens.py.
+tests/platforms/test_reference_tokens.py.
 
-    python tests/reference_tokens.py PACKAGES      # writes PACKAGES/reference.json
+    python tests/support/reference_tokens.py PACKAGES      # writes PACKAGES/reference.json
 
 PACKAGES holds the folders tools/ci/onnxruntime_matrix.sh exports (tiny-fp32, tiny-int8, ...). Per package:
 the greedy tokens of each prompt, and the score (per-token log-probabilities) of the first one."""

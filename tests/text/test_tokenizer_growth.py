@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 FUZZ = settings(
     max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
 )
-GPT2 = Path(__file__).resolve().parents[1].parent / "shared" / "gpt2-tokenizer" / "tokenizer.json"
+GPT2 = Path(__file__).resolve().parents[2].parent / "shared" / "gpt2-tokenizer" / "tokenizer.json"
 
 
 def tokenizer_json(normalizer=None, pre_tokenizer=None, decoder=None) -> str:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import PackageError, PromptError
 from edgelm.runtime.server.api.requests import Limits
+from package_files import copy, rerecord
 from server_harness import InProcessServer
-from test_package_trust import copy, rerecord
 
 GROWING = {"type": "Replace", "pattern": {"String": "a"}, "content": "a" * 50}
 PANICS = "(a|a)+$"  # alternatives that match alike: the regex engine's retry limit gives up on 'aaa...b'

@@ -1,5 +1,5 @@
 """Forced tool calls on packages whose tokenizer and chat template are laid out as real families publish theirs
-(tests/tokenizer_layouts.py): Qwen2.5-Instruct's (a Qwen2 model; `<tool_call>` and `</tool_call>` are added tokens
+(tests/support/tokenizer_layouts.py): Qwen2.5-Instruct's (a Qwen2 model; `<tool_call>` and `</tool_call>` are added tokens
 that are text, and a call is written with them), Llama 3.2-Instruct's (256 special tokens, `<|python_tag|>` among
 them) and SmolLM2-Instruct's (specials inside the vocabulary), through the Python API and the server (chat,
 streamed, and the Responses API) with the openai client. The weights are random: the model either samples (every

@@ -2,7 +2,7 @@
 # The runtime on 64-bit ARM, emulated: packages exported on this (x86-64) machine, run by an aarch64 Python with
 # aarch64 wheels under qemu-user, as a Raspberry Pi 4 (Cortex-A72: no dot-product instructions) and a Raspberry Pi
 # 5 (Cortex-A76: dot product) would run them. Checks: float32 greedy tokens equal to this machine's, int8 and int4
-# within the greedy agreement their export recorded, scores, batches and chat (tests/test_reference_tokens.py),
+# within the greedy agreement their export recorded, scores, batches and chat (tests/platforms/test_reference_tokens.py),
 # and a release that is known to stop with "Illegal instruction" there is refused by name.
 # Emulated speed says nothing of a board's: only --start-to-first-token times anything, to show which parts of a
 # start dominate on an ARM core (the interpreter, the imports, edgelm generate: start_to_first_token.py's commands).
@@ -170,7 +170,7 @@ PY
         code=0  # onnxruntime imported bare first: an illegal instruction shows as itself, not as a refusal
         emulated "$cpu" "$site" -c "import onnxruntime" >"$log" 2>&1 || code=$?
         [ $code != 0 ] || emulated "$cpu" "$site" -m pytest -q -p no:cacheprovider -rs "${selected[@]}" \
-            tests/test_reference_tokens.py tests/test_aarch64_cpu.py >>"$log" 2>&1 || code=$?
+            tests/platforms/test_reference_tokens.py tests/platforms/test_aarch64_cpu.py >>"$log" 2>&1 || code=$?
         if [ $code = 0 ]; then
             result=passed
         elif [ $code = 132 ] || grep -q "Illegal instruction" "$log"; then

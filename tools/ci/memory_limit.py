@@ -7,7 +7,7 @@ completion and one chat request, 32 tokens each), each process in a fresh memory
 (swap included where the kernel accounts it), with every core's threads. Printed per command: whether it
 succeeded, and the cgroup's peak: its processes' resident memory and the page cache of the package, which is
 copied from inside the cgroup first so that its pages are charged there (weights mapped from a file are page
-cache). tests/test_small_machine.py runs the same at 512 MB.
+cache). tests/platforms/test_small_machine.py runs the same at 512 MB.
 
 cgroup v1 (a `memory` hierarchy) or v2 (a `memory` controller the current cgroup can hand to a child) is used,
 whichever this system has; a process counts as killed when the kernel's OOM killer ended it.

@@ -11,25 +11,25 @@
 # The tiny packages are exported first by the checkout's .venv (the export extra; PYTHON=... to use another),
 # then the tests read them through EDGELM_TEST_PACKAGES (tests/conftest.py). Work folder: $ORT_MATRIX_DIR.
 # Tests whose package needs a newer onnxruntime than the one under test are skipped there, and
-# tests/test_onnxruntime_versions.py checks that such a package is refused with the version to install.
+# tests/platforms/test_onnxruntime_versions.py checks that such a package is refused with the version to install.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-.venv/bin/python}
 WORK=${ORT_MATRIX_DIR:-${TMPDIR:-/tmp}/edgelm-onnxruntime-matrix}
 TESTS=(
-    tests/test_onnxruntime_versions.py
-    tests/test_onnxruntime_errors.py
-    tests/test_runtime_api.py
-    tests/test_generation_options.py
-    tests/test_package_trust.py
-    tests/test_text_stream.py
-    tests/test_ort_fast_path.py
-    tests/test_reference_tokens.py
-    tests/test_sampling_outputs.py
-    tests/test_sampling_paths.py
-    tests/test_float16_cache.py
-    tests/test_prefix_cache.py
-    tests/test_scheduler.py
+    tests/platforms/test_onnxruntime_versions.py
+    tests/engine/test_onnxruntime_errors.py
+    tests/model/test_runtime_api.py
+    tests/model/test_generation_options.py
+    tests/package/test_package_trust.py
+    tests/text/test_text_stream.py
+    tests/engine/test_ort_fast_path.py
+    tests/platforms/test_reference_tokens.py
+    tests/sampling/test_sampling_outputs.py
+    tests/sampling/test_sampling_paths.py
+    tests/engine/test_float16_cache.py
+    tests/engine/test_prefix_cache.py
+    tests/engine/test_scheduler.py
 )
 RUNTIME_DEPENDENCIES=(numpy tokenizers click jinja2 huggingface_hub uvicorn starlette pydantic prometheus-client)  # + the server extra
 TEST_DEPENDENCIES=(pytest pytest-xdist onnx)  # onnx builds the tests' own small graphs; the runtime never imports it
@@ -46,7 +46,7 @@ echo "== exporting the tiny packages into $packages (with $PYTHON)"
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/support")
 from checkpoints import build_checkpoint  # noqa: E402
 from edgelm.export.stages import export_model  # noqa: E402
 
@@ -66,7 +66,7 @@ if (tokenizer / "tokenizer.json").exists():
     export_model(str(vocab), out / "gpt2-vocab", validate=False, force=True)
 PY
 echo "== the exporting machine's tokens: $packages/reference.json"
-"$PYTHON" tests/reference_tokens.py "$packages"
+"$PYTHON" tests/support/reference_tokens.py "$packages"
 [ -z "$export_only" ] || exit 0
 
 summary=$WORK/summary.txt

@@ -1,5 +1,5 @@
 // The official ollama JavaScript client against edgelm serve's /api/: list, chat, a streamed chat, a schema.
-// Run by tests/test_server_ollama_js.py with EDGELM_URL and EDGELM_MODEL set; prints one JSON object.
+// Run by tests/server/test_server_ollama_js.py with EDGELM_URL and EDGELM_MODEL set; prints one JSON object.
 import { Ollama } from "ollama";
 
 const ollama = new Ollama({ host: process.env.EDGELM_URL });
