@@ -131,6 +131,14 @@ def model(tiny_package):
     return rt.load(tiny_package)
 
 
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A store of its own under tmp_path, as store_support.make_store makes it."""
+    from store_support import make_store
+
+    return make_store(tmp_path, monkeypatch)
+
+
 @pytest.fixture(scope="session")
 def reference_model(tiny_checkpoint):
     """The same checkpoint in transformers (PyTorch), eager attention: the fidelity reference."""

@@ -25,11 +25,6 @@ FUZZ = settings(
 
 
 @pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
-
-
-@pytest.fixture(scope="module")
 def finished(model, tmp_path_factory):
     """(input, its whole output's bytes) of a clean run of GOOD."""
     folder = tmp_path_factory.mktemp("finished")

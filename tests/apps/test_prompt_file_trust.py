@@ -14,11 +14,6 @@ from edgelm.runtime.apps.prompt_file import PromptFile
 from prompt_files import GOOD, read_output, run, write_lines
 
 
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
-
-
 def _job(model, source, out, **options):
     return PromptFile(model, source, out, config=model.settings(max_new_tokens=3), **options)
 

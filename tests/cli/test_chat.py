@@ -26,11 +26,6 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 
 @pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
-
-
-@pytest.fixture(scope="module")
 def terse_package(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint exported through `edgelm export --chat-template FILE`."""
     template = tmp_path_factory.mktemp("template") / "terse.jinja"

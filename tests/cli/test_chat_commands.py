@@ -1,19 +1,12 @@
 """`edgelm chat`'s commands (/help, /reset, /system, /save, /load): said to edgelm, never sent to the model; a
 conversation saved in one run continues in the next; /save never writes over a file edgelm did not write."""
 
-import json
 
-import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
 from edgelm.runtime.cli.chat_commands import HELP, load, run_command
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import PromptError
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
 
 
 def chat(tiny_package, lines, *options):

@@ -25,11 +25,6 @@ PROMPTS = ["Hi", "The quick brown", "Once", "A", "import numpy"]
 TOO_MANY = "too many expressions constructed"  # what llguidance says when a step passes its limits
 
 
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
-
-
 class MaskFaults:
     """llguidance's mask computation failing for chosen rows' matchers from their `step`th mask on (the first mask
     is the first token's): raised by the fill, as a step over llguidance's limits raises, or (raises=False) with

@@ -8,12 +8,6 @@ from edgelm.runtime.batching import scheduler as scheduler_module
 from edgelm.runtime.batching.scheduler import Scheduler
 from scheduler_job import Job
 
-
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
-
-
 # (prompts, options): greedy, seeded, several prompts and n, per-row filters, stop strings, log-probs, lengths
 CASES = [
     (["Hello"], dict(do_sample=False, ignore_eos=True, max_new_tokens=24)),

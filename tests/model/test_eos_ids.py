@@ -42,11 +42,6 @@ def test_generation_config_json_lists_are_kept():
     assert GenerationConfig.from_generation_config_json({}, eos_token_id=1).eos_token_id == (1,)
 
 
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
-
-
 def test_generation_stops_at_any_end_of_text_id(model):
     options = dict(max_new_tokens=12, logit_bias={OTHER: 100})
     alone = model.generate("Hello", **options)

@@ -19,11 +19,6 @@ from pass_counter import count_passes
 PROMPT = "The quick brown fox"
 
 
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
-
-
 # --- one validated config -------------------------------------------------------------------------------
 
 

@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import click
-import edgelm.runtime as rt
 import pytest
 from click.testing import CliRunner
 from edgelm.runtime import GenerationOptionError
@@ -17,14 +16,10 @@ from edgelm.runtime.generation_options import EXTRA, NOT_OFFERED, OPTIONS, Optio
 from edgelm.runtime.server.api.requests import Limits, sampling_body, sampling_request
 from edgelm.runtime.server.api.schema import validate
 from server_harness import HTTP, InProcessServer, complete
+from weather_tools import WEATHER_UNREQUIRED
 
 PROMPT = "Once upon a time, in a land"
 NEW = Option("draft_tokens", "Tokens a draft model proposes per step.", value_type=int, chat=True, http=EXTRA)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return rt.load(tiny_package)
 
 
 def test_every_config_field_is_declared_as_an_option_or_as_not_offered():
@@ -149,18 +144,13 @@ def test_the_server_takes_ban_as_an_extension_field(server, model):
 
 # --- a chat request's settings are built once ------------------------------------------------------------
 
-WEATHER = {
-    "type": "function",
-    "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-}
-
 
 @pytest.mark.parametrize(
     "extra",
     [
         {},
         {"max_tokens": 4, "stop": "x"},
-        {"tools": [WEATHER], "tool_choice": "required", "truncate": True, "max_tokens": 50},
+        {"tools": [WEATHER_UNREQUIRED], "tool_choice": "required", "truncate": True, "max_tokens": 50},
     ],
     ids=["no-max-tokens", "max-tokens-and-stop", "forced-tool-call"],
 )

@@ -19,7 +19,7 @@ from edgelm.runtime.package import verified
 from edgelm.runtime.store import signing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_support import assert_clean_failure, invoke, make_store
+from store_support import assert_clean_failure, invoke
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo") or not hasattr(signal, "alarm"), reason="POSIX FIFOs")
 FUZZ = settings(
@@ -93,11 +93,6 @@ def test_the_helper_reads_a_regular_file_and_a_link_to_one(tmp_path):
     assert untrusted.read_bytes(path, 3) == untrusted.read_bytes(tmp_path / "link", 3) == b"abc"
     with pytest.raises(EdgelmError, match=r"larger than a file of its kind may be \(2 bytes\)"):
         untrusted.read_bytes(path, 2)
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    return make_store(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("kind", ["/dev/zero", "fifo", "link to a fifo", "big"])

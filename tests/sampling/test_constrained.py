@@ -81,11 +81,6 @@ SCHEMAS = {
 }
 
 
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
-
-
 def test_sampled_outputs_parse_and_validate_under_every_schema(model):
     """200 generations at temperature 1 (25 per schema, top_k off): each that ends by itself is valid JSON under its
     schema, and Completion.parsed is that value; most end by themselves within max_new_tokens."""

@@ -10,7 +10,6 @@ import jsonschema
 import llguidance  # noqa: F401  (the test extra has it: without it these tests fail, never skip)
 import pytest
 from click.testing import CliRunner
-from edgelm.runtime import load
 from edgelm.runtime.batching.scheduler import Scheduler
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import GenerationOptionError
@@ -32,11 +31,6 @@ ROWS = [
     (dict(grammar='start: "<" WORD ">"\nWORD: /[a-z]{1,4}/'), lambda text: re.fullmatch("<[a-z]{1,4}>", text)),
 ]
 PROMPTS = ["Hi", "The quick brown", "Once", "Numbers: 0 1", "A", "import"]
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
 
 
 def alone(model, prompt, options, **common):

@@ -18,19 +18,8 @@ from edgelm.runtime.text.tools import FORMATS
 from tokenizer_layouts import LAYOUTS, build_layout, eos_ids, layout_text, logits_size
 from tokenizers import Tokenizer
 from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+from weather_tools import WEATHER_CLOSED_DAYS
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 CLOCK = {"type": "function", "function": {"name": "now"}}
 # (kind, constraint, an answer it accepts)
 ANSWERS = [
@@ -121,7 +110,7 @@ def test_forced_calls_walk_in_every_format_on_every_layout(layout, fmt, choice):
     """Qwen2.5's `<tool_call>` is one added token that is text: the forced wrapper is written with it."""
     _, tokenizer, compiler = layout
     form = FORMATS[fmt]
-    kind, grammar = form.constraint([WEATHER, CLOCK], choice)
+    kind, grammar = form.constraint([WEATHER_CLOSED_DAYS, CLOCK], choice)
     calls = [("get_weather", {"city": "Zürich", "days": 3})]
     if form.parallel and choice == "required":
         calls.append(("now", {}))
@@ -132,7 +121,7 @@ def test_the_forced_wrapper_is_the_added_token(layout):
     """Where the tokenizer has `<tool_call>` as one token, the call's forced start is that token, as the model was
     trained to write it."""
     name, tokenizer, compiler = layout
-    _, grammar = FORMATS["hermes"].constraint([WEATHER], "required")
+    _, grammar = FORMATS["hermes"].constraint([WEATHER_CLOSED_DAYS], "required")
     forced = compiler.compile("grammar", grammar).row().matcher.compute_ff_tokens()
     single = tokenizer.token_to_id("<tool_call>")
     assert (forced[:1] == [single]) == (name == "qwen2.5")
@@ -143,7 +132,7 @@ def test_the_forced_wrapper_is_the_added_token(layout):
 def test_masks_of_several_rows_at_once(layout):
     """The batch path (llguidance's threads) on the layout's tokenizer: each row gets its own constraint's mask."""
     _, tokenizer, compiler = layout
-    _, grammar = FORMATS["hermes"].constraint([WEATHER], "required")
+    _, grammar = FORMATS["hermes"].constraint([WEATHER_CLOSED_DAYS], "required")
     rows = [compiler.compile("grammar", grammar).row(), compiler.compile("choices", ("no", "yes")).row(), None]
     masks = Masks(3, compiler.vocab_size)
     masks.start(rows)

@@ -8,7 +8,6 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from edgelm.runtime import load
 from edgelm.runtime.cli.main import main
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -18,11 +17,6 @@ from server_harness import HTTP, InProcessServer
 
 SLOW = "{% for i in range(100000) %}{% for j in range(19) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
 HI = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
 
 
 @pytest.fixture(scope="module")

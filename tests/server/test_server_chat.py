@@ -17,11 +17,6 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 
 
 @pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
-
-
-@pytest.fixture(scope="module")
 def server(model):
     s = InProcessServer(model, Limits(max_tokens=40), model_names=("tiny-chat",))
     yield s

@@ -23,11 +23,6 @@ IDS = [40, 69, 76, 76, 79]  # any ids of the tiny vocabulary (320 tokens)
 
 
 @pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
-
-
-@pytest.fixture(scope="module")
 def server(model):
     """In this process: two more names for the model; default limits."""
     s = InProcessServer(model, model_names=("my-gpt", "gpt-3.5-turbo-instruct"))

@@ -15,7 +15,6 @@ Model.score and Model.generate in this process.
 from operator import itemgetter
 
 import pytest
-from edgelm.runtime import load
 from server_harness import HTTP, InProcessServer
 
 NAME = "edgelm-local"
@@ -50,11 +49,6 @@ def parse_generations(outputs: list) -> list:
             tmp[choice["index"]] = choice["text"]
         res += tmp
     return res
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package):
-    return load(tiny_package)
 
 
 @pytest.fixture(scope="module")

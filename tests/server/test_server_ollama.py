@@ -8,17 +8,10 @@ import json
 
 import pytest
 from server_harness import HTTP, scripted_model, serve_alone
+from weather_tools import WEATHER
 
 ollama = pytest.importorskip("ollama", reason="the official ollama client (the test extra)")
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 

@@ -8,13 +8,8 @@ import json
 import openai
 import pytest
 from server_harness import HTTP, openai_client, scripted_model, serve_alone
+from weather_tools import WEATHER_RESPONSES
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
@@ -84,7 +79,7 @@ def test_the_stream_has_the_events_the_client_reads(server, model):
 
 def test_function_tools_and_a_round_trip(server, model):
     model.script.say(CALL)
-    answer = create(server, input="Weather in Paris?", tools=[WEATHER])
+    answer = create(server, input="Weather in Paris?", tools=[WEATHER_RESPONSES])
     (call,) = [item for item in answer.output if item.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert call.call_id.startswith("call_") and answer.status == "completed"
@@ -96,14 +91,14 @@ def test_function_tools_and_a_round_trip(server, model):
             {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
             {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 21}'},
         ],
-        tools=[WEATHER],
+        tools=[WEATHER_RESPONSES],
     )
     assert follow_up.output_text == "It is 21 degrees."
 
 
 def test_streamed_function_call_events(server, model):
     model.script.say("Checking. " + CALL)
-    events = list(create(server, input="Weather in Paris?", tools=[WEATHER], stream=True))
+    events = list(create(server, input="Weather in Paris?", tools=[WEATHER_RESPONSES], stream=True))
     kinds = [e.type for e in events]
     assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
     done = next(e for e in events if e.type == "response.function_call_arguments.done")
@@ -132,7 +127,7 @@ def test_streamed_function_call_events(server, model):
         ({"input": "Hi", "text": {"format": {"type": "xml"}}}, "text.format.type", "json_schema"),
         ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type", "functions only"),
         (
-            {"input": "Hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}},
+            {"input": "Hi", "tools": [WEATHER_RESPONSES], "tool_choice": {"type": "function", "name": "nope"}},
             "tool_choice",
             "nope",
         ),  # fmt: skip

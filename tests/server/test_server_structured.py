@@ -14,6 +14,7 @@ from edgelm.runtime import load
 from edgelm.runtime.server.api.requests import Limits
 from pydantic import BaseModel, Field
 from server_harness import HTTP, InProcessServer
+from weather_tools import WEATHER_PARIS_ROME_HOURS
 
 SCHEMA = {
     "type": "object",
@@ -24,21 +25,6 @@ SCHEMA = {
     },
     "required": ["city", "days", "sunny"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Rome"]},
-                "hours": {"type": "integer", "minimum": 0, "maximum": 48},
-            },  # fmt: skip
-            "required": ["city", "hours"],
-            "additionalProperties": False,
-        },
-    },
 }
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}  # fmt: skip
 ASK = [{"role": "user", "content": "Plan a trip"}]
@@ -119,23 +105,27 @@ def test_responses_text_format_and_parse(server):
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_a_forced_call_is_a_valid_call(server, choice):
     for seed in range(3):
-        answer = chat(server, tools=[WEATHER, TIME], tool_choice=choice, seed=seed, max_tokens=150).choices[0]
+        answer = chat(
+            server, tools=[WEATHER_PARIS_ROME_HOURS, TIME], tool_choice=choice, seed=seed, max_tokens=150
+        ).choices[0]
         # "length": parallel calls ran to max_tokens; the ones completed are there, the cut one is not
         assert answer.finish_reason in ("tool_calls", "length") and answer.message.tool_calls, answer
         assert answer.message.content is None
         for call in answer.message.tool_calls:
-            tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+            tool = {"get_weather": WEATHER_PARIS_ROME_HOURS, "get_time": TIME}[call.function.name]
             jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
         if choice != "required":
             assert {c.function.name for c in answer.message.tool_calls} == {"get_weather"}
 
 
 def test_a_forced_call_streamed(server):
-    chunks = list(chat(server, tools=[WEATHER], tool_choice="required", seed=4, max_tokens=150, stream=True))
+    chunks = list(
+        chat(server, tools=[WEATHER_PARIS_ROME_HOURS], tool_choice="required", seed=4, max_tokens=150, stream=True)
+    )
     arguments = "".join(
         p.function.arguments or "" for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []
     )
-    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
+    jsonschema.validate(json.loads(arguments), WEATHER_PARIS_ROME_HOURS["function"]["parameters"])
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -181,8 +171,14 @@ def test_a_forced_call_with_a_format_is_the_call(server, choice):
     format holds the later answer that is no call; a bad format is still a 400 naming response_format."""
     finished = 0
     for seed in range(3):
-        answer = chat(server, tools=[WEATHER, TIME], tool_choice=choice, response_format=FORMAT, seed=seed,
-                      max_tokens=150).choices[0]
+        answer = chat(
+            server,
+            tools=[WEATHER_PARIS_ROME_HOURS, TIME],
+            tool_choice=choice,
+            response_format=FORMAT,
+            seed=seed,
+            max_tokens=150,
+        ).choices[0]
         if not answer.message.tool_calls:  # cut inside its first call
             continue
         finished += 1
@@ -190,24 +186,36 @@ def test_a_forced_call_with_a_format_is_the_call(server, choice):
         for call in answer.message.tool_calls:
             assert choice == "required" or call.function.name == "get_weather"
             if call.function.name == "get_weather":
-                jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+                jsonschema.validate(
+                    json.loads(call.function.arguments), WEATHER_PARIS_ROME_HOURS["function"]["parameters"]
+                )
     assert finished
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
-    body = {"messages": ASK, "response_format": bad, "tools": [WEATHER], "tool_choice": choice, "max_tokens": 4}
+    body = {
+        "messages": ASK,
+        "response_format": bad,
+        "tools": [WEATHER_PARIS_ROME_HOURS],
+        "tool_choice": choice,
+        "max_tokens": 4,
+    }
     error = HTTP.post(server.url + "/v1/chat/completions", json=body).json()["error"]
     assert error["param"] == "response_format"
-    final = chat(server, tools=[WEATHER], tool_choice="none", response_format=FORMAT, max_tokens=150).choices[0]
+    final = chat(
+        server, tools=[WEATHER_PARIS_ROME_HOURS], tool_choice="none", response_format=FORMAT, max_tokens=150
+    ).choices[0]
     assert final.finish_reason == "length" or jsonschema.validate(json.loads(final.message.content), SCHEMA) is None
 
 
 def test_auto_tools_with_a_format_answer_a_call_or_the_json(server):
     """An agent's usual request: tools it may call, and a schema for its final answer. Each answer is one of them."""
     for seed in range(6):
-        choice = chat(server, tools=[WEATHER], response_format=FORMAT, seed=seed, max_tokens=150).choices[0]
+        choice = chat(
+            server, tools=[WEATHER_PARIS_ROME_HOURS], response_format=FORMAT, seed=seed, max_tokens=150
+        ).choices[0]
         if choice.message.tool_calls:
             assert choice.finish_reason in ("tool_calls", "length") and not choice.message.content
             assert choice.message.tool_calls[0].function.name == "get_weather"
-            jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), WEATHER["function"]["parameters"])  # fmt: skip
+            jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), WEATHER_PARIS_ROME_HOURS["function"]["parameters"])  # fmt: skip
         else:
             assert choice.finish_reason == "stop", choice
             jsonschema.validate(json.loads(choice.message.content), SCHEMA)
@@ -218,7 +226,7 @@ def test_auto_tools_with_a_format_answer_a_call_or_the_json(server):
     [
         ("/v1/chat/completions", {"response_format": FORMAT}, "stop cannot be given with response_format"),
         ("/v1/completions", {"response_format": {"type": "json_object"}}, "stop cannot be given with response_format"),
-        ("/v1/chat/completions", {"tools": [WEATHER], "tool_choice": "required"}, "forces a call"),
+        ("/v1/chat/completions", {"tools": [WEATHER_PARIS_ROME_HOURS], "tool_choice": "required"}, "forces a call"),
     ],
 )
 def test_stop_with_a_constrained_answer_is_refused(server, path, extra, words):
@@ -232,7 +240,12 @@ def test_stop_with_a_constrained_answer_is_refused(server, path, extra, words):
     assert error["param"] == "stop" and words in error["message"] and "\n" not in error["message"], error
     del body["stop"]
     assert HTTP.post(server.url + path, json=body).status_code == 200
-    with_tools_auto = {"messages": ASK, "max_tokens": 4, "stop": ["STOP"], "tools": [WEATHER]}  # nothing forced
+    with_tools_auto = {
+        "messages": ASK,
+        "max_tokens": 4,
+        "stop": ["STOP"],
+        "tools": [WEATHER_PARIS_ROME_HOURS],
+    }  # nothing forced
     assert HTTP.post(server.url + "/v1/chat/completions", json=with_tools_auto).status_code == 200
 
 

@@ -12,14 +12,8 @@ from edgelm.runtime import load
 from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.text.chat_template import ChatTemplate
 from server_harness import InProcessServer, scripted
+from weather_tools import WEATHER_UNDESCRIBED
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 FAMILIES = {
     "qwen2.5": (QWEN25, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
     "llama3.1": (LLAMA31, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
@@ -42,7 +36,9 @@ def family(request, tiny_package_long):
 def test_each_family_renders_the_tools_and_its_calls_are_read(family):
     model, server = family
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    options = dict(model="tiny", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER], temperature=0)
+    options = dict(
+        model="tiny", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER_UNDESCRIBED], temperature=0
+    )
     choice = client.chat.completions.create(**options, max_tokens=200).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
@@ -51,5 +47,5 @@ def test_each_family_renders_the_tools_and_its_calls_are_read(family):
     parts = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []]
     assert "".join(p.function.arguments or "" for p in parts) == call.function.arguments
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    prompt = model.chat_template.render(options["messages"], tools=[WEATHER])
+    prompt = model.chat_template.render(options["messages"], tools=[WEATHER_UNDESCRIBED])
     assert "get_weather" in prompt  # the template's own rendering of the tools

@@ -11,12 +11,7 @@ import edgelm.runtime.store.archive as archive
 import pytest
 from edgelm.runtime.package.open import open_package
 from fake_hub import FileServer
-from store_support import assert_clean_failure, invoke, listing, make_store
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    return make_store(tmp_path, monkeypatch)
+from store_support import assert_clean_failure, invoke, listing
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from edgelm.runtime.store import archive, local
 from fake_hub import FakeHub
-from store_support import assert_clean_failure, invoke, listing, make_store
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    return make_store(tmp_path, monkeypatch)
+from store_support import assert_clean_failure, invoke, listing
 
 
 @pytest.fixture

@@ -10,12 +10,7 @@ from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store import archive
 from edgelm.runtime.store.local import MANIFEST_LIMIT
 from fake_hub import FakeHub
-from store_support import assert_clean_failure, invoke, listing, make_store
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    return make_store(tmp_path, monkeypatch)
+from store_support import assert_clean_failure, invoke, listing
 
 
 @pytest.fixture

@@ -11,12 +11,7 @@ import subprocess
 import minisign
 import pytest
 from fake_hub import FileServer
-from store_support import assert_clean_failure, invoke, listing, make_store
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    return make_store(tmp_path, monkeypatch)
+from store_support import assert_clean_failure, invoke, listing
 
 
 def _key(tmp_path, name):

@@ -9,12 +9,7 @@ import pytest
 from edgelm.runtime.errors import PackageError, StoreError
 from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store import local as st
-from store_support import assert_clean_failure, invoke, listing, make_store
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    return make_store(tmp_path, monkeypatch)
+from store_support import assert_clean_failure, invoke, listing
 
 
 def install_copy(package, name, source=None):

@@ -7,14 +7,9 @@ import pytest
 from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store import local as store_module
 from fake_hub import FakeHub
-from store_support import assert_clean_failure, invoke, listing, make_store
+from store_support import assert_clean_failure, invoke, listing
 
 HUB_EXTRAS = {"README.md": b"# tiny\n", ".gitattributes": b"*.data filter=lfs\n"}
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    return make_store(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -8,25 +8,10 @@ import llguidance  # the test extra has it: without it these tests fail, never s
 import pytest
 from edgelm.runtime.errors import ChatError
 from edgelm.runtime.text.tools import FORMATS
+from weather_tools import WEATHER_CLOSED_DAYS_UNIT
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "minLength": 1},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 CLOCK = {"type": "function", "function": {"name": "now", "description": "No arguments."}}
-TOOLS = [WEATHER, CLOCK]
+TOOLS = [WEATHER_CLOSED_DAYS_UNIT, CLOCK]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
@@ -91,7 +76,7 @@ def test_parallel_calls_only_where_allowed(tokenizer, name):
 
 def test_arguments_are_laid_out_as_templates_write_them(tokenizer):
     """json.dumps' separators and no other whitespace: what the model sees of its past calls in the prompt."""
-    _, grammar = FORMATS["hermes"].constraint([WEATHER], "required")
+    _, grammar = FORMATS["hermes"].constraint([WEATHER_CLOSED_DAYS_UNIT], "required")
     call = '<tool_call>\n{"name": "get_weather", "arguments": %s}\n</tool_call>'
     assert _accepts(tokenizer, grammar, call % '{"city": "Oslo", "days": 2}')
     for spaced in ('{"city":"Oslo"}', '{ "city": "Oslo"}', '{"city": "Oslo",  "days": 2}', '{\n  "city": "Oslo"\n}'):

@@ -8,24 +8,10 @@ import jsonschema
 import llguidance  # noqa: F401  (the test extra has it: without it these tests fail, never skip)
 import pytest
 from edgelm.runtime import load, tool_format
+from weather_tools import WEATHER_CITY_6
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 6},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 CLOCK = {"type": "function", "function": {"name": "now"}}
-TOOLS = [WEATHER, CLOCK]
+TOOLS = [WEATHER_CITY_6, CLOCK]
 ASK = [{"role": "user", "content": "Weather?"}]
 
 

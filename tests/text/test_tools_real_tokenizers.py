@@ -13,19 +13,8 @@ import llguidance  # noqa: F401  (the test extra has it: without it these tests 
 import pytest
 from edgelm.runtime import load, tool_format
 from server_harness import openai_client, scripted_model, serve_alone
+from weather_tools import WEATHER_CITY_8
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "maximum": 7}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
 CLOCK = {"type": "function", "function": {"name": "now"}}
 ASK = [{"role": "user", "content": "Weather?"}]
 FAMILIES = {"qwen2.5": "hermes", "llama3.2": "llama3", "smollm2": "smollm2"}
@@ -44,7 +33,7 @@ def test_sampled_forced_calls_parse_and_validate(family, choice):
     assert fmt.name == FAMILIES[name]
     finished = 0
     for seed in range(6):
-        options = dict(tools=[WEATHER, CLOCK], tool_choice=choice, max_new_tokens=150, seed=seed)
+        options = dict(tools=[WEATHER_CITY_8, CLOCK], tool_choice=choice, max_new_tokens=150, seed=seed)
         reply = model.chat(ASK, do_sample=True, **options)
         if name == "qwen2.5":  # the call's forced start is the one token Qwen2.5 writes it with
             assert reply.token_ids[0] == model.tokenizer.token_to_id("<tool_call>")
@@ -55,7 +44,7 @@ def test_sampled_forced_calls_parse_and_validate(family, choice):
         finished += 1
         assert calls, reply.text
         for call in calls:
-            schema = WEATHER["function"]["parameters"] if call.name == "get_weather" else {"maxProperties": 0}
+            schema = WEATHER_CITY_8["function"]["parameters"] if call.name == "get_weather" else {"maxProperties": 0}
             jsonschema.validate(json.loads(call.arguments_json), schema)
     assert finished >= 1
 
@@ -73,7 +62,7 @@ def server(family):
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_calls_through_the_openai_client(server, choice):
     client = openai_client(server)
-    options = dict(model="tiny", messages=ASK, tools=[WEATHER, CLOCK], tool_choice=choice, temperature=0)
+    options = dict(model="tiny", messages=ASK, tools=[WEATHER_CITY_8, CLOCK], tool_choice=choice, temperature=0)
     answer = client.chat.completions.create(**options, max_tokens=100).choices[0]
     assert answer.finish_reason == "tool_calls" and answer.message.content is None
     (call,) = answer.message.tool_calls
@@ -83,7 +72,10 @@ def test_forced_calls_through_the_openai_client(server, choice):
     assert "".join(p.function.arguments or "" for p in parts) == call.function.arguments
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
     response = client.responses.create(
-        model="tiny", input="Weather?", tools=[{"type": "function", **WEATHER["function"]}], tool_choice="required"
+        model="tiny",
+        input="Weather?",
+        tools=[{"type": "function", **WEATHER_CITY_8["function"]}],
+        tool_choice="required",
     )
     (item,) = [i for i in response.output if i.type == "function_call"]
     assert item.name == "get_weather" and json.loads(item.arguments) == {"city": "Paris"}

@@ -12,24 +12,10 @@ from chat_templates import LLAMA31, LLAMA32, QWEN25, SMOLLM2
 from edgelm.runtime.errors import ChatError
 from edgelm.runtime.text.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from edgelm.runtime.text.tools import tool_format
+from weather_tools import WEATHER_DESCRIBED_UNIT
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city, now.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name, e.g. Zürich"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-        },
-    },
-}
 CLOCK = {"type": "function", "function": {"name": "now", "description": "The time <in UTC> & date."}}
-TOOLS = [WEATHER, CLOCK]
+TOOLS = [WEATHER_DESCRIBED_UNIT, CLOCK]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}}
 CALL2 = {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}
 
