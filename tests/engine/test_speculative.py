@@ -313,7 +313,7 @@ def test_speculation_over_the_prefix_cache(tiny_package):
 
 
 def test_a_prompt_file_line_takes_speculative(fp32):
-    from edgelm.runtime.apps.prompt_file import generate_records
+    from edgelm.runtime.apps.prompt_records import generate_records
 
     config = fp32.settings(max_new_tokens=10)
     records = [{"prompt": PROMPTS[1], "speculative": "ngram"}, {"prompt": PROMPTS[1], "speculative": "sometimes"}]

@@ -115,7 +115,7 @@ def test_a_bad_ban_names_the_option(model, ban, fragment):
 
 
 def test_a_prompt_file_line_can_ban_words(model):
-    from edgelm.runtime.apps.prompt_file import generate_records
+    from edgelm.runtime.apps.prompt_records import generate_records
 
     word = a_generated_word(model)
     records = [{"prompt": PROMPT, "ban": [word], "max_new_tokens": 20}, {"prompt": PROMPT, "max_new_tokens": 20}]
