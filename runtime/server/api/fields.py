@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, create_model
 
-from ..errors import ApiError
+from ..api_errors import ApiError
 from .schema import STRICT
 
 # Accepted, no local meaning: field -> why.
