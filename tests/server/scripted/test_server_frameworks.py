@@ -13,7 +13,7 @@ import langchain_openai  # noqa: E402
 import litellm  # noqa: E402
 import pytest  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
-from server_harness import scripted_model, serve_alone  # noqa: E402
+from server_harness import serve_alone  # noqa: E402
 
 TRIP = '{"city":"Paris","days":3}'  # compact JSON: how the constraint writes it
 
@@ -21,11 +21,6 @@ TRIP = '{"city":"Paris","days":3}'  # compact JSON: how the constraint writes it
 class Trip(BaseModel):
     city: Literal["Paris", "Rome"]
     days: int
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package_long):
-    return scripted_model(tiny_package_long)
 
 
 @pytest.fixture(scope="module")

@@ -7,25 +7,13 @@ The engine answers a script (server_harness.ScriptedEngine): what is tested is t
 import json
 
 import pytest
-from server_harness import HTTP, scripted_model, serve_alone
+from server_harness import HTTP
 from weather_tools import WEATHER
 
 ollama = pytest.importorskip("ollama", reason="the official ollama client (the test extra)")
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package_long):
-    return scripted_model(tiny_package_long)
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    s = serve_alone(model, max_tokens=400)
-    yield s
-    s.stop()
 
 
 @pytest.fixture

@@ -7,22 +7,10 @@ import json
 
 import openai
 import pytest
-from server_harness import HTTP, openai_client, scripted_model, serve_alone
+from server_harness import HTTP, openai_client
 from weather_tools import WEATHER_RESPONSES
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package_long):
-    return scripted_model(tiny_package_long)
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    s = serve_alone(model, max_tokens=400)
-    yield s
-    s.stop()
 
 
 def client(server) -> openai.OpenAI:

@@ -11,25 +11,13 @@ import json
 
 import openai
 import pytest
-from server_harness import HTTP, openai_client, scripted_model, serve_alone
+from server_harness import HTTP, openai_client
 from weather_tools import WEATHER
 
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 TWO = CALL + '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def model(tiny_package_long):
-    return scripted_model(tiny_package_long)
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    s = serve_alone(model, max_tokens=400)
-    yield s
-    s.stop()
 
 
 def client(server) -> openai.OpenAI:
