@@ -1,7 +1,12 @@
 """Shared fixtures: tiny random GPT-2 checkpoints and the packages exported from them (built once per run).
 
 The packages skip the export's comparison against PyTorch (`validate=False`), which is nearly all of an
-export's time; the `validated_*` packages keep it, for the tests about the figures that comparison records."""
+export's time; the `validated_*` packages keep it, for the tests about the figures that comparison records.
+
+The tests are grouped by the part they test (export/, model/, engine/, sampling/, text/, package/, store/,
+server/, cli/, apps/, platforms/, repository/ for rules over the whole tree, benchmarks/ for the lab's own
+parts); a folder's conftest.py holds what only its tests share, and tests/support/ (on pytest's path) the
+helpers that tests of several folders import."""
 
 import os
 from pathlib import Path
