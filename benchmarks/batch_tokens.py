@@ -4,7 +4,7 @@ other lengths (left-padded together).
     python benchmarks/batch_tokens.py PKG [PKG ...]
 
 Prints, per package, how many of the nine rows' 64 greedy tokens are equal. A benchmark, not a test: the tests
-(tests/test_int8_recipes.py) check the tiny models; this measures a real checkpoint's packages.
+(tests/export/test_int8_recipes.py) check the tiny models; this measures a real checkpoint's packages.
 """
 
 import sys

@@ -3,7 +3,7 @@ unconstrained decoding, on one package, in one process, interleaved.
 
     python benchmarks/constrained.py PKG [--rounds 5] [--tokens 64] [--prompt-tokens 64]
 
-PKG: distilgpt2's shape, int8 (benchmarks/distilgpt2_checkpoint.py OUT, then
+PKG: distilgpt2's shape, int8 (tools/distilgpt2_checkpoint.py OUT, then
 `edgelm export OUT --quantize int8 -o PKG`). Printed:
 
 - compile: per schema of SCHEMAS, the median over rounds of a cold compile (settings checked, grammar built, its

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA checks in one go, for a machine with an NVIDIA GPU and onnxruntime-gpu installed alone:
 #   1. the onnxruntime Python imports has the CUDA provider (else the runtime's own one-line reason, exit 1);
-#   2. the CUDA tests (tests/test_devices_and_peers.py -k cuda: CUDA generation equals CPU, provider choice);
+#   2. the CUDA tests (tests/platforms/test_devices_and_peers.py -k cuda: CUDA generation equals CPU, provider choice);
 #   3. `edgelm bench --device cuda`, and `--device cpu` beside it, as JSON under $CUDA_CHECK_OUT;
 #   4. benchmarks/cuda_parity.py on the package: CUDA against the CPU, log-probs, greedy tokens, a batch.
 #
@@ -34,7 +34,7 @@ except DeviceError as error:
 PY
 
 echo "== 2/4 the CUDA tests"
-"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/test_devices_and_peers.py -k cuda 2>&1 | tee "$OUT/tests.log"
+"$PYTHON" -m pytest -q -p no:cacheprovider -rs tests/platforms/test_devices_and_peers.py -k cuda 2>&1 | tee "$OUT/tests.log"
 if grep -q "SKIPPED" "$OUT/tests.log"; then
     echo "Error: a CUDA test was skipped; with a GPU and onnxruntime-gpu none should be." >&2
     exit 1
@@ -50,7 +50,7 @@ if [ -z "$package" ]; then
 import sys
 from pathlib import Path
 
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/support")
 from checkpoints import build_checkpoint  # noqa: E402
 from edgelm.export.stages import export_model  # noqa: E402
 

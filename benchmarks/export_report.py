@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # tools/distilgpt2_checkpoint.py
 
 from distilgpt2_checkpoint import build  # noqa: E402
 from edgelm.export.stages import export_model  # noqa: E402

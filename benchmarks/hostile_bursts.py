@@ -57,7 +57,7 @@ def percentile(values: list, q: float) -> float | None:
 
 def tiny_package(folder: Path) -> Path:
     """The tests' tiny random GPT-2 checkpoint, exported into `folder` (needs the export extra)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
     from checkpoints import build_checkpoint
     from edgelm.export.stages import export_model
 

@@ -317,6 +317,7 @@ def main():
     parser.add_argument("--sampled", default="[]", help=argparse.SUPPRESS)  # JSON [(key, options)] for the worker
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "tools"))  # tools/distilgpt2_checkpoint.py
     if args.shape:
         from random_checkpoint import build as build_shape
 

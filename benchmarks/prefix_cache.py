@@ -3,7 +3,7 @@
     python benchmarks/prefix_cache.py [--package benchmarks/out/pkg-int8] [--rounds 7]
 
 Without --package, a distilgpt2-shaped int8 package is built once under benchmarks/out (random weights,
-benchmarks/distilgpt2_checkpoint.py, then `edgelm export --quantize int8`). Each round draws a history (the
+tools/distilgpt2_checkpoint.py, then `edgelm export --quantize int8`). Each round draws a history (the
 turns so far: 400 tokens in the target row) and the next turn's new tokens (the answer and the user's next
 message, 40); the next prompt is the history followed by them. Three ways to its first token, interleaved
 within the round, after the same settle:
@@ -28,7 +28,7 @@ from edgelm.runtime.batching.step import id_steps
 from edgelm.runtime.generation_config import GenerationConfig
 from harness import SETTLE_S, prompt_ids, timed_tokens
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # tools/distilgpt2_checkpoint.py
 from distilgpt2_checkpoint import build  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"

@@ -17,7 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from distilgpt2_checkpoint import copy_tokenizer  # benchmarks/ is on the path of its own scripts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from distilgpt2_checkpoint import copy_tokenizer  # noqa: E402  tools/distilgpt2_checkpoint.py
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared"

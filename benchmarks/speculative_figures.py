@@ -75,7 +75,7 @@ def random_shape(name: str) -> Path:
 
 
 def distilgpt2_int8() -> Path:
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "tools"))  # tools/distilgpt2_checkpoint.py
     from distilgpt2_checkpoint import build
 
     return exported(build(OUT / "distilgpt2-random"), "int8")

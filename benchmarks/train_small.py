@@ -28,10 +28,12 @@ import argparse
 import json
 import math
 import re
+import sys
 import time
 from pathlib import Path
 
-from distilgpt2_checkpoint import copy_tokenizer  # benchmarks/ is on the path of its own scripts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from distilgpt2_checkpoint import copy_tokenizer  # noqa: E402  tools/distilgpt2_checkpoint.py
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared"

@@ -4,7 +4,7 @@ restart with --prefix-cache-dir.
     python benchmarks/warm_start.py [--shape distilgpt2 --shape smollm2-135m] [--system-tokens 1500] [--rounds 7]
     python benchmarks/warm_start.py --shape tiny --system-tokens 300 --rounds 2     # a check that it runs
 
-Each shape's checkpoint has random weights (benchmarks/distilgpt2_checkpoint.py, benchmarks/random_checkpoint.py;
+Each shape's checkpoint has random weights (tools/distilgpt2_checkpoint.py, benchmarks/random_checkpoint.py;
 "tiny" is distilgpt2's with 2 layers of width 64) and GPT-2's tokenizer, and is exported once under
 benchmarks/out (float32, --no-validate, a ChatML template): a plain package, and a copy with the system prompt's
 conversation start stored in it (export/prompt_cache.py, as `edgelm export --system-prompt` does). The system
@@ -35,6 +35,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tools"))  # tools/distilgpt2_checkpoint.py
 OUT = HERE / "out"
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

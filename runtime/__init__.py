@@ -10,7 +10,7 @@ The other names are imported on first use, so that the `edgelm` command can deci
 huge pages (cli/launch.py) before it pays for NumPy, onnxruntime and tokenizers.
 
 The subpackages stack in one order, written once as LAYERS in tools/layers.py: `python tools/layers.py` prints
-the import graph, and tests/test_layers.py fails on any import against the order.
+the import graph, and tests/repository/test_layers.py fails on any import against the order.
 """
 
 from .errors import (

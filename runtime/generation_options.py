@@ -5,7 +5,7 @@ RANGES, which the help shows); OPTIONS below says how each is offered: the flag'
 `edgelm generate --help` lists them), whether `edgelm chat` takes it too, and the request field the server reads
 it from. The command line (cli/options.py, generation_options) and the request body (server/api/requests.py,
 sampling_body) are built from this table, so a new option is its GenerationConfig field and check, and one entry
-here; tests/test_option_declaration.py fails for a field that is in neither OPTIONS nor NOT_OFFERED.
+here; tests/model/test_option_declaration.py fails for a field that is in neither OPTIONS nor NOT_OFFERED.
 
 An option whose request field has endpoint-specific meaning (max_new_tokens is max_tokens, max_completion_tokens
 or max_output_tokens; temperature 0 means greedy; n is bounded by the server; logit_bias takes OpenAI's string

@@ -1,12 +1,18 @@
 """Shared fixtures: tiny random GPT-2 checkpoints and the packages exported from them (built once per run).
 
 The packages skip the export's comparison against PyTorch (`validate=False`), which is nearly all of an
-export's time; the `validated_*` packages keep it, for the tests about the figures that comparison records."""
+export's time; the `validated_*` packages keep it, for the tests about the figures that comparison records.
+
+The tests are grouped by the part they test (export/, model/, engine/, sampling/, text/, package/, store/,
+server/, cli/, apps/, platforms/, repository/ for rules over the whole tree, benchmarks/ for the lab's own
+parts); a folder's conftest.py holds what only its tests share, and tests/support/ (on pytest's path) the
+helpers that tests of several folders import."""
 
 import os
 from pathlib import Path
 
 import pytest
+from built_once import build_once
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared beside the checkout
 
@@ -15,7 +21,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"  # ../shared beside the 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-PREBUILT = os.environ.get("EDGELM_TEST_PACKAGES")  # tiny-*/ exported beforehand: benchmarks/onnxruntime_matrix.sh
+PREBUILT = os.environ.get("EDGELM_TEST_PACKAGES")  # tiny-*/ exported beforehand: tools/ci/onnxruntime_matrix.sh
 
 
 def _export(checkpoint, folder, **options):
@@ -24,24 +30,6 @@ def _export(checkpoint, folder, **options):
     return export_model(str(checkpoint), folder, **options).path
 
 
-def _once(tmp_path_factory, name, build):
-    """`build(folder)` once per test run, by whichever xdist worker asks first; the others wait for it, then
-    use the same folder (what it holds is read, never changed, by the tests)."""
-    import shutil
-
-    from filelock import FileLock  # a dependency of huggingface_hub
-
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # this run's folder, above each worker's own
-    folder, done = root / "shared" / name, root / "shared" / f"{name}.done"
-    folder.parent.mkdir(exist_ok=True)
-    with FileLock(str(root / "shared" / f"{name}.lock")):
-        if not done.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed half-way left
-            build(folder)
-            done.touch()
-    return folder
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +54,7 @@ def _tiny(request, name, **options):
             pytest.skip(f"{name} needs onnxruntime {needed}; this is {installed_version()}")
         return folder
     checkpoint = request.getfixturevalue("tiny_checkpoint")
-    return _once(
+    return build_once(
         request.getfixturevalue("tmp_path_factory"), name, lambda folder: _export(checkpoint, folder, **options)
     )
 
@@ -76,7 +64,7 @@ def tiny_checkpoint(tmp_path_factory):
     """2 layers, 4 heads, width 32, 64 positions, a 320-token byte-level BPE; safetensors weights."""
     from checkpoints import build_checkpoint
 
-    return _once(tmp_path_factory, "tiny-gpt2", build_checkpoint)
+    return build_once(tmp_path_factory, "tiny-gpt2", build_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +103,7 @@ def validated_package(tiny_checkpoint, tmp_path_factory):
 
 def _validated(checkpoint, tmp_path_factory, name, **options):
     return (
-        _once(tmp_path_factory, f"validated-{name}", lambda folder: _export(checkpoint, folder / name, **options))
+        build_once(tmp_path_factory, f"validated-{name}", lambda folder: _export(checkpoint, folder / name, **options))
         / name
     )
 
@@ -146,6 +134,14 @@ def model(tiny_package):
     import edgelm.runtime as rt
 
     return rt.load(tiny_package)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A store of its own under tmp_path, as store_support.make_store makes it."""
+    from store_support import make_store
+
+    return make_store(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -182,18 +178,18 @@ def gpt2_vocab_package(gpt2_tokenizer_dir, tmp_path_factory):
         checkpoint = build_checkpoint(folder / "checkpoint", n_positions=128, tokenizer_folder=gpt2_tokenizer_dir)
         _export(checkpoint, folder / "gpt2-vocab", validate=False)
 
-    return _once(tmp_path_factory, "gpt2-vocab", build) / "gpt2-vocab"
+    return build_once(tmp_path_factory, "gpt2-vocab", build) / "gpt2-vocab"
 
 
 # The Llama family: one tiny checkpoint and one package per family, shared by the export, runtime and server
-# tests (tests/llama_checkpoints.py has the shapes). Both packages are validated against transformers: the
+# tests (tests/support/llama_checkpoints.py has the shapes). Both packages are validated against transformers: the
 # export's fp32 gate is what these tests stand on.
 @pytest.fixture(scope="session")
 def llama_checkpoint(tmp_path_factory):
     """Llama: 2 layers, 4 heads over 2 key/value heads, width 64, Llama 3 rope scaling, tied head, chat template."""
     from llama_checkpoints import build_llama_checkpoint
 
-    return _once(tmp_path_factory, "tiny-llama", lambda folder: build_llama_checkpoint(folder, "llama-gqa"))
+    return build_once(tmp_path_factory, "tiny-llama", lambda folder: build_llama_checkpoint(folder, "llama-gqa"))
 
 
 @pytest.fixture(scope="session")
@@ -201,7 +197,7 @@ def qwen2_checkpoint(tmp_path_factory):
     """Qwen2: 2 layers, 4 heads over 1 key/value head, width 64, Q/K/V biases, rope_theta 1e6, tied head."""
     from llama_checkpoints import build_llama_checkpoint
 
-    return _once(tmp_path_factory, "tiny-qwen2", lambda folder: build_llama_checkpoint(folder, "qwen2", seed=1))
+    return build_once(tmp_path_factory, "tiny-qwen2", lambda folder: build_llama_checkpoint(folder, "qwen2", seed=1))
 
 
 @pytest.fixture(scope="session")
@@ -209,7 +205,7 @@ def llama_package(request):
     if PREBUILT:
         return Path(PREBUILT) / "tiny-llama-pkg"
     checkpoint = request.getfixturevalue("llama_checkpoint")
-    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-pkg", lambda f: _export(checkpoint, f))
+    return build_once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-pkg", lambda f: _export(checkpoint, f))
 
 
 @pytest.fixture(scope="session")
@@ -217,7 +213,7 @@ def llama_package_int8(request):
     """The Llama checkpoint exported int8 (unvalidated)."""
     checkpoint = request.getfixturevalue("llama_checkpoint")
     build = lambda f: _export(checkpoint, f, quantize="int8", validate=False)  # noqa: E731
-    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-int8", build)
+    return build_once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-int8", build)
 
 
 @pytest.fixture(scope="session")
@@ -225,7 +221,7 @@ def llama_package_int4(request):
     """The Llama checkpoint exported int4 (unvalidated)."""
     checkpoint = request.getfixturevalue("llama_checkpoint")
     build = lambda f: _export(checkpoint, f, quantize="int4", validate=False)  # noqa: E731
-    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-int4", build)
+    return build_once(request.getfixturevalue("tmp_path_factory"), "tiny-llama-int4", build)
 
 
 @pytest.fixture(scope="session")
@@ -233,7 +229,7 @@ def qwen2_package(request):
     if PREBUILT:
         return Path(PREBUILT) / "tiny-qwen2-pkg"
     checkpoint = request.getfixturevalue("qwen2_checkpoint")
-    return _once(request.getfixturevalue("tmp_path_factory"), "tiny-qwen2-pkg", lambda f: _export(checkpoint, f))
+    return build_once(request.getfixturevalue("tmp_path_factory"), "tiny-qwen2-pkg", lambda f: _export(checkpoint, f))
 
 
 @pytest.fixture(scope="session")
@@ -249,14 +245,14 @@ def tiny_package_long(tmp_path_factory):
         checkpoint = build_checkpoint(folder / "checkpoint", n_positions=1024)
         _export(checkpoint, folder / "tiny-long", validate=False)
 
-    return _once(tmp_path_factory, "tiny-long", build) / "tiny-long"
+    return build_once(tmp_path_factory, "tiny-long", build) / "tiny-long"
 
 
 @pytest.fixture(scope="session")
 def layout_package(tmp_path_factory):
     """`layout_package(name)`: a tiny model whose tokenizer and chat template are laid out as family `name`'s
     ("qwen2.5", "llama3.2", "smollm2": their added tokens, Qwen2.5's `<tool_call>` among them as text, its padded
-    logits, their end ids; tests/tokenizer_layouts.py), with 2,048 positions for tools in the prompt; exported fp32
+    logits, their end ids; tests/support/tokenizer_layouts.py), with 2,048 positions for tools in the prompt; exported fp32
     without validation, once per run."""
 
     def package(name: str) -> Path:
@@ -280,6 +276,6 @@ def layout_package(tmp_path_factory):
             )
             _export(checkpoint, folder / f"tiny-{name}", validate=False)
 
-        return _once(tmp_path_factory, f"tiny-{name}", build) / f"tiny-{name}"
+        return build_once(tmp_path_factory, f"tiny-{name}", build) / f"tiny-{name}"
 
     return package

@@ -7,7 +7,7 @@
 A unit is a subpackage of runtime/ (engine, text, ...) or a module at its root (model, errors, ...); `(root)` is
 runtime/__init__.py, the public names, which it imports on first use (its `_LAZY` table). Each unit sits in one
 layer of LAYERS, read bottom-up: a module may import its own unit and any unit of a lower layer, never one of its
-own layer or above. Units that share a layer (sampling and text) know nothing of each other. tests/test_layers.py fails on any
+own layer or above. Units that share a layer (sampling and text) know nothing of each other. tests/repository/test_layers.py fails on any
 import against the order, lazy (function-level) imports and __import__ / import_module with a literal name
 included, and on a unit that has no layer.
 

@@ -9,7 +9,7 @@ Blocks sit at prefill-chunk boundaries only. The decoder prefills a prompt in pa
 (0-128, 128-256, ...), and int8 graphs quantize activations per pass, so a row depends on the pass that made
 it. A block holds the rows of one whole pass, reused only before the same tokens' later passes: the rows
 copied in are the bits a cold prefill computes, and the outputs are identical with and without the cache
-(tests/test_prefix_cache.py). The last, partial pass of a prompt is never stored.
+(tests/engine/test_prefix_cache.py). The last, partial pass of a prompt is never stored.
 
 The blocks form a trie: a block's key is its own `chunk` token ids, under the block before it, so prompts that
 share a start share its blocks. Memory is bounded by bytes; the least recently used block goes first, and a

@@ -210,7 +210,7 @@ def score(text, package, top_logprobs, device, threads, verify, input_path, outp
     edgelm score --input texts.jsonl --output scores.jsonl
     """
     from ..model import load
-    from ..apps.prompt_file import score_records
+    from ..apps.prompt_records import score_records
 
     from_file = check_file_options(text, input_path, output_path)
     text = None if from_file else _prompt(text, package, "score")

@@ -13,7 +13,7 @@ from ..errors import EdgelmError, install_hint
 from ..quality.eval_text import EvalText
 
 # A checkpoint as the reference: the export stage's PyTorch side, imported by name and only then (the runtime
-# itself never imports the export stage; tests/test_import_contract.py).
+# itself never imports the export stage; tests/repository/test_import_contract.py).
 CHECKPOINT_REFERENCE = "edgelm.export.validate:checkpoint_reference"
 
 

@@ -6,7 +6,7 @@ step. The C++ session under them (`session._sess`) and the pybind module (`onnxr
 OrtValues, and vectors of them, directly: that is the fast path, used wherever these names exist. They are
 private, so a new onnxruntime may change them: `private_api_missing` names what is gone, and `runner` then
 hands out the IO-binding runner instead, which gives the same results through the public API only.
-tests/test_ort_fast_path.py checks every private name against the public API on a tiny graph.
+tests/engine/test_ort_fast_path.py checks every private name against the public API on a tiny graph.
 
 Both runners wrap onnxruntime's own exceptions (Fail, InvalidArgument, RuntimeException, ...) in
 InferenceError, so a failed run reaches the user as one line.

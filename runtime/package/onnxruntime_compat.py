@@ -3,7 +3,7 @@
 The oldest onnxruntime a graph needs follows from the operators and attributes it uses. `OPERATOR_MINIMUM`
 is measured, not read from release notes: tiny packages of every recipe, each loaded and run (greedy, sampled,
 a padded batch, scoring) on every onnxruntime release from 1.20 to 1.32, against the newest release's tokens
-(`benchmarks/onnxruntime_matrix.sh` repeats the check for the oldest and newest supported releases):
+(`tools/ci/onnxruntime_matrix.sh` repeats the check for the oldest and newest supported releases):
 
     recipe                  1.20-1.21  1.22     1.23-1.24  1.25-1.26        1.27              1.28-1.32
     float32, int8-dynamic   refused    runs     runs       runs             runs              runs
@@ -11,7 +11,7 @@ a padded batch, scoring) on every onnxruntime release from 1.20 to 1.32, against
     int8 KV cache           refused    refused  refused    fails at 1st run wrong for batch>1 runs
 
 The int8 recipe (MatMulNBits with bits 8) needs nothing newer than its GroupQueryAttention's 1.22 on x86-64: it
-was run on 1.22.0 and 1.32.0 only (`benchmarks/onnxruntime_matrix.sh oldest`: the runtime tests pass, its batch
+was run on 1.22.0 and 1.32.0 only (`tools/ci/onnxruntime_matrix.sh oldest`: the runtime tests pass, its batch
 equal to its prompts alone). On 64-bit ARM it needs 1.23 (`ARM64_MINIMUM`).
 
 `edgelm export` writes the result into the manifest (graph.min_onnxruntime); the loader checks it before
@@ -37,7 +37,7 @@ OPERATOR_MINIMUM = {
 }
 # Where 64-bit ARM needs a newer release than OPERATOR_MINIMUM: onnxruntime 1.22's aarch64 build has no 8-bit
 # MatMulNBits kernel, and the int8 recipe's first step fails in MatMulNBits<T1>::Compute (1.22.0 and 1.22.1 under
-# qemu's cortex-a72 and cortex-a76, benchmarks/aarch64_emulated.sh 1.22.0 1.22.1; 1.23.0 runs it). The scan
+# qemu's cortex-a72 and cortex-a76, tools/ci/aarch64_emulated.sh 1.22.0 1.22.1; 1.23.0 runs it). The scan
 # records integer attributes as "name=value" (package/graph_scan.py).
 ARM64_MINIMUM = {
     ("MatMulNBits", "bits=8"): ("1.23", "8-bit MatMulNBits on 64-bit ARM (the int8 recipe)"),
@@ -47,11 +47,11 @@ OLDEST_SUPPORTED = OPERATOR_MINIMUM[("GroupQueryAttention", None)][0]  # the flo
 # Releases whose aarch64 wheel stops the process with "Illegal instruction" as it is imported, on a 64-bit ARM CPU
 # without the dot-product instructions (Cortex-A72: Raspberry Pi 4, Cortex-A53: Pi 3 and Zero 2 W); reported by
 # Pi 4 users (onnxruntime issues 23957, 24112, 24512) and reproduced under qemu's cortex-a72 model
-# (benchmarks/aarch64_emulated.sh, which also runs pyproject's minimum and the newest release there).
+# (tools/ci/aarch64_emulated.sh, which also runs pyproject's minimum and the newest release there).
 NEEDS_DOT_PRODUCT = ("1.21.0",)
 # Releases that import onnxruntime and run the tiny packages they are new enough for on qemu's cortex-a72 model,
 # greedy tokens as x86-64's (quantized within their recorded agreement), refusing the others by name:
-# `benchmarks/aarch64_emulated.sh --survey`, 2026-12-02 and 2026-12-05 (benchmarks/results/2026-12-0[25]-aarch64-
+# `tools/ci/aarch64_emulated.sh --survey`, 2026-12-02 and 2026-12-05 (benchmarks/results/2026-12-0[25]-aarch64-
 # survey.md; 1.22.x ran the int8 recipe of the time, DynamicQuantizeMatMul: today's is refused there, ARM64_MINIMUM).
 # Those not listed have not been run there.
 RUNS_WITHOUT_DOT_PRODUCT = (

@@ -9,7 +9,7 @@
     chat_requests.py   the chat body -> runtime options
     completion_answers.py  Completions -> response bodies (pydantic models of OpenAI's shapes)
     chat_answers.py    the chat shapes
-    errors.py          OpenAI's error body; the one mapping from what was raised to what the client sees
+    api_errors.py      OpenAI's error body; the one mapping from what was raised to what the client sees
     jobs.py            the FIFO of slots and the worker threads that run each request's Batch
     waiting.py         waiting for a slot, watching for the client leaving
     workers.py         the server's worker threads: requests parsed and prepared, /tokenize run, off the event loop

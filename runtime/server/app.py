@@ -43,7 +43,7 @@ from .api.completions import Completions
 from .api.requests import Limits, ModelNames
 from .api.responses_api import Responses
 from .bodies import json_response, parse_json, read_body
-from .errors import ApiError, api_error, describe
+from .api_errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .request_path import Endpoint, Ready, Serving, route

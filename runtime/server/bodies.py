@@ -7,7 +7,7 @@ import time
 from starlette.responses import Response
 
 from .api.requests import Limits
-from .errors import ApiError
+from .api_errors import ApiError
 
 
 async def read_body(request, limits: Limits, deadline: float) -> bytes:

@@ -13,7 +13,7 @@ app's own (which stops its jobs), whether the app arrived before the server star
 import threading
 from types import SimpleNamespace
 
-from .errors import ApiError
+from .api_errors import ApiError
 
 LOADING = ApiError(
     503, "the model is loading; retry when GET /health says ok", code="model_loading", type="server_error",

@@ -14,7 +14,7 @@ import time
 
 from starlette.middleware.cors import CORSMiddleware
 
-from .errors import ApiError
+from .api_errors import ApiError
 
 log = logging.getLogger("edgelm.server")
 LOCAL_NAMES = ("127.0.0.1", "localhost", "[::1]")

@@ -12,7 +12,7 @@
 
 Each endpoint (completions.py, chat.py, responses_api.py, score in app.py) writes only its body's parsing, how
 its prompts are prepared and its response shapes. Every error a step raises becomes the client's answer through
-one mapping (errors.api_error), with the request's own field names (`request.field_of`); a stream that fails
+one mapping (api_errors.api_error), with the request's own field names (`request.field_of`); a stream that fails
 after it began ends with the endpoint's error event. However a job ends, its Batch is let go.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..errors import EdgelmError
 from .api.requests import Limits, ModelNames, check_tokens_held
 from .bodies import json_response, parse_json, read_body
-from .errors import api_error
+from .api_errors import api_error
 from .jobs import Stopped, Work
 from .waiting import admit, answer_of, event_stream
 

@@ -17,7 +17,7 @@ from ..text import tokenizer as tokenizing
 from .api import requests
 from .api.requests import Limits
 from .bodies import parse_json, read_body
-from .errors import ApiError
+from .api_errors import ApiError
 from .workers import Workers
 
 

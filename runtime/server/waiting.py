@@ -7,7 +7,7 @@ import asyncio
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 
-from .errors import ApiError, api_error
+from .api_errors import ApiError, api_error
 from .jobs import Job, QueueFull, Stopped
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.session import release_freed_memory
-from .errors import ApiError, api_error
+from .api_errors import ApiError, api_error
 from .jobs import QueueFull, Slots, Stopped, _without_frames
 from .waiting import RETRY_AFTER, ClientGone, unless_gone
 

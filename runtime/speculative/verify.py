@@ -8,7 +8,7 @@ Two rules, both exact:
   token is the chain's pick whatever the proposal was, so greedy output is token-identical to decoding one token
   per pass, and a seeded sampled output draws the same tokens as without speculation wherever the logits agree.
   As speculative rejection sampling with a one-hot draft distribution, it accepts token d with probability p(d)
-  and otherwise draws from p without d, renormalized: the same law (tests/test_speculative_verify.py checks it).
+  and otherwise draws from p without d, renormalized: the same law (tests/engine/test_speculative_verify.py checks it).
 - A proposal drawn from a draft distribution q (a draft model sampling): speculative rejection sampling
   (Leviathan et al. 2023, Chen et al. 2023): accept the draft token d with probability min(1, p(d) / q(d)), else
   draw from max(p - q, 0) renormalized. p and q are the distributions after every filter of the chain, applied to

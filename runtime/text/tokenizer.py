@@ -29,7 +29,7 @@ MAX_BANNED = 64  # words one request may ban: each is looked for at the end of e
 MAX_BANNED_CHARS = 4096  # all of them together
 MAX_GROWTH = 16  # how many times encoding's steps, or decoding's, may lengthen a text in UTF-8 bytes; Llama 2's: 12
 # The most UTF-8 bytes one character's normalization (or lowercasing) gives per byte of it, over every code point
-# (Python's unicodedata; tests/test_tokenizer_growth.py recomputes them): U+FDFA's 3 bytes become 33 under NFKD.
+# (Python's unicodedata; tests/text/test_tokenizer_growth.py recomputes them): U+FDFA's 3 bytes become 33 under NFKD.
 NFD_GROWTH, NFKD_GROWTH, LOWERCASE_GROWTH = 3.0, 11.0, 1.5
 SPLITS = ("Split", "Whitespace", "WhitespaceSplit", "BertPreTokenizer", "Punctuation", "Digits", "UnicodeScripts")
 SPLITS += ("CharDelimiterSplit", "FixedLength")  # pre-tokenizers that only cut a text (or drop from it)

@@ -10,7 +10,7 @@ Why rotary outside GroupQueryAttention: the runtime left-pads a batch and every 
 (graph/attention.py cache_lengths), so positions must come from position_ids, which counts real tokens only
 (transformers' rule). com.microsoft RotaryEmbedding reads them, from cos/sin tables baked here. GroupQueryAttention's
 own rotary (do_rotary) takes them too, but its CPU kernel gives a batch of rows decoding over the in-place cache
-other logits (onnxruntime 1.32.0; one row is exact: benchmarks/graph_variants.py rotary-in-attention).
+other logits (onnxruntime 1.32.0; one row is exact: tools/graph_variants.py rotary-in-attention).
 """
 
 from functools import partial

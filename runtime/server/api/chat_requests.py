@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import Field
 
 from ...inputs import text_problem
-from ..errors import ApiError
+from ..api_errors import ApiError
 from .fields import CHAT_REFUSED, ChatExtras, refuse
 from .requests import (
     GenerationRequest,

@@ -5,7 +5,7 @@ OpenAI's clients and the frameworks on top of them send fields that mean somethi
 servers do, so a client written for OpenAI works unchanged; each is listed here with why it means nothing
 locally. Fields asking for what edgelm cannot do (audio output, web search, stored state) are refused with a
 400 naming the field and why, rather than answered as if they had been honoured. A field no OpenAI schema has,
-and none of edgelm's own, is still an unknown field (schema.py); tests/test_server_fields.py compares these
+and none of edgelm's own, is still an unknown field (schema.py); tests/server/test_server_fields.py compares these
 lists and the body models with the openai package's request types, so a new client release shows what it adds.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, create_model
 
-from ..errors import ApiError
+from ..api_errors import ApiError
 from .schema import STRICT
 
 # Accepted, no local meaning: field -> why.

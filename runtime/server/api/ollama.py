@@ -26,7 +26,7 @@ from importlib import metadata
 
 from starlette.responses import Response
 
-from ..errors import ApiError
+from ..api_errors import ApiError
 from ..request_path import StreamWriter
 from .chat import Chat
 from .chat_requests import parse_chat_request

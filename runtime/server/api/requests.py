@@ -27,7 +27,7 @@ from ... import inputs
 from ...errors import GenerationOptionError, PromptError
 from ...generation_config import logit_bias_ids
 from ...generation_options import OPTIONS, request_fields, server_defaults
-from ..errors import ApiError
+from ..api_errors import ApiError
 from ..limits import Limits  # noqa: F401  (the endpoints' and the tests' name for it)
 from .schema import STRICT, TEXTS, Text, validate
 from .structured import refuse_stop, response_format_options

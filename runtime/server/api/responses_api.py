@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import ApiError
+from ..api_errors import ApiError
 from ..request_path import Ready, Result, StreamWriter
 from .chat import Chat
 from .chat_requests import ChatRequest

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
 
 from ...inputs import text_problem
-from ..errors import ApiError
+from ..api_errors import ApiError
 
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 TEXTS = "a string or a list of strings"

@@ -15,7 +15,7 @@ every answer is what strict: true promises. An answer cut by max_tokens is unfin
 holds would cut it into text the schema does not allow, under finish_reason "stop", which says it is whole.
 """
 
-from ..errors import ApiError
+from ..api_errors import ApiError
 from .schema import json_type, short
 
 TYPES = ("text", "json_object", "json_schema")

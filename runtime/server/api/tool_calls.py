@@ -33,7 +33,7 @@ from ...generation_config import GenerationConfig
 from ...sampling.constraint import MAX_TEXT
 from ...sampling.constraint import check as check_constraint
 from ...constraint_bounds import bounded_numbers
-from ..errors import ApiError
+from ..api_errors import ApiError
 from .schema import json_type
 
 CHOICES = ("none", "auto", "required")

@@ -1,0 +1,108 @@
+"""benchmarks/graph_variants.py's decode-step levers rewrite a package into one that decodes what it did: rotary
+inside GroupQueryAttention and attention without the bias (float32, batch 1: the same tokens and
+log-probabilities), the tied int8 head as one
+8-bit MatMulNBits over the same rows, and the 8-bit products requantized to another block size."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import edgelm.runtime as rt
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+VARIANTS = Path(__file__).resolve().parents[2] / "tools" / "graph_variants.py"
+PROMPTS = ["Hello there", "Once upon a time, in a land far away", "The"]
+
+
+def variant(package, out, *args):
+    subprocess.run([sys.executable, str(VARIANTS), str(package), str(out), *args], check=True, capture_output=True)
+    return out
+
+
+def greedy_alone(package):
+    """Each prompt decoded greedily at batch 1: (token ids, their log-probabilities)."""
+    model = rt.load(package)
+    runs = [model.generate([p], max_new_tokens=12, ignore_eos=True, logprobs=1)[0] for p in PROMPTS]
+    return [(c.token_ids, [entry["logprob"] for entry in c.logprobs]) for c in runs]
+
+
+def initializers(package):
+    """name -> array of the package's graph, external data read from its own files."""
+    model = onnx.load(str(package / "model.onnx"))
+    return model, {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def test_rotary_inside_attention_decodes_the_same_float32_tokens_at_batch_1(llama_package, tmp_path):
+    out = variant(llama_package, tmp_path / "rotary", "--variant", "rotary-in-attention")
+    ops = [n.op_type for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node]
+    assert "RotaryEmbedding" not in ops
+    assert greedy_alone(out) == greedy_alone(llama_package)  # exact: tokens and log-probabilities
+
+
+def test_attention_without_the_bias_decodes_the_same_float32_tokens_at_batch_1(llama_package, tmp_path):
+    out = variant(llama_package, tmp_path / "no-bias", "--variant", "no-attention-bias")
+    nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+    assert {n.op_type for n in nodes}.isdisjoint({"Range", "LessOrEqual", "And"})  # the bias's nodes are gone
+    assert all(len(n.input) <= 10 for n in nodes if n.op_type == "GroupQueryAttention")
+    assert greedy_alone(out) == greedy_alone(llama_package)
+
+
+def test_the_int8_head_as_one_nbits_product_keeps_the_rows_and_the_tokens(tiny_package_int8, tmp_path):
+    out = variant(tiny_package_int8, tmp_path / "head", "--variant", "int8-head-nbits")
+    model, arrays = initializers(out)
+    ops = [n.op_type for n in model.graph.node]
+    assert "QGemm" not in ops and "QuantizeLinear" not in ops
+    head = next(n for n in model.graph.node if "logits" in n.output)
+    assert head.op_type == "MatMulNBits"
+    _, before = initializers(tiny_package_int8)
+    rows = [before[name] for name in sorted(before) if name.startswith("transformer.wte.weight_int8.")]
+    scales = [before[name] for name in sorted(before) if name.startswith("transformer.wte.weight_scale.")]
+    expected = np.concatenate(rows).astype(np.float32) * np.concatenate(scales)[:, None]  # [V, C]
+    codes, scale = arrays[head.input[1]], arrays[head.input[2]]
+    weights = (codes.astype(np.float32) - 128) * scale[..., None]
+    np.testing.assert_array_equal(weights.reshape(expected.shape), expected)
+    assert [tokens for tokens, _ in greedy_alone(out)] == [tokens for tokens, _ in greedy_alone(tiny_package_int8)]
+
+
+def test_int8_products_requantized_to_blocks_of_64_stay_within_half_a_step(llama_package_int8, tmp_path):
+    out = variant(llama_package_int8, tmp_path / "block64", "--variant", "nbits", "--block", "64")
+    model, arrays = initializers(out)
+    _, before = initializers(llama_package_int8)
+    products = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert products and all(
+        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}["block_size"] == 64 for n in products
+    )
+    for node in products:
+        k = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["K"]
+        old_codes, old_scale = (before[name.removesuffix(".block64")] for name in node.input[1:3])
+        was = ((old_codes.astype(np.float32) - 128) * old_scale[..., None]).reshape(len(old_scale), -1)[:, :k]
+        scale = arrays[node.input[2]].reshape(len(old_scale), -1)
+        now = ((arrays[node.input[1]].astype(np.float32) - 128) * scale[..., None]).reshape(len(scale), -1)[:, :k]
+        step = np.repeat(scale, 64, axis=1)[:, :k]
+        assert np.all(np.abs(now - was) <= step / 2 * (1 + 1e-6))
+    rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)  # onnxruntime runs it
+
+
+def test_a_variant_refuses_a_package_it_does_not_apply_to(llama_package, tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(VARIANTS), str(llama_package), str(tmp_path / "x"), "--variant", "int8-head-nbits"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode != 0 and "it has no QGemm" in run.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("level", ["1", "4"])
+def test_nbits_sets_the_accuracy_level_of_every_product(llama_package_int8, tmp_path, level):
+    out = variant(llama_package_int8, tmp_path / f"level{level}", "--variant", "nbits", "--accuracy-level", level)
+    nodes = onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node
+    levels = {
+        onnx.helper.get_attribute_value(a) for n in nodes if n.op_type == "MatMulNBits" for a in n.attribute
+        if a.name == "accuracy_level"
+    }
+    assert levels == {int(level)}
+    rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)

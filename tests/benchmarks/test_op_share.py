@@ -1,0 +1,28 @@
+"""benchmarks/op_share.py profiles a package's decode steps and reports each op type's count per layer and its
+share of the step, the LM head's kernels apart."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "op_share.py"
+
+
+def test_op_share_counts_each_op_per_layer_and_the_head_apart(llama_package_int8):
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), str(llama_package_int8), "--threads", "1", "--steps", "3", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = {
+        cells[0]: cells[1:]
+        for cells in ([c.strip() for c in line.strip("|").split("|")] for line in run.stdout.splitlines())
+        if len(cells) == 6 and cells[0] not in ("op", "---")
+    }
+    assert rows["MatMulNBits"][:2] == ["8", "4.00"]  # 2 layers: Q/K/V, output, gate/up, down
+    assert rows["GroupQueryAttention"][:2] == ["2", "1.00"]
+    assert rows["LM head QGemm"][0] == "1" and "QGemm" not in rows  # the tied int8 head's one slice, apart
+    shares = [float(cells[3].rstrip("%")) for cells in rows.values()]
+    assert all(0 <= s <= 100 for s in shares) and 50 < sum(shares) <= 105  # medians: near 100, not exactly
+    assert "2 layers" in run.stdout and "weight products (LM head included)" in run.stdout

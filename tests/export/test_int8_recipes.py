@@ -1,0 +1,116 @@
+"""The two int8 recipes: int8 (MatMulNBits in 8-bit blocks, activations quantized per row and block; the LM head
+scales each row by its own largest value) and int8-dynamic (DynamicQuantizeMatMul, one activation scale per
+tensor). Each exports a package that loads, generates and scores, and follows the float32 package's greedy
+tokens; int8's rows do not depend on each other, so a greedy request gets the same tokens alone, in one
+Model.batch with prompts of other lengths, and in the continuous-batching scheduler beside other jobs."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from edgelm.export.quantize import quantize_int8_blocks
+from edgelm.runtime import load
+from edgelm.runtime.batching.scheduler import Scheduler
+from scheduler_job import Job
+
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog, and then",
+    "Once upon a time",
+    "import numpy as np\n",
+    "A",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11",
+    "É",
+    "The capital of France is",
+    "def f(x):\n    return",
+]
+GREEDY = dict(do_sample=False, ignore_eos=True, max_new_tokens=16)
+
+
+def test_blocks_round_trip_within_half_a_step():
+    """[N, K] -> uint8 [N, blocks, 32] around zero point 128, K padded with zeros to whole blocks."""
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(48, 70)).astype(np.float32)
+    weight[5, 40:] *= 30  # an outlier costs its own block only
+    w = quantize_int8_blocks(weight)
+    assert w.packed.dtype == np.uint8 and w.packed.shape == (48, 3, 32) and w.scale.shape == (48, 3)
+    assert w.packed.min() >= 1 and w.packed.max() <= 255  # symmetric: [-127, 127] + 128
+    restored = ((w.packed.astype(np.float32) - 128) * w.scale[..., None]).reshape(48, -1)
+    assert np.all(restored[:, 70:] == 0)
+    step = np.repeat(w.scale, 32, axis=1)[:, :70]
+    assert np.all(np.abs(restored[:, :70] - weight) <= step / 2 + 1e-7)
+    assert w.scale[5, 0] < w.scale[5, 2] / 10  # the outlier's block has its own scale
+
+
+@pytest.mark.parametrize(
+    "fixture, recipe", [("validated_package_int8", "int8"), ("validated_package_int8_dynamic", "int8-dynamic")]
+)
+def test_each_recipe_generates_scores_and_follows_float32(request, tiny_package, fixture, recipe):
+    package = request.getfixturevalue(fixture)
+    manifest = json.loads((package / "manifest.json").read_text())
+    assert manifest["weights"]["quantization"]["method"] == recipe
+    assert manifest["graph"]["min_onnxruntime"] == "1.22"  # tools/ci/onnxruntime_matrix.sh runs it there
+    reported = manifest["validation"][recipe]["greedy"]["prefix_agreement"]
+    model, fp32 = load(package), load(tiny_package)
+    agreement = []
+    for prompt in PROMPTS:
+        ours = model.generate(prompt, **GREEDY).token_ids
+        theirs = fp32.generate(prompt, **GREEDY).token_ids
+        assert len(ours) == 16 and all(0 <= t < model.arch.vocab_size for t in ours)
+        agreement.append(next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), 16) / 16)
+    # the export's figure is against transformers on its own prompts: these prompts agree about as well
+    assert np.mean(agreement) >= reported / 2, (agreement, reported)
+    score = model.score(PROMPTS[1])
+    assert all(math.isfinite(x) and x <= 0 for x in score.logprobs)
+    assert score.perplexity == pytest.approx(fp32.score(PROMPTS[1]).perplexity, rel=0.1)
+
+
+@pytest.fixture(scope="module")
+def int8_models(tiny_package_int8, llama_untied_package_int8):
+    """GPT-2 with its tied head (QGemm over the token rows) and Llama with an untied one (MatMulNBits)."""
+    return [load(tiny_package_int8), load(llama_untied_package_int8)]
+
+
+@pytest.fixture(scope="module")
+def llama_untied_package_int8(tmp_path_factory):
+    from edgelm.export.stages import export_model
+    from llama_checkpoints import build_llama_checkpoint
+
+    folder = tmp_path_factory.mktemp("llama-untied-int8")
+    checkpoint = build_llama_checkpoint(folder / "checkpoint", "llama-untied", seed=2)
+    return export_model(str(checkpoint), folder / "package", quantize="int8", validate=False).path
+
+
+def test_a_greedy_int8_request_is_the_same_alone_and_in_a_batch(int8_models):
+    for model in int8_models:
+        alone = [model.generate(prompt, **GREEDY).token_ids for prompt in PROMPTS]
+        together = [c.token_ids for c in model.generate(PROMPTS, **GREEDY)]  # one left-padded batch of 9
+        assert together == alone
+        reordered = [c.token_ids for c in model.generate(PROMPTS[::-1][:5], **GREEDY)]
+        assert reordered == alone[::-1][:5]
+
+
+def test_a_greedy_int8_request_is_the_same_alone_and_in_the_running_batch(int8_models):
+    """Jobs join one running batch two steps apart, each with its own length, beside a sampled one."""
+    for model in int8_models:
+        scheduler = Scheduler(model, max_rows=8)
+        first = Job(model.batch(["Hi"], do_sample=True, seed=1, ignore_eos=True, max_new_tokens=40))
+        lengths = [10 + k for k in range(len(PROMPTS))]
+        jobs = [Job(model.batch([p], **GREEDY | dict(max_new_tokens=n))) for p, n in zip(PROMPTS, lengths)]
+
+        def stagger(count):  # greedy job i arrives at the sampled job's (2i + 1)-th step boundary
+            for i, job in enumerate(jobs):
+                if count == 2 * i + 1:
+                    scheduler.submit(job)
+
+        first.at_boundary = stagger
+        scheduler.submit(first)
+        try:
+            assert first.wait().error is None
+            for job, prompt, n in zip(jobs, PROMPTS, lengths):
+                assert job.wait().error is None
+                expected = model.generate(prompt, **GREEDY | dict(max_new_tokens=n)).token_ids
+                assert job.batch.completions[0].token_ids == expected, prompt
+        finally:
+            scheduler.close()
