@@ -1,0 +1,148 @@
+"""What the Python around the graph costs per decode step: the loop with every decode pass replaced by a stand-in.
+
+    python benchmarks/loop_overhead.py PKG [--rev REV] [--repeats 7] [--tokens 64] [--batches 1 16]
+    python benchmarks/loop_overhead.py PKG --profile [--tokens 64]     # cProfile of one real batch-1 greedy decode
+
+The decode loop of runtime/apps/bench.py (exact_decode: the fixed batch's pick, the sampler, the stop checks, the
+in-place cache's inputs) runs as a request runs it, except that each decode pass's graph run returns at once: the
+prompt's pass and the first decode pass are real, and what the latter wrote (the logits, and the sampling outputs of
+a graph that has them, which a runtime that reads them then reads every step) stays for every later step (with a
+random-weight package, rows of noise: a flat distribution, top_p's most expensive). What is timed is therefore the Python and
+NumPy of a step alone, as the CPU time of the thread that runs them (time.thread_time: time spent waiting for a busy
+core is not counted, though a busy core's caches still slow it), microseconds per step, far less sensitive to other
+work than tokens per second. Every
+setting of harness.SAMPLED at each batch size, --repeats times each, in a process per runtime; with --rev, REV's
+runtime/ (from `git archive`, imported as edgelm.runtime in its own process) runs the same, the two processes
+taking turns. Printed: the median over repeats of each runtime's microseconds per step (and per row at batch > 1).
+The package must write its cache in place (an edgelm package on CPU) and load in every runtime compared (export it
+with the older revision's code).
+"""
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from sampling_outputs import runtime_at, use_runtime  # noqa: E402 (benchmarks/ is on the path above)
+
+
+class StandIn:
+    """Wraps an engine's runner: bound runs go to the graph until `on`, then return at once (logits unchanged)."""
+
+    def __init__(self, runner):
+        self.on, bind = False, runner.bind
+
+        def stand_in_bind(names, outputs):
+            run = bind(names, outputs)
+            return lambda values: None if self.on else run(values)
+
+        runner.bind = stand_in_bind
+
+
+def measure(tree: str, package: str, tokens: int, batches: list, settings: list, repeats: int) -> dict:
+    """In a process of its own: edgelm.runtime from `tree`, then {"batch/key": [microseconds per step, ...]}."""
+    use_runtime(tree)
+    try:  # runtime/apps/bench.py; before the apps/ folder, runtime/bench.py
+        from edgelm.runtime.apps.bench import exact_decode, prompt_ids
+    except ModuleNotFoundError:
+        from edgelm.runtime.bench import exact_decode, prompt_ids
+    from edgelm.runtime.model import load
+
+    model = load(package)
+    if not model.engine.writes_cache_in_place:
+        raise SystemExit(f"{package}: its cache is not written in place; the stand-in replaces bound runs only")
+    stand_in = StandIn(model.engine.runner)
+    micros = {}
+    for batch in batches:
+        prompts = [prompt_ids(model, 8, seed=row) for row in range(batch)]
+        for key, options in settings:
+            micros[f"{batch}/{key}"] = []
+            for repeat in range(repeats + 1):  # the first is a warm-up
+                steps = exact_decode(model, prompts, tokens, options)
+                next(steps), next(steps)  # the prompt's pass and the first decode pass, both real
+                gc.collect()
+                stand_in.on, started = True, time.thread_time()
+                for _ in steps:
+                    pass
+                elapsed, stand_in.on = time.thread_time() - started, False
+                if repeat:
+                    micros[f"{batch}/{key}"].append(1e6 * elapsed / (tokens - 2))
+    return micros
+
+
+def profile(package: str, tokens: int) -> str:
+    """cProfile of one real batch-1 greedy decode (graph included): the top functions by own time, with call counts."""
+    from edgelm.runtime.apps.bench import exact_decode, prompt_ids
+    from edgelm.runtime.model import load
+
+    model = load(package)
+    prompts = [prompt_ids(model, 8)]
+    for _ in exact_decode(model, prompts, 8):  # warm-up
+        pass
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in exact_decode(model, prompts, tokens):
+        pass
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+    return out.getvalue()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("package")
+    parser.add_argument("--rev", help="another revision to run side by side (its runtime/ from git archive)")
+    parser.add_argument("--repeats", type=int, default=7, help="decodes per setting and batch (medians printed)")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--profile", action="store_true", help="cProfile one real batch-1 greedy decode instead")
+    parser.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)  # a child's runtime tree and settings
+    args = parser.parse_args()
+    if args.profile:
+        print(profile(args.package, args.tokens))
+        return
+    if args.measure:
+        tree, settings = args.measure
+        print(json.dumps(measure(tree, args.package, args.tokens, args.batches, json.loads(settings), args.repeats)))
+        return
+
+    from harness import SAMPLED
+
+    settings = json.dumps([(key, options) for key, _, options in SAMPLED])
+    trees = {"working tree": str(ROOT)}
+    if args.rev:
+        trees = {args.rev: str(runtime_at(args.rev, Path(tempfile.mkdtemp())))} | trees
+    micros = {name: {} for name in trees}
+    for r in range(2 if args.rev else 1):  # with --rev, each runtime first once: half the repeats each time
+        for name in list(trees)[:: 1 if r % 2 == 0 else -1]:
+            command = [sys.executable, __file__, args.package, "--tokens", str(args.tokens), "--batches"]
+            command += [*map(str, args.batches), "--repeats", str(-(-args.repeats // (2 if args.rev else 1)))]
+            command += ["--measure", trees[name], settings]
+            result = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
+            for key, values in result.items():
+                micros[name].setdefault(key, []).extend(values)
+    print(f"CPU microseconds of Python per decode step (graph runs stood in for), {args.tokens} new tokens, medians")
+    print(f"{'batch':>5}  {'setting':<50}" + "".join(f" {name:>14}" for name in trees) + ("  ratio" if args.rev else ""))
+    for key in micros["working tree"]:
+        batch, setting = key.split("/", 1)
+        label = next(text for k, text, _ in SAMPLED if k == setting)
+        medians = [float(np.median(micros[name][key])) for name in trees]
+        ratio = f"  {medians[-1] / medians[0]:.3f}" if args.rev else ""
+        print(f"{batch:>5}  {label:<50}" + "".join(f" {m:14.1f}" for m in medians) + ratio)
+
+
+if __name__ == "__main__":
+    main()
