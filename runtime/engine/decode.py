@@ -159,6 +159,9 @@ class InPlaceDecoder:
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         width, new = attention_mask.shape[1], input_ids.shape[1]
+        if new == 1:  # a decode step: one pass, which no prefix cache knows
+            self._pass(input_ids, attention_mask, position_ids)
+            return self.logits
         # GroupQueryAttention takes several new tokens over an existing cache for one row only.
         chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
         first, cached = 0, self._cacheable(input_ids, attention_mask, position_ids)
@@ -208,9 +211,12 @@ def decode_steps(engine: Engine, prompts: list, pick, pad_id: int, max_new_token
     """
     batch = len(prompts)
     input_ids, attention_mask, position_ids = prefill_inputs(prompts, pad_id)
+    width, capacity = input_ids.shape[1], input_ids.shape[1] + max_new_tokens
+    mask = np.ones((batch, capacity), dtype=np.int64)  # every step's attention mask: its first `width` columns
+    mask[:, :width] = attention_mask
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
-    decoder = engine.decoder(batch, capacity=input_ids.shape[1] + max_new_tokens)
+    decoder = engine.decoder(batch, capacity)
     logits = decoder.run(input_ids, attention_mask, position_ids)[:, -1, :]  # [B, V]
     while True:
         tokens, running = pick(logits)
@@ -218,7 +224,6 @@ def decode_steps(engine: Engine, prompts: list, pick, pad_id: int, max_new_token
         if not running:
             return
         # Decode: one token per row against the cache; finished rows feed padding that nobody reads.
-        attention_mask = np.concatenate([attention_mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
-        position_ids = position_ids[:, -1:] + 1
+        width, position_ids = width + 1, position_ids[:, -1:] + 1
         next_ids = np.where(tokens < 0, pad_id, tokens)[:, None]
-        logits = decoder.run(next_ids, attention_mask, position_ids)[:, -1, :]
+        logits = decoder.run(next_ids, mask[:, :width], position_ids)[:, -1, :]

@@ -59,11 +59,13 @@ class TokenEmbeddings:
         return cls(_row_reader(handle, path, table.rows.offset, width), scale_values, width)
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        flat = np.asarray(ids, dtype=np.int64).reshape(-1)
-        rows = np.empty((flat.size, self.width), dtype=np.int8)
-        for k, token in enumerate(flat.tolist()):
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.reshape(-1).tolist()
+        rows = np.empty((len(flat), self.width), dtype=np.int8)
+        for k, token in enumerate(flat):
             self._read_row(token, rows[k])
-        return (rows * self.scale[flat, None]).astype(np.float32).reshape(*np.shape(ids), self.width)
+        # [n, C] int8 * [n, 1] float32 -> float32, computed once in float32 (run every decode step)
+        return np.multiply(rows, self.scale.take(flat)[:, None], dtype=np.float32).reshape(*ids.shape, self.width)
 
 
 def _row_reader(handle, path: Path, offset: int, width: int):
