@@ -1,6 +1,6 @@
 """What the Python around the graph costs per decode step: the loop with every decode pass replaced by a stand-in.
 
-    python benchmarks/loop_overhead.py PKG [--rev REV] [--repeats 7] [--tokens 64] [--batches 1 16]
+    python benchmarks/loop_overhead.py PKG [--rev REV ...] [--repeats 8] [--tokens 64] [--batches 1 16]
     python benchmarks/loop_overhead.py PKG --profile [--tokens 64]     # cProfile of one real batch-1 greedy decode
 
 The decode loop of runtime/apps/bench.py (exact_decode: the fixed batch's pick, the sampler, the stop checks, the
@@ -12,8 +12,9 @@ NumPy of a step alone, as the CPU time of the thread that runs them (time.thread
 core is not counted, though a busy core's caches still slow it), microseconds per step, far less sensitive to other
 work than tokens per second. Every
 setting of harness.SAMPLED at each batch size, --repeats times each, in a process per runtime; with --rev, REV's
-runtime/ (from `git archive`, imported as edgelm.runtime in its own process) runs the same, the two processes
-taking turns. Printed: the median over repeats of each runtime's microseconds per step (and per row at batch > 1).
+runtime/ (from `git archive`, imported as edgelm.runtime in its own process) runs the same, each --rev (repeatable)
+and the working tree taking turns in one order, then the other. Printed: the median over repeats of each runtime's
+microseconds per step, and the working tree's over the first --rev's.
 The package must write its cache in place (an edgelm package on CPU) and load in every runtime compared (export it
 with the older revision's code).
 """
@@ -113,8 +114,8 @@ def profile(package: str, tokens: int) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package")
-    parser.add_argument("--rev", help="another revision to run side by side (its runtime/ from git archive)")
-    parser.add_argument("--repeats", type=int, default=7, help="decodes per setting and batch (medians printed)")
+    parser.add_argument("--rev", action="append", default=[], help="a revision to run beside the working tree (repeatable)")
+    parser.add_argument("--repeats", type=int, default=8, help="decodes per setting and batch (medians printed)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--profile", action="store_true", help="cProfile one real batch-1 greedy decode instead")
@@ -131,14 +132,13 @@ def main():
     from harness import SAMPLED
 
     settings = json.dumps([(key, options) for key, _, options in SAMPLED])
-    trees = {"working tree": str(ROOT)}
-    if args.rev:
-        trees = {args.rev: str(runtime_at(args.rev, Path(tempfile.mkdtemp())))} | trees
+    trees = {rev: str(runtime_at(rev, Path(tempfile.mkdtemp()))) for rev in args.rev} | {"working tree": str(ROOT)}
     micros = {name: {} for name in trees}
-    for r in range(2 if args.rev else 1):  # with --rev, each runtime first once: half the repeats each time
+    halves = 2 if args.rev else 1
+    for r in range(halves):  # with --rev, in one order then the other: half the repeats each time
         for name in list(trees)[:: 1 if r % 2 == 0 else -1]:
             command = [sys.executable, __file__, args.package, "--tokens", str(args.tokens), "--batches"]
-            command += [*map(str, args.batches), "--repeats", str(-(-args.repeats // (2 if args.rev else 1)))]
+            command += [*map(str, args.batches), "--repeats", str(-(-args.repeats // halves))]
             command += ["--measure", trees[name], settings]
             result = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
             for key, values in result.items():
@@ -149,7 +149,7 @@ def main():
         batch, setting = key.split("/", 1)
         label = next(text for k, text, _ in SAMPLED if k == setting)
         medians = [float(np.median(micros[name][key])) for name in trees]
-        ratio = f"  {medians[-1] / medians[0]:.3f}" if args.rev else ""
+        ratio = f"  {medians[-1] / medians[0]:.3f}" if args.rev else ""  # the working tree over the first --rev
         print(f"{batch:>5}  {label:<50}" + "".join(f" {m:14.1f}" for m in medians) + ratio)
 
 
