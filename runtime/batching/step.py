@@ -92,7 +92,7 @@ class Step:
                 self._fail(indices[k], error)
             logits = self.sampler.constrain(np.array(logits, dtype=np.float32), allowed)
         self.logits = logits
-        live = [k for k, state in enumerate(states) if not state.finished]
+        live = [k for k, state in enumerate(states) if state.finish_reason is None]
         logprobs = log_softmax(logits) if self.rows.config.logprobs is not None else None
         pieces = []
         picked = self._pick(indices, logits, live) if choose is None else self._choose(indices, logits, live, choose)

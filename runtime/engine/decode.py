@@ -87,10 +87,16 @@ class Engine:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
         return logits, outputs[1:]
 
-    def token_input(self, input_ids) -> np.ndarray:
-        """What the graph's first input takes: the ids as int64, or their embeddings when it takes inputs_embeds."""
+    def token_input(self, input_ids, out: np.ndarray | None = None) -> np.ndarray:
+        """What the graph's first input takes: the ids as int64, or their embeddings when it takes inputs_embeds;
+        written into `out` (an array of that shape and dtype) when given."""
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
-        return self.embeddings(ids) if self.io.takes_embeddings else ids
+        if self.io.takes_embeddings:
+            return self.embeddings(ids, out)
+        if out is None:
+            return ids
+        np.copyto(out, ids)
+        return out
 
     @property
     def writes_cache_in_place(self) -> bool:
@@ -155,12 +161,18 @@ class InPlaceDecoder:
         self.keep_last = runner.value(self.keep_last_array)  # borrows it: the array lives as long as the decoder
         self.run_bound = runner.bind(names, outputs)  # each pass writes the logits and new cache rows in place
         self.idle = list(engine.idle_inputs.values())
+        # A decode step's tokens and positions [B, 1] are written into these arrays, whose OrtValues are made once;
+        # only the attention mask, one column wider each step, is a new OrtValue (step_feeds[1]).
+        self.step_tokens = engine.token_input(np.zeros((batch, 1), dtype=np.int64))
+        self.step_positions = np.zeros((batch, 1), dtype=np.int64)
+        step_ids = [runner.value(self.step_tokens), None, runner.value(self.step_positions)][: self.id_inputs]
+        self.step_feeds = [*step_ids, self.keep_last, *self.cache, *self.idle]
         self.names, self.outputs = names, outputs  # what a run of several kept positions binds (verify_pass.py)
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         width, new = attention_mask.shape[1], input_ids.shape[1]
-        if new == 1:  # a decode step: one pass, which no prefix cache knows
-            self._pass(input_ids, attention_mask, position_ids)
+        if new == 1 and len(input_ids) == len(self.step_positions):  # a decode step: one pass, no prefix cache
+            self._step(input_ids, attention_mask, position_ids)
             return self.logits
         # GroupQueryAttention takes several new tokens over an existing cache for one row only.
         chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
@@ -186,6 +198,14 @@ class InPlaceDecoder:
             and bool(np.all(attention_mask == 1))
             and np.array_equal(position_ids[0], np.arange(new))
         )
+
+    def _step(self, input_ids, attention_mask, position_ids):
+        self.engine.token_input(input_ids, out=self.step_tokens)
+        if self.id_inputs == 3:
+            np.copyto(self.step_positions, position_ids)
+        mask = np.ascontiguousarray(attention_mask, dtype=np.int64)  # borrowed by its OrtValue: kept until the run ends
+        self.step_feeds[1] = self.engine.runner.value(mask)
+        self.run_bound(self.step_feeds)
 
     def _pass(self, input_ids, attention_mask, position_ids):
         # The arrays must outlive the run: the OrtValues below only borrow them.
