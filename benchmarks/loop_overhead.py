@@ -15,12 +15,15 @@ setting of harness.SAMPLED at each batch size, --repeats times each, in a proces
 runtime/ (from `git archive`, imported as edgelm.runtime in its own process) runs the same, each --rev (repeatable)
 and the working tree taking turns in one order, then the other. Printed: the median over repeats of each runtime's
 microseconds per step, and the working tree's over the first --rev's.
-The package must write its cache in place (an edgelm package on CPU) and load in every runtime compared (export it
+With --logits-only, a runtime that
+reads a graph's sampling outputs (before they were dropped) is told the graph has none, so it samples from the logits:
+the Python and NumPy of the same work on both sides. The package must write its cache in place (an edgelm package on CPU) and load in every runtime compared (export it
 with the older revision's code).
 """
 
 import argparse
 import cProfile
+import dataclasses
 import gc
 import io
 import json
@@ -61,7 +64,7 @@ class StandIn:
         runner._sess = Session()
 
 
-def measure(tree: str, package: str, tokens: int, batches: list, settings: list, repeats: int) -> dict:
+def measure(tree: str, package: str, tokens: int, batches: list, settings: list, repeats: int, logits_only: bool) -> dict:
     """In a process of its own: edgelm.runtime from `tree`, then {"batch/key": [microseconds per step, ...]}."""
     use_runtime(tree)
     try:  # runtime/apps/bench.py; before the apps/ folder, runtime/bench.py
@@ -71,6 +74,8 @@ def measure(tree: str, package: str, tokens: int, batches: list, settings: list,
     from edgelm.runtime.model import load
 
     model = load(package)
+    if logits_only and getattr(model.engine.io, "has_sampling", False):  # a runtime that reads sampling outputs
+        model.engine.io = dataclasses.replace(model.engine.io, has_sampling=False)
     if not model.engine.writes_cache_in_place:
         raise SystemExit(f"{package}: its cache is not written in place; the stand-in replaces bound runs only")
     stand_in = StandIn(model.engine.runner)
@@ -118,6 +123,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=8, help="decodes per setting and batch (medians printed)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument(
+        "--logits-only", action="store_true", help="a runtime that reads a graph's sampling outputs samples from the logits"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile one real batch-1 greedy decode instead")
     parser.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)  # a child's runtime tree and settings
     args = parser.parse_args()
@@ -126,7 +134,8 @@ def main():
         return
     if args.measure:
         tree, settings = args.measure
-        print(json.dumps(measure(tree, args.package, args.tokens, args.batches, json.loads(settings), args.repeats)))
+        result = measure(tree, args.package, args.tokens, args.batches, json.loads(settings), args.repeats, args.logits_only)
+        print(json.dumps(result))
         return
 
     from harness import SAMPLED
@@ -139,7 +148,7 @@ def main():
         for name in list(trees)[:: 1 if r % 2 == 0 else -1]:
             command = [sys.executable, __file__, args.package, "--tokens", str(args.tokens), "--batches"]
             command += [*map(str, args.batches), "--repeats", str(-(-args.repeats // halves))]
-            command += ["--measure", trees[name], settings]
+            command += ["--measure", trees[name], settings] + ["--logits-only"] * args.logits_only
             result = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
             for key, values in result.items():
                 micros[name].setdefault(key, []).extend(values)
