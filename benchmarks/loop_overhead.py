@@ -1,24 +1,23 @@
 """What the Python around the graph costs per decode step: the loop with every decode pass replaced by a stand-in.
 
-    python benchmarks/loop_overhead.py PKG [--rev REV ...] [--repeats 8] [--tokens 64] [--batches 1 16]
+    python benchmarks/loop_overhead.py PKG [--rev REV ...] [--repeats 8] [--tokens 64] [--batches 1 16] [--logits-only]
     python benchmarks/loop_overhead.py PKG --profile [--tokens 64]     # cProfile of one real batch-1 greedy decode
 
 The decode loop of runtime/apps/bench.py (exact_decode: the fixed batch's pick, the sampler, the stop checks, the
 in-place cache's inputs) runs as a request runs it, except that each decode pass's graph run returns at once: the
 prompt's pass and the first decode pass are real, and what the latter wrote (the logits, and the sampling outputs of
 a graph that has them, which a runtime that reads them then reads every step) stays for every later step (with a
-random-weight package, rows of noise: a flat distribution, top_p's most expensive). What is timed is therefore the Python and
-NumPy of a step alone, as the CPU time of the thread that runs them (time.thread_time: time spent waiting for a busy
-core is not counted, though a busy core's caches still slow it), microseconds per step, far less sensitive to other
-work than tokens per second. Every
-setting of harness.SAMPLED at each batch size, --repeats times each, in a process per runtime; with --rev, REV's
-runtime/ (from `git archive`, imported as edgelm.runtime in its own process) runs the same, each --rev (repeatable)
-and the working tree taking turns in one order, then the other. Printed: the median over repeats of each runtime's
-microseconds per step, and the working tree's over the first --rev's.
-With --logits-only, a runtime that
-reads a graph's sampling outputs (before they were dropped) is told the graph has none, so it samples from the logits:
-the Python and NumPy of the same work on both sides. The package must write its cache in place (an edgelm package on CPU) and load in every runtime compared (export it
-with the older revision's code).
+random-weight package, rows of noise: a flat distribution, top_p's most expensive). What is timed is therefore the
+Python and NumPy of a step alone, as the CPU time of the thread that runs them (time.thread_time: time spent waiting
+for a busy core is not counted, though a busy core's caches still slow it), microseconds per step, far less
+sensitive to other work than tokens per second. Every setting of harness.SAMPLED at each batch size, --repeats times
+each, in a process per runtime; with --rev, REV's runtime/ (from `git archive`, imported as edgelm.runtime in its own
+process) runs the same, each --rev (repeatable) and the working tree taking turns in one order, then the other.
+Printed: the median over repeats of each runtime's microseconds per step, and the working tree's over the first
+--rev's. With --logits-only, a runtime that reads a graph's sampling outputs (before they were dropped) is told the
+graph has none, so it samples from the logits: the Python and NumPy of the same work on both sides. The package must
+write its cache in place (an edgelm package on CPU) and load in every runtime compared (export it with the oldest
+revision's code).
 """
 
 import argparse
@@ -64,7 +63,7 @@ class StandIn:
         runner._sess = Session()
 
 
-def measure(tree: str, package: str, tokens: int, batches: list, settings: list, repeats: int, logits_only: bool) -> dict:
+def measure(tree: str, package: str, tokens: int, batches: list, settings: list, repeats: int, logits_only: bool):
     """In a process of its own: edgelm.runtime from `tree`, then {"batch/key": [microseconds per step, ...]}."""
     use_runtime(tree)
     try:  # runtime/apps/bench.py; before the apps/ folder, runtime/bench.py
@@ -119,12 +118,12 @@ def profile(package: str, tokens: int) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package")
-    parser.add_argument("--rev", action="append", default=[], help="a revision to run beside the working tree (repeatable)")
+    parser.add_argument("--rev", action="append", default=[], help="a revision beside the working tree (repeatable)")
     parser.add_argument("--repeats", type=int, default=8, help="decodes per setting and batch (medians printed)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument(
-        "--logits-only", action="store_true", help="a runtime that reads a graph's sampling outputs samples from the logits"
+        "--logits-only", action="store_true", help="a runtime that reads graph sampling outputs samples from the logits"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile one real batch-1 greedy decode instead")
     parser.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)  # a child's runtime tree and settings
@@ -134,7 +133,8 @@ def main():
         return
     if args.measure:
         tree, settings = args.measure
-        result = measure(tree, args.package, args.tokens, args.batches, json.loads(settings), args.repeats, args.logits_only)
+        settings = json.loads(settings)
+        result = measure(tree, args.package, args.tokens, args.batches, settings, args.repeats, args.logits_only)
         print(json.dumps(result))
         return
 
@@ -153,7 +153,8 @@ def main():
             for key, values in result.items():
                 micros[name].setdefault(key, []).extend(values)
     print(f"CPU microseconds of Python per decode step (graph runs stood in for), {args.tokens} new tokens, medians")
-    print(f"{'batch':>5}  {'setting':<50}" + "".join(f" {name:>14}" for name in trees) + ("  ratio" if args.rev else ""))
+    names = "".join(f" {name:>14}" for name in trees)
+    print(f"{'batch':>5}  {'setting':<50}{names}" + ("  ratio" if args.rev else ""))
     for key in micros["working tree"]:
         batch, setting = key.split("/", 1)
         label = next(text for k, text, _ in SAMPLED if k == setting)
