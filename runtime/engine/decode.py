@@ -203,8 +203,9 @@ class InPlaceDecoder:
         self.engine.token_input(input_ids, out=self.step_tokens)
         if self.id_inputs == 3:
             np.copyto(self.step_positions, position_ids)
-        mask = np.ascontiguousarray(attention_mask, dtype=np.int64)  # borrowed by its OrtValue: kept until the run ends
-        self.step_feeds[1] = self.engine.runner.value(mask)
+        # the mask is borrowed by its OrtValue: kept as long as that is
+        self.step_mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
+        self.step_feeds[1] = self.engine.runner.value(self.step_mask)
         self.run_bound(self.step_feeds)
 
     def _pass(self, input_ids, attention_mask, position_ids):
