@@ -36,8 +36,8 @@ def runtime_at(rev: str, folder: Path) -> Path:
     return folder
 
 
-def measure(tree: str, package: str, tokens: int, batches: list, settings: list) -> dict:
-    """In a process of its own: edgelm.runtime from `tree`, then {"batch/key": decode tokens per second}."""
+def use_runtime(tree: str) -> None:
+    """Import `tree`'s runtime/ folder as edgelm.runtime in this process (before any edgelm.runtime import)."""
     import edgelm
 
     spec = importlib.util.spec_from_file_location(
@@ -46,13 +46,18 @@ def measure(tree: str, package: str, tokens: int, batches: list, settings: list)
     runtime = importlib.util.module_from_spec(spec)
     sys.modules["edgelm.runtime"], edgelm.runtime = runtime, runtime
     spec.loader.exec_module(runtime)
+    assert Path(runtime.__file__).resolve().is_relative_to(Path(tree).resolve()), runtime.__file__
+
+
+def measure(tree: str, package: str, tokens: int, batches: list, settings: list) -> dict:
+    """In a process of its own: edgelm.runtime from `tree`, then {"batch/key": decode tokens per second}."""
+    use_runtime(tree)
     try:  # runtime/apps/bench.py; before the apps/ folder, runtime/bench.py
         from edgelm.runtime.apps.bench import exact_decode, prompt_ids
     except ModuleNotFoundError:
         from edgelm.runtime.bench import exact_decode, prompt_ids
     from edgelm.runtime.model import load
 
-    assert Path(runtime.__file__).resolve().is_relative_to(Path(tree).resolve()), runtime.__file__
     model = load(package)
     for _ in exact_decode(model, [prompt_ids(model, 8)], 4):  # warm-up
         pass

@@ -92,7 +92,7 @@ class Step:
                 self._fail(indices[k], error)
             logits = self.sampler.constrain(np.array(logits, dtype=np.float32), allowed)
         self.logits = logits
-        live = [k for k, state in enumerate(states) if not state.finished]
+        live = [k for k, state in enumerate(states) if state.finish_reason is None]
         logprobs = log_softmax(logits) if self.rows.config.logprobs is not None else None
         pieces = []
         picked = self._pick(indices, logits, live) if choose is None else self._choose(indices, logits, live, choose)
@@ -176,17 +176,15 @@ class BatchPick:
     def __call__(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
         # [B, V] -> [B] int64 tokens, -1 for a row finished before this step; rows still running after it
         states = self.step.states
-        running = [r for r, state in enumerate(states) if not state.finished]
+        running = [r for r, state in enumerate(states) if state.finish_reason is None]
         allowed = self.masks.wait().take(running) if self.masks else None
         self.pieces = self.step(running, logits if len(running) == len(states) else logits[running], allowed)
         self.logits = self.step.logits
         tokens = np.full(len(states), -1, dtype=np.int64)
-        for r in running:
-            if states[r].error is None:
-                tokens[r] = states[r].generated[-1]
+        tokens[running] = [-1 if states[r].error is not None else states[r].generated[-1] for r in running]
         if self.masks:  # the next masks while the caller reads this step and the graph runs the next
             self.masks.start(self._constraints())
-        return tokens, self.step.running
+        return tokens, sum(states[r].finish_reason is None for r in running)
 
 
 def id_steps(

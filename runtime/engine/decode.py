@@ -87,10 +87,16 @@ class Engine:
             logits = logits[:, -logits_to_keep:]  # graphs without the input compute every position
         return logits, outputs[1:]
 
-    def token_input(self, input_ids) -> np.ndarray:
-        """What the graph's first input takes: the ids as int64, or their embeddings when it takes inputs_embeds."""
+    def token_input(self, input_ids, out: np.ndarray | None = None) -> np.ndarray:
+        """What the graph's first input takes: the ids as int64, or their embeddings when it takes inputs_embeds;
+        written into `out` (an array of that shape and dtype) when given."""
         ids = np.ascontiguousarray(input_ids, dtype=np.int64)
-        return self.embeddings(ids) if self.io.takes_embeddings else ids
+        if self.io.takes_embeddings:
+            return self.embeddings(ids, out)
+        if out is None:
+            return ids
+        np.copyto(out, ids)
+        return out
 
     @property
     def writes_cache_in_place(self) -> bool:
@@ -155,10 +161,19 @@ class InPlaceDecoder:
         self.keep_last = runner.value(self.keep_last_array)  # borrows it: the array lives as long as the decoder
         self.run_bound = runner.bind(names, outputs)  # each pass writes the logits and new cache rows in place
         self.idle = list(engine.idle_inputs.values())
+        # A decode step's tokens and positions [B, 1] are written into these arrays, whose OrtValues are made once;
+        # only the attention mask, one column wider each step, is a new OrtValue (step_feeds[1]).
+        self.step_tokens = engine.token_input(np.zeros((batch, 1), dtype=np.int64))
+        self.step_positions = np.zeros((batch, 1), dtype=np.int64)
+        step_ids = [runner.value(self.step_tokens), None, runner.value(self.step_positions)][: self.id_inputs]
+        self.step_feeds = [*step_ids, self.keep_last, *self.cache, *self.idle]
         self.names, self.outputs = names, outputs  # what a run of several kept positions binds (verify_pass.py)
 
     def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
         width, new = attention_mask.shape[1], input_ids.shape[1]
+        if new == 1 and len(input_ids) == len(self.step_positions):  # a decode step: one pass, no prefix cache
+            self._step(input_ids, attention_mask, position_ids)
+            return self.logits
         # GroupQueryAttention takes several new tokens over an existing cache for one row only.
         chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
         first, cached = 0, self._cacheable(input_ids, attention_mask, position_ids)
@@ -184,6 +199,15 @@ class InPlaceDecoder:
             and np.array_equal(position_ids[0], np.arange(new))
         )
 
+    def _step(self, input_ids, attention_mask, position_ids):
+        self.engine.token_input(input_ids, out=self.step_tokens)
+        if self.id_inputs == 3:
+            np.copyto(self.step_positions, position_ids)
+        # the mask is borrowed by its OrtValue: kept as long as that is
+        self.step_mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
+        self.step_feeds[1] = self.engine.runner.value(self.step_mask)
+        self.run_bound(self.step_feeds)
+
     def _pass(self, input_ids, attention_mask, position_ids):
         # The arrays must outlive the run: the OrtValues below only borrow them.
         arrays = [
@@ -208,9 +232,12 @@ def decode_steps(engine: Engine, prompts: list, pick, pad_id: int, max_new_token
     """
     batch = len(prompts)
     input_ids, attention_mask, position_ids = prefill_inputs(prompts, pad_id)
+    width, capacity = input_ids.shape[1], input_ids.shape[1] + max_new_tokens
+    mask = np.ones((batch, capacity), dtype=np.int64)  # every step's attention mask: its first `width` columns
+    mask[:, :width] = attention_mask
 
     # Prefill: the whole prompt into the cache; only the last position's logits are computed.
-    decoder = engine.decoder(batch, capacity=input_ids.shape[1] + max_new_tokens)
+    decoder = engine.decoder(batch, capacity)
     logits = decoder.run(input_ids, attention_mask, position_ids)[:, -1, :]  # [B, V]
     while True:
         tokens, running = pick(logits)
@@ -218,7 +245,6 @@ def decode_steps(engine: Engine, prompts: list, pick, pad_id: int, max_new_token
         if not running:
             return
         # Decode: one token per row against the cache; finished rows feed padding that nobody reads.
-        attention_mask = np.concatenate([attention_mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
-        position_ids = position_ids[:, -1:] + 1
+        width, position_ids = width + 1, position_ids[:, -1:] + 1
         next_ids = np.where(tokens < 0, pad_id, tokens)[:, None]
-        logits = decoder.run(next_ids, attention_mask, position_ids)[:, -1, :]
+        logits = decoder.run(next_ids, mask[:, :width], position_ids)[:, -1, :]

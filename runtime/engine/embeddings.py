@@ -58,12 +58,18 @@ class TokenEmbeddings:
             raise PackageError(f"{path} is shorter than its manifest says; export the package again.")
         return cls(_row_reader(handle, path, table.rows.offset, width), scale_values, width)
 
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
-        flat = np.asarray(ids, dtype=np.int64).reshape(-1)
-        rows = np.empty((flat.size, self.width), dtype=np.int8)
-        for k, token in enumerate(flat.tolist()):
+    def __call__(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """out: a float32 array of the result's shape to write into (a decode step's input), or None."""
+        ids = np.asarray(ids, dtype=np.int64)
+        flat = ids.reshape(-1).tolist()
+        rows = np.empty((len(flat), self.width), dtype=np.int8)
+        for k, token in enumerate(flat):
             self._read_row(token, rows[k])
-        return (rows * self.scale[flat, None]).astype(np.float32).reshape(*np.shape(ids), self.width)
+        # [n, C] int8 * [n, 1] float32 -> float32, computed once in float32 (run every decode step)
+        if out is None:
+            out = np.empty((*ids.shape, self.width), dtype=np.float32)
+        np.multiply(rows, self.scale.take(flat)[:, None], out=out.reshape(len(flat), self.width))
+        return out
 
 
 def _row_reader(handle, path: Path, offset: int, width: int):

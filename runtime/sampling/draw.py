@@ -78,6 +78,10 @@ def pick(
     banned tokens, so no row is looked at for having few tokens left (a speed hint: the same token either way).
     """
     # [B, V] -> [B] int64
+    if not do_sample:  # one argmax, unless a row's maximum is not finite: checked() then says what to do
+        best = logits.argmax(axis=-1)
+        if all(map(math.isfinite, logits[np.arange(len(best)), best].tolist())):
+            return best.astype(np.int64, copy=False)
     if do_sample and dense and given_weights is None and len(rngs) == logits.shape[0]:
         picks = _draw_dense(logits, rngs, scratch)
         if picks is not None:
@@ -177,15 +181,16 @@ def inverse_cdf(padded: np.ndarray, u: np.ndarray, n_vocab: int) -> np.ndarray:
 
 def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
     """inverse_cdf for one row, given its block_ends (a row is searched again and again by rejection sampling)."""
-    # [n_blocks * BLOCK], [n_blocks] floats, uniform in [0, 1) -> token id; in Python floats, which are float64
+    # [n_blocks * BLOCK], [n_blocks] floats, uniform in [0, 1) -> token id; every sum float64
     target = u * ends[-1]
     block = min(bisect_right(ends, target), len(ends) - 1)  # np.searchsorted(side="right")
     offset, start = ends[block - 1] if block else 0.0, block * BLOCK
-    token = start + BLOCK
-    for i, inner in enumerate(accumulate(padded_row[start : start + BLOCK].tolist())):
-        if inner + offset > target:
-            token = start + i
-            break
+    # the block's running sums: float64, added one after the other (np.cumsum is sequential), as the row's would be
+    inner = np.cumsum(padded_row[start : start + BLOCK], dtype=np.float64)
+    inner += offset
+    above = inner > target
+    first = int(above.argmax())  # the first True, or 0 when there is none
+    token = start + first if above[first] else start + BLOCK
     if token >= min((block + 1) * BLOCK, n_vocab):
         # the block's own sum and the one it was chosen by round differently: its last token with weight
         # (the chosen block's sum is positive, so a token up to its end has weight)

@@ -244,10 +244,11 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     if len(rngs) != out.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    padded = draw.weights(out, scratch)
-    ends = draw.block_ends(padded)
-    if not all(math.isfinite(row_ends[-1]) for row_ends in ends):  # a maximum of +inf or NaN (or all -inf)
+    peak = out.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
+    if not all(map(math.isfinite, peak.tolist())):  # a maximum of +inf or NaN (or all -inf)
         return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
+    padded = draw.weights(out, scratch, peak, finite=True)
+    ends = draw.block_ends(padded)
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
     work, flags = scratch.get("work", (n_vocab,), np.float32), scratch.get("flags", (n_vocab,), bool)
     picks = np.empty(out.shape[0], dtype=np.int64)

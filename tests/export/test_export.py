@@ -165,6 +165,9 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     scale = np.frombuffer(data, np.float32, count=320, offset=section["scale"]["offset"])
     ids = np.array([[0, 5, 319], [7, 7, 1]])
     np.testing.assert_array_equal(lookup(ids), (rows[ids] * scale[ids][..., None]).astype(np.float32))
+    out = np.full((*ids.shape, rows.shape[1]), np.nan, dtype=np.float32)  # a decode step's input, written in place
+    assert lookup(ids, out) is out
+    np.testing.assert_array_equal(out, lookup(ids))
     from click.testing import CliRunner
     from edgelm.runtime.cli.main import main
 

@@ -291,6 +291,29 @@ def test_logprobs_are_the_models_own_even_when_a_filter_changed_the_pick(model, 
     np.testing.assert_allclose(got, expected, atol=1e-4)
 
 
+@pytest.mark.parametrize("fixture", ["tiny_package", "tiny_package_int8"])
+def test_decode_steps_written_in_place_equal_fresh_inputs(fixture, request):
+    """A decode step's tokens (ids, or an int8 package's embedding rows) and positions are written into arrays the
+    decoder made once: every step's logits equal those of a decoder given fresh arrays for each pass."""
+    import numpy as np
+    from edgelm.runtime.engine.decode import InPlaceDecoder, left_pad, position_ids_from_mask
+
+    model = rt.load(request.getfixturevalue(fixture))
+    prompts = [model.encode("The quick brown fox"), model.encode("Once upon a time")]
+    ids, mask = left_pad(prompts, 0)
+    positions = position_ids_from_mask(mask)
+    steps, fresh = (InPlaceDecoder(model.engine, 2, capacity=ids.shape[1] + 8) for _ in range(2))
+    a = steps.run(ids, mask, positions)
+    fresh.run(ids, mask, positions)
+    for _ in range(8):
+        token = a[:, -1].argmax(-1)[:, None]
+        mask = np.concatenate([mask, np.ones((2, 1), dtype=np.int64)], axis=1)
+        positions = positions[:, -1:] + 1
+        a = steps.run(token, mask, positions).copy()
+        fresh._pass(token, mask, positions)  # the prompt's path: new arrays and OrtValues for the pass
+        np.testing.assert_array_equal(a, fresh.logits)
+
+
 def test_in_place_cache_equals_the_growing_cache(tiny_package, monkeypatch):
     """Decoding with the preallocated in-place cache (the default on CPU), the prompt written into it (in
     chunks at batch 1), gives the logits of the plain contract, where the whole prompt is one pass and every
