@@ -1,10 +1,12 @@
 """Sampled decode at batch 1 and 16: another revision's runtime against the working tree's, side by side.
 
     python benchmarks/sampling_outputs.py PKG [--rev main] [--rounds 5] [--tokens 64] [--batches 1 16]
+    python benchmarks/sampling_outputs.py PKG --rev REV --rev-package REV_PKG    # each runtime on its own export
 
 What the graph's sampling outputs are worth end to end. Export PKG with a revision whose graph makes them (REV):
 REV's runtime draws from them where they serve, the working tree's ignores them (it feeds their temperature zero
-rows) and samples from the logits. Each round starts one process per runtime, in alternating order, and each
+rows) and samples from the logits. With --rev-package, REV's runtime decodes REV_PKG, so that each runtime runs the
+graph its own export makes (PKG exported by the working tree, without the sampling outputs). Each round starts one process per runtime, in alternating order, and each
 process decodes every setting of harness.SAMPLED at each batch size: the decode loop of runtime/bench.py
 (exact_decode), exactly --tokens new tokens per row after an 8-token prompt, seeded per row. REV's runtime is its
 runtime/ folder from `git archive`, imported as edgelm.runtime in its own process, so nothing is checked out.
@@ -81,6 +83,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rev-package", help="REV's runtime decodes this package (exported by REV) instead of PKG")
     parser.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)  # a child's runtime tree and settings
     args = parser.parse_args()
     if args.measure:
@@ -93,10 +96,11 @@ def main():
 
     settings = json.dumps([(key, options) for key, _, options in SAMPLED])
     trees = {args.rev: str(runtime_at(args.rev, Path(tempfile.mkdtemp()))), "working tree": str(ROOT)}
+    packages = {args.rev: args.rev_package or args.package, "working tree": args.package}
     speeds = {name: [] for name in trees}
     for r in range(args.rounds):
         for name in list(trees)[:: 1 if r % 2 == 0 else -1]:  # who goes first alternates
-            command = [sys.executable, __file__, args.package, "--tokens", str(args.tokens), "--batches"]
+            command = [sys.executable, __file__, packages[name], "--tokens", str(args.tokens), "--batches"]
             command += [*map(str, args.batches), "--measure", trees[name], settings]
             speeds[name].append(json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout))
     print(f"decode tokens per second, {args.tokens} new tokens per row, median of {args.rounds} rounds")
