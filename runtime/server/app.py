@@ -46,6 +46,7 @@ from .errors import ApiError, api_error, describe
 from .jobs import Jobs, Stopped
 from .middleware import AccessLog, ApiKey, HostCheck, cors
 from .request_path import Endpoint, Ready, Serving, route
+from .template_process import TemplateProcess
 from .text_work import TextWork
 from .waiting import ClientGone
 from .workers import Workers
@@ -85,7 +86,8 @@ def create_app(
         from .metrics import Metrics
 
         counters = Metrics(jobs, prefix_cache)
-    serving = Serving(model, jobs, names, limits, model_id, workers, counters)
+    templates = TemplateProcess(model.chat_template)  # started by the first large conversation, if one comes
+    serving = Serving(model, jobs, names, limits, model_id, workers, counters, templates)
 
     async def health(request):
         return json_response(
@@ -125,6 +127,7 @@ def create_app(
         yield
         workers.close()
         text_work.close()
+        templates.close()
         await jobs.shutdown()
 
     async def ollama_version(request):
@@ -176,7 +179,7 @@ def create_app(
     paths = tuple(r.path for r in routes if "{" not in r.path)
     app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)), counters, paths)
     app.jobs, app.limits, app.names, app.model = jobs, limits, names, model
-    app.workers, app.text_work, app.stop_all = workers, text_work, stop_all
+    app.workers, app.text_work, app.stop_all, app.templates = workers, text_work, stop_all, templates
     return app
 
 
