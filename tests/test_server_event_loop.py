@@ -180,6 +180,19 @@ def test_a_compile_builds_its_lexer_through_the_executor_that_releases_the_gil(m
     assert len(through_executor) == 1
 
 
+def test_tokenizing_computes_no_offsets_whose_freeing_would_hold_the_gil(model):
+    """A prompt (chat, completions, /tokenize) is encoded without offsets or token texts: an Encoding holding them
+    is freed with the GIL held, long enough after a body near --max-body-bytes to stall the event loop. The ids
+    are those of a full encoding."""
+    from edgelm.runtime.text import tokenizer as tokenizing
+
+    text = "Hello world, this is some text. " * 20 + "h\u00e9llo \u4e2d\u6587 <|endoftext|>"
+    for special in (False, True):
+        encoding = tokenizing.encode(model.tokenizer, text, add_special_tokens=special)
+        assert encoding.ids == model.tokenizer.encode(text, add_special_tokens=special).ids
+        assert set(encoding.offsets) == {(0, 0)} and set(encoding.tokens) == {""}
+
+
 def test_repeated_compiles_that_fail_inside_llguidance_keep_nothing(server):
     """Schemas llguidance compiles, then fails at their first mask: each is refused, and neither the compiled-grammar
     cache nor a live error (whose frames would hold the matcher and its lexer) grows with them."""
