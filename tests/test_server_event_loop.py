@@ -257,3 +257,14 @@ def test_a_place_taken_as_the_client_leaves_is_given_back():
         return lane.slots.active
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_what_is_alive_when_the_server_starts_is_kept_from_the_collector_until_it_stops(tiny_package):
+    """A full collection, which holds the GIL, walks only what requests built, not the model and every module."""
+    before = gc.get_freeze_count()  # 0, unless a server of another test still runs
+    server = InProcessServer(load(tiny_package), Limits(max_tokens=8))
+    try:
+        assert gc.get_freeze_count() > before
+    finally:
+        server.stop()
+    assert gc.get_freeze_count() == 0
