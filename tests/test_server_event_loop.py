@@ -180,6 +180,20 @@ def test_a_compile_builds_its_lexer_through_the_executor_that_releases_the_gil(m
     assert len(through_executor) == 1
 
 
+def test_a_compile_builds_its_lexer_before_the_checks_that_would_build_it_holding_the_gil(model, monkeypatch):
+    """The check for special tokens' text reads the forced start (compute_ff_bytes, the GIL held): the lexer it
+    needs is built through the executor first, so that a slow compile never holds the GIL."""
+    import llguidance.numpy
+    from edgelm.runtime.sampling import constraint
+
+    order = []
+    fill, refuse = llguidance.numpy.fill_next_token_bitmask_par, constraint.refuse_special_text
+    monkeypatch.setattr(llguidance.numpy, "fill_next_token_bitmask_par", lambda *a: [order.append("lexer"), fill(*a)])
+    monkeypatch.setattr(constraint, "refuse_special_text", lambda *a: [order.append("check"), refuse(*a)])
+    model.compile_constraint(model.settings(regex="[0-9]{4}-[a-z]{7}", max_new_tokens=16))
+    assert order == ["lexer", "check"]
+
+
 def test_tokenizing_computes_no_offsets_whose_freeing_would_hold_the_gil(model):
     """A prompt (chat, completions, /tokenize) is encoded without offsets or token texts: an Encoding holding them
     is freed with the GIL held, long enough after a body near --max-body-bytes to stall the event loop. The ids
