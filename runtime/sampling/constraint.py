@@ -183,6 +183,7 @@ class Compiler:
             template = llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
             if template.is_error():
                 raise GenerationOptionError(_problem_line(kind, template.get_error()), param=kind)
+            _build_lexer(template, self.vocab_size)  # first: what follows would build it holding the GIL
             refuse_special_text(kind, text, template, self.special_texts())
             shortest = None
             if kind == "choices":
@@ -205,8 +206,8 @@ class Grammar:
     """A constraint compiled for one tokenizer: row() gives a fresh matcher (a copy of a template never advanced)."""
 
     def __init__(self, kind: str, template, vocab_size: int, eos_ids: tuple, shortest: int | None = None):
+        # the template's lexer is built already (compile: _build_lexer)
         self.kind, self.template, self.vocab_size, self.eos_ids = kind, template, vocab_size, eos_ids
-        _build_lexer(template, vocab_size)
         self.forced = len(template.deep_copy().compute_ff_tokens())  # tokens every output starts with
         self.shortest = shortest  # the fewest tokens any output takes, where known (choices)
         first = template.deep_copy()  # a grammar no output can satisfy (a schema that is only a reference to
@@ -236,8 +237,9 @@ _lexer_executor = None
 def _build_lexer(template, vocab_size: int) -> None:
     """Build the template's lexer (shared by its copies) by computing a first mask through llguidance's executor,
     which releases the GIL: nearly all of a compile's time (up to LIMITS; seconds for a pattern like
-    ^((a{100}){100}){100}$), which compute_ff_tokens would spend holding the GIL, stalling every other thread of the
-    process (the server's event loop included). A grammar that fails here fails again, at once, in the checks after."""
+    ^((a{100}){100}){100}$), which compute_ff_bytes or compute_ff_tokens would spend holding the GIL, stalling every
+    other thread of the process (the server's event loop included). A grammar that fails here fails again, at once,
+    in the checks after."""
     global _lexer_executor
     lg = llguidance()
     with _compiled_lock:

@@ -14,6 +14,7 @@
     waiting.py         waiting for a slot, watching for the client leaving
     workers.py         the server's worker threads: requests parsed and prepared, /tokenize run, off the event loop
     text_work.py       /tokenize and /detokenize in the tokenizer's thread
+    template_process.py  large conversations' chat templates rendered in a process of their own (off the GIL)
     app.py             Starlette routes
     middleware.py      the Host check, CORS, the API-key check and the access log
     uvicorn_server.py  uvicorn with a deadline on request heads, and graceful shutdown

@@ -40,6 +40,7 @@ class Serving:
     model_id: str
     workers: object  # workers.Workers: where a request is parsed and prepared
     metrics: object = None  # metrics.Metrics with --metrics, told each generation's figures
+    templates: object = None  # template_process.TemplateProcess: where large conversations are rendered
 
 
 @dataclass
@@ -155,6 +156,7 @@ def _ready(endpoint: Endpoint, body: bytes, deadline: float) -> tuple:
     """In a worker thread: the request parsed from its body, its settings built (its constraint compiled) and its
     prompts prepared; an error names the request's own field."""
     req = endpoint.parse(parse_json(body))
+    req.body_bytes = len(body)
     try:
         config = endpoint.settings(req)
         return req, endpoint.prepare(req, config, deadline)

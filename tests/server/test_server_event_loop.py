@@ -180,6 +180,33 @@ def test_a_compile_builds_its_lexer_through_the_executor_that_releases_the_gil(m
     assert len(through_executor) == 1
 
 
+def test_a_compile_builds_its_lexer_before_the_checks_that_would_build_it_holding_the_gil(model, monkeypatch):
+    """The check for special tokens' text reads the forced start (compute_ff_bytes, the GIL held): the lexer it
+    needs is built through the executor first, so that a slow compile never holds the GIL."""
+    import llguidance.numpy
+    from edgelm.runtime.sampling import constraint
+
+    order = []
+    fill, refuse = llguidance.numpy.fill_next_token_bitmask_par, constraint.refuse_special_text
+    monkeypatch.setattr(llguidance.numpy, "fill_next_token_bitmask_par", lambda *a: [order.append("lexer"), fill(*a)])
+    monkeypatch.setattr(constraint, "refuse_special_text", lambda *a: [order.append("check"), refuse(*a)])
+    model.compile_constraint(model.settings(regex="[0-9]{4}-[a-z]{7}", max_new_tokens=16))
+    assert order == ["lexer", "check"]
+
+
+def test_tokenizing_computes_no_offsets_whose_freeing_would_hold_the_gil(model):
+    """A prompt (chat, completions, /tokenize) is encoded without offsets or token texts: an Encoding holding them
+    is freed with the GIL held, long enough after a body near --max-body-bytes to stall the event loop. The ids
+    are those of a full encoding."""
+    from edgelm.runtime.text import tokenizer as tokenizing
+
+    text = "Hello world, this is some text. " * 20 + "h\u00e9llo \u4e2d\u6587 <|endoftext|>"
+    for special in (False, True):
+        encoding = tokenizing.encode(model.tokenizer, text, add_special_tokens=special)
+        assert encoding.ids == model.tokenizer.encode(text, add_special_tokens=special).ids
+        assert set(encoding.offsets) == {(0, 0)} and set(encoding.tokens) == {""}
+
+
 def test_repeated_compiles_that_fail_inside_llguidance_keep_nothing(server):
     """Schemas llguidance compiles, then fails at their first mask: each is refused, and neither the compiled-grammar
     cache nor a live error (whose frames would hold the matcher and its lexer) grows with them."""
@@ -244,3 +271,14 @@ def test_a_place_taken_as_the_client_leaves_is_given_back():
         return lane.slots.active
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_what_is_alive_when_the_server_starts_is_kept_from_the_collector_until_it_stops(tiny_package):
+    """A full collection, which holds the GIL, walks only what requests built, not the model and every module."""
+    before = gc.get_freeze_count()  # 0, unless a server of another test still runs
+    server = InProcessServer(load(tiny_package), Limits(max_tokens=8))
+    try:
+        assert gc.get_freeze_count() > before
+    finally:
+        server.stop()
+    assert gc.get_freeze_count() == 0

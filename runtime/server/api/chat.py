@@ -8,6 +8,7 @@ tokenized once, in a worker thread (a template error names the message at fault)
 
 from ...text.chat_bounds import deadline as render_deadline
 from ..request_path import Endpoint, Ready, Result, StreamWriter, sse
+from ..template_process import RENDER_ELSEWHERE_FROM
 from . import chat_answers as shapes
 from .chat_requests import ChatRequest, parse_chat_request
 from .completion_answers import usage
@@ -38,8 +39,7 @@ class Chat(Endpoint):
                 model.settings(**req.answer_format)
             req.tool_format = tool_format(model)
             options.update(tools.constraint(req.tool_format, req.answer_format))
-        with render_deadline(deadline):
-            ids = model.chat_ids(req.messages, tools=tools.tools if tools.active else None)
+        ids = self._prompt_ids(req, tools.tools if tools.active else None, deadline)
         if req.max_tokens is None:
             req.max_tokens = max(1, min(req.default_max_tokens, model.arch.n_positions - len(ids)))
             options["max_new_tokens"] = req.max_tokens
@@ -48,6 +48,16 @@ class Chat(Endpoint):
         with named_as_tools(tools, req.field_of):  # the grammar is edgelm's: its errors are said of the tools
             batch = model.batch([ids], config=model.settings(**options))
         return Ready(batch, [len(batch.prompts[0])])
+
+    def _prompt_ids(self, req: ChatRequest, tools, deadline: float) -> list:
+        """The conversation's prompt ids, as model.chat_ids makes them; a large body's template renders in the
+        server's template process (template_process.py), so that its Python does not hold this process's GIL."""
+        templates = self.serving.templates
+        if templates is not None and req.body_bytes >= RENDER_ELSEWHERE_FROM:
+            prompt = templates.render(req.messages, tools, deadline)
+            return self.model.encode(prompt, add_special_tokens=False)  # the template wrote the start token, if any
+        with render_deadline(deadline):
+            return self.model.chat_ids(req.messages, tools=tools)
 
     def answer(self, req: ChatRequest, result: Result):
         counted = usage(sum(result.prompt_tokens), result.tokens, result.speculation)

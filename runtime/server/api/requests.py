@@ -107,6 +107,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: one last chunk with the usage
     given: frozenset = frozenset()  # the fields the body set
+    body_bytes: int = 0  # the size of the body it came in (a chat's decides where its template renders)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
