@@ -111,7 +111,7 @@ class TemplateProcess:
 
 
 def _stopped(closing: bool):
-    from .errors import ApiError, api_error
+    from .api_errors import ApiError, api_error
     from .jobs import Stopped
 
     if closing:

@@ -11,7 +11,7 @@ from edgelm.runtime import load
 from edgelm.runtime.errors import DeadlineError
 from edgelm.runtime.server.api import chat as chat_api
 from edgelm.runtime.server.api.requests import Limits
-from edgelm.runtime.server.errors import ApiError
+from edgelm.runtime.server.api_errors import ApiError
 from edgelm.runtime.server.template_process import RENDER_ELSEWHERE_FROM, TemplateProcess
 from edgelm.runtime.text.chat_template import ChatTemplate
 from server_harness import HTTP, InProcessServer
