@@ -19,6 +19,7 @@ from edgelm.runtime.batching.package_prefix import prefix_bytes
 from edgelm.runtime.batching.prefix_store import replace_atomically
 from edgelm.runtime.engine import decode as engine_module
 from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.inputs import decode_utf8
 from edgelm.runtime.package.format import MANIFEST, PROMPT_CACHE_FILE, FileRecord, PromptCacheRecord
 from edgelm.runtime.package.open import file_record, open_package
 
@@ -31,7 +32,7 @@ USERS = ("a", "1")  # two first user messages that differ from their first chara
 
 def read_system_prompt(path) -> str:
     """The UTF-8 text of a --system-prompt file; ExportError for anything else."""
-    text = untrusted.read_text(Path(path), MAX_SYSTEM_PROMPT_BYTES, ExportError, what="a system prompt")
+    text = _read_utf8(path, MAX_SYSTEM_PROMPT_BYTES, "a system prompt")
     if not text.strip():
         raise ExportError(f"{path} is empty; --system-prompt takes the system prompt's text.")
     return text
@@ -39,13 +40,22 @@ def read_system_prompt(path) -> str:
 
 def read_tools(path) -> list:
     """A --tools file: a JSON list of OpenAI function tools ({"type": "function", "function": {"name", ...}})."""
-    text = untrusted.read_text(Path(path), MAX_TOOLS_BYTES, ExportError, what="a JSON file of tools")
+    text = _read_utf8(path, MAX_TOOLS_BYTES, "a JSON file of tools")
     try:
         tools = json.loads(text)
     except (ValueError, RecursionError) as error:
         raise ExportError(f"{path} is not JSON ({error}); --tools takes a JSON list of OpenAI tools.") from None
     check_tools(tools, str(path))
     return tools
+
+
+def _read_utf8(path, limit: int, what: str) -> str:
+    """The file's text, refused rather than stored with replacement characters where it is not UTF-8."""
+    data = untrusted.read_bytes(Path(path), limit, ExportError, what=what)
+    try:
+        return decode_utf8(data, str(path))
+    except EdgelmError as error:
+        raise ExportError(str(error)) from None
 
 
 def check_tools(tools, where: str = "tools") -> None:

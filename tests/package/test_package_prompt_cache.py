@@ -213,12 +213,14 @@ def test_export_stores_it_and_info_shows_what_it_covers(tiny_checkpoint, tmp_pat
         ({"--system-prompt": "  \n"}, "is empty; --system-prompt takes the system prompt's text"),
         ({"--system-prompt": SYSTEM, "--tools": "{"}, "is not JSON"),
         ({"--system-prompt": SYSTEM, "--tools": '[{"type": "function"}]'}, "needs function.name"),
+        ({"--system-prompt": b"Be brief\xff\xfe."}, "is not valid UTF-8 (byte 0xff at offset 8)"),
+        ({"--system-prompt": SYSTEM, "--tools": b'[{"function": {"name": "f\xc3"}}]'}, "is not valid UTF-8"),
     ],
 )
 def test_bad_options_get_one_line_before_any_work(tiny_checkpoint, tmp_path, files, message):
     options = []
     for option, text in files.items():
-        (tmp_path / option.strip("-")).write_text(text)
+        (tmp_path / option.strip("-")).write_bytes(text if isinstance(text, bytes) else text.encode())
         options += [option, str(tmp_path / option.strip("-"))]
     result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "out"), *options])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
