@@ -91,8 +91,18 @@ def add_prompt_cache(folder, system_prompt: str, tools: list | None = None) -> P
     if not model.engine.writes_cache_in_place:
         raise ExportError(f"{folder}'s graph does not update its cache in place; export it again with edgelm export.")
     ids = shared_start(model, system_prompt, tools)
-    chunk = engine_module.PREFILL_CHUNK
-    cached = min(len(ids), model.arch.n_positions - 1) // chunk * chunk  # a chat needs a token after it
+    chunk, context = engine_module.PREFILL_CHUNK, model.arch.n_positions
+    if len(ids) >= context:  # no chat with it would fit: its start alone fills the context
+        raise ExportError(
+            f"the system prompt renders to a shared start of {len(ids)} tokens, which leaves no room for a message "
+            f"in the model's {context}-token context; shorten it."
+        )
+    cached = len(ids) // chunk * chunk  # whole passes, each position below the context's last
+    if context - 1 < chunk:
+        raise ExportError(
+            f"the model's {context}-token context is shorter than one prefill pass of {chunk} tokens, which the "
+            "prompt cache holds whole: this model cannot have one."
+        )
     if cached == 0:
         raise ExportError(
             f"the system prompt renders to a shared start of {len(ids)} tokens; the prompt cache holds whole "

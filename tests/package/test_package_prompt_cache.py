@@ -186,12 +186,27 @@ def test_a_system_prompt_too_short_for_one_pass_is_refused(tiny_package, tmp_pat
         with_cache(tiny_package, tmp_path, system="Hi")
 
 
-def test_export_stores_it_and_info_shows_what_it_covers(tiny_checkpoint, tmp_path):
+def test_a_system_prompt_that_fills_the_context_is_refused(tiny_package, tmp_path):
+    with pytest.raises(ExportError, match="leaves no room for a message in the model's 64-token context"):
+        with_cache(tiny_package, tmp_path, system="Be brief. " * 40)
+
+
+def test_a_context_shorter_than_one_pass_is_said_not_blamed_on_the_prompt(tiny_package, tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 64)
+    with pytest.raises(ExportError, match="64-token context is shorter than one prefill pass of 64 tokens"):
+        with_cache(tiny_package, tmp_path)
+
+
+def test_export_stores_it_and_info_shows_what_it_covers(tmp_path):
+    from checkpoints import build_checkpoint
+
+    checkpoint = tmp_path / "checkpoint"
+    build_checkpoint(checkpoint, n_positions=512)  # the tools render to a start longer than the tiny model's context
     (tmp_path / "system.txt").write_text(SYSTEM)
     (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
     out = tmp_path / "out"
     files = ["--system-prompt", str(tmp_path / "system.txt"), "--tools", str(tmp_path / "tools.json")]
-    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(out), "--no-validate", *files])
+    result = CliRunner().invoke(main, ["export", str(checkpoint), "-o", str(out), "--no-validate", *files])
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     cache = manifest["prompt_cache"]
