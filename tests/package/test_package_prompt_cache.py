@@ -135,6 +135,12 @@ def test_the_file_is_verified_as_every_package_file_is(tiny_package, tmp_path):
         rt.load(folder, verify=False)
 
 
+def test_the_files_it_writes_are_as_readable_as_the_package_s_others(tiny_package, tmp_path):
+    folder, record = with_cache(tiny_package, tmp_path)
+    mode = (folder / "tokenizer.json").stat().st_mode
+    assert (folder / "manifest.json").stat().st_mode == mode and (folder / record.file).stat().st_mode == mode
+
+
 def test_a_cache_of_another_graph_is_refused(tiny_package, tiny_package_int8, tmp_path):
     folder, record = with_cache(tiny_package, tmp_path)
     other, _ = with_cache(tiny_package_int8, tmp_path / "other")
