@@ -72,6 +72,15 @@ def test_save_never_writes_over_a_file_edgelm_did_not_write(tiny_package, tmp_pa
     assert precious.read_text() == '{"password": "x"}'
 
 
+def test_save_writes_through_no_link_prepared_beside_the_file(tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text("not a conversation")
+    (tmp_path / ".chat.json.partial").symlink_to(other)
+    run_command(f"/save {tmp_path / 'chat.json'}", [{"role": "user", "content": "Hi"}])
+    assert other.read_text() == "not a conversation"
+    assert load(tmp_path / "chat.json") == [{"role": "user", "content": "Hi"}]
+
+
 @pytest.mark.parametrize(
     "content",
     [b"not json", b"\xff\xfe", b'{"messages": []}', b'{"edgelm_chat": 1, "messages": [{"role": "tool", "content": ""}]}',
