@@ -19,6 +19,7 @@ from edgelm.runtime.batching.package_prefix import prefix_bytes
 from edgelm.runtime.batching.prefix_store import replace_atomically
 from edgelm.runtime.engine import decode as engine_module
 from edgelm.runtime.errors import EdgelmError
+from edgelm.runtime.inputs import decode_utf8
 from edgelm.runtime.package.format import MANIFEST, PROMPT_CACHE_FILE, FileRecord, PromptCacheRecord
 from edgelm.runtime.package.open import file_record, open_package
 
@@ -31,7 +32,7 @@ USERS = ("a", "1")  # two first user messages that differ from their first chara
 
 def read_system_prompt(path) -> str:
     """The UTF-8 text of a --system-prompt file; ExportError for anything else."""
-    text = untrusted.read_text(Path(path), MAX_SYSTEM_PROMPT_BYTES, ExportError, what="a system prompt")
+    text = _read_utf8(path, MAX_SYSTEM_PROMPT_BYTES, "a system prompt")
     if not text.strip():
         raise ExportError(f"{path} is empty; --system-prompt takes the system prompt's text.")
     return text
@@ -39,13 +40,22 @@ def read_system_prompt(path) -> str:
 
 def read_tools(path) -> list:
     """A --tools file: a JSON list of OpenAI function tools ({"type": "function", "function": {"name", ...}})."""
-    text = untrusted.read_text(Path(path), MAX_TOOLS_BYTES, ExportError, what="a JSON file of tools")
+    text = _read_utf8(path, MAX_TOOLS_BYTES, "a JSON file of tools")
     try:
         tools = json.loads(text)
     except (ValueError, RecursionError) as error:
         raise ExportError(f"{path} is not JSON ({error}); --tools takes a JSON list of OpenAI tools.") from None
     check_tools(tools, str(path))
     return tools
+
+
+def _read_utf8(path, limit: int, what: str) -> str:
+    """The file's text, refused rather than stored with replacement characters where it is not UTF-8."""
+    data = untrusted.read_bytes(Path(path), limit, ExportError, what=what)
+    try:
+        return decode_utf8(data, str(path))
+    except EdgelmError as error:
+        raise ExportError(str(error)) from None
 
 
 def check_tools(tools, where: str = "tools") -> None:
@@ -81,8 +91,18 @@ def add_prompt_cache(folder, system_prompt: str, tools: list | None = None) -> P
     if not model.engine.writes_cache_in_place:
         raise ExportError(f"{folder}'s graph does not update its cache in place; export it again with edgelm export.")
     ids = shared_start(model, system_prompt, tools)
-    chunk = engine_module.PREFILL_CHUNK
-    cached = min(len(ids), model.arch.n_positions - 1) // chunk * chunk  # a chat needs a token after it
+    chunk, context = engine_module.PREFILL_CHUNK, model.arch.n_positions
+    if len(ids) >= context:  # no chat with it would fit: its start alone fills the context
+        raise ExportError(
+            f"the system prompt renders to a shared start of {len(ids)} tokens, which leaves no room for a message "
+            f"in the model's {context}-token context; shorten it."
+        )
+    cached = len(ids) // chunk * chunk  # whole passes, each position below the context's last
+    if context - 1 < chunk:
+        raise ExportError(
+            f"the model's {context}-token context is shorter than one prefill pass of {chunk} tokens, which the "
+            "prompt cache holds whole: this model cannot have one."
+        )
     if cached == 0:
         raise ExportError(
             f"the system prompt renders to a shared start of {len(ids)} tokens; the prompt cache holds whole "

@@ -194,10 +194,13 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 def replace_atomically(path: Path, data: bytes) -> None:
     """write_atomically that raises the OSError of a failed write (the temporary file removed): a reader of `path`
-    sees the old file whole or the new one whole."""
-    import tempfile  # only here: shutil, bz2 and lzma come with it, and most loads write no block
-
-    handle, temporary = tempfile.mkstemp(dir=Path(path).parent, prefix=".", suffix=".partial")
+    sees the old file whole or the new one whole. The file gets the permissions of any file made under the umask
+    (a package's manifest stays readable by those who read its other files)."""
+    path = Path(path)
+    temporary = path.with_name(f".{os.urandom(8).hex()}.partial")
+    # a new file of a name no one could have prepared (O_EXCL): never a FIFO or a link put there in advance
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    handle = os.open(temporary, flags, 0o666)
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)

@@ -54,6 +54,9 @@ def chat(system, session, prefix_cache_mb, package, device, threads, no_verify, 
     """
     from ..model import load
 
+    folder = os.path.dirname(os.path.abspath(session)) if session else None
+    if folder is not None and not os.path.isdir(folder):  # before the model loads, not after the first answer
+        raise click.BadParameter(f"{folder} is not a folder: the file cannot be saved there.", param_hint="--session")
     options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
     history = [{"role": "system", "content": system}] if system else []
     model = load(

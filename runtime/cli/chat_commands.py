@@ -13,6 +13,7 @@ how /save knows a file it may replace, and /load a file it may read.
 import json
 from pathlib import Path
 
+from ..batching.prefix_store import replace_atomically
 from ..errors import PromptError
 
 HELP = __doc__.split("\n\n")[1].rstrip()
@@ -54,12 +55,10 @@ def save(path: Path, history: list) -> None:
     """Write the conversation to `path`, which must be new or a conversation file (never another file)."""
     if path.is_symlink() or (path.exists() and not _is_conversation(path)):
         raise PromptError(f"{path} exists and is not a conversation edgelm saved: choose another file.")
-    partial = path.with_name(f".{path.name}.partial")
+    text = json.dumps({MARKER: 1, "messages": history}, ensure_ascii=False, indent=1)
     try:
-        partial.write_text(json.dumps({MARKER: 1, "messages": history}, ensure_ascii=False, indent=1), "utf-8")
-        partial.replace(path)
+        replace_atomically(path, text.encode("utf-8"))
     except OSError as error:
-        partial.unlink(missing_ok=True)
         raise PromptError(f"could not save to {path}: {error.strerror or error}.") from None
 
 

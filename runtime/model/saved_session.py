@@ -198,8 +198,10 @@ def _dicts(value) -> bool:
 
 
 def _check_path(path) -> None:
-    if not isinstance(path, (str, os.PathLike)) or not str(path):
+    if not isinstance(path, (str, os.PathLike)):
         raise SessionError(f"a session's path must be a file's path (a str or Path), got {type(path).__name__}")
+    if not str(path):
+        raise SessionError("a session's path is empty: name the file to save the conversation in")
 
 
 def _check_replaceable(path) -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/graph_variants.py's decode-step levers rewrite a package into one that decodes what it did: rotary
+"""tools/graph_variants.py's decode-step levers rewrite a package into one that decodes what it did: rotary
 inside GroupQueryAttention and attention without the bias (float32, batch 1: the same tokens and
 log-probabilities), the tied int8 head as one
 8-bit MatMulNBits over the same rows, and the 8-bit products requantized to another block size."""

@@ -72,6 +72,21 @@ def test_save_never_writes_over_a_file_edgelm_did_not_write(tiny_package, tmp_pa
     assert precious.read_text() == '{"password": "x"}'
 
 
+def test_a_session_in_a_folder_that_does_not_exist_is_refused_before_the_first_turn(tiny_package, tmp_path):
+    result = chat(tiny_package, ["Hi"], "--session", str(tmp_path / "missing" / "chat.session"))
+    assert result.exit_code == 2 and "Invalid value for --session: " in result.output, result.output
+    assert "is not a folder: the file cannot be saved there." in result.output and "Traceback" not in result.output
+
+
+def test_save_writes_through_no_link_prepared_beside_the_file(tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text("not a conversation")
+    (tmp_path / ".chat.json.partial").symlink_to(other)
+    run_command(f"/save {tmp_path / 'chat.json'}", [{"role": "user", "content": "Hi"}])
+    assert other.read_text() == "not a conversation"
+    assert load(tmp_path / "chat.json") == [{"role": "user", "content": "Hi"}]
+
+
 @pytest.mark.parametrize(
     "content",
     [b"not json", b"\xff\xfe", b'{"messages": []}', b'{"edgelm_chat": 1, "messages": [{"role": "tool", "content": ""}]}',

@@ -158,6 +158,9 @@ def test_save_replaces_a_session_atomically_and_refuses_any_other_file(saved, tm
     for bad in ([], "hello", [{"role": "user", "content": "x"}, 3]):
         with pytest.raises(SessionError, match="save_session takes a conversation"):
             model.save_session(tmp_path / "bad.session", bad)
+    for method, arguments in ((model.save_session, ("", longer)), (model.load_session, ("",))):
+        with pytest.raises(SessionError, match="a session's path is empty: name the file"):
+            method(*arguments)
 
 
 def test_chat_session_resumes_across_two_runs_and_refuses_another_package(

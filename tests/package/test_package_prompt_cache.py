@@ -135,6 +135,12 @@ def test_the_file_is_verified_as_every_package_file_is(tiny_package, tmp_path):
         rt.load(folder, verify=False)
 
 
+def test_the_files_it_writes_are_as_readable_as_the_package_s_others(tiny_package, tmp_path):
+    folder, record = with_cache(tiny_package, tmp_path)
+    mode = (folder / "tokenizer.json").stat().st_mode
+    assert (folder / "manifest.json").stat().st_mode == mode and (folder / record.file).stat().st_mode == mode
+
+
 def test_a_cache_of_another_graph_is_refused(tiny_package, tiny_package_int8, tmp_path):
     folder, record = with_cache(tiny_package, tmp_path)
     other, _ = with_cache(tiny_package_int8, tmp_path / "other")
@@ -186,12 +192,27 @@ def test_a_system_prompt_too_short_for_one_pass_is_refused(tiny_package, tmp_pat
         with_cache(tiny_package, tmp_path, system="Hi")
 
 
-def test_export_stores_it_and_info_shows_what_it_covers(tiny_checkpoint, tmp_path):
+def test_a_system_prompt_that_fills_the_context_is_refused(tiny_package, tmp_path):
+    with pytest.raises(ExportError, match="leaves no room for a message in the model's 64-token context"):
+        with_cache(tiny_package, tmp_path, system="Be brief. " * 40)
+
+
+def test_a_context_shorter_than_one_pass_is_said_not_blamed_on_the_prompt(tiny_package, tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", 64)
+    with pytest.raises(ExportError, match="64-token context is shorter than one prefill pass of 64 tokens"):
+        with_cache(tiny_package, tmp_path)
+
+
+def test_export_stores_it_and_info_shows_what_it_covers(tmp_path):
+    from checkpoints import build_checkpoint
+
+    checkpoint = tmp_path / "checkpoint"
+    build_checkpoint(checkpoint, n_positions=512)  # the tools render to a start longer than the tiny model's context
     (tmp_path / "system.txt").write_text(SYSTEM)
     (tmp_path / "tools.json").write_text(json.dumps(TOOLS))
     out = tmp_path / "out"
     files = ["--system-prompt", str(tmp_path / "system.txt"), "--tools", str(tmp_path / "tools.json")]
-    result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(out), "--no-validate", *files])
+    result = CliRunner().invoke(main, ["export", str(checkpoint), "-o", str(out), "--no-validate", *files])
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     cache = manifest["prompt_cache"]
@@ -213,12 +234,14 @@ def test_export_stores_it_and_info_shows_what_it_covers(tiny_checkpoint, tmp_pat
         ({"--system-prompt": "  \n"}, "is empty; --system-prompt takes the system prompt's text"),
         ({"--system-prompt": SYSTEM, "--tools": "{"}, "is not JSON"),
         ({"--system-prompt": SYSTEM, "--tools": '[{"type": "function"}]'}, "needs function.name"),
+        ({"--system-prompt": b"Be brief\xff\xfe."}, "is not valid UTF-8 (byte 0xff at offset 8)"),
+        ({"--system-prompt": SYSTEM, "--tools": b'[{"function": {"name": "f\xc3"}}]'}, "is not valid UTF-8"),
     ],
 )
 def test_bad_options_get_one_line_before_any_work(tiny_checkpoint, tmp_path, files, message):
     options = []
     for option, text in files.items():
-        (tmp_path / option.strip("-")).write_text(text)
+        (tmp_path / option.strip("-")).write_bytes(text if isinstance(text, bytes) else text.encode())
         options += [option, str(tmp_path / option.strip("-"))]
     result = CliRunner().invoke(main, ["export", str(tiny_checkpoint), "-o", str(tmp_path / "out"), *options])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output
