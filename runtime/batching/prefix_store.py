@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import untrusted
 from ..errors import EdgelmError, GenerationOptionError, PackageError
+from ..package.format import MAX_JSON_BYTES
 
 MAGIC = b"EDGELMKV1\n"
 DISK_DEFAULT_MB = 1024  # a folder's bound unless given: a thousand distilgpt2-sized 128-token blocks and more
@@ -240,4 +241,4 @@ def package_identity(package, needed_by: str) -> str:
     listed = package.folder / "manifest.json"
     if package.manifest is None or not listed.is_file():
         raise PackageError(f"{needed_by} needs an edgelm package (one with a manifest); {package.folder} has none")
-    return hashlib.sha256(listed.read_bytes()).hexdigest()
+    return hashlib.sha256(untrusted.read_bytes(listed, MAX_JSON_BYTES, PackageError, what="a manifest")).hexdigest()
