@@ -7,16 +7,13 @@
 The options are checked once, before any work (`ExportPlan`). Each stage reports to an optional
 `progress(stage, event, detail)` callback: event "start", "step" (the long stages' progress within themselves)
 and "done"; the library never prints. A failure a stage did not foresee (an onnxruntime error, a library's own)
-leaves as one StageError that names the stage and what to do.
+leaves as one StageError that names the stage and what to do (export/progress.py).
 """
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from edgelm.runtime.errors import EdgelmError, install_hint
 from edgelm.runtime.quality.eval_text import DEFAULT_EVAL_TOKENS, EvalText, check_eval_tokens
 from edgelm.runtime.package.format import (
     GENERATION_CONFIG,
@@ -33,12 +30,13 @@ from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store.local import check_name
 
 from .checkpoint_files import check_chat_template, generation_defaults, read_tokenizer, tokenizer_config, tokenizer_json
-from .errors import ExportError, StageError
+from .errors import ExportError
 from .families import family_for
 from .graph.contract import OPSET
 from .int4 import Int4Options
 from .load import load_checkpoint
 from .manifest import graph_section, tool_versions
+from .progress import ADVICE, REPORT, STAGES, Progress  # noqa: F401 (ADVICE, STAGES: importable here)
 from .prompt_cache import add_prompt_cache, check_tools
 from .quantize import INT8_RECIPES, RECIPES, recipe_description
 from .weights_file import split_weights
@@ -47,19 +45,6 @@ from .writer import PackageWriter, check_destination, refuse_existing, sweep_par
 # The evaluation text a quantized package's quality report measures unless given another: package data.
 DEFAULT_EVAL_TEXT = Path(__file__).resolve().parent / "data" / "persuasion-chapters-1-4.txt"
 NOT_VALIDATED = "exported with --no-validate (validate=False): no comparison against PyTorch was made"
-STAGES = ("load", "export", "optimize", "quantize", "validate", "save")  # "cache" follows with a system prompt
-# What to do when a stage fails in a way it did not foresee (StageError).
-REPORT = "please report it with the checkpoint's config.json and the command"
-ADVICE = {
-    "load": "check that it is a complete Hugging Face checkpoint (config.json, the weights, the tokenizer), or "
-    + REPORT,
-    "export": REPORT,
-    "optimize": REPORT,
-    "quantize": REPORT + "; another --quantize recipe or --int4-* option may export",
-    "validate": REPORT + "; --no-validate writes the package without this comparison",
-    "save": "check the output folder's disk space and permissions and export again, or " + REPORT,
-    "cache": "the package is in place without its prompt cache; " + REPORT,
-}
 
 
 @dataclass
@@ -109,51 +94,6 @@ class Loaded:
     @property
     def arch(self):
         return self.checkpoint.arch
-
-
-class Progress:
-    """The stages' reports to the caller's `progress(stage, event, detail)`, each stage's seconds, and the stage
-    under way (the one a failure names)."""
-
-    def __init__(self, report: Callable[[str, str, str], None] | None):
-        self.report = report or (lambda stage, event, detail: None)
-        self.timings, self.current, self._started = {}, STAGES[0], 0.0
-
-    def start(self, stage: str, detail: str = "") -> None:
-        self.current, self._started = stage, time.perf_counter()
-        self.report(stage, "start", detail)
-
-    def step(self, detail: str) -> None:
-        """Where a long stage is within itself (a validation case, a part of the quality report)."""
-        self.report(self.current, "step", detail)
-
-    def done(self, detail: str = "") -> None:
-        self.timings[self.current] = round(time.perf_counter() - self._started, 3)
-        self.report(self.current, "done", detail)
-
-    @contextmanager
-    def failures(self):
-        """Any failure a stage did not foresee, as one StageError naming that stage; typed errors pass as they are."""
-        try:
-            yield
-        except EdgelmError:
-            raise
-        except ImportError as error:  # a library of the export extra missing or broken
-            raise StageError(
-                self.current, f"the {self.current} stage needs {error.name or 'a library'}, which cannot be imported "
-                f"({' '.join(str(error).split())[:200]}): install the export extra, {install_hint('export')}."
-            ) from None
-        except MemoryError:
-            raise StageError(
-                self.current, f"the {self.current} stage ran out of memory: close other programs, or export on a "
-                "machine with more memory."
-            ) from None
-        except Exception as error:
-            cause = " ".join(f"{type(error).__name__}: {error}".split())  # one line: onnxruntime's span several
-            cause = cause if len(cause) <= 300 else cause[:297] + "..."
-            raise StageError(
-                self.current, f"the {self.current} stage failed ({cause}); {ADVICE[self.current]}."
-            ) from error
 
 
 def export_model(
