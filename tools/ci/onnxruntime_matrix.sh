@@ -20,6 +20,8 @@ TESTS=(
     tests/platforms/test_onnxruntime_versions.py
     tests/engine/test_onnxruntime_errors.py
     tests/model/test_runtime_api.py
+    tests/model/test_runtime_errors.py
+    tests/model/test_load_verification.py
     tests/model/test_generation_options.py
     tests/package/test_package_trust.py
     tests/text/test_text_stream.py

@@ -1,0 +1,114 @@
+"""The Python API's errors as a user meets them: bad options, prompts, devices and thread counts, each a typed error
+with a clear message, every error class a public name."""
+
+import edgelm.runtime as rt
+import onnxruntime as ort
+import pytest
+from edgelm.runtime import DeviceError, GenerationOptionError, PackageError, PromptError
+from pass_counter import count_passes
+
+
+# --- bad input -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, error, fragment",
+    [
+        ({"temperature": -1.0, "do_sample": True}, GenerationOptionError, "temperature must be a number >= 0"),
+        ({"top_p": 0.0}, GenerationOptionError, "top_p must be in (0, 1]"),
+        ({"top_p": 1.5}, GenerationOptionError, "top_p must be in (0, 1]"),
+        ({"top_k": -1}, GenerationOptionError, "top_k must be an integer >= 0"),
+        ({"min_p": 2}, GenerationOptionError, "min_p must be in [0, 1]"),
+        ({"max_new_tokens": 0}, GenerationOptionError, "max_new_tokens must be an integer >= 1"),
+        ({"temprature": 0.5}, GenerationOptionError, "unknown generation option(s): temprature"),
+        ({"logit_bias": {100000: 5.0}}, GenerationOptionError, "outside this model's vocabulary"),
+        ({"num_return_sequences": 0}, GenerationOptionError, "num_return_sequences"),
+        ({"do_sample": True, "temperature": 0}, GenerationOptionError, "do_sample=False"),
+        ({"stop": [""]}, GenerationOptionError, "stop must be"),
+        ({"max_new_tokens": 64}, PromptError, "leaves no room for a prompt"),
+    ],
+)
+def test_bad_options_raise_a_clear_error(model, options, error, fragment):
+    with pytest.raises(error) as raised:
+        model.generate("Hello", **options)
+    assert fragment in str(raised.value)
+
+
+def test_bad_options_fail_before_any_work(model, monkeypatch):
+    calls = count_passes(model, monkeypatch)
+    with pytest.raises(GenerationOptionError):
+        model.stream("Hello", top_p=0)
+    with pytest.raises(GenerationOptionError):
+        model.generate(["Hello", "Hi"], top_k=-1)
+    assert calls == []
+    model.generate("Hello", max_new_tokens=3, ignore_eos=True)
+    assert len(calls) == 3  # the counter sees work: the prompt, then two decode steps
+
+
+@pytest.mark.parametrize(
+    "prompt, fragment",
+    [
+        ([[5, 100000]], "token id 100000 is outside the vocabulary"),
+        ([[5, -1]], "token id -1 is outside the vocabulary"),
+        ([["5"]], "outside the vocabulary"),
+        ([], "no prompts"),
+    ],
+)
+def test_bad_token_ids_raise_prompt_error(model, prompt, fragment):
+    with pytest.raises(PromptError) as raised:
+        model.generate(prompt, max_new_tokens=3)
+    assert fragment in str(raised.value)
+
+
+def test_prompt_too_long_raises_prompt_error(model):
+    with pytest.raises(PromptError, match="Shorten the prompt") as raised:
+        model.generate("Numbers: 0 1 2 3 4 5 6 7 8 9, and symbols !? ;: " * 5, max_new_tokens=5)
+    assert "--truncate" in str(raised.value)
+    with pytest.raises(PromptError, match="Score it in parts"):
+        model.score("Numbers: 0 1 2 3 4 5 6 7 8 9, and symbols !? ;: " * 5)
+    with pytest.raises(PromptError, match="non-empty"):
+        model.score("")
+
+
+def test_missing_package_says_how_to_make_one(tmp_path):
+    """The export is offered only where its extra is installed (not in a runtime-only install)."""
+    import importlib.util
+
+    exports = bool(importlib.util.find_spec("torch") and importlib.util.find_spec("transformers"))
+    with pytest.raises(PackageError, match="edgelm pull REPO") as raised:
+        rt.load(tmp_path / "nowhere")
+    assert "nowhere" in str(raised.value)
+    assert ("edgelm export distilgpt2" in str(raised.value)) == exports
+
+
+def test_device_cuda_without_a_cuda_provider(tiny_package):
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(DeviceError, match="onnxruntime-gpu"):
+            rt.load(tiny_package, device="cuda")
+    else:  # onnxruntime-gpu is installed: either CUDA really starts, or the error says so
+        try:
+            assert rt.load(tiny_package, device="cuda").device == "cuda"
+        except DeviceError as error:
+            assert "--device cpu" in str(error)
+
+
+def test_unknown_device(tiny_package):
+    with pytest.raises(DeviceError, match="unknown device 'tpu'"):
+        rt.load(tiny_package, device="tpu")
+
+
+def test_bad_thread_count(tiny_package):
+    with pytest.raises(DeviceError, match="threads"):
+        rt.load(tiny_package, threads=0)
+
+
+def test_every_error_class_is_a_public_name():
+    """Each error the library raises can be caught by its name from edgelm.runtime."""
+    import inspect
+
+    from edgelm.runtime import errors
+
+    classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, rt.EdgelmError)}
+    assert {"StoreError", "QualityError", "DeadlineError"} <= classes
+    assert classes <= set(rt.__all__)
+    assert all(getattr(rt, name) is getattr(errors, name) for name in classes)
