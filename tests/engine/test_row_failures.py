@@ -36,8 +36,10 @@ class MaskFaults:
 
         def fill_par(executor, pairs, bitmask):
             for matcher, _ in pairs:
+                if id(matcher) not in self.due:  # counted only while held in `due`: a freed matcher's id is reused
+                    continue
                 self.counts[id(matcher)] = count = self.counts.get(id(matcher), 0) + 1
-                if id(matcher) in self.due and count == self.due[id(matcher)][1]:
+                if count == self.due[id(matcher)][1]:
                     self.failed.add(id(matcher))
                     if not raises:
                         matcher.consume_token(forbidden)  # not allowed: llguidance's error state

@@ -4,6 +4,7 @@ taking it down with its app, a Unix socket (--uds), and GET /metrics in Promethe
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -103,8 +104,20 @@ def test_metrics_count_requests_tokens_and_latency(metered):
     assert HTTP.post(metered.url + "/v1/completions", json=body | {"stream": True}).status_code == 200
     assert HTTP.post(metered.url + "/v1/completions", json={"prompt": 5}).status_code == 400
     HTTP.get(metered.url + "/no/such/path%0d%0aX: y")
-    after = samples(metered)
-    delta = lambda name: after.get(name, 0) - before.get(name, 0)  # noqa: E731
+    # a request is counted once its handler has returned, which may be after the client has read its last byte
+    expected = {
+        'edgelm_requests_total{endpoint="/v1/completions",status="200"}': 2,
+        'edgelm_requests_total{endpoint="/v1/completions",status="400"}': 1,
+        'edgelm_requests_total{endpoint="other",status="404"}': 1,
+        "edgelm_generated_tokens_total": 8,
+    }
+    deadline = time.monotonic() + 10
+    while True:
+        after = samples(metered)
+        delta = lambda name: after.get(name, 0) - before.get(name, 0)  # noqa: E731
+        if all(delta(name) >= count for name, count in expected.items()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     assert delta('edgelm_requests_total{endpoint="/v1/completions",status="200"}') == 2
     assert delta('edgelm_requests_total{endpoint="/v1/completions",status="400"}') == 1
     assert delta('edgelm_requests_total{endpoint="other",status="404"}') == 1  # the client's path is never a label
