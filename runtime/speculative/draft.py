@@ -16,7 +16,7 @@ from ..engine.steps import prefill_inputs
 from ..engine.verify_pass import VerifyPasses
 from ..errors import PackageError
 from ..sampling import SamplerChain
-from .ngram import MAX_DRAFT, START_DRAFT
+from .ngram import MAX_DRAFT, Adaptive
 from .verify import probabilities
 
 
@@ -34,14 +34,16 @@ class DraftProposer:
         self.sampled = config.do_sample
         self.chain = SamplerChain(_unconstrained(config), engine.vocab_size)
         self.fed: list = []  # the ids whose rows the draft's cache holds, in order
-        self.draft = START_DRAFT
+        # its draft length and off-switch, as prompt lookup's (ngram.py); while paused its cache falls behind and
+        # catches up in one pass when it proposes again
+        self.adapt = Adaptive(grow=1)
         # Sampled rows: the draft's distribution at each proposed position ([target V] float64), for
         # verify.rejection_sample; None for greedy rows, whose proposals are fixed.
         self.q: list | None = None
 
     def propose(self, seen: list, limit: int) -> list:
-        limit = min(limit, self.draft, self.capacity - len(seen))
-        if limit <= 0:
+        limit = min(limit, self.adapt.draft, self.capacity - len(seen))
+        if self.adapt.pausing() or limit <= 0:
             return []
         logits = self._catch_up(seen)
         ids = list(seen)
@@ -73,9 +75,8 @@ class DraftProposer:
         return q
 
     def accepted(self, drafted: int, accepted: int) -> None:
-        """Grow the draft while it is accepted whole, shrink it to what was."""
-        if drafted:
-            self.draft = min(MAX_DRAFT, self.draft + 1) if accepted == drafted else max(1, accepted + 1)
+        """Grow the draft while it is accepted whole, shrink it to what was; pause after low acceptance."""
+        self.adapt.accepted(drafted, accepted)
 
     def _catch_up(self, seen: list) -> np.ndarray:
         """Roll the cache back to the ids `seen` shares with it, feed the rest; the last position's logits [V]."""

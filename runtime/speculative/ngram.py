@@ -23,24 +23,51 @@ PAUSE = 48
 
 
 @dataclass
-class NgramProposer:
+class Adaptive:
+    """A proposer's draft length and off-switch, shared by prompt lookup and a draft model: the length grows by
+    `grow` while whole drafts are accepted and shrinks to what was, and a window of low acceptance pauses the
+    proposer for PAUSE generated tokens (one verify pass each while it proposes nothing)."""
+
+    max_draft: int = MAX_DRAFT
+    draft: int = START_DRAFT  # the current draft length, adapted after each verify pass
+    grow: int = 2
+    paused: int = 0  # generated tokens left before proposing again (the off-switch)
+    recent: list = field(default_factory=list)  # (drafted, accepted) of the last passes, WINDOW tokens at most
+
+    def pausing(self) -> bool:
+        """Whether the off-switch holds the proposer off for this pass (which counts it down)."""
+        if self.paused > 0:
+            self.paused -= 1
+            return True
+        return False
+
+    def accepted(self, drafted: int, accepted: int) -> None:
+        """After a verify pass: grow the draft when all of it was accepted, shrink it to what was, and pause
+        after a window of low acceptance."""
+        if drafted == 0:
+            return
+        grown = min(self.max_draft, self.draft + self.grow)
+        self.draft = grown if accepted == drafted else max(1, accepted + 1)
+        self.recent.append((drafted, accepted))
+        while sum(d for d, _ in self.recent) > WINDOW and len(self.recent) > 1:
+            self.recent.pop(0)
+        total = sum(d for d, _ in self.recent)
+        if total >= WINDOW and sum(a for _, a in self.recent) < MIN_ACCEPTANCE * total:
+            self.paused, self.recent, self.draft = PAUSE, [], START_DRAFT
+
+
+@dataclass
+class NgramProposer(Adaptive):
     """One row's prompt-lookup proposer: propose(seen, limit) -> draft ids, then accepted(drafted, accepted)."""
 
     max_ngram: int = MAX_NGRAM
     min_ngram: int = MIN_NGRAM
-    max_draft: int = MAX_DRAFT
-    draft: int = START_DRAFT  # the current draft length, adapted after each verify pass
-    paused: int = 0  # generated tokens left before proposing again (the off-switch)
-    recent: list = field(default_factory=list)  # (drafted, accepted) of the last passes, WINDOW tokens at most
 
     def propose(self, seen: list, limit: int) -> list:
         """Up to min(limit, draft length) ids that followed the latest earlier occurrence of seen's last n ids
         (n from max_ngram down to min_ngram); [] when nothing matches or the proposer is paused."""
         limit = min(limit, self.draft)
-        if self.paused > 0:
-            self.paused -= 1
-            return []
-        if limit <= 0 or len(seen) <= self.min_ngram:
+        if self.pausing() or limit <= 0 or len(seen) <= self.min_ngram:
             return []
         ids = np.asarray(seen, dtype=np.int64)
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
@@ -48,19 +75,6 @@ class NgramProposer:
             if start is not None:
                 return ids[start + n : start + n + limit].tolist()
         return []
-
-    def accepted(self, drafted: int, accepted: int) -> None:
-        """After a verify pass: grow the draft when all of it was accepted, shrink it to what was, and pause
-        after a window of low acceptance."""
-        if drafted == 0:
-            return
-        self.draft = min(self.max_draft, self.draft + 2) if accepted == drafted else max(1, accepted + 1)
-        self.recent.append((drafted, accepted))
-        while sum(d for d, _ in self.recent) > WINDOW and len(self.recent) > 1:
-            self.recent.pop(0)
-        total = sum(d for d, _ in self.recent)
-        if total >= WINDOW and sum(a for _, a in self.recent) < MIN_ACCEPTANCE * total:
-            self.paused, self.recent, self.draft = PAUSE, [], START_DRAFT
 
 
 def latest_match(ids: np.ndarray, n: int) -> int | None:

@@ -358,3 +358,32 @@ def test_a_loaded_draft_is_used_by_default_and_off_turns_it_off(tiny_package, ti
     fast = model.generate(PROMPTS[2], max_new_tokens=20)  # auto
     assert fast.token_ids == plain.token_ids and plain.speculation is None
     assert fast.speculation["drafted"] > 0
+
+
+def test_a_draft_model_refused_again_and_again_pauses_then_proposes_from_where_the_row_is(
+    tiny_package, tiny_package_int8, monkeypatch
+):
+    """The draft's off-switch is prompt lookup's (ngram.Adaptive): a window of refused drafts pauses it for PAUSE
+    passes, during which its cache falls behind; its next proposal, caught up in one pass, is a fresh draft's."""
+    from edgelm.runtime import speculative
+    from edgelm.runtime.speculative import ngram
+
+    monkeypatch.setattr(ngram, "WINDOW", 8)  # the tiny model's 64 positions hold a window and a pause
+    monkeypatch.setattr(ngram, "PAUSE", 12)
+    model = load(tiny_package, draft=tiny_package_int8)
+    config = model.settings(max_new_tokens=40, speculative="draft", do_sample=False)
+    seen = model.encode("The quick brown fox")
+    proposer = speculative.proposer(config, model.draft, len(seen))
+    passes = 0
+    while not proposer.adapt.paused:
+        draft = proposer.propose(seen, limit=8)
+        assert draft
+        proposer.accepted(len(draft), 0)  # every guess refused: the row takes one token of its own
+        seen = seen + [(draft[0] + 1) % 100]
+        passes += 1
+    assert passes * 1 <= ngram.WINDOW
+    for _ in range(ngram.PAUSE):
+        assert proposer.propose(seen, limit=8) == []
+        seen = seen + [7]
+    fresh = speculative.proposer(config, model.draft, len(seen))
+    assert proposer.propose(seen, limit=4) == fresh.propose(seen, limit=4) != []
