@@ -21,6 +21,7 @@ import numpy as np
 
 from ..engine import decode as engine_module
 from ..errors import PackageError
+from ..inputs import is_token_id
 from . import prefix_store
 from .prefix_cache import PrefixCache
 
@@ -55,12 +56,12 @@ def read_prefix(package, engine) -> tuple[list, tuple] | None:
     if (
         not isinstance(tokens, list)
         or len(tokens) != record.tokens
-        or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens)
+        or not all(is_token_id(t, vocab) for t in tokens)
     ):
         raise PackageError(f"{path} does not hold the {record.tokens} token ids its manifest records. {AGAIN}")
     shape = (engine.kv_heads, record.tokens, engine.head_size)
     # shapes and dtype only (a broadcast scalar allocates nothing): read_block compares them with the file's
-    like = [np.broadcast_to(np.zeros((), engine.io.cache_dtype), shape) for _ in range(2 * len(engine.io.past_keys))]
+    like = [np.broadcast_to(np.zeros((), engine.io.cache_dtype), shape) for _ in range(engine.cache_tensors)]
     rows = prefix_store.read_block(path, graph_identity(package.manifest), record.chunk, tokens, like)
     if rows is None:
         raise PackageError(

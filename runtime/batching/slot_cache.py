@@ -152,7 +152,7 @@ class SlotCache:
         old, n = self.buffers, len(self.rows)
         # zeros, not empty: a masked column's value is multiplied by an attention weight of exactly 0, and 0 x NaN
         # (what uninitialised memory may hold) would not be 0
-        tensors = 2 * len(self.engine.io.past_keys)
+        tensors = self.engine.cache_tensors
         self.buffers = [np.zeros(shape, dtype=self.engine.io.cache_dtype) for _ in range(tensors)]
         if old is not None:
             for new, previous in zip(self.buffers, old):

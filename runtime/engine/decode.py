@@ -62,6 +62,11 @@ class Engine:
         # outputs (on CUDA the graph's default, one row, stays: its kernels are not run on empty tensors there)
         self.idle_inputs = io.idle_inputs(self.runner) if device == "cpu" else {}
 
+    @property
+    def cache_tensors(self) -> int:
+        """The key/value cache's tensors: a key and a value per layer, in the decoder's order."""
+        return len(self._past_names)
+
     def empty_past(self, batch: int) -> list:
         empty = np.zeros((batch, self.kv_heads, 0, self.head_size), dtype=self.io.cache_dtype)  # nothing to borrow
         return [self.runner.value(empty, self.device) for _ in self._past_names]

@@ -33,6 +33,7 @@ from ..batching.prefix_store import MAGIC, package_identity, read_record, record
 from ..engine import decode as engine_module
 from ..engine.decode import InPlaceDecoder
 from ..errors import SessionError
+from ..inputs import is_token_id
 
 KIND = "edgelm-session"  # the header's "kind": what tells a saved session from a prefix-cache block
 MAX_HEADER = 8 << 20  # bytes of a session's header: its token ids, messages and tools
@@ -98,7 +99,7 @@ class Sessions:
         _check_path(path)
         engine, chunk = self.engine, self._session_chunk()
         per_token = (
-            len(engine._past_names) * engine.kv_heads * engine.head_size * np.dtype(engine.io.cache_dtype).itemsize
+            engine.cache_tensors * engine.kv_heads * engine.head_size * np.dtype(engine.io.cache_dtype).itemsize
         )
         limit = MAX_HEADER + self.arch.n_positions * per_token
         header, rows = read_record(path, limit, SessionError, ADVICE, "a saved session", MAX_HEADER)
@@ -118,7 +119,7 @@ class Sessions:
             )
         if not _session_fields(header, self.arch.vocab_size, self.arch.n_positions, chunk) or header["arrays"] != (
             [[np.dtype(engine.io.cache_dtype).str, [engine.kv_heads, cached, engine.head_size]]]
-            * len(engine._past_names)
+            * engine.cache_tensors
             if cached
             else []
         ):
@@ -183,7 +184,7 @@ def _session_fields(header: dict, vocab_size: int, n_positions: int, chunk: int)
     return (
         isinstance(tokens, list)
         and tokens
-        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in tokens)
+        and all(is_token_id(t, vocab_size) for t in tokens)
         and isinstance(cached, int)
         and not isinstance(cached, bool)
         and 0 <= cached <= min(len(tokens), n_positions - 1)

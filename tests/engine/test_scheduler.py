@@ -150,7 +150,7 @@ def test_every_row_keeps_its_own_cache_as_rows_join_and_leave_in_any_order(model
     cache.column_step = 4
     rng = np.random.default_rng(0)
     shape = (1, engine.kv_heads, 0, engine.head_size)
-    tensors = 2 * len(engine.io.past_keys)
+    tensors = engine.cache_tensors
     live, made = [], 0
     for _ in range(60):
         if live and (len(live) == 6 or rng.random() < 0.45):
