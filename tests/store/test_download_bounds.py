@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from edgelm.runtime.store import archive, local
-from fake_hub import FakeHub
 from store_support import assert_clean_failure, invoke, listing
 
 
@@ -112,15 +111,6 @@ def test_a_stalled_download_and_one_past_its_deadline_stop(web, store, monkeypat
     assert_clean_failure(invoke("install", web + "/stall"), "no data for 0.5 s")
     monkeypatch.setattr(archive, "DOWNLOAD_DEADLINE_S", 0.0)
     assert_clean_failure(invoke("install", web + "/zip"), "took over 0 s")
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    server = FakeHub()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    yield server
-    server.stop()
 
 
 def test_pull_refuses_a_file_announced_at_another_size_before_downloading_it(tiny_package, hub, store):

@@ -3,27 +3,12 @@ byte past the size its manifest records, manifest.json at its limit, a stalled t
 and the whole pull at its deadline; each says one line and leaves no staging folder (a stalled package file's
 folder stays, for the rerun to resume). Redirects to the hub's CDN keep working, without the token."""
 
-import json
 
 import pytest
 from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store import archive
 from edgelm.runtime.store.local import MANIFEST_LIMIT
-from fake_hub import FakeHub
-from store_support import assert_clean_failure, invoke, listing
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    server = FakeHub()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    yield server
-    server.stop()
-
-
-def installed_name(package) -> str:
-    return json.loads((package / "manifest.json").read_text())["name"]
+from store_support import assert_clean_failure, invoke, listing, name_of
 
 
 @pytest.mark.parametrize("mode", ["long", "lying", "chunked"])
@@ -61,7 +46,7 @@ def test_a_stalled_transfer_stops_after_the_stall_timeout_and_resumes(tiny_packa
     assert invoke("pull", "owner/tiny").exit_code == 0
     ranges = [r for m, f, r in repo.requests if f == "model.onnx.data" and m == "GET"]
     assert ranges[-1] and ranges[-1] != "bytes=0-", ranges  # the rerun asked only for the rest
-    assert sorted(p.name for p in store.iterdir()) == [".meta", installed_name(tiny_package)]
+    assert sorted(p.name for p in store.iterdir()) == [".meta", name_of(tiny_package)]
 
 
 def test_a_pull_past_its_deadline_stops(tiny_package, hub, store, monkeypatch):
@@ -78,5 +63,5 @@ def test_a_redirect_to_the_cdn_is_followed_without_the_token(tiny_package, hub, 
     repo.cdn = {"model.onnx.data", "model.onnx"}
     result = invoke("pull", "owner/tiny")
     assert result.exit_code == 0, result.output
-    open_package(store / installed_name(tiny_package), verify=True)
+    open_package(store / name_of(tiny_package), verify=True)
     assert sorted(set(repo.tokens)) == [("cdn", None), ("resolve", "Bearer hf_secret")]

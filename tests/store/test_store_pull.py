@@ -6,23 +6,9 @@ import json
 import pytest
 from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store import local as store_module
-from fake_hub import FakeHub
-from store_support import assert_clean_failure, invoke, listing
+from store_support import assert_clean_failure, invoke, listing, name_of
 
 HUB_EXTRAS = {"README.md": b"# tiny\n", ".gitattributes": b"*.data filter=lfs\n"}
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    server = FakeHub()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    yield server
-    server.stop()
-
-
-def name_of(package) -> str:
-    return json.loads((package / "manifest.json").read_text())["name"]
 
 
 def test_pull_installs_under_the_manifest_name_and_records_the_commit(tiny_package, hub, store):

@@ -1,6 +1,7 @@
 """Helpers shared by the store tests: a store in tmp_path, a listing to prove a failure left it as it was, and the
 CLI through click's CliRunner."""
 
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -39,3 +40,8 @@ def assert_clean_failure(result, fragment: str):
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1, result.output
     assert fragment in errors[0], result.output
+
+
+def name_of(package) -> str:
+    """The name a package installs under: its manifest's."""
+    return json.loads((package / "manifest.json").read_text())["name"]
