@@ -194,8 +194,9 @@ class Scheduler:
         for slot, row in enumerate(rows):
             entry, before = row.entry, len(row.state.seen)
             if entry not in failed and not row.finished:
-                proposer, stats = entry.speculation(row.index, self.draft) or (None, speculative.Speculation())
-                limit = SPECULATIVE_TOKENS if entry.rounds[row.index] else 0
+                round_ = entry.speculation(row.index, self.draft)  # None: a pass of its one next token
+                proposer, stats = round_ or (None, speculative.Speculation())
+                limit = SPECULATIVE_TOKENS if round_ else 0
                 verify = partial(self.cache.verify, slot)  # tokens -> logits [len(tokens), V]
                 try:
                     pieces = speculative.speculative_round(entry.step, row.index, proposer, stats, verify, limit)
