@@ -164,10 +164,10 @@ def test_loading_at_the_extended_optimization_level_loses_no_fusion(fixture, req
     )
 
 
-def _spinning_entry(options) -> str | None:
+def _spinning_entry(options, key="session.intra_op.allow_spinning") -> str | None:
     try:
-        return options.get_session_config_entry("session.intra_op.allow_spinning")
-    except RuntimeError:  # not set: onnxruntime's default, spinning
+        return options.get_session_config_entry(key)
+    except RuntimeError:  # not set: onnxruntime's default
         return None
 
 
@@ -183,6 +183,8 @@ def test_threads_spin_unless_the_caller_shares_its_cores(monkeypatch):
     session.create_session("model.onnx", "cpu")
     session.create_session("model.onnx", "cpu", spinning=False)
     assert [_spinning_entry(o) for o in given] == [None, "0"]
+    # spinning within a run only: the worker stops when the run returns, leaving the core to the sampler and the app
+    assert [_spinning_entry(o, "session.force_spinning_stop") for o in given] == ["1", None]
 
 
 def test_load_checks_spinning_and_serve_turns_it_off(tiny_package, monkeypatch):

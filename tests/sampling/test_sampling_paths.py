@@ -105,6 +105,63 @@ def test_dense_draw_picks_what_the_plain_pick_picks():
         np.testing.assert_array_equal(chain(logits, [[]] * 8, [[]] * 8, rngs()), draw.pick(filtered, True, rngs()))
 
 
+@pytest.mark.parametrize("n_vocab", [V, 4096, 300])
+def test_the_batch_draw_finds_the_token_the_row_search_finds_at_every_block_boundary(n_vocab):
+    # the whole-batch draw (many rows) against search() row by row, at the uniforms that put the target exactly on,
+    # just below and just above each block's end: where a block's own sum and the running sum round differently
+    rng = np.random.default_rng(8)
+    logits = (rng.standard_normal((6, n_vocab)) * [[0.02], [4.0], [1.0], [1.0], [30.0], [1.0]]).astype(np.float32)
+    logits[2, : n_vocab // 2] = -np.inf  # zero weight in the first blocks
+    logits[3, draw.BLOCK :] = -np.inf  # all the weight in the first block
+    logits[5, : n_vocab - 3] = -np.inf  # all of it in the padded last block
+    padded = draw.weights(logits)
+    ends = draw.block_ends(padded)
+    sums = draw.block_sums(padded)
+    for b in range(len(ends[0])):
+        for nudge in (-1, 0, 1):
+            u = np.array([min(np.nextafter(row[b] / row[-1], 2.0 * nudge), 1 - 2**-53) for row in ends])
+            u = np.maximum(u, 0.0)
+            expected = [draw.search(padded[r], ends[r], u[r], n_vocab) for r in range(len(u))]
+            assert draw.draw_many(padded, sums, u, n_vocab).tolist() == expected, (b, nudge)
+
+
+def test_many_rows_draw_what_one_float64_cumulative_sum_draws():
+    # the chain's dense draw of a batch (two threads, whole-batch search) against one float64 cumsum per row
+    logits = (np.random.default_rng(9).standard_normal((draw.MANY_ROWS * 3, V)) * 2.0).astype(np.float32)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0), V)
+    rows = len(logits)
+    for seed in range(6):
+        picks = chain(logits, [[]] * rows, [[]] * rows, [np.random.default_rng([seed, r]) for r in range(rows)])
+        for r, (row, token) in enumerate(zip(logits, picks.tolist())):
+            weights = np.exp(row - row.max())
+            cdf = np.cumsum(weights, dtype=np.float64)
+            u = np.random.default_rng([seed, r]).random()
+            assert token == int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+
+
+def _draw_in_child(queue):
+    logits = np.zeros((draw.MANY_ROWS, 1000), dtype=np.float32)
+    queue.put(draw.pick(logits, True, [np.random.default_rng(r) for r in range(len(logits))], dense=True).tolist())
+
+
+def test_a_forked_process_draws_many_rows_too():
+    # the second thread does not survive a fork: the child must make its own, not wait on the parent's forever
+    import multiprocessing
+
+    logits = np.zeros((draw.MANY_ROWS, 1000), dtype=np.float32)
+    draw.pick(logits, True, [np.random.default_rng(r) for r in range(len(logits))], dense=True)  # the thread exists
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_draw_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.exitcode == 0
+    assert len(queue.get(timeout=5)) == draw.MANY_ROWS
+
+
 @pytest.mark.parametrize("options", [{"top_k": 50}, {"top_k": 0, "top_p": 0.9}, {"top_k": 0, "top_p": 0.3}])
 def test_a_chain_that_draws_from_the_kept_tokens_leaves_the_logits_alone(options):
     logits = hard_rows(V, seed=7)[[0, 1, 2]]
