@@ -141,6 +141,8 @@ class PrefixCache:
         The tokens whose rows it put in memory."""
         loaded = 0
         for ids, start in self.disk.recent():
+            if self.bytes >= self.max_bytes:
+                break
             passes = self._kept(len(ids), start)
             if not passes or passes[-1][1] != len(ids):
                 continue

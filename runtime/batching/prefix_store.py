@@ -36,6 +36,8 @@ MAGIC = b"EDGELMKV1\n"
 DISK_DEFAULT_MB = 1024  # a folder's bound unless given: a thousand distilgpt2-sized 128-token blocks and more
 MAX_HEADER = 1 << 20  # bytes of a header line: the token ids of a long prompt, well under this
 SUFFIX = ".kv"
+HEADER_READ = 64 << 10  # bytes read at a time while looking for a header's end
+PRELOAD_FILES = 1024  # block files whose headers a load reads at most, the most recently used first
 
 
 class PrefixStore:
@@ -81,9 +83,9 @@ class PrefixStore:
         self._trim()
 
     def recent(self):
-        """(token ids, start) of the folder's block files, the most recently used first, as their headers say
-        (unchecked: load() checks each); files of another package or chunk left out."""
-        for _, _, path in sorted(self._files(), reverse=True):
+        """(token ids, start) of the folder's block files, the most recently used first (PRELOAD_FILES of them at
+        most), as their headers say (unchecked: load() checks each); files of another package or chunk left out."""
+        for _, _, path in sorted(self._files(), reverse=True)[:PRELOAD_FILES]:
             header = read_header(Path(path))
             tokens, start = (header or {}).get("tokens"), (header or {}).get("start", 0)
             if (
@@ -201,12 +203,18 @@ def _array_spec(spec) -> bool:
 def read_header(path: Path) -> dict | None:
     """The header of a block file (its first line after the magic) as a dict, without reading its rows; None
     when the file is not a regular file of this format."""
+    data, end = b"", -1
     try:
         with untrusted.open_regular(path) as file:
-            data = file.read(len(MAGIC) + MAX_HEADER)
+            while end < 0 and len(data) < len(MAGIC) + MAX_HEADER:  # a line at a time: the rows stay unread
+                piece = file.read(min(HEADER_READ, len(MAGIC) + MAX_HEADER - len(data)))
+                if not piece:
+                    break
+                end = piece.find(b"\n", max(len(MAGIC) - len(data), 0))
+                end = end + len(data) if end >= 0 else -1
+                data += piece
     except (EdgelmError, OSError):
         return None
-    end = data.find(b"\n", len(MAGIC))
     if not data.startswith(MAGIC) or end < 0:
         return None
     try:

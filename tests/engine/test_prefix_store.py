@@ -176,3 +176,15 @@ def test_preload_stays_within_the_memory_bound_and_skips_other_files(tiny_packag
     assert small.generate([PROMPT], max_new_tokens=6, do_sample=False)[0].token_ids == (
         model.generate([PROMPT], max_new_tokens=6, do_sample=False)[0].token_ids
     )
+
+
+def test_a_header_is_read_a_piece_at_a_time_and_found_past_the_first_piece(tmp_path):
+    from edgelm.runtime.batching.prefix_store import HEADER_READ, block_bytes, read_header
+
+    tokens = list(range(100_000, 100_000 + HEADER_READ // 4))  # a header line longer than one piece
+    rows = (np.ones((1, len(tokens), 1), np.float32),)
+    (tmp_path / "a.kv").write_bytes(block_bytes("p" * 64, 16, tokens, rows, start=5))
+    header = read_header(tmp_path / "a.kv")
+    assert header["tokens"] == tokens and header["start"] == 5
+    (tmp_path / "b.kv").write_bytes(MAGIC + b"{" * HEADER_READ * 2)  # no line's end: not a block
+    assert read_header(tmp_path / "b.kv") is None
