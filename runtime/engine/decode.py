@@ -145,7 +145,7 @@ class InPlaceDecoder:
     """One [B, KV, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
     writes each pass's new rows in place, so neither the prompt nor any step copies the cache. The logits come
     back in one preallocated [B, 1, V] array, valid until the next run. With a prefix cache (batch 1), the prompt
-    is prefilled in that cache's chunks, starting after the rows it restores, and its whole chunks are stored."""
+    is prefilled in that cache's passes, starting after the rows it restores, and the passes it keeps are stored."""
 
     def __init__(
         self,

@@ -83,7 +83,7 @@ class Model(Generation, Chat, Scoring, Sessions):
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
         self._constraints = None  # the constraint compiler (sampling/constraint.py), made at the first constraint
-        self._starts = {}  # conversation starts rendered (messages.py): their system messages and tools -> ids
+        self._starts = {}  # conversation starts rendered (messages.py): their system messages' and tools' sha256 -> ids
         self._starts_lock = threading.Lock()
         self.draft = None  # a Model of the same tokenizer whose guesses speculative="draft" verifies (load(draft=))
         release_freed_memory()

@@ -7,11 +7,12 @@ message) is told to the engine as each prompt is rendered: the prefill breaks it
 gives it to the next conversation with the bits a cold prefill computes.
 """
 
+import hashlib
 import json
 
 from ..batching.batch import Batch, Stream
 from ..engine.passes import MAX_STARTS
-from ..errors import EdgelmError, GenerationOptionError
+from ..errors import ChatError, GenerationOptionError
 from ..generation_config import GenerationConfig
 from .generation import _one
 
@@ -80,12 +81,13 @@ class Chat:
         either, or an engine that prefills in one pass."""
         if not self.engine.writes_cache_in_place or not (tools or next(_leading_system(messages), None)):
             return
-        key = json.dumps([list(_leading_system(messages)), tools], sort_keys=True, default=str)
+        leading = json.dumps([list(_leading_system(messages)), tools], sort_keys=True, default=str)
+        key = hashlib.sha256(leading.encode("utf-8", "surrogatepass")).digest()  # the text itself is not kept
         start = self._starts.get(key)
         if start is None:
             try:
                 start = self.conversation_start(messages, tools)
-            except EdgelmError:  # a template that renders no system part alone: the prompt has no start to keep
+            except ChatError:  # a template that renders no system part alone: the prompt has no start to keep
                 start = []
             with self._starts_lock:
                 self._starts[key] = start
