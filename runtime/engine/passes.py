@@ -12,9 +12,10 @@ multiple of the chunk) can be kept, the schedule breaks at that start's end whet
     any other prompt: [0, chunk) [chunk, 2 chunk) ... [.., T)
 
 A cold prefill and a warm one (the start's rows copied in, the rest computed) run the same passes, so their rows and
-logits are the same bits. The known starts (Starts) are the package's prompt cache (kept for good) and the starts of
-the conversations the chat path rendered (Model.chat_ids: its leading system message and tools), the most recent
-MAX_STARTS of them.
+logits are the same bits. The known starts (Starts) are the package's prompt cache (kept for good), and the starts of
+the conversations the chat path rendered (Model.chat_ids: their leading system messages and tools) or a saved session
+recorded (Model.load_session), the most recent MAX_STARTS of them. A prompt of token ids that begins with a known
+start is prefilled in the same passes as the conversations that have it.
 """
 
 import threading
