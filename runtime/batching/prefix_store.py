@@ -5,7 +5,8 @@ stores (runtime/batching/prefix_cache.py: the key/value rows of one prefill pass
 start) to a file of its own, reads the most recently used ones back at load (PrefixCache.preload), and a prompt whose
 start is not in memory looks for its blocks there. A block file is
 
-    EDGELMKV1\\n  {"package", "chunk", ["start",] "tokens", "arrays": [[dtype, shape], ...], "sha256"}\\n  the rows' bytes
+    EDGELMKV1\\n  {"package", "chunk", ["start",] "tokens", "arrays": [[dtype, shape], ...], "sha256"}\\n
+    the rows' bytes
 
 named by the sha256 of the package's identity, the token ids up to the block's end and the conversation start its
 passes broke at ("start", runtime/engine/passes.py; absent where they broke nowhere before the block's end): a file

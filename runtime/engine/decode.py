@@ -203,7 +203,7 @@ class InPlaceDecoder:
 
     def _fresh(self, input_ids, attention_mask, position_ids) -> bool:
         """A prompt over an empty cache, one row, unpadded at positions 0..T-1: the only prefill whose passes break at
-        a conversation start and whose rows a prefix cache knows (a decode step, a padded row and a batch go without)."""
+        a conversation start and whose rows a prefix cache knows (a decode step, a padded row, a batch go without)."""
         new = input_ids.shape[1]
         return (
             len(input_ids) == 1

@@ -188,3 +188,26 @@ def test_a_header_is_read_a_piece_at_a_time_and_found_past_the_first_piece(tmp_p
     assert header["tokens"] == tokens and header["start"] == 5
     (tmp_path / "b.kv").write_bytes(MAGIC + b"{" * HEADER_READ * 2)  # no line's end: not a block
     assert read_header(tmp_path / "b.kv") is None
+
+
+def test_a_restarted_server_has_the_conversation_start_in_memory_before_its_first_request(
+    tiny_package, tmp_path, chunked
+):
+    from server_harness import HTTP, InProcessServer
+
+    cache, system = tmp_path / "cache", {"role": "system", "content": "Be brief, kind and exact."}
+    expected = rt.load(tiny_package, verify=False).chat([system, {"role": "user", "content": "Hi"}], max_new_tokens=4,
+                                                        do_sample=False).text  # fmt: skip
+    warm(tiny_package, cache).chat([system, {"role": "user", "content": "Hello"}], max_new_tokens=2, do_sample=False)
+    server = InProcessServer(warm(tiny_package, cache))
+    try:
+        before = server.health()["prefix_cache"]
+        assert before["bytes"] > 0 and before["reused_tokens"] == 0  # read at load, not by a request
+        messages = [system, {"role": "user", "content": "Hi"}]
+        body = {"model": server.app.names.id, "messages": messages, "max_tokens": 4, "temperature": 0}
+        answer = HTTP.post(server.url + "/v1/chat/completions", json=body).json()
+        assert answer["choices"][0]["message"]["content"] == expected
+        start = len(rt.load(tiny_package, verify=False).conversation_start(messages))
+        assert server.health()["prefix_cache"]["reused_tokens"] == start
+    finally:
+        server.stop()

@@ -188,7 +188,9 @@ def test_a_damaged_prompt_cache_section_is_refused_naming_its_field(tiny_package
 
 
 @pytest.mark.parametrize("chunk", [CHUNK, 64])
-def test_a_start_shorter_than_one_pass_is_stored_whole_with_the_same_bits(tiny_package_int8, tmp_path, monkeypatch, chunk):
+def test_a_start_shorter_than_one_pass_is_stored_whole_with_the_same_bits(
+    tiny_package_int8, tmp_path, monkeypatch, chunk
+):
     monkeypatch.setattr(engine, "PREFILL_CHUNK", chunk)  # 64: one pass is the tiny model's whole context
     folder, record = with_cache(tiny_package_int8, tmp_path, system="Hi")
     assert record.tokens == record.shared_tokens < CHUNK
