@@ -11,10 +11,12 @@ conversation start stored in it (export/prompt_cache.py, as `edgelm export --sys
 prompt is the first --system-tokens tokens of the export's evaluation text. Each round's conversation is the
 system prompt and a new user message (about 20 tokens); three ways to its first token, after the same settle:
 
-    cold      the plain package, no cache: the whole prompt is prefilled
-    package   the package with the prompt cache: its whole 128-token passes are restored, the rest prefilled
-    restart   the plain package with --prefix-cache-dir (prefix_cache_mb 64), loaded afresh each round (a restarted
-              server: nothing in memory) over a folder an earlier process filled with the system prompt's blocks
+    cold      the plain package, no cache: the whole prompt is prefilled (in passes broken at the conversation
+              start's end, as every chat with a system prompt is: runtime/engine/passes.py)
+    package   the package with the prompt cache: the whole conversation start is restored, the rest prefilled
+    restart   the plain package with --prefix-cache-dir (prefix_cache_mb 64, the CLI's default), loaded afresh each
+              round (a restarted server: it reads the folder's blocks at load, not timed) over a folder an earlier
+              process filled with the conversation start's blocks
 
 Prints medians (ms), each way's ratio to cold (median of per-round ratios), the disk bytes per cached token (the
 prompt cache file's size / its tokens, beside 2 x layers x kv_heads x head_dim x 4), the CPU model and the load

@@ -4,7 +4,8 @@ the runtime's engine on the package's own graph, and stored in the package (runt
 says the file's format and how a conversation starts from it).
 
     render [system, user "a"] and [system, user "1"] -> the ids they share (the shared start, T tokens)
-    -> its whole prefill chunks (T // chunk * chunk tokens) prefilled in passes of chunk, as any prompt is
+    -> prefilled alone, in passes of chunk (the last one ending at T), as any prompt that starts with it is
+       (runtime/engine/passes.py: the prefill breaks at a known conversation start)
     -> prompt_cache.kv beside the package's files, then the manifest rewritten to list it (files, prompt_cache)
 """
 
@@ -18,6 +19,7 @@ from edgelm.runtime import untrusted
 from edgelm.runtime.batching.package_prefix import prefix_bytes
 from edgelm.runtime.batching.prefix_store import replace_atomically
 from edgelm.runtime.engine import decode as engine_module
+from edgelm.runtime.engine.passes import Starts
 from edgelm.runtime.errors import EdgelmError
 from edgelm.runtime.inputs import decode_utf8
 from edgelm.runtime.package.format import MANIFEST, PROMPT_CACHE_FILE, FileRecord, PromptCacheRecord
@@ -27,7 +29,6 @@ from .errors import ExportError
 
 MAX_SYSTEM_PROMPT_BYTES = 1 << 20  # far beyond any context a package has
 MAX_TOOLS_BYTES = 4 << 20
-USERS = ("a", "1")  # two first user messages that differ from their first character on
 
 
 def read_system_prompt(path) -> str:
@@ -69,14 +70,11 @@ def check_tools(tools, where: str = "tools") -> None:
 
 def shared_start(model, system_prompt: str, tools: list | None) -> list:
     """The token ids every conversation with this system prompt and these tools starts with, as `model`'s chat
-    path renders them (Model.chat_ids): what two conversations of different first user messages share."""
+    path renders them (Model.conversation_start): what two conversations of different first user messages share."""
     try:
-        a, b = (model.chat_ids([{"role": "system", "content": system_prompt}, {"role": "user", "content": u}], tools)
-                for u in USERS)  # fmt: skip
+        return model.conversation_start([{"role": "system", "content": system_prompt}], tools)
     except EdgelmError as error:
         raise ExportError(f"the package's chat template cannot render the system prompt: {error}") from None
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return a[:n]
 
 
 def add_prompt_cache(folder, system_prompt: str, tools: list | None = None) -> PromptCacheRecord:
@@ -88,6 +86,7 @@ def add_prompt_cache(folder, system_prompt: str, tools: list | None = None) -> P
         check_tools(tools)
     model = load(folder, device="cpu", verify="full")
     model.engine.prefix_cache = None  # computed, never restored from a cache the package had
+    model.engine.starts = Starts()  # nor broken at that cache's start: prefilled as a prompt of the start alone
     if not model.engine.writes_cache_in_place:
         raise ExportError(f"{folder}'s graph does not update its cache in place; export it again with edgelm export.")
     ids = shared_start(model, system_prompt, tools)
@@ -97,17 +96,12 @@ def add_prompt_cache(folder, system_prompt: str, tools: list | None = None) -> P
             f"the system prompt renders to a shared start of {len(ids)} tokens, which leaves no room for a message "
             f"in the model's {context}-token context; shorten it."
         )
-    cached = len(ids) // chunk * chunk  # whole passes, each position below the context's last
-    if context - 1 < chunk:
+    if not ids:
         raise ExportError(
-            f"the model's {context}-token context is shorter than one prefill pass of {chunk} tokens, which the "
-            "prompt cache holds whole: this model cannot have one."
+            "the package's chat template renders no start that conversations with this system prompt share; there is "
+            "nothing to store."
         )
-    if cached == 0:
-        raise ExportError(
-            f"the system prompt renders to a shared start of {len(ids)} tokens; the prompt cache holds whole "
-            f"prefill passes of {chunk} tokens, so it needs a longer system prompt (or tools)."
-        )
+    cached = len(ids)  # the whole start, in the passes a prefill of it alone makes
     decoder = model.engine.decoder(1, cached)
     decoder.run(np.asarray([ids[:cached]], dtype=np.int64), np.ones((1, cached), np.int64), np.arange(cached)[None])
     rows = tuple(buffer[0] for buffer in decoder.buffers)  # [KV, cached, D] per cache tensor

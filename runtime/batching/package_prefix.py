@@ -3,21 +3,22 @@ system prompt (and tools) shares, prefilled once at export (`edgelm export --sys
 package, so that a new conversation prefills only what follows it.
 
 The file (manifest: prompt_cache.file, listed in `files` with its sha256, so that verification and signing cover
-it) is one block of prefix_store.py's format holding the rows of the start's whole prefill chunks:
+it) is one block of prefix_store.py's format holding the rows of the whole start (an older export's: its whole
+prefill chunks):
 
     EDGELMKV1\\n  {"package": graph_identity, "chunk", "tokens": [ids], "arrays": [[dtype, [KV, T, D]], ...],
                   "sha256"}\\n  the rows' bytes: one array per cache tensor, in the decoder's order
                   (layer 0 key, layer 0 value, layer 1 key, ...), in the graph's cache dtype (int8 for an int8 cache)
 
 At load, seed() pins those rows in the engine's prefix cache (prefix_cache.py), which restores them into any
-prompt that starts with the same token ids; as there, the rows are the bits a cold prefill computes (the same
-graph, in the same passes of `chunk` tokens), and the outputs are identical. The rows are bound to the graph and
-its weights (their sha256), not to the manifest, which lists the file itself.
+prompt that starts with the same token ids, and makes the start one the prefill breaks its passes at
+(runtime/engine/passes.py): a prompt that starts with it is prefilled, cold or warm, in the passes of the start
+alone and then from the start's end. As there, the rows are the bits a cold prefill computes (the same graph, in
+the same passes), and the outputs are identical. The rows are bound to the graph and its weights (their sha256),
+not to the manifest, which lists the file itself.
 """
 
 import hashlib
-
-import numpy as np
 
 from ..engine import decode as engine_module
 from ..errors import PackageError
@@ -59,9 +60,7 @@ def read_prefix(package, engine) -> tuple[list, tuple] | None:
         or not all(is_token_id(t, vocab) for t in tokens)
     ):
         raise PackageError(f"{path} does not hold the {record.tokens} token ids its manifest records. {AGAIN}")
-    shape = (engine.kv_heads, record.tokens, engine.head_size)
-    # shapes and dtype only (a broadcast scalar allocates nothing): read_block compares them with the file's
-    like = [np.broadcast_to(np.zeros((), engine.io.cache_dtype), shape) for _ in range(engine.cache_tensors)]
+    like = engine.block_like(record.tokens)  # shapes and dtype only: read_block compares them with the file's
     rows = prefix_store.read_block(path, graph_identity(package.manifest), record.chunk, tokens, like)
     if rows is None:
         raise PackageError(
@@ -82,3 +81,4 @@ def seed(engine, package) -> None:
     if engine.prefix_cache is None:
         engine.prefix_cache = PrefixCache(0, record.chunk)
     engine.prefix_cache.pin(tokens, rows)
+    engine.starts.add(tokens, pinned=True)

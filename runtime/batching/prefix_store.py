@@ -1,17 +1,20 @@
 """The prefix cache's blocks on disk, so that a prompt seen before a restart still skips its prefill.
 
 `edgelm serve --prefix-cache-dir DIR` (and load(..., prefix_cache_dir=DIR)) writes each block the in-memory cache
-stores (runtime/batching/prefix_cache.py: the key/value rows of one whole prefill pass of `chunk` tokens) to a file
-of its own, and a prompt whose start is not in memory looks for its blocks there. A block file is
+stores (runtime/batching/prefix_cache.py: the key/value rows of one prefill pass, whole or ending at a conversation
+start) to a file of its own, reads the most recently used ones back at load (PrefixCache.preload), and a prompt whose
+start is not in memory looks for its blocks there. A block file is
 
-    EDGELMKV1\\n  {"package", "chunk", "tokens", "arrays": [[dtype, shape], ...], "sha256"}\\n  the rows' bytes
+    EDGELMKV1\\n  {"package", "chunk", ["start",] "tokens", "arrays": [[dtype, shape], ...], "sha256"}\\n
+    the rows' bytes
 
-named by the sha256 of the package's identity and the token ids up to the block's end: a file is found only by
-the exact tokens it holds, for the exact package (its manifest's sha256, which lists every file's own). Reading
-checks all of it, the rows' sha256 included, within the size the header implies, from a regular file only; a file
-that fails any check is a miss (and removed). Writes go to a temporary file renamed into place, so a reader sees a
-whole file or none, and two servers may share one folder. The folder is bounded: past `max_bytes`, the files used
-least recently (by modification time, refreshed on each use) are removed.
+named by the sha256 of the package's identity, the token ids up to the block's end and the conversation start its
+passes broke at ("start", runtime/engine/passes.py; absent where they broke nowhere before the block's end): a file
+is found only by the exact tokens it holds, made in the exact passes, for the exact package (its manifest's sha256,
+which lists every file's own). Reading checks all of it, the rows' sha256 included, within the size the header
+implies, from a regular file only; a file that fails any check is a miss (and removed). Writes go to a temporary
+file renamed into place, so a reader sees a whole file or none, and two servers may share one folder. The folder is
+bounded: past `max_bytes`, the files used least recently (by modification time, refreshed on each use) are removed.
 
 A saved conversation (Model.save_session, runtime/model/saved_session.py) is one file of the same format, read by
 the same checks (read_record).
@@ -34,6 +37,8 @@ MAGIC = b"EDGELMKV1\n"
 DISK_DEFAULT_MB = 1024  # a folder's bound unless given: a thousand distilgpt2-sized 128-token blocks and more
 MAX_HEADER = 1 << 20  # bytes of a header line: the token ids of a long prompt, well under this
 SUFFIX = ".kv"
+HEADER_READ = 64 << 10  # bytes read at a time while looking for a header's end
+PRELOAD_FILES = 1024  # block files whose headers a load reads at most, the most recently used first
 
 
 class PrefixStore:
@@ -43,16 +48,19 @@ class PrefixStore:
         self.folder, self.package_id, self.chunk, self.max_bytes = Path(folder), package_id, int(chunk), int(max_bytes)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def name(self, tokens) -> Path:
+    def name(self, tokens, start: int = 0) -> Path:
         digest = hashlib.sha256(f"{self.package_id}:{self.chunk}:".encode())
         digest.update(np.asarray(tokens, dtype="<i8").tobytes())
+        if start:
+            digest.update(f":start {start}".encode())
         return self.folder / (digest.hexdigest() + SUFFIX)
 
-    def load(self, tokens, like: list) -> tuple | None:
-        """The rows stored for the block ending the token ids `tokens`, shaped and typed as `like` (one array per
-        cache tensor, [H, chunk, D]); None when there is none, or the file is not exactly that."""
-        path = self.name(tokens)
-        rows = read_block(path, self.package_id, self.chunk, tokens, like)
+    def load(self, tokens, start: int, like: list) -> tuple | None:
+        """The rows stored for the block ending the token ids `tokens`, made in passes broken at `start` (0: none
+        before its end), shaped and typed as `like` (one array per cache tensor, [H, n, D]); None when there is
+        none, or the file is not exactly that."""
+        path = self.name(tokens, start)
+        rows = read_block(path, self.package_id, self.chunk, tokens, like, start)
         if rows is None:
             if path.exists():
                 path.unlink(missing_ok=True)
@@ -63,18 +71,37 @@ class PrefixStore:
             pass
         return rows
 
-    def save(self, tokens, rows: tuple) -> None:
-        """Write a block (the rows of the chunk ending `tokens`), then remove the oldest files past max_bytes."""
-        path = self.name(tokens)
+    def save(self, tokens, start: int, rows: tuple) -> None:
+        """Write a block (the rows of the pass ending `tokens`, broken at `start`), then remove the oldest files
+        past max_bytes."""
+        path = self.name(tokens, start)
         if path.exists():
             return
-        data = block_bytes(self.package_id, self.chunk, tokens, rows)
+        data = block_bytes(self.package_id, self.chunk, tokens, rows, start)
         if len(data) > self.max_bytes:
             return
         write_atomically(path, data)
         self._trim()
 
-    def _trim(self) -> None:
+    def recent(self):
+        """(token ids, start) of the folder's block files, the most recently used first (PRELOAD_FILES of them at
+        most), as their headers say (unchecked: load() checks each); files of another package or chunk left out."""
+        for _, _, path in sorted(self._files(), reverse=True)[:PRELOAD_FILES]:
+            header = read_header(Path(path))
+            tokens, start = (header or {}).get("tokens"), (header or {}).get("start", 0)
+            if (
+                header is not None
+                and header.get("package") == self.package_id
+                and header.get("chunk") == self.chunk
+                and isinstance(tokens, list)
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+                and isinstance(start, int)
+                and not isinstance(start, bool)
+            ):
+                yield tokens, start
+
+    def _files(self) -> list:
+        """(modification time ns, size, path) of the folder's block files (regular files only)."""
         files = []
         for entry in os.scandir(self.folder):
             if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
@@ -83,6 +110,10 @@ class PrefixStore:
                 except OSError:  # another server removed it
                     continue
                 files.append((info.st_mtime_ns, info.st_size, entry.path))
+        return files
+
+    def _trim(self) -> None:
+        files = self._files()
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total <= self.max_bytes:
@@ -91,8 +122,9 @@ class PrefixStore:
             total -= size
 
 
-def block_bytes(package_id: str, chunk: int, tokens, rows: tuple) -> bytes:
-    return record_bytes({"package": package_id, "chunk": chunk, "tokens": [int(t) for t in tokens]}, rows)
+def block_bytes(package_id: str, chunk: int, tokens, rows: tuple, start: int = 0) -> bytes:
+    header = {"package": package_id, "chunk": chunk, **({"start": start} if start else {})}
+    return record_bytes({**header, "tokens": [int(t) for t in tokens]}, rows)
 
 
 def record_bytes(header: dict, rows) -> bytes:
@@ -105,8 +137,9 @@ def record_bytes(header: dict, rows) -> bytes:
     return MAGIC + json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
 
 
-def read_block(path: Path, package_id: str, chunk: int, tokens, like: list) -> tuple | None:
-    """A block file's rows if it is exactly the block of `tokens` for this package, shaped as `like`; else None."""
+def read_block(path: Path, package_id: str, chunk: int, tokens, like: list, start: int = 0) -> tuple | None:
+    """A block file's rows if it is exactly the block of `tokens` (in passes broken at `start`) for this package,
+    shaped as `like`; else None."""
     expected = [[np.asarray(a).dtype.str, list(np.asarray(a).shape)] for a in like]
     payload_size = sum(np.asarray(a).nbytes for a in like)
     try:  # a regular file only, opened without blocking (a FIFO never hangs), within the size the header implies
@@ -116,6 +149,7 @@ def read_block(path: Path, package_id: str, chunk: int, tokens, like: list) -> t
     if (
         header.get("package") != package_id
         or header.get("chunk") != chunk
+        or header.get("start", 0) != start
         or header.get("tokens") != [int(t) for t in tokens]
         or header.get("arrays") != expected
     ):
@@ -170,12 +204,18 @@ def _array_spec(spec) -> bool:
 def read_header(path: Path) -> dict | None:
     """The header of a block file (its first line after the magic) as a dict, without reading its rows; None
     when the file is not a regular file of this format."""
+    data, end = b"", -1
     try:
         with untrusted.open_regular(path) as file:
-            data = file.read(len(MAGIC) + MAX_HEADER)
+            while end < 0 and len(data) < len(MAGIC) + MAX_HEADER:  # a line at a time: the rows stay unread
+                piece = file.read(min(HEADER_READ, len(MAGIC) + MAX_HEADER - len(data)))
+                if not piece:
+                    break
+                end = piece.find(b"\n", max(len(MAGIC) - len(data), 0))
+                end = end + len(data) if end >= 0 else -1
+                data += piece
     except (EdgelmError, OSError):
         return None
-    end = data.find(b"\n", len(MAGIC))
     if not data.startswith(MAGIC) or end < 0:
         return None
     try:

@@ -221,8 +221,8 @@ def prefix_cache_option(command):
         type=int,
         callback=_checked_by(_prefix_cache_mb),
         help="MiB of recent prompts' key/value rows kept, so a prompt that starts like a recent one (a conversation's "
-        "history, a shared system prompt) skips recomputing that start, in whole 128-token chunks; outputs are the "
-        "same. 0 turns it off.",
+        "history, a shared system prompt) skips recomputing that start, in its 128-token prefill passes (a "
+        "conversation's system messages and tools kept whole); outputs are the same. 0 turns it off.",
     )(command)
 
 
@@ -267,5 +267,6 @@ def prefix_cache_dir_option(command):
         "--prefix-cache-dir",
         type=click.Path(file_okay=False),
         help="Also keep the prefix cache's blocks in this folder, so that prompts seen before a restart (a long "
-        "system prompt, a conversation) skip their prefill after it; bound to the package, safe to share.",
+        "system prompt, a conversation) skip their prefill after it; the most recent are read back at load, within "
+        "--prefix-cache-mb. Bound to the package, safe to share.",
     )(command)

@@ -6,9 +6,10 @@ contract, written once in docs/package-format.md.
 
 The cache lives in onnxruntime OrtValues and is never converted between steps. With an edgelm package on
 CPU it is one preallocated [B, KV, T + max_new_tokens, D] buffer (KV: key/value heads) per tensor that the graph
-writes in place, the prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens: InPlaceDecoder); otherwise each
-step's present [B, KV, S + 1, D] becomes the next past (GrowingDecoder). With a PrefixCache, a batch-1 prompt that starts with
-whole chunks a recent prompt had gets their rows copied in instead of computed (runtime/batching/prefix_cache.py).
+writes in place, the prompt included (at batch 1 in chunks of PREFILL_CHUNK tokens, broken at a known conversation
+start: InPlaceDecoder, passes.py); otherwise each step's present [B, KV, S + 1, D] becomes the next past
+(GrowingDecoder). With a PrefixCache, a batch-1 prompt that starts with passes a recent prompt had gets their rows
+copied in instead of computed (runtime/batching/prefix_cache.py).
 
 The token each row takes next is not chosen here: decode_steps asks the caller's pick (runtime/batching/step.py),
 which owns the sampler, the constraints and when a row ends.
@@ -21,6 +22,7 @@ import onnxruntime as ort
 
 from ..package.format import ATTENTION_MASK, INPUT_IDS, INPUTS_EMBEDS, LOGITS, LOGITS_TO_KEEP, POSITION_IDS
 from . import fast_path as ort_fast_path
+from .passes import Starts, prefill_passes
 from .session import GraphIO
 from .steps import position_ids_from_mask, prefill_inputs  # noqa: F401 (position_ids_from_mask: its users import it here)
 
@@ -48,6 +50,7 @@ class Engine:
     ):
         self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
         self.prefix_cache = prefix_cache  # a PrefixCache for batch-1 prompts on the in-place cache, or None
+        self.starts = Starts()  # the conversation starts a batch-1 prefill breaks its passes at (passes.py)
         self.embeddings = (
             embeddings  # ids -> float32 rows, for graphs that take inputs_embeds (runtime/engine/embeddings.py)
         )
@@ -66,6 +69,12 @@ class Engine:
     def cache_tensors(self) -> int:
         """The key/value cache's tensors: a key and a value per layer, in the decoder's order."""
         return len(self._past_names)
+
+    def block_like(self, tokens: int) -> list:
+        """What the rows of `tokens` prompt tokens look like in a cache of rows (prefix_store.py reads them against it):
+        one [KV, tokens, D] per cache tensor, in the cache's dtype; broadcast scalars, which allocate nothing."""
+        shape = (self.kv_heads, tokens, self.head_size)
+        return [np.broadcast_to(np.zeros((), self.io.cache_dtype), shape) for _ in range(self.cache_tensors)]
 
     def empty_past(self, batch: int) -> list:
         empty = np.zeros((batch, self.kv_heads, 0, self.head_size), dtype=self.io.cache_dtype)  # nothing to borrow
@@ -136,7 +145,7 @@ class InPlaceDecoder:
     """One [B, KV, capacity, D] buffer per cache tensor, fed as past and fetched as present: GroupQueryAttention
     writes each pass's new rows in place, so neither the prompt nor any step copies the cache. The logits come
     back in one preallocated [B, 1, V] array, valid until the next run. With a prefix cache (batch 1), the prompt
-    is prefilled in that cache's chunks, starting after the rows it restores, and its whole chunks are stored."""
+    is prefilled in that cache's passes, starting after the rows it restores, and the passes it keeps are stored."""
 
     def __init__(
         self,
@@ -180,24 +189,24 @@ class InPlaceDecoder:
             self._step(input_ids, attention_mask, position_ids)
             return self.logits
         # GroupQueryAttention takes several new tokens over an existing cache for one row only.
-        chunk = PREFILL_CHUNK if len(input_ids) == 1 else new
-        first, cached = 0, self._cacheable(input_ids, attention_mask, position_ids)
-        if cached:  # the rows it has, then the chunks its blocks were made in: the passes a cold prefill makes
-            chunk, first = self.prefix_cache.chunk, self.prefix_cache.restore(input_ids[0], self.buffers)
-        for start in range(first, new, chunk):  # a decode step is one chunk of one token
-            end = min(start + chunk, new)
-            self._pass(input_ids[:, start:end], attention_mask[:, : width - new + end], position_ids[:, start:end])
+        fresh = self._fresh(input_ids, attention_mask, position_ids)
+        cached = fresh and self.prefix_cache is not None
+        start = self.engine.starts.longest(input_ids[0]) if fresh else 0
+        chunk = self.prefix_cache.chunk if cached else PREFILL_CHUNK if len(input_ids) == 1 else new
+        first = self.prefix_cache.restore(input_ids[0], start, self.buffers) if cached else 0
+        for begin, end in prefill_passes(new, chunk, start):  # the passes a cold prefill makes, those restored left out
+            if begin >= first:
+                self._pass(input_ids[:, begin:end], attention_mask[:, : width - new + end], position_ids[:, begin:end])
         if cached:
-            self.prefix_cache.store(input_ids[0], self.buffers)
+            self.prefix_cache.store(input_ids[0], start, self.buffers)
         return self.logits
 
-    def _cacheable(self, input_ids, attention_mask, position_ids) -> bool:
-        """A prompt over an empty cache, one row, unpadded at positions 0..T-1: the only prefill a prefix cache
-        knows the rows of (a decode step, a padded row and a batch go without it)."""
+    def _fresh(self, input_ids, attention_mask, position_ids) -> bool:
+        """A prompt over an empty cache, one row, unpadded at positions 0..T-1: the only prefill whose passes break at
+        a conversation start and whose rows a prefix cache knows (a decode step, a padded row, a batch go without)."""
         new = input_ids.shape[1]
         return (
-            self.prefix_cache is not None
-            and len(input_ids) == 1
+            len(input_ids) == 1
             and new > 1
             and attention_mask.shape[1] == new
             and bool(np.all(attention_mask == 1))

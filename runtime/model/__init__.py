@@ -12,6 +12,7 @@ saved_session.py (a conversation's key/value cache saved to a file and restored)
 """
 
 import os
+import threading
 
 from ..batching.batch import Stream  # noqa: F401 (a public name: edgelm.runtime.Stream)
 from ..batching import package_prefix
@@ -75,11 +76,15 @@ class Model(Generation, Chat, Scoring, Sessions):
             prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK, disk) if prefix_cache_bytes else None,
         )
         package_prefix.seed(self.engine, package)  # the package's prompt cache, where it has one
+        if disk is not None and self.engine.writes_cache_in_place:  # what the folder kept, read and checked now
+            self.engine.prefix_cache.preload(self.engine.block_like)
         defaults_file = package.folder / GENERATION_CONFIG
         self.defaults = generation_defaults(package.generation_defaults, package.arch, defaults_file)
         self.pad_id = self.arch.pad_token_id if self.arch.pad_token_id is not None else (self.arch.eos_token_id or 0)
         self.chat_template = ChatTemplate.from_package(package)  # checked when first used, not here
         self._constraints = None  # the constraint compiler (sampling/constraint.py), made at the first constraint
+        self._starts = {}  # conversation starts rendered (messages.py): their system messages' and tools' sha256 -> ids
+        self._starts_lock = threading.Lock()
         self.draft = None  # a Model of the same tokenizer whose guesses speculative="draft" verifies (load(draft=))
         release_freed_memory()
         drop_mapped_pages(package.folder)

@@ -1,8 +1,18 @@
 """Chat on a loaded model: messages rendered by the package's chat template into a prompt whose reply ends at the
-template's stop strings, then generated as any prompt is (runtime/model/generation.py)."""
+template's stop strings, then generated as any prompt is (runtime/model/generation.py).
+
+A conversation's start (its leading system messages and tools, as the template renders them before the first user
+message) is told to the engine as each prompt is rendered: the prefill breaks its passes there
+(runtime/engine/passes.py), so that a cache of rows (the prefix cache, its disk store) keeps the whole start and
+gives it to the next conversation with the bits a cold prefill computes.
+"""
+
+import hashlib
+import json
 
 from ..batching.batch import Batch, Stream
-from ..errors import GenerationOptionError
+from ..engine.passes import MAX_STARTS
+from ..errors import ChatError, GenerationOptionError
 from ..generation_config import GenerationConfig
 from .generation import _one
 
@@ -41,11 +51,50 @@ class Chat:
         return self.chat_ids(messages, tools), config.with_options(stop=stop) if stop != config.stop else config
 
     def chat_ids(self, messages, tools=None) -> list:
-        """The prompt token ids of chat_prompt, alone."""
+        """The prompt token ids of chat_prompt, alone (its conversation start told to the engine)."""
         prompt = self.chat_template.render(messages, add_generation_prompt=True, tools=tools)
         # The template writes the start token itself where the model wants one (Llama 3's {{ bos_token }}), so the
         # tokenizer adds none, as transformers' apply_chat_template(tokenize=True) does.
-        return self.encode(prompt, add_special_tokens=False)
+        ids = self.encode(prompt, add_special_tokens=False)
+        self.mark_conversation_start(messages, tools, ids)
+        return ids
+
+    def conversation_start(self, messages, tools=None) -> list:
+        """The token ids every conversation that opens with `messages`' leading system messages (and `tools`)
+        starts with, as the chat template renders them: what two such conversations of different first user
+        messages share (ChatError where the template cannot render them)."""
+        leading = list(_leading_system(messages))
+        a, b = (
+            self.encode(
+                self.chat_template.render([*leading, {"role": "user", "content": u}], add_generation_prompt=True,
+                                          tools=tools),
+                add_special_tokens=False,
+            )
+            for u in ("a", "1")  # two messages that differ from their first character on
+        )  # fmt: skip
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return a[:n]
+
+    def mark_conversation_start(self, messages, tools, ids) -> None:
+        """Tell the engine where the prompt `ids`, rendered from `messages` and `tools`, ends its conversation start
+        (its leading system messages and tools), for its prefill to break there; nothing for a conversation without
+        either, or an engine that prefills in one pass."""
+        if not self.engine.writes_cache_in_place or not (tools or next(_leading_system(messages), None)):
+            return
+        leading = json.dumps([list(_leading_system(messages)), tools], sort_keys=True, default=str)
+        key = hashlib.sha256(leading.encode("utf-8", "surrogatepass")).digest()  # the text itself is not kept
+        start = self._starts.get(key)
+        if start is None:
+            try:
+                start = self.conversation_start(messages, tools)
+            except ChatError:  # a template that renders no system part alone: the prompt has no start to keep
+                start = []
+            with self._starts_lock:
+                self._starts[key] = start
+                while len(self._starts) > MAX_STARTS:
+                    del self._starts[next(iter(self._starts))]
+        if start and ids[: len(start)] == start:
+            self.engine.starts.add(start)
 
     def chat_stop(self, stop: tuple) -> tuple:
         """The stop strings `stop` and those of the chat template it lacks: what ends an assistant's message."""
@@ -66,3 +115,11 @@ class Chat:
         if batch.config.num_return_sequences != 1:
             raise GenerationOptionError("chat_stream() yields one reply; use chat_batch() to stream several rows")
         return Stream(batch)
+
+
+def _leading_system(messages):
+    """The system messages a conversation opens with."""
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "system":
+            return
+        yield message

@@ -10,8 +10,9 @@ on without computing its saved prefix again.
 The file is one record of the prefix cache's on-disk format (runtime/batching/prefix_store.py: MAGIC, a JSON header
 line, the rows), read through the same checks. Its header binds it to the package (the manifest's sha256) and to
 the token ids the rows are of, holds the messages (and tools) those ids were rendered from, and has a sha256 of its
-own beside the rows'. The rows are those of the conversation's whole prefill chunks, the bits a cold prefill
-computes (runtime/batching/prefix_cache.py says why only whole chunks). load_session puts them in the model's prefix
+own beside the rows'. The rows are those of the conversation's prefill passes that a cache keeps (whole, or ending at
+its conversation start: runtime/engine/passes.py, whose break the header's "start" records), the bits a cold prefill
+computes (runtime/batching/prefix_cache.py says why only those). load_session puts them in the model's prefix
 cache, so the next prompt that starts with those tokens, a chat or a generate, copies them in instead of computing
 them, with the output of a cold start.
 
@@ -32,6 +33,7 @@ from ..batching.prefix_cache import CLI_DEFAULT_MB, PrefixCache
 from ..batching.prefix_store import MAGIC, package_identity, read_record, record_bytes, replace_atomically
 from ..engine import decode as engine_module
 from ..engine.decode import InPlaceDecoder
+from ..engine.passes import kept_end
 from ..errors import SessionError
 from ..inputs import is_token_id
 
@@ -56,20 +58,23 @@ class Sessions:
 
     def save_session(self, path, conversation, *, tools=None) -> SavedSession:
         """Write `conversation` (chat messages as chat() takes them, or a list of token ids) and the key/value
-        rows of its whole prefill chunks to `path`, replacing an earlier session there through a temporary file
+        rows of its kept prefill passes to `path`, replacing an earlier session there through a temporary file
         renamed into place. The rows come from the prefix cache where it holds them (a chat turn's prompt just
         prefilled), else are computed once. A file at `path` that is not a saved session is refused."""
         _check_path(path)
         messages, ids = self._session_ids(conversation, tools)
-        chunk = self._session_chunk()
-        # the whole chunks a later prompt can start with: within the context, one position left for its next pass
-        whole = min(len(ids), self.arch.n_positions - 1) // chunk * chunk
-        cached = whole if self.engine.writes_cache_in_place else 0
+        if messages is not None:
+            self.mark_conversation_start(messages, tools, ids)
+        chunk, start = self._session_chunk(), self.engine.starts.longest(ids)
+        # the passes a later prompt can start with: within the context, one position left for its next pass
+        kept = kept_end(min(len(ids), self.arch.n_positions - 1), chunk, start)
+        cached = kept if self.engine.writes_cache_in_place else 0
         rows = self._prefix_rows(ids, cached)
         header = {
             "kind": KIND,
             "package": package_identity(self.package, "a saved session"),
             "chunk": chunk,
+            "start": start if cached else 0,  # where the rows' passes broke (runtime/engine/passes.py)
             "tokens": ids,
             "cached_tokens": cached,
             "messages": messages,
@@ -132,7 +137,9 @@ class Sessions:
             elif engine.prefix_cache.max_bytes == 0:  # only a package's pinned prompt cache (package_prefix.py)
                 engine.prefix_cache.max_bytes = room
             # [H, cached, D] per cache tensor, seen as the [1, H, capacity, D] buffers a prefill leaves
-            engine.prefix_cache.store(np.asarray(tokens[:cached], dtype=np.int64), [r[None] for r in rows])
+            start = header.get("start", 0)
+            engine.prefix_cache.store(np.asarray(tokens[:cached], dtype=np.int64), start, [r[None] for r in rows])
+            engine.starts.add(tokens[:start])  # the resumed conversation's prefill breaks where the saved one's did
         return SavedSession(header.get("messages"), tokens, restored, header.get("tools"))
 
     def _session_chunk(self) -> int:
@@ -178,7 +185,7 @@ def _digest(header: dict) -> str:
 
 
 def _session_fields(header: dict, vocab_size: int, n_positions: int, chunk: int) -> bool:
-    """Whether a header's conversation is well formed for this model: token ids of its vocabulary, whole chunks
+    """Whether a header's conversation is well formed for this model: token ids of its vocabulary, kept passes
     cached within its context, messages and tools as JSON lists."""
     tokens, cached = header.get("tokens"), header.get("cached_tokens")
     return (
@@ -188,10 +195,15 @@ def _session_fields(header: dict, vocab_size: int, n_positions: int, chunk: int)
         and isinstance(cached, int)
         and not isinstance(cached, bool)
         and 0 <= cached <= min(len(tokens), n_positions - 1)
-        and cached % chunk == 0
+        and _count(header.get("start", 0), len(tokens))
+        and cached == kept_end(cached, chunk, header.get("start", 0))
         and (header.get("messages") is None or _dicts(header["messages"]))
         and (header.get("tools") is None or isinstance(header["tools"], list))
     )
+
+
+def _count(value, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def _dicts(value) -> bool:

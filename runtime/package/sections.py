@@ -197,7 +197,7 @@ class PromptCacheRecord:
     (runtime/batching/package_prefix.py reads it). A chat whose prompt starts with those tokens starts from them."""
 
     file: str  # a block file of runtime/batching/prefix_store.py's format, listed in `files`
-    tokens: int  # the cached tokens: whole prefill chunks of the shared start
+    tokens: int  # the cached tokens: the whole shared start (an older export: its whole prefill chunks)
     shared_tokens: int  # the shared start as rendered, of which `tokens` are cached
     chunk: int  # the prefill pass the rows were made in (runtime/engine/decode.py's PREFILL_CHUNK)
     system_prompt_sha256: str  # of the system prompt's UTF-8 text
@@ -211,8 +211,11 @@ class PromptCacheRecord:
         chunk = _get(where, data, "chunk", lambda w, v: _int(w, v, 1))
         shared = _get(where, data, "shared_tokens", lambda w, v: _int(w, v, 1))
         tokens = _get(where, data, "tokens", lambda w, v: _int(w, v, 1, shared))
-        if tokens % chunk:
-            raise FormatError(f"{where}.tokens ({tokens}) must be a multiple of {where}.chunk ({chunk})")
+        if tokens % chunk and tokens != shared:
+            raise FormatError(
+                f"{where}.tokens ({tokens}) must be {where}.shared_tokens ({shared}) or a multiple of {where}.chunk "
+                f"({chunk})"
+            )
         return cls(
             _get(where, data, "file", file_name), tokens, shared, chunk,
             _get(where, data, "system_prompt_sha256", _sha256), tuple(tools), _get(where, data, "tools_sha256", lambda w, v: None if v is None else _sha256(w, v), None),

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from edgelm.runtime.batching.prefix_cache import PrefixCache
 from edgelm.runtime.engine import decode as engine
+from edgelm.runtime.engine.passes import MAX_STARTS, Starts, prefill_passes
 from edgelm.runtime.batching.step import id_steps
 from edgelm.runtime.errors import EdgelmError, GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
@@ -104,37 +105,70 @@ BLOCK_BYTES = 4 * 2 * 4 * 3 * 4  # tensors x heads x chunk of 4 x head_size x fl
 
 def test_restore_copies_the_longest_stored_start_and_leaves_a_pass_for_the_logits():
     cache, a = PrefixCache(10 * BLOCK_BYTES, chunk=4), np.arange(1, 14)  # 13 tokens: three whole chunks
-    cache.store(a, fake_buffers(a))
+    cache.store(a, 0, fake_buffers(a))
     assert len(cache) == 3 and cache.bytes == 3 * BLOCK_BYTES
     longer = np.concatenate([a[:12], [99, 98]])
     restored = fake_buffers([])
-    assert cache.restore(longer, restored) == 12
+    assert cache.restore(longer, 0, restored) == 12
     assert np.array_equal(restored[2][0, :, :12], fake_buffers(a)[2][0, :, :12])
     assert not restored[2][0, :, 12:].any()
-    assert cache.restore(a[:12], fake_buffers([])) == 8  # the prompt's last chunk is computed, for its logits
-    assert cache.restore(np.concatenate([a[:5], [0], a[6:]]), fake_buffers([])) == 4  # differs in chunk two
-    assert cache.restore(np.array([7, 7, 7, 7, 7]), fake_buffers([])) == 0
+    assert cache.restore(a[:12], 0, fake_buffers([])) == 8  # the prompt's last chunk is computed, for its logits
+    assert cache.restore(np.concatenate([a[:5], [0], a[6:]]), 0, fake_buffers([])) == 4  # differs in chunk two
+    assert cache.restore(np.array([7, 7, 7, 7, 7]), 0, fake_buffers([])) == 0
+
+
+def test_passes_break_at_a_start_inside_a_pass_and_nowhere_else():
+    assert prefill_passes(13, 4) == [(0, 4), (4, 8), (8, 12), (12, 13)]
+    assert prefill_passes(13, 4, 6) == [(0, 4), (4, 6), (6, 10), (10, 13)]
+    assert prefill_passes(13, 4, 8) == prefill_passes(13, 4)  # a start of whole passes changes nothing
+    assert prefill_passes(5, 4, 6) == [(0, 4), (4, 5)]  # a start longer than the prompt is not its start
+    assert prefill_passes(6, 4, 6) == [(0, 4), (4, 6)]
+
+
+def test_the_longest_known_start_is_the_prompt_s_and_only_the_most_recent_are_known():
+    starts = Starts()
+    starts.add([1, 2, 3], pinned=True)
+    starts.add([1, 2, 3, 4, 5])
+    assert starts.longest([1, 2, 3, 4, 5, 6]) == 5 and starts.longest([1, 2, 3, 9]) == 3
+    assert starts.longest([1, 2]) == 0 and starts.longest([2, 1, 2, 3]) == 0
+    for k in range(MAX_STARTS):
+        starts.add([7, k])
+    assert starts.longest([1, 2, 3, 4, 5, 6]) == 3  # the oldest went; the pinned one stays
+    assert starts.longest([7, 0, 1]) == 2
+
+
+def test_a_start_inside_a_pass_is_kept_whole_and_given_only_to_prompts_broken_there():
+    cache, a = PrefixCache(10 * BLOCK_BYTES, chunk=4), np.arange(1, 14)
+    cache.store(a, 6, fake_buffers(a))  # passes [0, 4) [4, 6) [6, 10) kept; [10, 13) is the prompt's own
+    assert len(cache) == 3
+    restored = fake_buffers([])
+    assert cache.restore(np.append(a[:10], 99), 6, restored) == 10
+    assert np.array_equal(restored[1][0, :, :10], fake_buffers(a)[1][0, :, :10])
+    assert cache.restore(np.append(a[:6], 99), 6, fake_buffers([])) == 6  # the start alone, whole
+    assert cache.restore(a, 0, fake_buffers([])) == 4  # passes not broken at 6: their [4, 8) was never made
+    cache.store(a[:6], 6, fake_buffers(a))  # a prompt that is its start: nothing new
+    assert len(cache) == 3
 
 
 def test_the_least_recently_used_blocks_go_first_ends_before_starts():
     cache = PrefixCache(4 * BLOCK_BYTES, chunk=4)
     a, b = np.arange(1, 13), np.concatenate([np.arange(1, 5), np.arange(50, 58)])  # b shares a's first chunk
-    cache.store(a, fake_buffers(a))
-    cache.store(b, fake_buffers(b))  # five blocks over a budget of four: a's last goes
+    cache.store(a, 0, fake_buffers(a))
+    cache.store(b, 0, fake_buffers(b))  # five blocks over a budget of four: a's last goes
     assert len(cache) == 4 and cache.bytes == 4 * BLOCK_BYTES
-    assert cache.restore(np.append(b, 0), fake_buffers([])) == 12
-    assert cache.restore(np.append(a, 0), fake_buffers([])) == 8  # used now: b's blocks are the oldest
+    assert cache.restore(np.append(b, 0), 0, fake_buffers([])) == 12
+    assert cache.restore(np.append(a, 0), 0, fake_buffers([])) == 8  # used now: b's blocks are the oldest
     c = np.arange(100, 108)
-    cache.store(c, fake_buffers(c))
-    assert cache.restore(np.append(b, 0), fake_buffers([])) == 4  # b lost its end, never the start it shares
-    assert cache.restore(np.append(a, 0), fake_buffers([])) == 8
-    assert cache.restore(np.append(c, 0), fake_buffers([])) == 8
+    cache.store(c, 0, fake_buffers(c))
+    assert cache.restore(np.append(b, 0), 0, fake_buffers([])) == 4  # b lost its end, never the start it shares
+    assert cache.restore(np.append(a, 0), 0, fake_buffers([])) == 8
+    assert cache.restore(np.append(c, 0), 0, fake_buffers([])) == 8
     assert cache.bytes <= 4 * BLOCK_BYTES
 
 
 def test_a_budget_below_one_block_stores_nothing():
     cache, a = PrefixCache(BLOCK_BYTES - 1, chunk=4), np.arange(12)
-    cache.store(a, fake_buffers(a))
+    cache.store(a, 0, fake_buffers(a))
     assert len(cache) == 0 and cache.bytes == 0
 
 

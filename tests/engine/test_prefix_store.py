@@ -95,20 +95,20 @@ def test_the_folder_stays_within_its_bound_least_recently_used_out(tmp_path):
     rows = (np.ones((2, 16, 8), np.float32), np.ones((2, 16, 8), np.float32))
     store = PrefixStore(tmp_path, "p" * 64, 16, 3 * 2100)  # room for about three blocks of ~2.1 KB
     for start in range(6):
-        store.save(list(range(start, start + 16)), rows)
+        store.save(list(range(start, start + 16)), 0, rows)
     sizes = [p.stat().st_size for p in tmp_path.glob("*.kv")]
     assert len(sizes) == 2 and sum(sizes) <= 3 * 2100
-    assert store.load(list(range(5, 21)), list(rows)) is not None  # the newest stays
-    assert store.load(list(range(0, 16)), list(rows)) is None  # the oldest went first
+    assert store.load(list(range(5, 21)), 0, list(rows)) is not None  # the newest stays
+    assert store.load(list(range(0, 16)), 0, list(rows)) is None  # the oldest went first
     assert not list(tmp_path.glob(".*partial"))
 
 
 def test_two_stores_on_one_folder_write_and_read_the_same_block(tmp_path):
     rows = (np.arange(256, dtype=np.float32).reshape(2, 16, 8),)
     a, b = PrefixStore(tmp_path, "p" * 64, 16, 1 << 20), PrefixStore(tmp_path, "p" * 64, 16, 1 << 20)
-    a.save(list(range(16)), rows)
-    b.save(list(range(16)), rows)  # already there: left as it is
-    (loaded,) = b.load(list(range(16)), list(rows))
+    a.save(list(range(16)), 0, rows)
+    b.save(list(range(16)), 0, rows)  # already there: left as it is
+    (loaded,) = b.load(list(range(16)), 0, list(rows))
     assert np.array_equal(loaded, rows[0]) and len(list(tmp_path.glob("*.kv"))) == 1
 
 
@@ -129,3 +129,85 @@ def test_a_file_in_place_of_the_folder_is_refused_in_one_line(tiny_package, tmp_
     (tmp_path / "file").write_text("x")
     with pytest.raises(GenerationOptionError, match="cannot use it as a folder"):
         rt.load(tiny_package, verify=False, prefix_cache_mb=1, prefix_cache_dir=tmp_path / "file")
+
+
+def chat_logits(model, messages, new_tokens=4) -> tuple[list, np.ndarray]:
+    from edgelm.runtime.batching.step import id_steps
+    from edgelm.runtime.generation_config import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True, eos_token_id=model.arch.eos_token_id)
+    steps = [(int(t[0]), lg[0].copy()) for t, lg in id_steps(model.engine, [model.chat_ids(messages)], config, 0)]
+    return [t for t, _ in steps], np.stack([lg for _, lg in steps])
+
+
+@pytest.mark.parametrize("package", ["tiny_package", "tiny_package_int8"])
+def test_a_restart_reads_the_whole_conversation_start_at_load_and_answers_with_the_same_bits(
+    request, tmp_path, chunked, package
+):
+    folder, cache = request.getfixturevalue(package), tmp_path / "cache"
+    system = {"role": "system", "content": "Be brief, kind and exact."}
+    first = [system, {"role": "user", "content": "Hi"}]
+    second = [system, {"role": "user", "content": "Where is Lisbon?"}]
+    cold = rt.load(folder, verify=False)
+    start = len(cold.conversation_start(first))
+    assert start % CHUNK and start > CHUNK  # the start ends inside a pass: kept whole all the same
+    warm(folder, cache).chat(first, max_new_tokens=2, do_sample=False)  # an earlier process fills the folder
+    restarted = warm(folder, cache)
+    stats = restarted.engine.prefix_cache.stats()
+    assert stats["blocks"] == start // CHUNK + 1  # read at load: its whole passes and the one ending at the start
+    for file in cache.glob("*.kv"):  # the request reads nothing from the folder
+        file.unlink()
+    tokens, logits = chat_logits(cold, second)
+    warm_tokens, warm_logits = chat_logits(restarted, second)
+    assert restarted.engine.prefix_cache.reused_tokens == start
+    assert warm_tokens == tokens and np.array_equal(warm_logits, logits)  # every bit, at every step
+
+
+def test_preload_stays_within_the_memory_bound_and_skips_other_files(tiny_package, tmp_path, chunked):
+    cache = tmp_path / "cache"
+    warm(tiny_package, cache).generate([PROMPT], max_new_tokens=2, do_sample=False)
+    (cache / "note.kv").write_bytes(b"not a block")
+    model = rt.load(tiny_package, verify=False, prefix_cache_mb=1, prefix_cache_dir=cache)
+    assert model.engine.prefix_cache.stats()["blocks"] == 2
+    block = model.engine.prefix_cache.bytes // 2
+    small = rt.load(tiny_package, verify=False, prefix_cache_mb=1.5 * block / (1 << 20), prefix_cache_dir=cache)
+    stats = small.engine.prefix_cache.stats()
+    assert stats["blocks"] == 1 and stats["bytes"] <= stats["max_bytes"]  # the second block and its parent do not fit
+    assert small.generate([PROMPT], max_new_tokens=6, do_sample=False)[0].token_ids == (
+        model.generate([PROMPT], max_new_tokens=6, do_sample=False)[0].token_ids
+    )
+
+
+def test_a_header_is_read_a_piece_at_a_time_and_found_past_the_first_piece(tmp_path):
+    from edgelm.runtime.batching.prefix_store import HEADER_READ, block_bytes, read_header
+
+    tokens = list(range(100_000, 100_000 + HEADER_READ // 4))  # a header line longer than one piece
+    rows = (np.ones((1, len(tokens), 1), np.float32),)
+    (tmp_path / "a.kv").write_bytes(block_bytes("p" * 64, 16, tokens, rows, start=5))
+    header = read_header(tmp_path / "a.kv")
+    assert header["tokens"] == tokens and header["start"] == 5
+    (tmp_path / "b.kv").write_bytes(MAGIC + b"{" * HEADER_READ * 2)  # no line's end: not a block
+    assert read_header(tmp_path / "b.kv") is None
+
+
+def test_a_restarted_server_has_the_conversation_start_in_memory_before_its_first_request(
+    tiny_package, tmp_path, chunked
+):
+    from server_harness import HTTP, InProcessServer
+
+    cache, system = tmp_path / "cache", {"role": "system", "content": "Be brief, kind and exact."}
+    expected = rt.load(tiny_package, verify=False).chat([system, {"role": "user", "content": "Hi"}], max_new_tokens=4,
+                                                        do_sample=False).text  # fmt: skip
+    warm(tiny_package, cache).chat([system, {"role": "user", "content": "Hello"}], max_new_tokens=2, do_sample=False)
+    server = InProcessServer(warm(tiny_package, cache))
+    try:
+        before = server.health()["prefix_cache"]
+        assert before["bytes"] > 0 and before["reused_tokens"] == 0  # read at load, not by a request
+        messages = [system, {"role": "user", "content": "Hi"}]
+        body = {"model": server.app.names.id, "messages": messages, "max_tokens": 4, "temperature": 0}
+        answer = HTTP.post(server.url + "/v1/chat/completions", json=body).json()
+        assert answer["choices"][0]["message"]["content"] == expected
+        start = len(rt.load(tiny_package, verify=False).conversation_start(messages))
+        assert server.health()["prefix_cache"]["reused_tokens"] == start
+    finally:
+        server.stop()

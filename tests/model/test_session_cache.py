@@ -197,7 +197,7 @@ def test_a_session_restores_into_a_model_whose_package_has_a_prompt_cache(tiny_p
     shutil.copytree(tiny_package, folder)
     add_prompt_cache(folder, "Be brief, kind and exact.", None)
     writer = rt.load(folder, verify=False)
-    messages = [{"role": "system", "content": "Be brief, kind and exact."}, {"role": "user", "content": "The quick brown fox ran"}]
+    messages = [{"role": "system", "content": "Be brief, kind and exact."}, {"role": "user", "content": "The quick brown fox ran far"}]
     uninterrupted = writer.chat(messages, **GREEDY).token_ids
     saved = writer.save_session(tmp_path / "chat.session", messages)
 

@@ -55,7 +55,10 @@ class Chat(Endpoint):
         templates = self.serving.templates
         if templates is not None and req.body_bytes >= RENDER_ELSEWHERE_FROM:
             prompt = templates.render(req.messages, tools, deadline)
-            return self.model.encode(prompt, add_special_tokens=False)  # the template wrote the start token, if any
+            ids = self.model.encode(prompt, add_special_tokens=False)  # the template wrote the start token, if any
+            with render_deadline(deadline):
+                self.model.mark_conversation_start(req.messages, tools, ids)  # as chat_ids does
+            return ids
         with render_deadline(deadline):
             return self.model.chat_ids(req.messages, tools=tools)
 
