@@ -9,15 +9,12 @@ GenerationOptionError with `param` naming the option and one line saying what to
 - special token texts: an answer every output of which holds a special token's text is refused (a conversation
   reads that text back as the token).
 - forced text: a text every answer must write (what llguidance tokenizes as it builds a grammar) longer than the
-  model's context of its longest tokens is refused unread (sampling/token_bytes.py raises TOO_LONG).
+  model's context of its longest tokens is refused unread (sampling/token_bytes.py).
 """
 
 import math
-import re
 
 from .errors import GenerationOptionError
-
-TOO_LONG = "edgelm-text-too-long"  # starts the message of a text the constraint tokenizer refused to tokenize
 
 MAX_CHOICES = 1_000  # half llguidance's max_items_in_row (constraint.LIMITS), which the choices' row must stay under
 NUMBER_DECIMALS = 6  # decimals a bounded JSON number may have past its range's scale (0 to 1: 0.123456)
@@ -95,13 +92,12 @@ def refuse_special_text(kind: str, text, template, specials: list) -> None:
             )
 
 
-def no_output_line(kind: str, problem: str) -> str:
-    """The line for a constraint whose first mask fails (llguidance's `problem`, on one line); one whose forced
-    text passed the tokenizer's bound (TOO_LONG) says so."""
-    found = re.search(TOO_LONG + r": (\d+) bytes, more than (\d+)", problem)
-    if found is None:
+def no_output_line(kind: str, problem: str | None, refused: tuple | None = None) -> str:
+    """The line for a constraint whose first mask fails (llguidance's `problem`, on one line), or whose forced text
+    the tokenizer refused: `refused` = (its bytes, the most the model can write)."""
+    if refused is None:
         return f"the {kind} constraint allows no output: {problem}; check the {kind}"
     return (
-        f"the {kind} constraint forces a text of {int(found[1]):,} bytes, more than this model can write within its "
-        f"context (at most {int(found[2]):,}); shorten what the {kind} requires"
+        f"the {kind} constraint forces a text of {refused[0]:,} bytes, more than this model can write within its "
+        f"context (at most {refused[1]:,}); shorten what the {kind} requires"
     )

@@ -133,12 +133,10 @@ def check(config) -> None:
 
 
 class Compiler:
-    """Compiles constraints for one tokenizer (a package's tokenizer.json text), for a model of `vocab_size` logits
-    whose end-of-text ids are `eos_ids` and whose context holds `max_tokens` (None: unbounded): a constraint that
-    forces a longer text than that context of the longest tokens could hold is refused before its text is
-    tokenized. `encoder`: the package's tokenizers.Tokenizer where it is built already. The llguidance tokenizer is
-    built on first use, once per process for the same tokenizer: llguidance reads tokenizer.json, then builds its
-    tokenizer again from the bytes of every id (token_bytes.py)."""
+    """Compiles constraints for one tokenizer (a package's tokenizer.json text, `encoder` its tokenizers.Tokenizer
+    if built), for a model of `vocab_size` logits whose end-of-text ids are `eos_ids` and whose context holds
+    `max_tokens` (None: unbounded; a forced text longer than it could hold is refused unread). The llguidance
+    tokenizer is built on first use, once per process for the same tokenizer (token_bytes.py)."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple, max_tokens=None, encoder=None):
         self.tokenizer_json, self.vocab_size, self.eos_ids = tokenizer_json, vocab_size, tuple(eos_ids)
@@ -188,9 +186,12 @@ class Compiler:
             template = llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
             if template.is_error():
                 raise GenerationOptionError(_problem_line(kind, template.get_error()), param=kind)
+            spelling = self._tokenizer()[1]
+            spelling.take_refused()
             problem = _build_lexer(template, self.vocab_size)  # first: what follows would build it holding the GIL
-            if problem is not None:  # no output at all (a schema that is only a reference to itself; a text it
-                raise GenerationOptionError(no_output_line(kind, _one_line(problem)), param=kind)  # forces too long)
+            refused = spelling.take_refused()  # a forced text too long to write; or no output at all (a schema
+            if problem is not None or refused is not None:  # that is only a reference to itself)
+                raise GenerationOptionError(no_output_line(kind, problem and _one_line(problem), refused), param=kind)
             refuse_special_text(kind, text, template, self.special_texts())
             shortest = None
             if kind == "choices":

@@ -21,8 +21,10 @@ never the end of the answer.
 
 llguidance asks for that tokenizing from its own threads, through a Python call, while it builds a grammar's lexer
 (the text every answer starts with). Two bounds keep that call from stalling the process:
-- a text longer than the model can write (its context times the longest token's bytes) is refused unread
-  (TextTooLong): no answer could ever hold it, and a pattern such as ^((a{100}){100}){100}$ forces megabytes;
+- a text longer than the model can write (its context times the longest token's bytes) is left unread: no answer
+  could ever hold it, and a pattern such as ^((a{100}){100}){100}$ forces megabytes. Its tokens are given as none
+  (llguidance then fails the grammar, no panic: a panic's backtrace costs ~30 MB held for good) and the refusal
+  is noted for the thread that asked (take_refused; llguidance calls back in the thread computing the mask);
 - where the package's tokenizer reads a text alone as llguidance does (no space marker put in front: no Metaspace,
   Prepend or ByteLevel add_prefix_space), the text is tokenized by the tokenizers library with the GIL released;
   llguidance's own tokenize_bytes holds it for the whole call (tens of ms per 100 KB), which the server's event
@@ -31,13 +33,7 @@ llguidance asks for that tokenizing from its own threads, through a Python call,
 
 import json
 import re
-
-from ..constraint_bounds import TOO_LONG
-
-
-class TextTooLong(ValueError):
-    """A text to tokenize is longer than Spelling's max_text_bytes (raised inside llguidance's call, which turns
-    it into the matcher's error: constraint_bounds.no_output_line reads it back by TOO_LONG)."""
+import threading
 
 
 def engine_tokenizer(
@@ -103,7 +99,7 @@ def added_tokens(tokenizer_json: str) -> dict:
 
 class Spelling:
     """llguidance's TokenizerWrapper protocol: `tokens` (bytes per id), `special_token_ids`, `eos_token_id`,
-    `bos_token_id`, and a call that tokenizes UTF-8 bytes (TextTooLong past `max_text_bytes`, None: no bound)."""
+    `bos_token_id`, and a call that tokenizes UTF-8 bytes (none past `max_text_bytes`, None: no bound)."""
 
     def __init__(
         self, read, tokens: list, special_ids: list, eos: int, special_texts: list, encode=None, max_text_bytes=None
@@ -112,12 +108,14 @@ class Spelling:
         self.special_texts, self.max_text_bytes = special_texts, max_text_bytes
         self._read = read  # tokenizes as the package's tokenizer does (in Rust), special texts included
         self._encode = encode  # the same, with the GIL released (released_encoder), or None
+        self._refused = threading.local()  # .length: the last text left unread in this thread
         pattern = b"|".join(re.escape(t.encode()) for t in special_texts)
         self._split = re.compile(b"(" + pattern + b")") if special_texts else None
 
     def __call__(self, data: bytes) -> list:
         if self.max_text_bytes is not None and len(data) > self.max_text_bytes:
-            raise TextTooLong(f"{TOO_LONG}: {len(data)} bytes, more than {self.max_text_bytes}")
+            self._refused.length = len(data)
+            return []
         if self._split is None:
             return self._text(data)
         ids = []
@@ -134,3 +132,8 @@ class Spelling:
             except UnicodeDecodeError:  # llguidance's own reading spells a cut character with byte tokens
                 pass
         return self._read.tokenize_bytes(data)
+
+    def take_refused(self) -> tuple | None:
+        """(bytes, max_text_bytes) of the last text left unread in this thread since the last call, or None."""
+        length, self._refused.length = getattr(self._refused, "length", None), None
+        return None if length is None else (length, self.max_text_bytes)

@@ -65,3 +65,20 @@ def test_a_models_constraint_is_bounded_by_its_own_context(model):
     with pytest.raises(GenerationOptionError, match="regex constraint forces a text of 5,000 bytes") as refused:
         model.compile_constraint(model.settings(regex="b{5000}"))
     assert refused.value.param == "regex"
+
+
+def test_a_text_too_long_is_answered_with_no_tokens_and_noted_for_its_thread(compiler):
+    """No exception crosses into llguidance (a panic there keeps its backtrace's ~30 MB for good): the text gets no
+    tokens, and the refusal is noted for the thread that asked, once."""
+    import threading
+
+    spelling = compiler._tokenizer()[1]
+    assert spelling(b"a" * (BOUND + 1)) == []
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(spelling.take_refused()))
+    thread.start()
+    thread.join()
+    assert elsewhere == [None]
+    assert spelling.take_refused() == (BOUND + 1, BOUND)
+    assert spelling.take_refused() is None
+    assert spelling(b"a" * BOUND) and spelling.take_refused() is None
