@@ -47,23 +47,24 @@ def engine_tokenizer(
     # llguidance's own reading, for the bytes of the vocabulary and for tokenizing; no mask is computed with it, so
     # it needs none of the slices that speed masks up
     read = lg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos, slices=[])
-    added = added_tokens(tokenizer_json)
+    document = json.loads(tokenizer_json)  # parsed once: 2 MB of vocabulary and merges hold the GIL to parse
+    added = added_tokens(document)
     text_ids = {i: content for i, (content, special) in added.items() if not special and i < vocab_size}
     tokens = [text_ids[i].encode() if i in text_ids else read.decode_bytes([i]) for i in range(vocab_size)]
     special = [i for i in range(vocab_size) if i not in text_ids and read.is_special_token(i)]
     special_texts = sorted({content for content, is_special in added.values() if is_special and content}, key=len)
-    encode = released_encoder(tokenizer_json, encoder)
+    encode = released_encoder(document, tokenizer_json, encoder)
     max_text_bytes = None if max_tokens is None else max_tokens * max(map(len, tokens), default=1)
     spelling = Spelling(read, tokens, special, read.eos_token, special_texts[::-1], encode, max_text_bytes)
     return lg.LLTokenizer(lg.TokenizerWrapper(spelling), n_vocab=vocab_size, eos_token=eos), spelling
 
 
-def released_encoder(tokenizer_json: str, encoder=None):
-    """A function text -> ids that tokenizes as llguidance's tokenize_bytes does, with the GIL released (the
-    tokenizers library's batch call, without special tokens added around); None for a tokenizer that puts a space
-    marker in front of a text (a Metaspace or Prepend step, ByteLevel's add_prefix_space), which llguidance
-    leaves off a text the answer continues with."""
-    if _prepends(json.loads(tokenizer_json)):
+def released_encoder(document: dict, tokenizer_json: str, encoder=None):
+    """A function text -> ids for the tokenizer `tokenizer_json` (`document` its JSON, parsed) that tokenizes as
+    llguidance's tokenize_bytes does, with the GIL released (the tokenizers library's batch call, without special
+    tokens added around); None for a tokenizer that puts a space marker in front of a text (a Metaspace or Prepend
+    step, ByteLevel's add_prefix_space), which llguidance leaves off a text the answer continues with."""
+    if _prepends(document):
         return None
     if not hasattr(encoder, "encode_batch"):  # none given, or a stand-in
         from tokenizers import Tokenizer
@@ -88,10 +89,10 @@ def _prepends(document: dict) -> bool:
     return False
 
 
-def added_tokens(tokenizer_json: str) -> dict:
-    """{id: (content, special)} of tokenizer.json's added_tokens."""
+def added_tokens(document: dict) -> dict:
+    """{id: (content, special)} of tokenizer.json's added_tokens (`document`: its JSON, parsed)."""
     found = {}
-    for entry in json.loads(tokenizer_json).get("added_tokens") or []:
+    for entry in document.get("added_tokens") or []:
         if isinstance(entry, dict) and isinstance(entry.get("id"), int) and isinstance(entry.get("content"), str):
             found[entry["id"]] = (entry["content"], bool(entry.get("special")))
     return found
