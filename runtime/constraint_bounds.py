@@ -8,6 +8,8 @@ GenerationOptionError with `param` naming the option and one line saying what to
   max_new_tokens; a `multipleOf` of the schema's own wins.
 - special token texts: an answer every output of which holds a special token's text is refused (a conversation
   reads that text back as the token).
+- forced text: a text every answer must write (what llguidance tokenizes as it builds a grammar) longer than the
+  model's context of its longest tokens is refused unread (sampling/token_bytes.py).
 """
 
 import math
@@ -88,3 +90,14 @@ def refuse_special_text(kind: str, text, template, specials: list) -> None:
                 f"conversation reads back as that token; change the {kind}",
                 param=kind,
             )
+
+
+def no_output_line(kind: str, problem: str | None, refused: tuple | None = None) -> str:
+    """The line for a constraint whose first mask fails (llguidance's `problem`, on one line), or whose forced text
+    the tokenizer refused: `refused` = (its bytes, the most the model can write)."""
+    if refused is None:
+        return f"the {kind} constraint allows no output: {problem}; check the {kind}"
+    return (
+        f"the {kind} constraint forces a text of {refused[0]:,} bytes, more than this model can write within its "
+        f"context (at most {refused[1]:,}); shorten what the {kind} requires"
+    )

@@ -3,6 +3,7 @@ taken where it is missing.
 
     call                    where it exists                  what is done without it
     malloc_trim             glibc (Linux)                    malloc_zone_pressure_relief (macOS), else nothing
+    mallopt                 glibc (Linux)                    nothing (the allocator's own arenas and thresholds)
     madvise + pagemap       Linux                            nothing (the pages stay resident)
     renameat2 EXCHANGE      Linux >= 3.15, glibc >= 2.28     renamex_np RENAME_SWAP (macOS), else two renames
 
@@ -44,3 +45,28 @@ def release_freed_memory() -> str:
         relief(None, 0)
         return "malloc_zone_pressure_relief"
     return ""
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters (malloc.h)
+HEAP_ARENAS = 2  # malloc arenas the server's threads share
+OWN_MAPPING_BYTES = 1 << 20  # a block this large or larger is a mapping of its own, unmapped when freed
+TRIM_BYTES = 128 << 10  # free space at an arena's top past which a free gives it back (glibc's own default)
+
+
+def bound_freed_heap() -> str:
+    """Make freed heap go back to the system in a long-running process (the server): at most HEAP_ARENAS malloc
+    arenas, every block of OWN_MAPPING_BYTES or more mapped on its own, and an arena's top given back past
+    TRIM_BYTES; returns the call made ("" for none).
+
+    glibc gives each thread that allocates at once an arena of its own, and raises its mapping and trim thresholds
+    (up to 32 and 64 MiB) each time a large block is freed, so that the next large blocks come from an arena's
+    top, which malloc_trim does not shrink outside the main arena: after a burst of heavy constraint compiles in
+    the worker threads, tens of MB stayed resident in their arenas (benchmarks/hostile_bursts.py, slow_compile)."""
+    mallopt = c_function("mallopt")
+    if mallopt is None:
+        return ""
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    mallopt(M_ARENA_MAX, HEAP_ARENAS)
+    mallopt(M_MMAP_THRESHOLD, OWN_MAPPING_BYTES)  # fixed thresholds: glibc no longer raises them
+    mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)
+    return "mallopt"

@@ -83,7 +83,8 @@ class Generation:
         if self._constraints is None:
             from ..sampling.constraint import Compiler
 
-            self._constraints = Compiler(self.package.tokenizer_text(), self.arch.vocab_size, self.defaults.stop_ids)
+            text, arch, eos = self.package.tokenizer_text(), self.arch, self.defaults.stop_ids
+            self._constraints = Compiler(text, arch.vocab_size, eos, arch.n_positions, self.tokenizer)
         return self._constraints.compile(*config.constraint, max_new_tokens=config.max_new_tokens)
 
     def _row_configs(self, configs, options: dict, prompts) -> list:

@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..constraint_bounds import bounded_numbers, check_choices, refuse_special_text
+from ..constraint_bounds import bounded_numbers, check_choices, no_output_line, refuse_special_text
 from ..constraint_text import MAX_TEXT, schema_text  # noqa: F401 (the settings' limit and form, read here too)
 from ..constraint_text import one_line as _one_line
 from ..errors import GenerationOptionError, install_hint
@@ -133,15 +133,16 @@ def check(config) -> None:
 
 
 class Compiler:
-    """Compiles constraints for one tokenizer (a package's tokenizer.json text), for a model of `vocab_size` logits
-    whose end-of-text ids are `eos_ids`. The llguidance tokenizer is built on first use, once per process for the
-    same tokenizer: llguidance reads tokenizer.json, then builds its tokenizer again from the bytes of every id
-    (token_bytes.py)."""
+    """Compiles constraints for one tokenizer (a package's tokenizer.json text, `encoder` its tokenizers.Tokenizer
+    if built), for a model of `vocab_size` logits whose end-of-text ids are `eos_ids` and whose context holds
+    `max_tokens` (None: unbounded; a forced text longer than it could hold is refused unread). The llguidance
+    tokenizer is built on first use, once per process for the same tokenizer (token_bytes.py)."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple):
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: tuple, max_tokens=None, encoder=None):
         self.tokenizer_json, self.vocab_size, self.eos_ids = tokenizer_json, vocab_size, tuple(eos_ids)
+        self.max_tokens, self.encoder = max_tokens, encoder
         digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()
-        self.key = (digest, vocab_size, self.eos_ids)
+        self.key = (digest, vocab_size, self.eos_ids, max_tokens)
 
     def tokenizer(self):
         """The llguidance tokenizer: every id with the bytes it spells (sampling/token_bytes.py)."""
@@ -149,7 +150,7 @@ class Compiler:
 
     def special_texts(self) -> list:
         """The texts of the tokenizer's special tokens, longest first."""
-        return self._tokenizer()[1]
+        return self._tokenizer()[1].special_texts
 
     def _tokenizer(self) -> tuple:
         with _compiled_lock:
@@ -157,7 +158,9 @@ class Compiler:
         if found is None:
             lg = llguidance()
             try:
-                found = engine_tokenizer(lg, self.tokenizer_json, self.vocab_size, self.eos_ids)
+                found = engine_tokenizer(
+                    lg, self.tokenizer_json, self.vocab_size, self.eos_ids, self.max_tokens, self.encoder
+                )
             except Exception as error:  # the package's tokenizer.json is one llguidance cannot read
                 raise GenerationOptionError(
                     f"constrained generation cannot use this package's tokenizer: {_one_line(error)}", "json_schema"
@@ -183,11 +186,16 @@ class Compiler:
             template = llguidance().LLMatcher(tokenizer, grammar, log_level=0, limits=_limits())
             if template.is_error():
                 raise GenerationOptionError(_problem_line(kind, template.get_error()), param=kind)
-            _build_lexer(template, self.vocab_size)  # first: what follows would build it holding the GIL
+            spelling = self._tokenizer()[1]
+            spelling.take_refused()
+            problem = _build_lexer(template, self.vocab_size)  # first: what follows would build it holding the GIL
+            refused = spelling.take_refused()  # a forced text too long to write; or no output at all (a schema
+            if problem is not None or refused is not None:  # that is only a reference to itself)
+                raise GenerationOptionError(no_output_line(kind, problem and _one_line(problem), refused), param=kind)
             refuse_special_text(kind, text, template, self.special_texts())
             shortest = None
             if kind == "choices":
-                shortest = min(len(tokenizer.tokenize_str(c)) for c in text)
+                shortest = min(len(tokenizer.tokenize_str(c)) for c in text)  # each within the bound: MAX_TEXT
             found = Grammar(kind, template, self.vocab_size, self.eos_ids or tuple(tokenizer.eos_tokens), shortest)
             with _compiled_lock:
                 _compiled[key] = found
@@ -210,13 +218,6 @@ class Grammar:
         self.kind, self.template, self.vocab_size, self.eos_ids = kind, template, vocab_size, eos_ids
         self.forced = len(template.deep_copy().compute_ff_tokens())  # tokens every output starts with
         self.shortest = shortest  # the fewest tokens any output takes, where known (choices)
-        first = template.deep_copy()  # a grammar no output can satisfy (a schema that is only a reference to
-        llguidance().numpy.fill_next_token_bitmask(first, np.zeros((1, words(vocab_size)), np.int32), 0)  # itself)
-        if first.is_error():  # fails at its first mask: refused here, once, not at some request's first token
-            raise GenerationOptionError(
-                f"the {kind} constraint allows no output: {_one_line(first.get_error())}; check the {kind}",
-                param=kind,
-            )
 
     def check_length(self, max_new_tokens: int | None) -> None:
         fewest = max(self.forced, self.shortest or 0)
@@ -234,19 +235,21 @@ class Grammar:
 _lexer_executor = None
 
 
-def _build_lexer(template, vocab_size: int) -> None:
+def _build_lexer(template, vocab_size: int) -> str | None:
     """Build the template's lexer (shared by its copies) by computing a first mask through llguidance's executor,
     which releases the GIL: nearly all of a compile's time (up to LIMITS; seconds for a pattern like
     ^((a{100}){100}){100}$), which compute_ff_bytes or compute_ff_tokens would spend holding the GIL, stalling every
-    other thread of the process (the server's event loop included). A grammar that fails here fails again, at once,
-    in the checks after."""
+    other thread of the process (the server's event loop included). Returns that mask's error (None without one):
+    the grammar is refused then, before any other check."""
     global _lexer_executor
     lg = llguidance()
     with _compiled_lock:
         if _lexer_executor is None:
             _lexer_executor = lg.LLExecutor(1)
     mask = np.zeros((1, words(vocab_size)), np.int32)  # [1, words]: read by nobody
-    lg.numpy.fill_next_token_bitmask_par(_lexer_executor, [(template.deep_copy(), 0)], mask)
+    first = template.deep_copy()
+    lg.numpy.fill_next_token_bitmask_par(_lexer_executor, [(first, 0)], mask)
+    return first.get_error() if first.is_error() else None
 
 
 class RowConstraint:

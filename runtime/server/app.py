@@ -37,6 +37,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..batching.scheduler import Scheduler
+from ..engine import native
 from ..errors import EdgelmError
 from .api import completion_answers, ollama, requests
 from .api.chat import Chat
@@ -131,6 +132,7 @@ def create_app(
         # built, and holds the GIL (the event loop waits) that much shorter while a large body's objects are made.
         gc.collect()
         gc.freeze()
+        native.bound_freed_heap()  # what a burst of heavy requests frees goes back to the system
         try:
             yield
         finally:

@@ -20,6 +20,7 @@ def portable(monkeypatch):
 def test_forced_portable_no_c_library_call_is_made(portable, tmp_path):
     assert native.c_function("malloc_trim") is None
     assert native.release_freed_memory() == ""
+    assert native.bound_freed_heap() == ""
     assert session.drop_mapped_pages(tmp_path) == 0
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -30,6 +31,7 @@ def test_the_native_calls_are_found_on_glibc():
     if libc_version()[0] != "glibc":
         pytest.skip("the C library is not glibc: the portable paths are the ones in use")
     assert native.release_freed_memory() == "malloc_trim"
+    assert native.bound_freed_heap() == "mallopt"
     assert native.c_function("renameat2") is not None
 
 

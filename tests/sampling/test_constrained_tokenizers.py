@@ -186,3 +186,36 @@ def test_a_special_tokens_text_the_answer_may_hold_is_written_as_text(layout):
         assert not compiler.tokenizer().is_special_token(token)
         row.advance(token)
     assert not np.any(np.isin(compiler.tokenizer().tokenize_str(text), [special]))
+
+
+class _ReadsNothing:
+    """llguidance's own reading of the tokenizer, with its tokenizing (which holds the GIL) taken away."""
+
+    def __init__(self, read):
+        self.greedy_tokenize = read.greedy_tokenize
+
+    def tokenize_bytes(self, data):
+        raise AssertionError(f"tokenized holding the GIL: {data[:40]!r}")
+
+
+def test_a_forced_text_is_tokenized_as_llguidance_reads_it_with_the_gil_released(layout):
+    """llguidance tokenizes what a grammar forces through Spelling. Where the tokenizers library reads a text alone
+    as llguidance does (byte-level families), Spelling tokenizes with it, the GIL released; SentencePiece's space
+    marker in front (TinyLlama) keeps llguidance's own reading. Either way the ids are llguidance's own."""
+    name, _, compiler = layout
+    spelling = compiler._tokenizer()[1]
+    read = spelling._read
+    rng = np.random.default_rng(0)
+    alphabet = list("ab c\nÉ日🙂<>|_{}\":0123 tool_call/") + ["<tool_call>", "</tool_call>", "<|fim_prefix|>"]
+    texts = ["hello world", " hello", "a" * 3000, "Émile <a> \n", "  spaces  ", "🙂ok"]
+    texts += ["".join(rng.choice(alphabet, rng.integers(1, 30))) for _ in range(200)]
+    texts = [t for t in texts if not any(s in t for s in spelling.special_texts)]
+    for text in texts:
+        assert spelling(text.encode()) == read.tokenize_bytes(text.encode()), text
+    assert (spelling._encode is None) == (name == "tinyllama")
+    if spelling._encode is not None:
+        spelling._read = _ReadsNothing(read)
+        try:
+            assert spelling(("Hello world, <tool_call> " * 2000).encode())
+        finally:
+            spelling._read = read

@@ -282,3 +282,17 @@ def test_what_is_alive_when_the_server_starts_is_kept_from_the_collector_until_i
     finally:
         server.stop()
     assert gc.get_freeze_count() == 0
+
+
+def test_the_server_bounds_its_heap_so_that_a_burst_frees_what_it_used(tiny_package, monkeypatch):
+    """glibc keeps what a worker thread's burst freed at the top of that thread's arena (its thresholds raised by
+    every large free); the server fixes them when it starts (engine/native.py), whose call is the mechanism."""
+    from edgelm.runtime.engine import native
+
+    calls = []
+    monkeypatch.setattr(native, "bound_freed_heap", lambda: calls.append(1) or "mallopt")
+    server = InProcessServer(load(tiny_package), Limits(max_tokens=8))
+    try:
+        assert calls == [1]
+    finally:
+        server.stop()
