@@ -53,23 +53,20 @@ def engine_tokenizer(
     tokens = [text_ids[i].encode() if i in text_ids else read.decode_bytes([i]) for i in range(vocab_size)]
     special = [i for i in range(vocab_size) if i not in text_ids and read.is_special_token(i)]
     special_texts = sorted({content for content, is_special in added.values() if is_special and content}, key=len)
-    encode = released_encoder(document, tokenizer_json, encoder)
+    encode = released_encoder(document, encoder)
     max_text_bytes = None if max_tokens is None else max_tokens * max(map(len, tokens), default=1)
     spelling = Spelling(read, tokens, special, read.eos_token, special_texts[::-1], encode, max_text_bytes)
     return lg.LLTokenizer(lg.TokenizerWrapper(spelling), n_vocab=vocab_size, eos_token=eos), spelling
 
 
-def released_encoder(document: dict, tokenizer_json: str, encoder=None):
-    """A function text -> ids for the tokenizer `tokenizer_json` (`document` its JSON, parsed) that tokenizes as
+def released_encoder(document: dict, encoder=None):
+    """A function text -> ids for the tokenizer `encoder` (a tokenizers.Tokenizer; `document` its tokenizer.json,
+    parsed) that tokenizes as
     llguidance's tokenize_bytes does, with the GIL released (the tokenizers library's batch call, without special
     tokens added around); None for a tokenizer that puts a space marker in front of a text (a Metaspace or Prepend
     step, ByteLevel's add_prefix_space), which llguidance leaves off a text the answer continues with."""
-    if _prepends(document):
-        return None
-    if not hasattr(encoder, "encode_batch"):  # none given, or a stand-in
-        from tokenizers import Tokenizer
-
-        encoder = Tokenizer.from_str(tokenizer_json)
+    if _prepends(document) or not hasattr(encoder, "encode_batch"):  # none given (the sampling layer builds
+        return None  # no tokenizer of its own) or a stand-in: llguidance's own tokenize_bytes
     batch = getattr(encoder, "encode_batch_fast", encoder.encode_batch)  # ids only (tokenizers >= 0.20)
     return lambda text: batch([text], add_special_tokens=False)[0].ids
 

@@ -40,7 +40,8 @@ def layout(request, tmp_path_factory):
     name = request.param
     folder = build_layout(tmp_path_factory.mktemp(name), name)
     text = layout_text(folder)
-    return name, Tokenizer.from_str(text), Compiler(text, logits_size(folder, name), eos_ids(folder, name))
+    tokenizer = Tokenizer.from_str(text)  # the package's, as the model hands it to the compiler
+    return name, tokenizer, Compiler(text, logits_size(folder, name), eos_ids(folder, name), encoder=tokenizer)
 
 
 def _spelled(name: str, token: str) -> bytes:
@@ -213,6 +214,8 @@ def test_a_forced_text_is_tokenized_as_llguidance_reads_it_with_the_gil_released
     for text in texts:
         assert spelling(text.encode()) == read.tokenize_bytes(text.encode()), text
     assert (spelling._encode is None) == (name == "tinyllama")
+    # without the package's tokenizer the sampling layer builds none of its own: llguidance's reading
+    assert Compiler(compiler.tokenizer_json, compiler.vocab_size, ())._tokenizer()[1]._encode is None
     if spelling._encode is not None:
         spelling._read = _ReadsNothing(read)
         try:
