@@ -73,8 +73,17 @@ class NgramProposer(Adaptive):
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
             start = latest_match(ids, n)
             if start is not None:
-                return ids[start + n : start + n + limit].tolist()
+                return continuation(ids, start + n, limit)
         return []
+
+
+def continuation(ids: np.ndarray, start: int, limit: int) -> list:
+    """`limit` ids copied from `start` on, a copy that reaches the end going on over the ids it has copied (an
+    overlapping copy, as LZ77's): a match one period back in a repeating run proposes the run's next `limit`
+    ids, not the one id left before the end."""
+    # [T] int64 -> list of `limit` ids at most (start < T)
+    period = len(ids) - start  # the copy repeats ids[start:] while it runs past the end
+    return [int(ids[start + j % period]) for j in range(limit)]
 
 
 def latest_match(ids: np.ndarray, n: int) -> int | None:

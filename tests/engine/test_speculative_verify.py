@@ -70,6 +70,14 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
     assert NgramProposer(min_ngram=2).propose([7, 8, 9, 8], limit=4) == []  # a one-token match is not enough
 
 
+def test_a_match_that_runs_into_the_end_keeps_copying_the_repeating_run():
+    """In a run that repeats, the latest match is one period back: its continuation reaches the end, and the
+    proposal goes on copying the run (an overlapping copy) instead of stopping at the last id."""
+    assert NgramProposer().propose([7, 1, 1, 1, 1], limit=4) == [1, 1, 1, 1]
+    assert NgramProposer().propose([9, 1, 2, 1, 2, 1, 2], limit=4) == [1, 2, 1, 2]
+    assert NgramProposer().propose([4, 5, 6, 7, 4, 5, 6], limit=3) == [7, 4, 5]
+
+
 def test_the_draft_grows_when_accepted_and_shrinks_when_not():
     proposer = NgramProposer()
     proposer.accepted(4, 4)
