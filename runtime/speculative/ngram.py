@@ -62,6 +62,9 @@ class NgramProposer(Adaptive):
 
     max_ngram: int = MAX_NGRAM
     min_ngram: int = MIN_NGRAM
+    # The row's no_repeat_ngram_size N (0: none). Copying after a match of n ids repeats an N-gram from the copy's
+    # (N - n)th id on, which that filter bans: a match proposes N - 1 - n ids at most, none when n >= N - 1.
+    no_repeat: int = 0
 
     def propose(self, seen: list, limit: int) -> list:
         """Up to min(limit, draft length) ids that followed the latest earlier occurrence of seen's last n ids
@@ -71,9 +74,10 @@ class NgramProposer(Adaptive):
             return []
         ids = np.asarray(seen, dtype=np.int64)
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
-            start = latest_match(ids, n)
+            allowed = self.no_repeat - 1 - n if self.no_repeat else limit
+            start = latest_match(ids, n) if allowed > 0 else None
             if start is not None:
-                return continuation(ids, start + n, limit)
+                return continuation(ids, start + n, min(limit, allowed))
         return []
 
 

@@ -158,6 +158,17 @@ def test_options_behave_as_without_speculation(fp32, monkeypatch, options, propo
                 assert a["token_id"] == b["token_id"] and a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
 
 
+def test_prompt_lookup_proposes_nothing_that_no_repeat_ngram_size_bans(fp32):
+    """Under no_repeat_ngram_size 3 a copied span repeats a 3-gram at its first id: prompt lookup proposes
+    nothing (no refused drafts widening the passes), and the output is the same."""
+    plain = fp32.generate(PROMPTS[0], max_new_tokens=20, speculative="off", no_repeat_ngram_size=3)
+    fast = fp32.generate(PROMPTS[0], max_new_tokens=20, speculative="ngram", no_repeat_ngram_size=3)
+    assert fast.token_ids == plain.token_ids
+    assert fast.speculation["drafted"] == 0
+    wider = fp32.generate(PROMPTS[0], max_new_tokens=20, speculative="ngram", no_repeat_ngram_size=5)
+    assert wider.token_ids == fp32.generate(PROMPTS[0], max_new_tokens=20, no_repeat_ngram_size=5).token_ids
+
+
 def test_streaming_gives_the_same_pieces(fp32):
     plain = list(fp32.stream(PROMPTS[0], max_new_tokens=25, speculative="off"))
     stream = fp32.stream(PROMPTS[0], max_new_tokens=25, speculative="ngram")

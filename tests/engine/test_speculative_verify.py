@@ -78,6 +78,16 @@ def test_a_match_that_runs_into_the_end_keeps_copying_the_repeating_run():
     assert NgramProposer().propose([4, 5, 6, 7, 4, 5, 6], limit=3) == [7, 4, 5]
 
 
+def test_prompt_lookup_proposes_only_what_no_repeat_ngram_size_allows():
+    """Copying after a match of n ids repeats an N-gram from the (N - n)th copied id on: under
+    no_repeat_ngram_size N the filter would ban it, so a match proposes N - 1 - n ids at most."""
+    seen = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3]
+    assert NgramProposer().propose(seen, limit=4) == [4, 5, 6, 9]
+    assert NgramProposer(no_repeat=3).propose(seen, limit=4) == []  # any match of 2 or 3 ids is banned at once
+    assert NgramProposer(no_repeat=4).propose(seen, limit=4) == [4]  # the 2-id match, one id
+    assert NgramProposer(no_repeat=6).propose(seen, limit=4) == [4, 5]  # the 3-id match, two ids
+
+
 def test_the_draft_grows_when_accepted_and_shrinks_when_not():
     proposer = NgramProposer()
     proposer.accepted(4, 4)
