@@ -16,7 +16,9 @@ MIN_NGRAM = 2  # a single repeated token (" the") predicts little and would keep
 MAX_DRAFT = 8  # tokens proposed per pass at most
 START_DRAFT = 4
 # The off-switch: over the last WINDOW proposed tokens, an acceptance under MIN_ACCEPTANCE stops proposing for
-# PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later).
+# PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later). A proposer
+# given a longer max_pause makes each pause that follows another without a window of good acceptance between
+# them twice as long, up to it: on text that never pays, the windows spent trying again become rare.
 WINDOW = 24
 MIN_ACCEPTANCE = 0.3
 PAUSE = 48
@@ -26,13 +28,19 @@ PAUSE = 48
 class Adaptive:
     """A proposer's draft length and off-switch, shared by prompt lookup and a draft model: the length grows by
     `grow` while whole drafts are accepted and shrinks to what was, and a window of low acceptance pauses the
-    proposer for PAUSE generated tokens (one verify pass each while it proposes nothing)."""
+    proposer for PAUSE generated tokens (one verify pass each while it proposes nothing), twice as long after each
+    further low window, up to max_pause."""
 
     max_draft: int = MAX_DRAFT
+    start: int = START_DRAFT  # the draft length at first and after each pause
     draft: int = START_DRAFT  # the current draft length, adapted after each verify pass
     grow: int = 2
+    min_acceptance: float = MIN_ACCEPTANCE  # the off-switch's threshold over the window
+    window: int = WINDOW  # proposed tokens the threshold is judged over
+    max_pause: int = PAUSE  # the longest pause (PAUSE: every pause is PAUSE long)
     paused: int = 0  # generated tokens left before proposing again (the off-switch)
-    recent: list = field(default_factory=list)  # (drafted, accepted) of the last passes, WINDOW tokens at most
+    pause: int = 0  # the last pause's length, 0 after a window of good acceptance
+    recent: list = field(default_factory=list)  # (drafted, accepted) of the last passes, `window` tokens at most
 
     def pausing(self) -> bool:
         """Whether the off-switch holds the proposer off for this pass (which counts it down)."""
@@ -49,11 +57,16 @@ class Adaptive:
         grown = min(self.max_draft, self.draft + self.grow)
         self.draft = grown if accepted == drafted else max(1, accepted + 1)
         self.recent.append((drafted, accepted))
-        while sum(d for d, _ in self.recent) > WINDOW and len(self.recent) > 1:
+        while sum(d for d, _ in self.recent) > self.window and len(self.recent) > 1:
             self.recent.pop(0)
         total = sum(d for d, _ in self.recent)
-        if total >= WINDOW and sum(a for _, a in self.recent) < MIN_ACCEPTANCE * total:
-            self.paused, self.recent, self.draft = PAUSE, [], START_DRAFT
+        if total < self.window:
+            return
+        if sum(a for _, a in self.recent) >= self.min_acceptance * total:
+            self.pause = 0
+            return
+        self.pause = min(self.max_pause, 2 * self.pause) if self.pause else PAUSE
+        self.paused, self.recent, self.draft = self.pause, [], self.start
 
 
 @dataclass

@@ -374,12 +374,14 @@ def test_a_loaded_draft_is_used_by_default_and_off_turns_it_off(tiny_package, ti
 def test_a_draft_model_refused_again_and_again_pauses_then_proposes_from_where_the_row_is(
     tiny_package, tiny_package_int8, monkeypatch
 ):
-    """The draft's off-switch is prompt lookup's (ngram.Adaptive): a window of refused drafts pauses it for PAUSE
-    passes, during which its cache falls behind; its next proposal, caught up in one pass, is a fresh draft's."""
+    """The draft's off-switch (ngram.Adaptive with draft.py's window): a window of refused drafts pauses it for
+    PAUSE passes, during which its cache falls behind; its next proposal, caught up in one pass, is a fresh
+    draft's. The row's ids never repeat a pair, so prompt lookup has nothing to propose in their place."""
     from edgelm.runtime import speculative
+    from edgelm.runtime.speculative import draft as draft_module
     from edgelm.runtime.speculative import ngram
 
-    monkeypatch.setattr(ngram, "WINDOW", 8)  # the tiny model's 64 positions hold a window and a pause
+    monkeypatch.setattr(draft_module, "WINDOW", 8)  # the tiny model's 64 positions hold a window and a pause
     monkeypatch.setattr(ngram, "PAUSE", 12)
     model = load(tiny_package, draft=tiny_package_int8)
     config = model.settings(max_new_tokens=40, speculative="draft", do_sample=False)
@@ -392,9 +394,29 @@ def test_a_draft_model_refused_again_and_again_pauses_then_proposes_from_where_t
         proposer.accepted(len(draft), 0)  # every guess refused: the row takes one token of its own
         seen = seen + [(draft[0] + 1) % 100]
         passes += 1
-    assert passes * 1 <= ngram.WINDOW
-    for _ in range(ngram.PAUSE):
+    assert passes <= draft_module.WINDOW
+    for i in range(ngram.PAUSE):
         assert proposer.propose(seen, limit=8) == []
-        seen = seen + [7]
+        seen = seen + [40 + i]
     fresh = speculative.proposer(config, model.draft, len(seen))
     assert proposer.propose(seen, limit=4) == fresh.propose(seen, limit=4) != []
+
+
+def test_a_draft_takes_prompt_lookup_s_copy_where_there_is_one(tiny_package, tiny_package_int8):
+    """Where the row's last ids occurred before, the draft model's proposer proposes their continuation as prompt
+    lookup does, without a pass of the draft (its cache stays empty) and as a fixed sequence (no q); elsewhere
+    the draft guesses. The output is the same either way."""
+    from edgelm.runtime import speculative
+    from edgelm.runtime.speculative.ngram import NgramProposer
+
+    model = load(tiny_package, draft=tiny_package_int8)
+    config = model.settings(max_new_tokens=20, speculative="draft", do_sample=False)
+    seen = model.encode(PROMPTS[0])
+    proposer = speculative.proposer(config, model.draft, len(seen))
+    assert proposer.propose(seen, limit=4) == NgramProposer().propose(seen, limit=4) != []
+    assert proposer.q is None and proposer.fed == []
+    fresh = model.encode(PROMPTS[2])
+    assert proposer.propose(fresh, limit=4) and proposer.fed  # no earlier match: the draft guessed
+    for prompt in PROMPTS:
+        plain = model.generate(prompt, max_new_tokens=20, speculative="off")
+        assert model.generate(prompt, max_new_tokens=20, speculative="draft").token_ids == plain.token_ids

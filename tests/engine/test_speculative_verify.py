@@ -107,6 +107,20 @@ def test_low_acceptance_switches_prompt_lookup_off_for_a_while():
     assert proposer.propose(seen, limit=8)  # and back on after the pause
 
 
+def test_a_proposer_given_a_longer_max_pause_pauses_twice_as_long_after_each_window_that_fails_again():
+    adapt = ngram.Adaptive(window=4, max_pause=ngram.PAUSE * 4)
+    lengths = []
+    for _ in range(4):
+        adapt.accepted(4, 0)
+        lengths.append(adapt.paused)
+        adapt.paused = 0
+    assert lengths == [ngram.PAUSE, 2 * ngram.PAUSE, 4 * ngram.PAUSE, 4 * ngram.PAUSE]
+    adapt.accepted(4, 4)  # a window that pays: the next pause is PAUSE again
+    adapt.accepted(4, 0)
+    assert adapt.paused == ngram.PAUSE
+    assert ngram.NgramProposer().max_pause == ngram.PAUSE  # prompt lookup: every pause PAUSE long
+
+
 class MarkovEngine:
     """A stand-in engine on ids over 5 tokens: each position's logits are a fixed row of the previous id, so the
     exact distribution of every output is known. It keeps no cache (its rows depend on one id)."""
