@@ -21,7 +21,7 @@ from ..engine.steps import prefill_inputs
 from ..engine.verify_pass import VerifyPasses
 from ..errors import PackageError
 from ..sampling import SamplerChain
-from .ngram import MAX_DRAFT, Adaptive, NgramProposer
+from .ngram import Adaptive, NgramProposer
 from .verify import probabilities
 
 # The draft's off-switch (ngram.Adaptive). Each guess costs a pass of the draft: a one-token draft a quarter of
@@ -32,6 +32,7 @@ MIN_ACCEPTANCE = 0.5
 WINDOW = 12
 MAX_PAUSE = 384
 START_DRAFT = 1
+MAX_DRAFT = 8  # guesses per pass at most: each costs a pass of the draft, and a longer run is less often right
 
 class DraftProposer:
     """One row's draft-model proposer: propose(seen, limit) -> ids, then accepted(drafted, accepted)."""
@@ -50,7 +51,13 @@ class DraftProposer:
         # its draft length and off-switch, as prompt lookup's (ngram.py); while paused its cache falls behind and
         # catches up in one pass when it proposes again
         self.adapt = Adaptive(
-            start=START_DRAFT, draft=START_DRAFT, grow=1, min_acceptance=MIN_ACCEPTANCE, window=WINDOW, max_pause=MAX_PAUSE
+            start=START_DRAFT,
+            draft=START_DRAFT,
+            max_draft=MAX_DRAFT,
+            grow=1,
+            min_acceptance=MIN_ACCEPTANCE,
+            window=WINDOW,
+            max_pause=MAX_PAUSE,
         )
         self.lookup = NgramProposer(no_repeat=config.no_repeat_ngram_size)  # tried first, as draft.py's docstring says
         self.source = self.adapt  # whose proposal the last pass verified: the draft's or lookup's

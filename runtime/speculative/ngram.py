@@ -13,7 +13,9 @@ import numpy as np
 
 MAX_NGRAM = 3  # the longest suffix looked up; longer matches are tried first (a longer match predicts better)
 MIN_NGRAM = 2  # a single repeated token (" the") predicts little and would keep proposing
-MAX_DRAFT = 8  # tokens proposed per pass at most
+# Tokens proposed per pass at most. Copying a passage or a repeating run accepts long runs, and a verify pass of
+# 17 positions costs far less than 17 one-token steps; the draft grows to it only while drafts are accepted whole.
+MAX_DRAFT = 16
 START_DRAFT = 4
 # The off-switch: over the last WINDOW proposed tokens, an acceptance under MIN_ACCEPTANCE stops proposing for
 # PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later). A proposer

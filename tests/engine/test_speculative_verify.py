@@ -96,6 +96,13 @@ def test_the_draft_grows_when_accepted_and_shrinks_when_not():
     assert proposer.draft == 2
 
 
+def test_prompt_lookup_grows_to_16_tokens_while_its_copies_are_accepted_whole():
+    proposer, run = NgramProposer(), [5, 9] * 20
+    for _ in range(10):
+        proposer.accepted(len(proposer.propose(run, limit=32)), proposer.draft)
+    assert proposer.propose(run, limit=32) == [5, 9] * 8
+
+
 def test_low_acceptance_switches_prompt_lookup_off_for_a_while():
     proposer, seen = NgramProposer(), [1, 2, 3, 1, 2, 3, 1, 2]
     while not proposer.paused:
