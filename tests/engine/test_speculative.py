@@ -420,3 +420,18 @@ def test_a_draft_takes_prompt_lookup_s_copy_where_there_is_one(tiny_package, tin
     for prompt in PROMPTS:
         plain = model.generate(prompt, max_new_tokens=20, speculative="off")
         assert model.generate(prompt, max_new_tokens=20, speculative="draft").token_ids == plain.token_ids
+
+
+def test_a_draft_model_s_threads_do_not_spin(tiny_package, tiny_package_int8):
+    """The draft's passes alternate with the target's: its workers spinning after each pass would hold the cores
+    the target's next pass needs."""
+    def spins(model) -> bool:
+        try:
+            options = model.engine.session.get_session_options()
+            entry = options.get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # not set: onnxruntime's default, spinning
+            return True
+        return entry != "0"
+
+    model = load(tiny_package, draft=tiny_package_int8)
+    assert spins(model) and not spins(model.draft)
