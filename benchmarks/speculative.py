@@ -3,6 +3,7 @@ one package, in one process, the modes taking turns within each round.
 
     python benchmarks/speculative.py PKG [--draft DRAFT] [--rounds 3] [--tokens 64] [--items 40]
                                          [--tasks schema,quote,extract,open] [--modes off,auto,ngram,draft]
+                                         [--option no_repeat_ngram_size=3 ...]
     python benchmarks/speculative.py PKG --exactness 200 [--tokens 32]
     python benchmarks/speculative.py PKG --draft DRAFT --cost-ratio [--acceptance 0.6]
 
@@ -14,7 +15,10 @@ Tasks (greedy, prompts cut to the context from the left):
 - quote: a passage, then the request to repeat it, and its first words: prompt lookup's best case;
 - extract: a document, then its fields as JSON (the values are spans of the document);
 - open: open-ended continuation, where prompt lookup should switch itself off (the target: >= 0.97x).
-With --draft, each task also runs "draft" (load(PKG, draft=DRAFT)).
+With --draft, each task also runs "draft" (load(PKG, draft=DRAFT)). --option KEY=VALUE (repeatable; VALUE as
+JSON) adds a generation option to every call of every mode, as a user's settings would: no_repeat_ngram_size=3
+or repetition_penalty=1.3 keep a small model that loops under plain greedy writing varied text, where the "open"
+task exercises the off-switches.
 
 Printed: one JSON line per task and mode: tokens/s (the median over rounds of generated tokens over the
 call's wall time), its ratio to "off" (the median of the rounds' ratios), acceptance, passes per token, and
@@ -61,6 +65,7 @@ DOCUMENT = (
 )
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett", "kilo"]
 ENUM_WORDS = [f"{w}-{v}" for w in WORDS for v in ("north", "south", "east", "west")]
+OPTIONS = {}  # --option: generation options added to every call
 
 
 def schema(items: int) -> dict:
@@ -94,7 +99,7 @@ def tasks(items: int) -> dict:
 
 def run(model, prompt: str, mode: str, tokens: int, options: dict) -> dict:
     start = time.perf_counter()
-    done = model.generate(prompt, max_new_tokens=tokens, speculative=mode, truncate=True, **options)
+    done = model.generate(prompt, max_new_tokens=tokens, speculative=mode, truncate=True, **options, **OPTIONS)
     seconds = time.perf_counter() - start
     stats = done.speculation or {}
     return {
@@ -154,8 +159,8 @@ def exactness(model, args) -> None:
     for i in range(args.exactness):
         start = (i * 7) % max(1, len(ids) - 8)
         prompt = ids[start : start + max(4, min(room, 8 + i % 32))]
-        plain = model.generate([prompt], max_new_tokens=args.tokens, speculative="off")[0].token_ids
-        done = model.generate([prompt], max_new_tokens=args.tokens, speculative=mode)[0]
+        plain = model.generate([prompt], max_new_tokens=args.tokens, speculative="off", **OPTIONS)[0].token_ids
+        done = model.generate([prompt], max_new_tokens=args.tokens, speculative=mode, **OPTIONS)[0]
         fast, drafted = done.token_ids, drafted + done.speculation["drafted"]
         if plain != fast:
             differ.append(next(j for j, (a, b) in enumerate(zip(plain + [-1], fast + [-2])) if a != b))
@@ -199,7 +204,15 @@ def main():
     parser.add_argument("--modes", help="comma-separated modes (default: off,auto,ngram and draft with --draft)")
     parser.add_argument("--cost-ratio", action="store_true", help="time the draft's step against PKG's instead")
     parser.add_argument("--acceptance", type=float, action="append", help="acceptance rate for --cost-ratio")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a generation option for every call (VALUE as JSON), e.g. no_repeat_ngram_size=3")
     args = parser.parse_args()
+    for option in args.option:
+        key, _, value = option.partition("=")
+        try:
+            OPTIONS[key] = json.loads(value)
+        except ValueError:
+            parser.error(f"--option {option!r}: write KEY=VALUE with VALUE as JSON, e.g. repetition_penalty=1.3")
     args.tasks = args.tasks.split(",")
     unknown = set(args.tasks) - set(tasks(1))
     if unknown:

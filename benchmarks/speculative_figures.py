@@ -8,6 +8,8 @@ CPU, the load average and its command line before its figures.
                                                       # the trained GPT-2 (gpt2-target) and distilgpt2's shape, int8
     python benchmarks/speculative_figures.py draft    # the trained pair, gpt2-draft drafting gpt2-target (int8):
                                                       # acceptance and speed-up, draft vs off, on the same tasks
+Both then run the open task again under each of VARIED's settings, with which a small model that loops under plain
+greedy writes varied text: the off-switches at work (the target: >= 0.97x off).
     python benchmarks/speculative_figures.py cost     # the draft's step over the target's at real shapes (random
                                                       # weights, int8): distilgpt2 / gpt2-large, SmolLM2-135M /
                                                       # 1.7B, Qwen2.5-0.5B / 1.5B, and the speed-ups they allow
@@ -29,6 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
+VARIED = ["repetition_penalty=1.3", "no_repeat_ngram_size=3"]  # greedy settings that stop a small model's loops
 REAL_PAIRS = [("distilgpt2", "gpt2-large"), ("smollm2-135m", "smollm2-1.7b"), ("qwen2.5-0.5b", "qwen2.5-1.5b")]
 
 
@@ -100,9 +103,15 @@ def main() -> None:
     elif args.figure == "lookup":
         for package in (exported(trained("gpt2-target", steps), "int8"), distilgpt2_int8()):
             python(bench, package, "--tasks", "quote,extract,open", "--modes", "off,ngram", *common)
+        for option in VARIED:
+            python(bench, exported(trained("gpt2-target", steps), "int8"), "--tasks", "open", "--modes", "off,ngram",
+                   "--option", option, *common)  # fmt: skip
     elif args.figure == "draft":
         target, draft = (exported(trained(shape, steps), "int8") for shape in ("gpt2-target", "gpt2-draft"))
         python(bench, target, "--draft", draft, "--tasks", "quote,extract,open", "--modes", "off,draft", *common)
+        for option in VARIED:
+            python(bench, target, "--draft", draft, "--tasks", "open", "--modes", "off,draft", "--option", option,
+                   *common)  # fmt: skip
     elif args.figure == "server":
         package, clients = distilgpt2_int8(), "1,2" if args.quick else "1,16"
         tokens = ["--max-tokens", 8] if args.quick else []

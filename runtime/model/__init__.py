@@ -114,7 +114,8 @@ def load(
 
     draft: a smaller package (folder or installed name) of the same tokenizer, loaded beside this one, whose
     guesses generate() verifies several at a time (speculative "auto" or "draft": runtime/speculative/draft.py);
-    a package of another tokenizer is refused.
+    a package of another tokenizer is refused. Its worker threads never spin: its passes alternate with this
+    model's, whose pass would wait for the cores they spin on.
 
     prefix_cache_dir: a folder where the prefix cache's blocks are also written, at most prefix_cache_disk_mb MiB,
     so that a later process of the same package (its manifest's sha256) finds them (prefix_store.py); two
@@ -131,6 +132,6 @@ def load(
     package = open_package(resolve_package(path), verify=verify)
     model = Model(package, device, threads, prefix_cache_mb, spinning, prefix_cache_dir, prefix_cache_disk_mb)
     if draft is not None:
-        model.draft = Model(open_package(resolve_package(draft), verify=verify), device, threads, 0, spinning)
+        model.draft = Model(open_package(resolve_package(draft), verify=verify), device, threads, 0, False)
         check_same_tokenizer(model.package, model.draft.package)
     return model

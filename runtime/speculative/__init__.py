@@ -40,4 +40,4 @@ def proposer(config, draft=None, prompt_length: int = 0, rng=None):
 
         return DraftProposer(draft.engine, config, prompt_length, config.vocab_size, draft.arch.n_positions, rng)
     ngram = config.speculative == "ngram" or (config.speculative == "auto" and AUTO_NGRAM)
-    return NgramProposer() if ngram else None
+    return NgramProposer(no_repeat=config.no_repeat_ngram_size) if ngram else None

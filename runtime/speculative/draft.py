@@ -5,6 +5,11 @@ The draft keeps a key/value cache of its own and rolls it back to the tokens bot
 length reset, no copy). A greedy row's draft proposes its greedy picks under the request's filters: a fixed
 sequence, which verify.py's first rule accepts exactly. A sampled row's draft draws each token from its own
 distribution after the same filters (q), and the target accepts by speculative rejection sampling.
+
+Where prompt lookup has a match (ngram.py), its proposal is taken instead: it costs no pass of the draft, and
+copying a span of the prompt or of a repeating run is accepted at least as long as the draft's guesses would be.
+It is a fixed sequence (q is None for it), accepted by verify.py's first rule; each proposer keeps its own draft
+length and off-switch, so the draft still guesses while lookup is paused or finds nothing.
 """
 
 import hashlib
@@ -16,9 +21,18 @@ from ..engine.steps import prefill_inputs
 from ..engine.verify_pass import VerifyPasses
 from ..errors import PackageError
 from ..sampling import SamplerChain
-from .ngram import MAX_DRAFT, Adaptive
+from .ngram import Adaptive, NgramProposer
 from .verify import probabilities
 
+# The draft's off-switch (ngram.Adaptive). Each guess costs a pass of the draft: a one-token draft a quarter of
+# the target's cost pays for itself only when it is accepted about half the time, where prompt lookup's cost
+# nothing to make. So the draft starts at one token, is judged over a shorter window, needs half its tokens
+# accepted, and pauses twice as long after each window that fails again (on varied text it rarely pays).
+MIN_ACCEPTANCE = 0.5
+WINDOW = 12
+MAX_PAUSE = 384
+START_DRAFT = 1
+MAX_DRAFT = 8  # guesses per pass at most: each costs a pass of the draft, and a longer run is less often right
 
 class DraftProposer:
     """One row's draft-model proposer: propose(seen, limit) -> ids, then accepted(drafted, accepted)."""
@@ -36,12 +50,27 @@ class DraftProposer:
         self.fed: list = []  # the ids whose rows the draft's cache holds, in order
         # its draft length and off-switch, as prompt lookup's (ngram.py); while paused its cache falls behind and
         # catches up in one pass when it proposes again
-        self.adapt = Adaptive(grow=1)
+        self.adapt = Adaptive(
+            start=START_DRAFT,
+            draft=START_DRAFT,
+            max_draft=MAX_DRAFT,
+            grow=1,
+            min_acceptance=MIN_ACCEPTANCE,
+            window=WINDOW,
+            max_pause=MAX_PAUSE,
+        )
+        self.lookup = NgramProposer(no_repeat=config.no_repeat_ngram_size)  # tried first, as draft.py's docstring says
+        self.source = self.adapt  # whose proposal the last pass verified: the draft's or lookup's
         # Sampled rows: the draft's distribution at each proposed position ([target V] float64), for
         # verify.rejection_sample; None for greedy rows, whose proposals are fixed.
         self.q: list | None = None
 
     def propose(self, seen: list, limit: int) -> list:
+        copied = self.lookup.propose(seen, limit)
+        if copied:
+            self.source, self.q = self.lookup, None
+            return copied
+        self.source = self.adapt
         limit = min(limit, self.adapt.draft, self.capacity - len(seen))
         if self.adapt.pausing() or limit <= 0:
             return []
@@ -75,8 +104,9 @@ class DraftProposer:
         return q
 
     def accepted(self, drafted: int, accepted: int) -> None:
-        """Grow the draft while it is accepted whole, shrink it to what was; pause after low acceptance."""
-        self.adapt.accepted(drafted, accepted)
+        """Grow the draft of the proposer that made it (the draft model or lookup) while it is accepted whole, shrink
+        it to what was; pause that proposer after low acceptance."""
+        self.source.accepted(drafted, accepted)
 
     def _catch_up(self, seen: list) -> np.ndarray:
         """Roll the cache back to the ids `seen` shares with it, feed the rest; the last position's logits [V]."""

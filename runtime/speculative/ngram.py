@@ -13,10 +13,14 @@ import numpy as np
 
 MAX_NGRAM = 3  # the longest suffix looked up; longer matches are tried first (a longer match predicts better)
 MIN_NGRAM = 2  # a single repeated token (" the") predicts little and would keep proposing
-MAX_DRAFT = 8  # tokens proposed per pass at most
+# Tokens proposed per pass at most. Copying a passage or a repeating run accepts long runs, and a verify pass of
+# 17 positions costs far less than 17 one-token steps; the draft grows to it only while drafts are accepted whole.
+MAX_DRAFT = 16
 START_DRAFT = 4
 # The off-switch: over the last WINDOW proposed tokens, an acceptance under MIN_ACCEPTANCE stops proposing for
-# PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later).
+# PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later). A proposer
+# given a longer max_pause makes each pause that follows another without a window of good acceptance between
+# them twice as long, up to it: on text that never pays, the windows spent trying again become rare.
 WINDOW = 24
 MIN_ACCEPTANCE = 0.3
 PAUSE = 48
@@ -26,13 +30,19 @@ PAUSE = 48
 class Adaptive:
     """A proposer's draft length and off-switch, shared by prompt lookup and a draft model: the length grows by
     `grow` while whole drafts are accepted and shrinks to what was, and a window of low acceptance pauses the
-    proposer for PAUSE generated tokens (one verify pass each while it proposes nothing)."""
+    proposer for PAUSE generated tokens (one verify pass each while it proposes nothing), twice as long after each
+    further low window, up to max_pause."""
 
     max_draft: int = MAX_DRAFT
+    start: int = START_DRAFT  # the draft length at first and after each pause
     draft: int = START_DRAFT  # the current draft length, adapted after each verify pass
     grow: int = 2
+    min_acceptance: float = MIN_ACCEPTANCE  # the off-switch's threshold over the window
+    window: int = WINDOW  # proposed tokens the threshold is judged over
+    max_pause: int = PAUSE  # the longest pause (PAUSE: every pause is PAUSE long)
     paused: int = 0  # generated tokens left before proposing again (the off-switch)
-    recent: list = field(default_factory=list)  # (drafted, accepted) of the last passes, WINDOW tokens at most
+    pause: int = 0  # the last pause's length, 0 after a window of good acceptance
+    recent: list = field(default_factory=list)  # (drafted, accepted) of the last passes, `window` tokens at most
 
     def pausing(self) -> bool:
         """Whether the off-switch holds the proposer off for this pass (which counts it down)."""
@@ -49,11 +59,16 @@ class Adaptive:
         grown = min(self.max_draft, self.draft + self.grow)
         self.draft = grown if accepted == drafted else max(1, accepted + 1)
         self.recent.append((drafted, accepted))
-        while sum(d for d, _ in self.recent) > WINDOW and len(self.recent) > 1:
+        while sum(d for d, _ in self.recent) > self.window and len(self.recent) > 1:
             self.recent.pop(0)
         total = sum(d for d, _ in self.recent)
-        if total >= WINDOW and sum(a for _, a in self.recent) < MIN_ACCEPTANCE * total:
-            self.paused, self.recent, self.draft = PAUSE, [], START_DRAFT
+        if total < self.window:
+            return
+        if sum(a for _, a in self.recent) >= self.min_acceptance * total:
+            self.pause = 0
+            return
+        self.pause = min(self.max_pause, 2 * self.pause) if self.pause else PAUSE
+        self.paused, self.recent, self.draft = self.pause, [], self.start
 
 
 @dataclass
@@ -62,6 +77,9 @@ class NgramProposer(Adaptive):
 
     max_ngram: int = MAX_NGRAM
     min_ngram: int = MIN_NGRAM
+    # The row's no_repeat_ngram_size N (0: none). Copying after a match of n ids repeats an N-gram from the copy's
+    # (N - n)th id on, which that filter bans: a match proposes N - 1 - n ids at most, none when n >= N - 1.
+    no_repeat: int = 0
 
     def propose(self, seen: list, limit: int) -> list:
         """Up to min(limit, draft length) ids that followed the latest earlier occurrence of seen's last n ids
@@ -71,10 +89,20 @@ class NgramProposer(Adaptive):
             return []
         ids = np.asarray(seen, dtype=np.int64)
         for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
-            start = latest_match(ids, n)
+            allowed = self.no_repeat - 1 - n if self.no_repeat else limit
+            start = latest_match(ids, n) if allowed > 0 else None
             if start is not None:
-                return ids[start + n : start + n + limit].tolist()
+                return continuation(ids, start + n, min(limit, allowed))
         return []
+
+
+def continuation(ids: np.ndarray, start: int, limit: int) -> list:
+    """`limit` ids copied from `start` on, a copy that reaches the end going on over the ids it has copied (an
+    overlapping copy, as LZ77's): a match one period back in a repeating run proposes the run's next `limit`
+    ids, not the one id left before the end."""
+    # [T] int64 -> list of `limit` ids at most (start < T)
+    period = len(ids) - start  # the copy repeats ids[start:] while it runs past the end
+    return [int(ids[start + j % period]) for j in range(limit)]
 
 
 def latest_match(ids: np.ndarray, n: int) -> int | None:

@@ -158,6 +158,17 @@ def test_options_behave_as_without_speculation(fp32, monkeypatch, options, propo
                 assert a["token_id"] == b["token_id"] and a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
 
 
+def test_prompt_lookup_proposes_nothing_that_no_repeat_ngram_size_bans(fp32):
+    """Under no_repeat_ngram_size 3 a copied span repeats a 3-gram at its first id: prompt lookup proposes
+    nothing (no refused drafts widening the passes), and the output is the same."""
+    plain = fp32.generate(PROMPTS[0], max_new_tokens=20, speculative="off", no_repeat_ngram_size=3)
+    fast = fp32.generate(PROMPTS[0], max_new_tokens=20, speculative="ngram", no_repeat_ngram_size=3)
+    assert fast.token_ids == plain.token_ids
+    assert fast.speculation["drafted"] == 0
+    wider = fp32.generate(PROMPTS[0], max_new_tokens=20, speculative="ngram", no_repeat_ngram_size=5)
+    assert wider.token_ids == fp32.generate(PROMPTS[0], max_new_tokens=20, no_repeat_ngram_size=5).token_ids
+
+
 def test_streaming_gives_the_same_pieces(fp32):
     plain = list(fp32.stream(PROMPTS[0], max_new_tokens=25, speculative="off"))
     stream = fp32.stream(PROMPTS[0], max_new_tokens=25, speculative="ngram")
@@ -363,12 +374,14 @@ def test_a_loaded_draft_is_used_by_default_and_off_turns_it_off(tiny_package, ti
 def test_a_draft_model_refused_again_and_again_pauses_then_proposes_from_where_the_row_is(
     tiny_package, tiny_package_int8, monkeypatch
 ):
-    """The draft's off-switch is prompt lookup's (ngram.Adaptive): a window of refused drafts pauses it for PAUSE
-    passes, during which its cache falls behind; its next proposal, caught up in one pass, is a fresh draft's."""
+    """The draft's off-switch (ngram.Adaptive with draft.py's window): a window of refused drafts pauses it for
+    PAUSE passes, during which its cache falls behind; its next proposal, caught up in one pass, is a fresh
+    draft's. The row's ids never repeat a pair, so prompt lookup has nothing to propose in their place."""
     from edgelm.runtime import speculative
+    from edgelm.runtime.speculative import draft as draft_module
     from edgelm.runtime.speculative import ngram
 
-    monkeypatch.setattr(ngram, "WINDOW", 8)  # the tiny model's 64 positions hold a window and a pause
+    monkeypatch.setattr(draft_module, "WINDOW", 8)  # the tiny model's 64 positions hold a window and a pause
     monkeypatch.setattr(ngram, "PAUSE", 12)
     model = load(tiny_package, draft=tiny_package_int8)
     config = model.settings(max_new_tokens=40, speculative="draft", do_sample=False)
@@ -381,9 +394,44 @@ def test_a_draft_model_refused_again_and_again_pauses_then_proposes_from_where_t
         proposer.accepted(len(draft), 0)  # every guess refused: the row takes one token of its own
         seen = seen + [(draft[0] + 1) % 100]
         passes += 1
-    assert passes * 1 <= ngram.WINDOW
-    for _ in range(ngram.PAUSE):
+    assert passes <= draft_module.WINDOW
+    for i in range(ngram.PAUSE):
         assert proposer.propose(seen, limit=8) == []
-        seen = seen + [7]
+        seen = seen + [40 + i]
     fresh = speculative.proposer(config, model.draft, len(seen))
     assert proposer.propose(seen, limit=4) == fresh.propose(seen, limit=4) != []
+
+
+def test_a_draft_takes_prompt_lookup_s_copy_where_there_is_one(tiny_package, tiny_package_int8):
+    """Where the row's last ids occurred before, the draft model's proposer proposes their continuation as prompt
+    lookup does, without a pass of the draft (its cache stays empty) and as a fixed sequence (no q); elsewhere
+    the draft guesses. The output is the same either way."""
+    from edgelm.runtime import speculative
+    from edgelm.runtime.speculative.ngram import NgramProposer
+
+    model = load(tiny_package, draft=tiny_package_int8)
+    config = model.settings(max_new_tokens=20, speculative="draft", do_sample=False)
+    seen = model.encode(PROMPTS[0])
+    proposer = speculative.proposer(config, model.draft, len(seen))
+    assert proposer.propose(seen, limit=4) == NgramProposer().propose(seen, limit=4) != []
+    assert proposer.q is None and proposer.fed == []
+    fresh = model.encode(PROMPTS[2])
+    assert proposer.propose(fresh, limit=4) and proposer.fed  # no earlier match: the draft guessed
+    for prompt in PROMPTS:
+        plain = model.generate(prompt, max_new_tokens=20, speculative="off")
+        assert model.generate(prompt, max_new_tokens=20, speculative="draft").token_ids == plain.token_ids
+
+
+def test_a_draft_model_s_threads_do_not_spin(tiny_package, tiny_package_int8):
+    """The draft's passes alternate with the target's: its workers spinning after each pass would hold the cores
+    the target's next pass needs."""
+    def spins(model) -> bool:
+        try:
+            options = model.engine.session.get_session_options()
+            entry = options.get_session_config_entry("session.intra_op.allow_spinning")
+        except RuntimeError:  # not set: onnxruntime's default, spinning
+            return True
+        return entry != "0"
+
+    model = load(tiny_package, draft=tiny_package_int8)
+    assert spins(model) and not spins(model.draft)

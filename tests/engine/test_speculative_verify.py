@@ -70,12 +70,37 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
     assert NgramProposer(min_ngram=2).propose([7, 8, 9, 8], limit=4) == []  # a one-token match is not enough
 
 
+def test_a_match_that_runs_into_the_end_keeps_copying_the_repeating_run():
+    """In a run that repeats, the latest match is one period back: its continuation reaches the end, and the
+    proposal goes on copying the run (an overlapping copy) instead of stopping at the last id."""
+    assert NgramProposer().propose([7, 1, 1, 1, 1], limit=4) == [1, 1, 1, 1]
+    assert NgramProposer().propose([9, 1, 2, 1, 2, 1, 2], limit=4) == [1, 2, 1, 2]
+    assert NgramProposer().propose([4, 5, 6, 7, 4, 5, 6], limit=3) == [7, 4, 5]
+
+
+def test_prompt_lookup_proposes_only_what_no_repeat_ngram_size_allows():
+    """Copying after a match of n ids repeats an N-gram from the (N - n)th copied id on: under
+    no_repeat_ngram_size N the filter would ban it, so a match proposes N - 1 - n ids at most."""
+    seen = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3]
+    assert NgramProposer().propose(seen, limit=4) == [4, 5, 6, 9]
+    assert NgramProposer(no_repeat=3).propose(seen, limit=4) == []  # any match of 2 or 3 ids is banned at once
+    assert NgramProposer(no_repeat=4).propose(seen, limit=4) == [4]  # the 2-id match, one id
+    assert NgramProposer(no_repeat=6).propose(seen, limit=4) == [4, 5]  # the 3-id match, two ids
+
+
 def test_the_draft_grows_when_accepted_and_shrinks_when_not():
     proposer = NgramProposer()
     proposer.accepted(4, 4)
     assert proposer.draft == 6
     proposer.accepted(6, 1)
     assert proposer.draft == 2
+
+
+def test_prompt_lookup_grows_to_16_tokens_while_its_copies_are_accepted_whole():
+    proposer, run = NgramProposer(), [5, 9] * 20
+    for _ in range(10):
+        proposer.accepted(len(proposer.propose(run, limit=32)), proposer.draft)
+    assert proposer.propose(run, limit=32) == [5, 9] * 8
 
 
 def test_low_acceptance_switches_prompt_lookup_off_for_a_while():
@@ -87,6 +112,20 @@ def test_low_acceptance_switches_prompt_lookup_off_for_a_while():
     for _ in range(ngram.PAUSE):
         assert proposer.propose(seen, limit=8) == []
     assert proposer.propose(seen, limit=8)  # and back on after the pause
+
+
+def test_a_proposer_given_a_longer_max_pause_pauses_twice_as_long_after_each_window_that_fails_again():
+    adapt = ngram.Adaptive(window=4, max_pause=ngram.PAUSE * 4)
+    lengths = []
+    for _ in range(4):
+        adapt.accepted(4, 0)
+        lengths.append(adapt.paused)
+        adapt.paused = 0
+    assert lengths == [ngram.PAUSE, 2 * ngram.PAUSE, 4 * ngram.PAUSE, 4 * ngram.PAUSE]
+    adapt.accepted(4, 4)  # a window that pays: the next pause is PAUSE again
+    adapt.accepted(4, 0)
+    assert adapt.paused == ngram.PAUSE
+    assert ngram.NgramProposer().max_pause == ngram.PAUSE  # prompt lookup: every pause PAUSE long
 
 
 class MarkovEngine:
