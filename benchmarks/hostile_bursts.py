@@ -11,7 +11,10 @@ Kinds (each a burst of --burst requests sent at once, one kind after the other):
     abandoned_tokenize  /tokenize bodies just under --max-body-bytes whose clients leave at once; then the time
                         a 5-byte /tokenize takes
     failing_compile     schemas llguidance compiles, then fails at their first mask
-For both compile kinds, the server's resident memory before the burst and 2 s after it is printed too.
+For both compile kinds, the server's resident memory before the burst and 2 s after it is printed too. Before the
+bursts, the idle server's resident memory is printed twice: as started, and after it has answered one ordinary
+constrained request (`rss_constraints_ready_mb`: llguidance and its tokenizer table are built on the first
+constraint, once for the server's life), the idle memory of a server that serves structured output.
 
 A thread asks /health every 20 ms and another streams greedy completions throughout; for each burst the script
 prints the 50th and 99th percentiles (and the worst) of both, in milliseconds. Everything is bounded: each
@@ -205,7 +208,12 @@ def run(args, package: str, kinds: list) -> None:
             time.sleep(0.1)
         watch = Watch(url, args.stream_tokens)
         time.sleep(1)
-        print(json.dumps({"idle": watch.between(0, time.perf_counter()), "rss_mb": round(rss_mb(server.pid))}))
+        idle = {"idle": watch.between(0, time.perf_counter()), "rss_mb": round(rss_mb(server.pid))}
+        ordinary = schema_body({"type": "string", "maxLength": 5})  # builds llguidance's table, once
+        with httpx.Client(timeout=args.request_s) as client:
+            idle["constrained_status"] = chat(client, url, ordinary, args.request_s)
+        time.sleep(2)
+        print(json.dumps({**idle, "rss_constraints_ready_mb": round(rss_mb(server.pid))}))
         for kind in kinds:
             if time.monotonic() > ends:
                 print(json.dumps({"kind": kind, "skipped": "past --max-seconds"}))
