@@ -72,19 +72,17 @@ def tiny_checkpoint(out: Path) -> Path:
 
 
 def packages(shape: str, system_prompt: str) -> tuple[Path, Path]:
-    """The plain package and its copy with the system prompt's cache (rebuilt when the prompt changed)."""
+    """The plain package (exported once) and its copy with the system prompt's cache, made again on every run: the
+    cache is what the export code of the working tree stores."""
     from edgelm.export.prompt_cache import add_prompt_cache
     from edgelm.export.stages import export_model
 
     plain, cached = OUT / f"warm-start-{shape}", OUT / f"warm-start-{shape}-cached"
     if not (plain / "manifest.json").exists():
         export_model(str(checkpoint(shape)), plain, validate=False, force=True, chat_template=CHATML)
-    marker = cached / ".system-prompt"
-    if not marker.exists() or marker.read_text() != system_prompt:
-        shutil.rmtree(cached, ignore_errors=True)
-        shutil.copytree(plain, cached)
-        add_prompt_cache(cached, system_prompt)
-        marker.write_text(system_prompt)  # beside the listed files: the manifest does not list it, nothing reads it
+    shutil.rmtree(cached, ignore_errors=True)
+    shutil.copytree(plain, cached)
+    add_prompt_cache(cached, system_prompt)
     return plain, cached
 
 
