@@ -94,6 +94,8 @@ def check_threads(threads):
     return threads
 
 
+SPIN_US = 1000  # how long an idle onnxruntime worker spins before it sleeps, in microseconds
+
 def create_session(
     model_file, device: str = "auto", threads: int | None = None, quantized: bool = False, spinning: bool = True
 ) -> tuple[ort.InferenceSession, str]:
@@ -118,9 +120,10 @@ def create_session(
         options.intra_op_num_threads = check_threads(threads)
     options.inter_op_num_threads = 1
     if spinning:
-        # within a run only: without this a worker spins on for about 50 ms of CPU after the run returns, on the
-        # core the sampler's second thread (sampling/draw.py), the loop's Python and the app itself would use
-        options.add_session_config_entry("session.force_spinning_stop", "1")
+        # spin through the gaps between a step's parallel sections and the loop's Python between steps, then sleep:
+        # onnxruntime's default keeps a worker spinning about 50 ms of CPU after every run, on the core that the
+        # sampler's second thread (sampling/draw.py) and the app itself would use (benchmarks/NOTES.md)
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
     else:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
