@@ -121,8 +121,8 @@ def create_session(
     options.inter_op_num_threads = 1
     if spinning:
         # spin through the gaps between a step's parallel sections and the loop's Python between steps, then sleep:
-        # onnxruntime's default keeps a worker spinning about 50 ms of CPU after every run, on the core that the
-        # sampler's second thread (sampling/draw.py) and the app itself would use (benchmarks/NOTES.md)
+        # onnxruntime's default keeps its workers spinning ~40 ms of CPU after every run, on the core that the
+        # sampler's second thread (sampling/draw.py) and the app itself would use (benchmarks/spin_after_run.py)
         options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
     else:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

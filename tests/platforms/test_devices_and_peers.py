@@ -183,7 +183,7 @@ def test_threads_spin_unless_the_caller_shares_its_cores(monkeypatch):
     session.create_session("model.onnx", "cpu")
     session.create_session("model.onnx", "cpu", spinning=False)
     assert [_spinning_entry(o) for o in given] == [None, "0"]
-    # a spinning worker sleeps a millisecond after its last work, not onnxruntime's default of about 50 ms
+    # a spinning worker sleeps a millisecond after its last work, not onnxruntime's default of tens of ms
     assert [_spinning_entry(o, "session.intra_op.spin_duration_us") for o in given] == [str(session.SPIN_US), None]
 
 
