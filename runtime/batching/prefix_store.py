@@ -39,6 +39,7 @@ MAX_HEADER = 1 << 20  # bytes of a header line: the token ids of a long prompt, 
 SUFFIX = ".kv"
 HEADER_READ = 64 << 10  # bytes read at a time while looking for a header's end
 PRELOAD_FILES = 1024  # block files whose headers a load reads at most, the most recently used first
+MAX_ID = 2**31  # above any vocabulary's ids: a header's token id past it is no token (and no int64 overflow)
 
 
 class PrefixStore:
@@ -94,9 +95,10 @@ class PrefixStore:
                 and header.get("package") == self.package_id
                 and header.get("chunk") == self.chunk
                 and isinstance(tokens, list)
-                and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+                and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_ID for t in tokens)
                 and isinstance(start, int)
                 and not isinstance(start, bool)
+                and 0 <= start <= len(tokens)
             ):
                 yield tokens, start
 

@@ -183,7 +183,9 @@ class InPlaceDecoder:
         self.step_feeds = [*step_ids, self.keep_last, *self.cache, *self.idle]
         self.names, self.outputs = names, outputs  # what a run of several kept positions binds (verify_pass.py)
 
-    def run(self, input_ids, attention_mask, position_ids) -> np.ndarray:
+    def run(self, input_ids, attention_mask, position_ids, start: int | None = None) -> np.ndarray:
+        """start: the conversation start a fresh prompt's passes break at, where the caller has looked it up
+        already (else the engine's known starts are asked here)."""
         width, new = attention_mask.shape[1], input_ids.shape[1]
         if new == 1 and len(input_ids) == len(self.step_positions):  # a decode step: one pass, no prefix cache
             self._step(input_ids, attention_mask, position_ids)
@@ -191,7 +193,10 @@ class InPlaceDecoder:
         # GroupQueryAttention takes several new tokens over an existing cache for one row only.
         fresh = self._fresh(input_ids, attention_mask, position_ids)
         cached = fresh and self.prefix_cache is not None
-        start = self.engine.starts.longest(input_ids[0]) if fresh else 0
+        if not fresh:
+            start = 0
+        elif start is None:
+            start = self.engine.starts.longest(input_ids[0])
         chunk = self.prefix_cache.chunk if cached else PREFILL_CHUNK if len(input_ids) == 1 else new
         first = self.prefix_cache.restore(input_ids[0], start, self.buffers) if cached else 0
         for begin, end in prefill_passes(new, chunk, start):  # the passes a cold prefill makes, those restored left out

@@ -122,7 +122,8 @@ def create_session(
     if spinning:
         # spin through the gaps between a step's parallel sections and the loop's Python between steps, then sleep:
         # onnxruntime's default keeps its workers spinning ~40 ms of CPU after every run, on the core that the
-        # sampler's second thread (sampling/draw.py) and the app itself would use (benchmarks/spin_after_run.py)
+        # sampler's second thread (sampling/draw.py) and the app itself would use (benchmarks/spin_after_run.py).
+        # onnxruntime 1.32 knows the entry; 1.22 does not, ignores it and spins as by default
         options.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
     else:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -81,9 +81,15 @@ class Chat:
         either, or an engine that prefills in one pass."""
         if not self.engine.writes_cache_in_place or not (tools or next(_leading_system(messages), None)):
             return
-        leading = json.dumps([list(_leading_system(messages)), tools], sort_keys=True, default=str)
+        try:  # the Python API's messages and tools may hold keys JSON cannot sort, or nest past the recursion limit
+            leading = json.dumps([list(_leading_system(messages)), tools], sort_keys=True, default=str)
+        except (TypeError, ValueError, RecursionError):
+            return  # no start remembered: the prompt is prefilled in whole passes
         key = hashlib.sha256(leading.encode("utf-8", "surrogatepass")).digest()  # the text itself is not kept
-        start = self._starts.get(key)
+        with self._starts_lock:  # least recently used out: an app's own start stays while others come and go
+            start = self._starts.pop(key, None)
+            if start is not None:
+                self._starts[key] = start
         if start is None:
             try:
                 start = self.conversation_start(messages, tools)

@@ -69,7 +69,7 @@ class Sessions:
         # the passes a later prompt can start with: within the context, one position left for its next pass
         kept = kept_end(min(len(ids), self.arch.n_positions - 1), chunk, start)
         cached = kept if self.engine.writes_cache_in_place else 0
-        rows = self._prefix_rows(ids, cached)
+        rows = self._prefix_rows(ids, cached, start)  # the start the header names: looked up once
         header = {
             "kind": KIND,
             "package": package_identity(self.package, "a saved session"),
@@ -168,7 +168,7 @@ class Sessions:
             )
         return messages, ids
 
-    def _prefix_rows(self, ids: list, cached: int) -> list:
+    def _prefix_rows(self, ids: list, cached: int, start: int) -> list:
         """The key/value rows of ids' first `cached` tokens, one [H, cached, D] array per cache tensor: a batch-1
         prefill in the prefix cache's chunks, which copies in the chunks the cache holds and computes the rest,
         one position past them so that none is computed again."""
@@ -176,7 +176,7 @@ class Sessions:
             return []
         run = np.asarray([ids[: cached + 1]], dtype=np.int64)  # [1, T]
         decoder = InPlaceDecoder(self.engine, 1, run.shape[1], self.engine.prefix_cache)
-        decoder.run(run, np.ones_like(run), np.arange(run.shape[1])[None])
+        decoder.run(run, np.ones_like(run), np.arange(run.shape[1])[None], start)
         return [buffer[0, :, :cached].copy() for buffer in decoder.buffers]
 
 

@@ -12,6 +12,7 @@ block sums computed on a second thread: the same tokens, in fewer NumPy calls an
 import contextlib
 import math
 import os
+import threading
 from bisect import bisect_right
 from itertools import accumulate
 
@@ -116,7 +117,8 @@ def pick(
 
 
 MANY_ROWS = 4  # from this many rows a dense draw runs as whole-batch operations (see the module docstring)
-_helper = (None, None)  # (the process id, that thread's executor), made on first use in each process
+_second_thread = (None, None)  # (the process id, that thread's executor), made on first use in each process
+_making = threading.Lock()
 
 
 def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
@@ -137,11 +139,7 @@ def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
 def weights_and_sums(logits, scratch: Scratch, peak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(weights(logits), their block_sums) for rows of finite maxima; the second half of the rows on a second
     thread (NumPy's loops run without the GIL): the same arrays, in less time where a second core is free."""
-    global _helper
-    if _helper[0] != os.getpid():  # a forked child has the parent's executor without its thread: it makes its own
-        from concurrent.futures import ThreadPoolExecutor
-
-        _helper = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="edgelm-sampler"))
+    executor = _executor()
     n_rows, n_vocab = logits.shape
     padded = scratch.get("weights", (n_rows, -(-n_vocab // BLOCK) * BLOCK), np.float32, zeros=True)
     sums = scratch.get("block_sums", (n_rows, padded.shape[1] // BLOCK), np.float64)
@@ -153,10 +151,28 @@ def weights_and_sums(logits, scratch: Scratch, peak: np.ndarray) -> tuple[np.nda
         padded[lo:hi].reshape(hi - lo, -1, BLOCK).sum(axis=-1, dtype=np.float64, out=sums[lo:hi])
 
     half = n_rows // 2
-    later = _helper[1].submit(rows, half, n_rows)
-    rows(0, half)
-    later.result()
+    try:
+        later = executor.submit(rows, half, n_rows)
+    except RuntimeError:  # the interpreter is shutting down: no new thread's work, both halves here
+        rows(half, n_rows)
+        later = None
+    try:
+        rows(0, half)
+    finally:  # its rows are written before the arrays are used again, whatever happened here
+        if later is not None:
+            later.result()
     return padded, sums
+
+
+def _executor():
+    """The second thread's executor of this process (a forked child has its parent's without the thread)."""
+    global _second_thread
+    with _making:
+        if _second_thread[0] != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+
+            _second_thread = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="edgelm-sampler"))
+        return _second_thread[1]
 
 
 def draw_many(padded: np.ndarray, sums: np.ndarray, u: np.ndarray, n_vocab: int) -> np.ndarray:

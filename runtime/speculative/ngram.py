@@ -67,7 +67,7 @@ class Adaptive:
         if sum(a for _, a in self.recent) >= self.min_acceptance * total:
             self.pause = 0
             return
-        self.pause = min(self.max_pause, 2 * self.pause) if self.pause else PAUSE
+        self.pause = min(self.max_pause, 2 * self.pause if self.pause else PAUSE)
         self.paused, self.recent, self.draft = self.pause, [], self.start
 
 

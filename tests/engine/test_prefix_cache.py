@@ -197,3 +197,18 @@ def test_serve_and_chat_pass_the_size_and_refuse_a_negative_one(monkeypatch, tmp
         result = CliRunner().invoke(main, [command, "-m", folder, "--prefix-cache-mb", "-1"])
         assert result.exit_code == 2 and "--prefix-cache-mb" in result.output
     assert asked == [0, 64, 0, 64]
+
+
+def test_a_start_given_by_the_caller_breaks_the_passes_whatever_the_engine_remembers(tiny_package, monkeypatch):
+    # a saved session names its start in its header: the rows it computes must be made in that start's passes, even
+    # if the engine's remembered starts changed between the look-up and the prefill
+    monkeypatch.setattr(engine, "PREFILL_CHUNK", CHUNK)
+    model = rt.load(tiny_package, verify=False)
+    ids = np.arange(1, 41, dtype=np.int64)[None]
+    passes = []
+    spy = lambda self, i, m, p: passes.append((int(p[0, 0]), int(p[0, -1]) + 1))  # noqa: E731
+    monkeypatch.setattr(engine.InPlaceDecoder, "_pass", spy)
+    for start in (21, None):  # the engine remembers no start: None asks it
+        decoder = engine.InPlaceDecoder(model.engine, 1, ids.shape[1])
+        decoder.run(ids, np.ones_like(ids), np.arange(ids.shape[1])[None], start)
+    assert passes == [(0, 16), (16, 21), (21, 37), (37, 40), (0, 16), (16, 32), (32, 40)]

@@ -211,3 +211,20 @@ def test_a_restarted_server_has_the_conversation_start_in_memory_before_its_firs
         assert server.health()["prefix_cache"]["reused_tokens"] == start
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("tokens, start", [([2**64, 1], 0), ([-1, 1], 0), ([1, 2], 5), ([1, 2], -1)])
+def test_a_header_of_no_token_ids_or_a_start_past_them_is_a_miss_at_load(
+    tiny_package, tmp_path, chunked, tokens, start
+):
+    # a hostile folder: the file's header passes its JSON check, but names no token ids; the load goes on without it
+    cache = tmp_path / "cache"
+    warm(tiny_package, cache).generate([PROMPT], max_new_tokens=2, do_sample=False)
+    for path in cache.glob("*.kv"):
+        data = path.read_bytes()
+        end = data.index(b"\n", len(MAGIC))
+        header = {**json.loads(data[len(MAGIC) : end]), "tokens": tokens, "start": start}
+        path.write_bytes(MAGIC + json.dumps(header).encode() + data[end:])
+    model = rt.load(tiny_package, verify=False, prefix_cache_mb=1, prefix_cache_dir=cache)
+    assert model.engine.prefix_cache.stats()["blocks"] == 0
+    assert model.generate([PROMPT], max_new_tokens=2, do_sample=False)[0].token_ids

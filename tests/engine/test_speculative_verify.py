@@ -126,6 +126,9 @@ def test_a_proposer_given_a_longer_max_pause_pauses_twice_as_long_after_each_win
     adapt.accepted(4, 0)
     assert adapt.paused == ngram.PAUSE
     assert ngram.NgramProposer().max_pause == ngram.PAUSE  # prompt lookup: every pause PAUSE long
+    short = ngram.Adaptive(window=4, max_pause=ngram.PAUSE // 4)  # no pause longer than max_pause, the first too
+    short.accepted(4, 0)
+    assert short.paused == ngram.PAUSE // 4
 
 
 class MarkovEngine:

@@ -79,3 +79,10 @@ def test_a_link_inside_the_package_to_an_unlisted_file_is_refused_by_name(tiny_p
     os.symlink("other.json", folder / "tokenizer.json")
     with pytest.raises(PackageError, match="other.json is not one of the files the manifest lists"):
         rt.load(folder)
+
+
+def test_a_system_message_with_keys_json_cannot_sort_still_chats(model):
+    # the conversation start is remembered by a JSON digest of the system messages; keys of mixed types (the Python
+    # API takes any dict) cannot be sorted: the chat goes on without remembering that start
+    messages = [{"role": "system", "content": "Be brief.", 1: "x"}, {"role": "user", "content": "Hi"}]
+    assert model.chat(messages, max_new_tokens=2, do_sample=False).token_ids

@@ -7,6 +7,8 @@ counting each step's whole history. Each on the rows where a shortcut could go w
 """
 
 import functools
+import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -334,3 +336,22 @@ def test_a_seen_tally_keeps_each_generated_ids_value_beside_its_seen_id():
     check()
     generated.append(1000)  # generated, never seen: nothing to align its value with
     assert tallies.update([seen], [generated]) == [None]
+
+
+def test_the_second_thread_has_written_its_rows_before_an_error_in_the_first_half_leaves(monkeypatch):
+    # an interrupt in the calling thread's half must not leave the second thread writing into the arrays after
+    finished = []
+    real_exp = np.exp
+
+    def exp(x, out=None):
+        if threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt
+        time.sleep(0.2)  # the second thread is slower than the interrupt
+        finished.append(True)
+        return real_exp(x, out=out)
+
+    monkeypatch.setattr(draw.np, "exp", exp)
+    logits = np.zeros((draw.MANY_ROWS, 1000), dtype=np.float32)
+    with pytest.raises(KeyboardInterrupt):
+        draw.weights_and_sums(logits, draw.Scratch(), logits.max(axis=-1))
+    assert finished == [True]
