@@ -78,7 +78,7 @@ class PrefixCache:
             path = self._walk(ids, passes)
         if self.disk is not None and len(path) < len(passes):
             path = self._from_disk(ids, start, passes, path, lambda n: [b[0, :, :n] for b in buffers])
-        restored = passes[len(path) - 1][1] if path else 0
+        restored = _end(passes, path)
         with self._lock:
             self._touch([block for block in path if block in self._recent])
             self.reused_tokens += restored
@@ -152,11 +152,11 @@ class PrefixCache:
             size = sum(a.nbytes for begin, end in missing for a in like(end - begin))
             if not missing or self.bytes + size > self.max_bytes:
                 continue
-            before = passes[len(path) - 1][1] if path else 0
+            before = _end(passes, path)
             path = self._from_disk(ids, start, passes, path, like)
             with self._lock:
                 self._touch([block for block in path if block in self._recent])
-            loaded += (passes[len(path) - 1][1] if path else 0) - before
+            loaded += _end(passes, path) - before
         return loaded
 
     def _from_disk(self, ids, start: int, passes: list, path: list, like) -> list:
@@ -232,6 +232,11 @@ class PrefixCache:
 
     def _block_bytes(self, buffers: list) -> int:
         return sum(self.chunk * b[0, :, 0].nbytes for b in buffers)
+
+
+def _end(passes: list, path: list) -> int:
+    """The token the first len(path) of `passes` end at (0 for none): what a path of blocks holds."""
+    return passes[len(path) - 1][1] if path else 0
 
 
 def cache_bytes(megabytes) -> int:

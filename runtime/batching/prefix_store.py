@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import untrusted
 from ..errors import EdgelmError, GenerationOptionError, PackageError
+from ..inputs import is_token_id
 from ..package.format import MAX_JSON_BYTES
 
 MAGIC = b"EDGELMKV1\n"
@@ -95,7 +96,7 @@ class PrefixStore:
                 and header.get("package") == self.package_id
                 and header.get("chunk") == self.chunk
                 and isinstance(tokens, list)
-                and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_ID for t in tokens)
+                and all(is_token_id(t, MAX_ID) for t in tokens)
                 and isinstance(start, int)
                 and not isinstance(start, bool)
                 and 0 <= start <= len(tokens)

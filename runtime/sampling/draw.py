@@ -54,14 +54,20 @@ def draw_rows(padded: np.ndarray, ends: list, rngs: list, n_vocab: int) -> np.nd
 
 
 def weights(
-    logits: np.ndarray, scratch: Scratch | None = None, peak: np.ndarray | None = None, finite: bool = False
+    logits: np.ndarray,
+    scratch: Scratch | None = None,
+    peak: np.ndarray | None = None,
+    finite: bool = False,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """exp(logit - row max) in float32, padded with zeros to whole blocks; 0 for -inf. peak: the row maxima [B],
-    when the caller has them; finite: the caller has checked that they are all finite."""
+    when the caller has them; finite: the caller has checked that they are all finite; out: the padded array to
+    write (zeros past V), else the scratch's."""
     # [B, V] -> [B, n_blocks * BLOCK] float32 (a row of all -inf, or with +inf, gives NaN: callers skip it)
-    shape = (logits.shape[0], -(-logits.shape[-1] // BLOCK) * BLOCK)
-    padded = (scratch or Scratch()).get("weights", shape, np.float32, zeros=True)  # only [:, :V] is ever written
-    w = padded[:, : logits.shape[-1]]
+    if out is None:
+        shape = (logits.shape[0], -(-logits.shape[-1] // BLOCK) * BLOCK)
+        out = (scratch or Scratch()).get("weights", shape, np.float32, zeros=True)  # only [:, :V] is ever written
+    padded, w = out, out[:, : logits.shape[-1]]
     peak = logits.max(axis=-1) if peak is None else peak
     # inf - inf is the only invalid operation here; the error state costs as much as the subtraction right after
     # a model step, so a finite maximum goes without it (exp's underflow to 0 is ignored by default)
@@ -145,10 +151,7 @@ def weights_and_sums(logits, scratch: Scratch, peak: np.ndarray) -> tuple[np.nda
     sums = scratch.get("block_sums", (n_rows, padded.shape[1] // BLOCK), np.float64)
 
     def rows(lo, hi):
-        w = padded[lo:hi, :n_vocab]
-        np.subtract(logits[lo:hi], peak[lo:hi, None], out=w)
-        np.exp(w, out=w)
-        padded[lo:hi].reshape(hi - lo, -1, BLOCK).sum(axis=-1, dtype=np.float64, out=sums[lo:hi])
+        block_sums(weights(logits[lo:hi], peak=peak[lo:hi], finite=True, out=padded[lo:hi]), out=sums[lo:hi])
 
     half = n_rows // 2
     try:
@@ -190,7 +193,7 @@ def draw_many(padded: np.ndarray, sums: np.ndarray, u: np.ndarray, n_vocab: int)
     first = above.argmax(axis=-1)
     tokens = block * BLOCK + np.where(above[rows, first], first, BLOCK)
     for r in np.flatnonzero(tokens >= np.minimum((block + 1) * BLOCK, n_vocab)):  # as search(): a block's end
-        tokens[r] = np.flatnonzero(padded[r, : min((block[r] + 1) * BLOCK, n_vocab)] > 0)[-1]
+        tokens[r] = last_weighted(padded[r], int(block[r]), n_vocab)
     return tokens.astype(np.int64, copy=False)
 
 
@@ -228,10 +231,10 @@ def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     return cleaned, best, peak
 
 
-def block_sums(padded: np.ndarray) -> np.ndarray:
-    """The weight of each block, float64."""
+def block_sums(padded: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The weight of each block, float64 (written into `out` when given)."""
     # [B, n_blocks * BLOCK] -> [B, n_blocks]
-    return padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64)
+    return padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64, out=out)
 
 
 def block_ends(padded: np.ndarray) -> list[list[float]]:
@@ -263,7 +266,11 @@ def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
     first = int(above.argmax())  # the first True, or 0 when there is none
     token = start + first if above[first] else start + BLOCK
     if token >= min((block + 1) * BLOCK, n_vocab):
-        # the block's own sum and the one it was chosen by round differently: its last token with weight
-        # (the chosen block's sum is positive, so a token up to its end has weight)
-        token = int(np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)[-1])
+        token = last_weighted(padded_row, block, n_vocab)
     return token
+
+
+def last_weighted(padded_row: np.ndarray, block: int, n_vocab: int) -> int:
+    """The last token with weight up to the end of `block`: the draw when the chosen block's own sum and the running
+    sum it was chosen by round differently (the block's sum is positive, so there is one)."""
+    return int(np.flatnonzero(padded_row[: min((block + 1) * BLOCK, n_vocab)] > 0)[-1])

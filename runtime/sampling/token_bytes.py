@@ -42,7 +42,8 @@ def engine_tokenizer(
     """(an llguidance LLTokenizer (module `lg`) over `vocab_size` ids for the package tokenizer `tokenizer_json`
     (its text), whose end-of-text ids are `eos_ids` (the tokenizer's own where empty); its Spelling). It tokenizes
     no text longer than `max_tokens` (the model's context; None: no bound) of its longest tokens; `encoder`: the
-    package's tokenizers.Tokenizer, if already built (else built here where needed)."""
+    package's tokenizers.Tokenizer, which tokenizes forced text with the GIL released (without it, llguidance's
+    own tokenize_bytes does)."""
     eos = list(eos_ids) or None
     # llguidance's own reading, for the bytes of the vocabulary and for tokenizing; no mask is computed with it, so
     # it needs none of the slices that speed masks up
@@ -61,12 +62,12 @@ def engine_tokenizer(
 
 def released_encoder(document: dict, encoder=None):
     """A function text -> ids for the tokenizer `encoder` (a tokenizers.Tokenizer; `document` its tokenizer.json,
-    parsed) that tokenizes as
-    llguidance's tokenize_bytes does, with the GIL released (the tokenizers library's batch call, without special
-    tokens added around); None for a tokenizer that puts a space marker in front of a text (a Metaspace or Prepend
-    step, ByteLevel's add_prefix_space), which llguidance leaves off a text the answer continues with."""
-    if _prepends(document) or not hasattr(encoder, "encode_batch"):  # none given (the sampling layer builds
-        return None  # no tokenizer of its own) or a stand-in: llguidance's own tokenize_bytes
+    parsed) that tokenizes as llguidance's tokenize_bytes does, with the GIL released (the tokenizers library's
+    batch call, without special tokens added around); None without an encoder, or for a tokenizer that puts a space
+    marker in front of a text (a Metaspace or Prepend step, ByteLevel's add_prefix_space), which llguidance leaves
+    off a text the answer continues with."""
+    if _prepends(document) or not hasattr(encoder, "encode_batch"):  # the sampling layer builds no tokenizer
+        return None
     batch = getattr(encoder, "encode_batch_fast", encoder.encode_batch)  # ids only (tokenizers >= 0.20)
     return lambda text: batch([text], add_special_tokens=False)[0].ids
 
