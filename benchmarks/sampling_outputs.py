@@ -21,9 +21,10 @@ moves its speed too, by more than a pair's noise), in the order that alternates 
 after that many seconds.
 
 Printed per batch size and setting: each runtime's median decode speed (rows x the tokens after the first, over
-their seconds), the median of the per-pair ratios working tree / REV, and a bootstrap 95% interval of that median
-(resampled pairs); "within" says whether the whole interval lies above 1 - --bound ("yes"), wholly below it ("no"),
-or the pairs cannot tell ("?"). Timing needs quiet cores.
+their seconds); then twice, for that speed and for the speed at each decode's median step (which a step slowed by
+other work does not move), the median of the per-pair ratios working tree / REV, a bootstrap 95% interval of that
+median (resampled pairs), and whether the whole interval lies at or above 1 - --bound ("yes"), wholly below it
+("no"), or the pairs cannot tell ("?"). Timing needs quiet cores.
 """
 
 import argparse
@@ -66,7 +67,7 @@ def use_runtime(tree: str) -> None:
 
 def serve(tree: str, package: str, tokens: int, batches: list, settings: list, requests, replies) -> None:
     """In a process of its own: edgelm.runtime from `tree`, one untimed decode per batch size and setting, then per
-    request line "BATCH KEY" one reply line: that decode's tokens per second."""
+    request line "BATCH KEY" one reply line: that decode's tokens per second, over its steps and at its median step."""
     use_runtime(tree)
     try:  # runtime/apps/bench.py; before the apps/ folder, runtime/bench.py
         from edgelm.runtime.apps.bench import exact_decode, prompt_ids
@@ -78,13 +79,15 @@ def serve(tree: str, package: str, tokens: int, batches: list, settings: list, r
     prompts = {batch: [prompt_ids(model, 8, seed=row) for row in range(batch)] for batch in batches}
     options = dict(settings)
 
-    def decode(batch: int, key: str, new_tokens: int) -> float:
+    def decode(batch: int, key: str, new_tokens: int) -> list:
         steps = exact_decode(model, prompts[batch], new_tokens, options[key])
         next(steps)  # the prompt's pass and the first token
-        started = time.perf_counter()
+        seconds, last = [], time.perf_counter()
         for _ in steps:
-            pass
-        return batch * (new_tokens - 1) / (time.perf_counter() - started)
+            now = time.perf_counter()
+            seconds.append(now - last)
+            last = now
+        return [batch * len(seconds) / sum(seconds), batch / float(np.median(seconds))]
 
     for batch in batches:  # warm-up: every array a decode of this shape makes, every code path it takes
         for key in options:
@@ -92,11 +95,11 @@ def serve(tree: str, package: str, tokens: int, batches: list, settings: list, r
     print("ready", file=replies, flush=True)
     for line in requests:
         batch, key = line.split()
-        print(repr(decode(int(batch), key, tokens)), file=replies, flush=True)
+        print(json.dumps(decode(int(batch), key, tokens)), file=replies, flush=True)
 
 
 class Child:
-    """One runtime's process (serve): decode(batch, key) -> tokens per second."""
+    """One runtime's process (serve): decode(batch, key) -> [tokens per second, at the median step]."""
 
     def __init__(self, tree: str, package: str, tokens: int, batches: list, settings: list):
         command = [sys.executable, __file__, package, "--tokens", str(tokens), "--batches", *map(str, batches)]
@@ -105,12 +108,12 @@ class Child:
         if self.process.stdout.readline().strip() != "ready":
             raise SystemExit(f"the runtime at {tree} did not start (its error is above)")
 
-    def decode(self, batch: int, key: str) -> float:
+    def decode(self, batch: int, key: str) -> list:
         print(batch, key, file=self.process.stdin, flush=True)
         reply = self.process.stdout.readline()
         if not reply:
             raise SystemExit("a runtime's process ended (its error is above)")
-        return float(reply)
+        return json.loads(reply)
 
     def close(self) -> None:
         self.process.stdin.close()
@@ -118,7 +121,7 @@ class Child:
 
 
 def paired_rounds(start, names: tuple, rounds: int, per_process: int, cases: list, settle: float, seconds=None):
-    """{case: [(names[0]'s speed, names[1]'s), one pair per round]} for cases (batch, key). start(name) -> a Child;
+    """{case: [(names[0]'s speeds, names[1]'s), one pair per round]} for cases (batch, key). start(name) -> a Child;
     names[0] decodes first in even rounds, second in odd ones (ABBA), and both start again every per_process rounds,
     in the order of the round that starts them."""
     pairs, children, began = {case: [] for case in cases}, {}, time.perf_counter()
@@ -197,17 +200,19 @@ def main():
     pairs = paired_rounds(start, names, args.rounds, args.per_process, cases, args.settle, args.seconds)
     done = len(pairs[cases[0]])
     print(f"decode tokens per second, {args.tokens} new tokens per row, {done} pairs (ABBA), medians; ratio: the")
-    print(f"median of the pairs' working tree / {args.rev}, with its bootstrap 95% interval; within {args.bound:.0%}?")
-    print(f"{'batch':>5}  {'setting':<50} {args.rev:>12} {'working tree':>12}  ratio  interval       within")
+    print(f"median of the pairs' working tree / {args.rev}, its bootstrap 95% interval, within {args.bound:.0%}?")
+    print("over each decode's steps, then at each decode's median step")
+    print(f"{'batch':>5}  {'setting':<50} {args.rev:>10} {'working':>10}  {'steps: ratio interval':<21}  {'median step: same':<21}")
     for case in cases:
         batch, key = case
         label = next(text for k, text, _ in SAMPLED if k == key)
-        old, new = np.median(np.array(pairs[case]), axis=0)
-        ratio, low, high = median_interval([b / a for a, b in pairs[case]])
-        print(
-            f"{batch:>5}  {label:<50} {old:12.1f} {new:12.1f}  {ratio:.3f}  {low:.3f}-{high:.3f}  "
-            f"{within(low, high, args.bound)}"
-        )
+        speeds = np.array(pairs[case], dtype=np.float64)  # [pairs, 2 runtimes, 2 measures]
+        old, new = np.median(speeds[:, :, 0], axis=0)
+        line = f"{batch:>5}  {label:<50} {old:10.1f} {new:10.1f}"
+        for measure in range(2):
+            ratio, low, high = median_interval(speeds[:, 1, measure] / speeds[:, 0, measure])
+            line += f"  {ratio:.3f} {low:.3f}-{high:.3f} {within(low, high, args.bound):<3}"
+        print(line)
 
 
 if __name__ == "__main__":
