@@ -2,7 +2,7 @@
 
     python benchmarks/sampling_outputs.py PKG [--rev main] [--rounds 5] [--tokens 64] [--batches 1 16]
     python benchmarks/sampling_outputs.py PKG --rev REV --rev-package REV_PKG    # each runtime on its own export
-        [--per-process 2] [--settle 0.1] [--seconds S] [--bound 0.02]
+        [--per-process 2] [--settle 0.1] [--seconds S] [--bound 0.02] [--settings greedy openai] [--save PAIRS.json]
 
 What the graph's sampling outputs are worth end to end. Export PKG with a revision whose graph makes them (REV):
 REV's runtime draws from them where they serve, the working tree's ignores them (it feeds their temperature zero
@@ -18,7 +18,8 @@ harness.SAMPLED at each batch size once in each runtime, the two decodes of a se
 on the caches or the clock the other left. --settle seconds pass before every decode (an older onnxruntime's
 workers spin on after a run). Both processes start again every --per-process rounds (a process's memory layout
 moves its speed too, by more than a pair's noise), in the order that alternates as well; --seconds starts no round
-after that many seconds.
+after that many seconds. --settings keeps some of harness.SAMPLED's settings (more pairs in the same time); --save
+writes every pair's speeds.
 
 Printed per batch size and setting: each runtime's median decode speed (rows x the tokens after the first, over
 their seconds); then twice, for that speed and for the speed at each decode's median step (which a step slowed by
@@ -176,6 +177,8 @@ def main():
     parser.add_argument("--settle", type=float, default=0.1, help="seconds of rest before each decode")
     parser.add_argument("--seconds", type=float, help="start no round after this many seconds")
     parser.add_argument("--bound", type=float, default=0.02, help="the slowdown 'within' is read against")
+    parser.add_argument("--settings", nargs="+", help="these of harness.SAMPLED's keys only (default: all)")
+    parser.add_argument("--save", help="write every pair's speeds here, as JSON")
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)  # a child's runtime tree and settings
     args = parser.parse_args()
     if args.serve:
@@ -188,7 +191,9 @@ def main():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from harness import SAMPLED
 
-    settings = [(key, options) for key, _, options in SAMPLED]
+    settings = [(key, options) for key, _, options in SAMPLED if args.settings is None or key in args.settings]
+    if not settings:
+        parser.error(f"--settings takes some of {', '.join(key for key, _, _ in SAMPLED)}")
     names = (args.rev, "working tree")
     trees = {args.rev: str(runtime_at(args.rev, Path(tempfile.mkdtemp()))), "working tree": str(ROOT)}
     packages = {args.rev: args.rev_package or args.package, "working tree": args.package}
@@ -199,10 +204,13 @@ def main():
 
     pairs = paired_rounds(start, names, args.rounds, args.per_process, cases, args.settle, args.seconds)
     done = len(pairs[cases[0]])
+    if args.save:  # {"BATCH/KEY": [[[REV's speed, at its median step], [the working tree's ...]], a pair each]}
+        Path(args.save).write_text(json.dumps({f"{batch}/{key}": pairs[batch, key] for batch, key in cases}))
     print(f"decode tokens per second, {args.tokens} new tokens per row, {done} pairs (ABBA), medians; ratio: the")
     print(f"median of the pairs' working tree / {args.rev}, its bootstrap 95% interval, within {args.bound:.0%}?")
     print("over each decode's steps, then at each decode's median step")
-    print(f"{'batch':>5}  {'setting':<50} {args.rev:>10} {'working':>10}  {'steps: ratio interval':<21}  {'median step: same':<21}")
+    header = f"{'steps: ratio interval':<21}  {'median step: same':<21}"
+    print(f"{'batch':>5}  {'setting':<50} {args.rev:>10} {'working':>10}  {header}")
     for case in cases:
         batch, key = case
         label = next(text for k, text, _ in SAMPLED if k == key)

@@ -95,3 +95,36 @@ def test_a_runtime_process_answers_each_request_with_a_decode_speed(tiny_package
     for line in lines[1:]:  # tokens per second over the decode's steps, and at its median step
         over_steps, median_step = json.loads(line)
         assert over_steps > 0 and median_step > 0
+
+
+def test_the_table_reads_each_setting_from_its_pairs_and_saves_them(monkeypatch, tmp_path, capsys):
+    import sampling_outputs
+
+    speeds = {"main": [[100.0, 110.0], [100.0, 100.0]], "working tree": [[97.0, 109.0], [99.0, 101.0]]}
+
+    class Child:
+        def __init__(self, tree, package, tokens, batches, settings):
+            self.name = "working tree" if tree == str(sampling_outputs.ROOT) else "main"
+            self.calls, self.settings = 0, [key for key, _ in settings]
+
+        def decode(self, batch, key):
+            self.calls += 1
+            return [batch * s for s in speeds[self.name][self.calls % 2]]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sampling_outputs, "Child", Child)
+    monkeypatch.setattr(sampling_outputs, "runtime_at", lambda rev, folder: folder)
+    monkeypatch.setattr(sampling_outputs.time, "sleep", lambda s: None)
+    saved = tmp_path / "pairs.json"
+    argv = ["PKG", "--rounds", "4", "--batches", "16", "--settings", "openai", "--save", str(saved)]
+    monkeypatch.setattr(sampling_outputs.sys, "argv", ["sampling_outputs.py", *argv])
+    sampling_outputs.main()
+    pairs = json.loads(saved.read_text())
+    assert list(pairs) == ["16/openai"] and len(pairs["16/openai"]) == 4  # greedy and the others left out
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("16")]
+    assert "OpenAI's defaults" in line
+    # over the steps the pairs read 0.99 and 0.97 in turn: 0.98, an interval reaching below 0.98; at the median
+    # steps 1.01 and 0.991: an interval above it
+    assert "0.980 0.970-0.990 ?" in line and "1.000 0.991-1.010 yes" in line
