@@ -46,7 +46,7 @@ class Batch:
         self.speculation = None  # a speculative.Speculation: what several tokens per pass did (one row only)
 
     def __iter__(self):
-        step = Step(self.rows, self.engine.vocab_size)
+        step = Step(self.rows, self.engine.vocab_size, second_thread=not self.engine.workers_spin)
         state = step.states[0]
         if speculative.uses(self.config, len(step.states), [state.constraint], self.draft):  # several tokens a pass
             self.speculation = speculative.Speculation()

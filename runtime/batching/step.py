@@ -60,9 +60,9 @@ class Step:
     """The rows of one call (a Rows) as they are stepped: each row's state, the call's sampler, one generator per row.
     Calling it steps some of the rows; `error` is the first error that ended one."""
 
-    def __init__(self, rows: Rows, vocab_size: int, rngs: list | None = None):
+    def __init__(self, rows: Rows, vocab_size: int, rngs: list | None = None, second_thread: bool = True):
         config, self.rows, self.vocab_size = rows.config, rows, vocab_size
-        self.sampler = SamplerChain(config, vocab_size)
+        self.sampler = SamplerChain(config, vocab_size, second_thread)  # second_thread: the sampler's, see there
         self.rngs = rows.generators() if rngs is None else rngs  # seeded from (seed, sequence index): Rows says
         self.states = [
             RowState(rows[i], rows.stop_ids[i], config.max_new_tokens, rows.constraint(i)) for i in range(len(rows))
@@ -194,7 +194,7 @@ def id_steps(
     finished before it; the logits they were picked from, [B, V] while every row runs, else the running rows').
     rngs: one generator per row (default: seeded from config.seed, as a Batch's rows are); grammars: per prompt a
     compiled constraint (sampling.constraint.Grammar) or None."""
-    step = Step(Rows(None, prompts, config, grammars=grammars), engine.vocab_size, rngs)
+    step = Step(Rows(None, prompts, config, grammars=grammars), engine.vocab_size, rngs, not engine.workers_spin)
     pick = BatchPick(step)
     for tokens in decode_steps(engine, step.rows.ids, pick, pad_id, config.max_new_tokens):
         yield tokens, pick.logits

@@ -47,8 +47,12 @@ class Engine:
         embeddings=None,
         graph_file=None,
         prefix_cache=None,
+        workers_spin: bool = False,
     ):
         self.session, self.io, self.device, self.vocab_size = session, io, device, vocab_size
+        # onnxruntime's workers spin on the other cores for a while after each run (create_session(spinning=True)):
+        # the sampler's second thread would find its core taken (sampling/draw.py)
+        self.workers_spin = workers_spin
         self.prefix_cache = prefix_cache  # a PrefixCache for batch-1 prompts on the in-place cache, or None
         self.starts = Starts()  # the conversation starts a batch-1 prefill breaks its passes at (passes.py)
         self.embeddings = (

@@ -74,6 +74,7 @@ class Model(Generation, Chat, Scoring, Sessions):
             embeddings,
             graph_file=package.model_file,
             prefix_cache=PrefixCache(prefix_cache_bytes, engine_module.PREFILL_CHUNK, disk) if prefix_cache_bytes else None,
+            workers_spin=spinning,
         )
         package_prefix.seed(self.engine, package)  # the package's prompt cache, where it has one
         if disk is not None and self.engine.writes_cache_in_place:  # what the folder kept, read and checked now

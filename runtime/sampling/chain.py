@@ -46,13 +46,15 @@ class SamplerChain:
 
     Built once per request. Calling it takes the rows' raw logits [B, V], their seen ids (prompt and
     generated) and generated ids, and one random generator per row; it returns one token id per row.
+    second_thread: whether a batch's draw may use a second core (draw.Scratch); False where onnxruntime's workers
+    spin on it right after each forward pass.
     The penalties, when active, are applied together (the generated ids are among the seen ones): one read and one
     write of each row's seen ids, with the same arithmetic, in the same order, as the two filters one after the
     other. When they are the only filters that write (the pick, or a last top_k or top_p, only reads), the chain
     writes them into the caller's logits, picks, and writes the saved logits back, instead of copying the row.
     """
 
-    def __init__(self, config: GenerationConfig, vocab_size: int):
+    def __init__(self, config: GenerationConfig, vocab_size: int, second_thread: bool = True):
         if config.vocab_size != vocab_size:
             config = replace(config, vocab_size=vocab_size)  # its token ids are checked here, once
         c = config
@@ -71,7 +73,7 @@ class SamplerChain:
         self.do_sample = c.do_sample
         # no active filter bans a token: the pick need not look for rows with few tokens left
         self.dense = vocab_size > FEW_ALIVE and all(f in NEVER_BAN for f, _ in self.filters)
-        self.scratch = Scratch()  # the arrays each step works in, kept for the next step
+        self.scratch = Scratch(second_thread)  # the arrays each step works in, kept for the next step
         self.seen_ids, self.generated_counts = Tallies(), Tallies()  # what the penalties read, kept up to date
         active = dict(self.filters)
         self.penalties = sum(f in PENALTIES for f in active)  # how many of the first filters are penalties

@@ -6,7 +6,9 @@ step's sampling budget on its own); the same token is found from 256-token block
 one short cumulative sum inside the chosen block. A row with few tokens above -inf (after top_k) sums over those.
 Weights are float32 exp(logit - row max), as the logits are; every sum over them is float64. From MANY_ROWS rows, a
 draw no filter has banned tokens from runs as whole-batch operations (draw_many), with half of the rows' weights and
-block sums computed on a second thread: the same tokens, in fewer NumPy calls and on both cores.
+block sums computed on a second thread where a second core is free (Scratch.second_thread): the same tokens, in
+fewer NumPy calls and on both cores. While onnxruntime's workers spin after a run (a session that spins: 1 ms,
+engine/session.py), they hold that core, and the half on the second thread takes longer than the whole batch on one.
 """
 
 import contextlib
@@ -33,10 +35,12 @@ def running_totals(sums: list) -> list:
 
 class Scratch:
     """Arrays reused from one step to the next by a SamplerChain. A fresh array the size of the vocabulary costs
-    page faults every step (about 40 us for 200 KB, as much as the arithmetic done on it)."""
+    page faults every step (about 40 us for 200 KB, as much as the arithmetic done on it). second_thread: whether
+    the draws may compute half of a batch's weights on a second thread (a second core is free while they run)."""
 
-    def __init__(self):
+    def __init__(self, second_thread: bool = True):
         self._arrays = {}  # name -> ((shape, dtype), array)
+        self.second_thread = second_thread
 
     def get(self, name: str, shape: tuple, dtype, zeros: bool = False) -> np.ndarray:
         """The array kept under `name`, made again when the shape or dtype changed. Its contents are whatever was
@@ -144,8 +148,8 @@ def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
 
 def weights_and_sums(logits, scratch: Scratch, peak: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(weights(logits), their block_sums) for rows of finite maxima; the second half of the rows on a second
-    thread (NumPy's loops run without the GIL): the same arrays, in less time where a second core is free."""
-    executor = _executor()
+    thread (NumPy's loops run without the GIL) when scratch.second_thread: the same arrays, in less time where a
+    second core is free."""
     n_rows, n_vocab = logits.shape
     padded = scratch.get("weights", (n_rows, -(-n_vocab // BLOCK) * BLOCK), np.float32, zeros=True)
     sums = scratch.get("block_sums", (n_rows, padded.shape[1] // BLOCK), np.float64)
@@ -153,9 +157,12 @@ def weights_and_sums(logits, scratch: Scratch, peak: np.ndarray) -> tuple[np.nda
     def rows(lo, hi):
         block_sums(weights(logits[lo:hi], peak=peak[lo:hi], finite=True, out=padded[lo:hi]), out=sums[lo:hi])
 
+    if not scratch.second_thread:
+        rows(0, n_rows)
+        return padded, sums
     half = n_rows // 2
     try:
-        later = executor.submit(rows, half, n_rows)
+        later = _executor().submit(rows, half, n_rows)
     except RuntimeError:  # the interpreter is shutting down: no new thread's work, both halves here
         rows(half, n_rows)
         later = None
