@@ -15,11 +15,11 @@ decodes on request: the decode loop of runtime/apps/bench.py (exact_decode), exa
 after an 8-token prompt, seeded per row, timed from the first token on. A round decodes every setting of
 harness.SAMPLED at each batch size once in each runtime, the two decodes of a setting one right after the other
 (a pair), in ABBA order: REV first in even rounds, the working tree first in odd ones, so that neither always runs
-on the caches or the clock the other left. --settle seconds pass before every decode (an older onnxruntime's
-workers spin on after a run). Both processes start again every --per-process rounds (a process's memory layout
-moves its speed too, by more than a pair's noise), in the order that alternates as well; --seconds starts no round
-after that many seconds. --settings keeps some of harness.SAMPLED's settings (more pairs in the same time); --save
-writes every pair's speeds.
+on the caches or the clock the other left. --settle seconds pass before every decode (with onnxruntime's default
+spin, a runtime's workers spin on for tens of milliseconds after a run). Both processes start again every
+--per-process rounds (a process's memory layout can move its speed: the pairs sample several), in the order that
+alternates as well; --seconds starts no round after that many seconds. --settings keeps some of harness.SAMPLED's
+settings (more pairs in the same time); --save writes every pair's speeds.
 
 Printed per batch size and setting: each runtime's median decode speed (rows x the tokens after the first, over
 their seconds); then twice, for that speed and for the speed at each decode's median step (which a step slowed by
