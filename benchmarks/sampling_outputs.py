@@ -25,7 +25,9 @@ Printed per batch size and setting: each runtime's median decode speed (rows x t
 their seconds); then twice, for that speed and for the speed at each decode's median step (which a step slowed by
 other work does not move), the median of the per-pair ratios working tree / REV, a bootstrap 95% interval of that
 median (resampled pairs), and whether the whole interval lies at or above 1 - --bound ("yes"), wholly below it
-("no"), or the pairs cannot tell ("?"). Timing needs quiet cores.
+("no"), or the pairs cannot tell ("?"). An interval is the spread of one run's pairs: what lasts a whole run (the
+other cases between the pairs, where the processes landed) can move a ratio by a few percent more, so a reading
+holds when a second run agrees. Timing needs quiet cores.
 """
 
 import argparse
