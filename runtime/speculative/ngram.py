@@ -16,9 +16,9 @@ MIN_NGRAM = 2  # a single repeated token (" the") predicts little and would keep
 # Tokens proposed per pass at most. Copying a passage or a repeating run accepts long runs, and a verify pass of
 # 17 positions costs far less than 17 one-token steps; the draft grows to it only while drafts are accepted whole.
 MAX_DRAFT = 16
-# The first draft after the start and after each pause: short, since a refused token costs a wider pass (a verify
-# pass of 2 + 1 tokens about 1.25 one-token steps at 6 x 384, of 4 + 1 about 1.35: speculative.py --pass-cost),
-# and open text refuses most; it grows by 2 a pass while accepted whole, so a quote reaches 16 in its 8th pass.
+# The first draft after the start and after each pause: short, since each refused token widens the pass
+# (benchmarks/speculative.py --pass-cost measures by how much) and open text refuses most; it grows by 2 a pass
+# while accepted whole, so a quote reaches 16 in its 8th pass.
 START_DRAFT = 2
 # The off-switch: over the last WINDOW proposed tokens, an acceptance under MIN_ACCEPTANCE stops proposing for
 # PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later). The window is
