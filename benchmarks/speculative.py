@@ -6,6 +6,7 @@ one package, in one process, the modes taking turns within each round.
                                          [--option no_repeat_ngram_size=3 ...]
     python benchmarks/speculative.py PKG --exactness 200 [--tokens 32]
     python benchmarks/speculative.py PKG --draft DRAFT --cost-ratio [--acceptance 0.6]
+    python benchmarks/speculative.py PKG --pass-cost [--rounds 5]
 
 benchmarks/speculative_figures.py builds the packages and runs this once per figure of docs/performance.md.
 
@@ -36,6 +37,10 @@ token (Leviathan et al. 2023: (1 - a^(k+1)) / ((1 - a)(k c + 1)), c the cost rat
 drafting SmolLM2-1.7B, Qwen2.5-0.5B drafting 1.5B: benchmarks/random_checkpoint.py builds them) lets users expect
 from the acceptance a trained pair measures.
 
+--pass-cost: the seconds of a verify pass of k + 1 tokens (the row's last token and k proposed) at batch 1 over
+those of a one-token step, for k from 1 to 16, after a 64-token prompt (medians of --rounds x 32 passes): what
+a proposal the model refuses costs, the figure prompt lookup's off-switch weighs (runtime/speculative/ngram.py).
+
 Every run prints first the CPU, the load average and its command line (one JSON line).
 """
 
@@ -50,6 +55,7 @@ import time
 import numpy as np
 
 from edgelm.runtime.model import load
+from edgelm.runtime.speculative import AUTO_NGRAM
 
 PASSAGE = (
     "The lighthouse at the end of the northern pier was built in 1873 from granite quarried on the island. "
@@ -131,7 +137,8 @@ def header() -> None:
 def speeds(model, args, modes: list) -> None:
     chosen = tasks(args.items)
     for task, (prompt, options) in ((t, chosen[t]) for t in args.tasks):
-        task_modes = [m for m in modes if m != "auto" or options]  # auto differs from off under a constraint only
+        # auto differs from ngram under a constraint only (without AUTO_NGRAM: from off)
+        task_modes = [m for m in modes if m != "auto" or options or AUTO_NGRAM]
         for mode in task_modes:  # warm: the grammar compiled, onnxruntime's buffers for each pass width made
             run(model, prompt, mode, args.tokens, options)
         rounds = []
@@ -192,6 +199,33 @@ def cost_ratio(model, args) -> None:
         print(json.dumps({"acceptance": a, "expected speed-up by draft length": gains, "best length": best}))
 
 
+def pass_cost(model, args) -> None:
+    """Verify passes of k + 1 tokens against one-token steps, at batch 1 (see the module docstring)."""
+    from edgelm.runtime.engine.steps import prefill_inputs
+    from edgelm.runtime.engine.verify_pass import VerifyPasses
+
+    prompt = [int(i) for i in np.random.default_rng(0).integers(0, model.arch.vocab_size - 1, size=64)]
+    decoder = model.engine.decoder(1, capacity=len(prompt) + 32)
+    decoder.run(*prefill_inputs([prompt], 0))
+    passes, cached = VerifyPasses(decoder), len(prompt)
+    widths = [1, 2, 3, 4, 5, 6, 8, 12, 17]
+
+    def seconds(width: int) -> float:
+        tokens = prompt[:width]
+        times = []
+        for _ in range(args.rounds + 1):  # the first is a warm-up
+            started = time.perf_counter()
+            for _ in range(32):
+                passes.rewind(cached)
+                passes.run(tokens, cached)
+            times.append((time.perf_counter() - started) / 32)
+        return statistics.median(times[1:])
+
+    one = seconds(1)
+    costs = {width - 1: round(seconds(width) / one, 3) for width in widths[1:]}
+    print(json.dumps({"one-token step s": round(one, 6), "verify pass cost over a step, by k proposed": costs}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("package")
@@ -203,6 +237,7 @@ def main():
     parser.add_argument("--tasks", default="schema,quote,extract,open", help="comma-separated tasks to run")
     parser.add_argument("--modes", help="comma-separated modes (default: off,auto,ngram and draft with --draft)")
     parser.add_argument("--cost-ratio", action="store_true", help="time the draft's step against PKG's instead")
+    parser.add_argument("--pass-cost", action="store_true", help="time verify passes of k + 1 tokens instead")
     parser.add_argument("--acceptance", type=float, action="append", help="acceptance rate for --cost-ratio")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a generation option for every call (VALUE as JSON), e.g. no_repeat_ngram_size=3")
@@ -224,7 +259,9 @@ def main():
         parser.error("the draft mode and --cost-ratio need --draft DRAFT")
     header()
     model = load(args.package, draft=args.draft)
-    if args.cost_ratio:
+    if args.pass_cost:
+        pass_cost(model, args)
+    elif args.cost_ratio:
         cost_ratio(model, args)
     elif args.exactness:
         exactness(model, args)

@@ -16,14 +16,22 @@ MIN_NGRAM = 2  # a single repeated token (" the") predicts little and would keep
 # Tokens proposed per pass at most. Copying a passage or a repeating run accepts long runs, and a verify pass of
 # 17 positions costs far less than 17 one-token steps; the draft grows to it only while drafts are accepted whole.
 MAX_DRAFT = 16
-START_DRAFT = 4
+# The first draft after the start and after each pause: short, since each refused token widens the pass
+# (benchmarks/speculative.py --pass-cost measures by how much) and open text refuses most; it grows by 2 a pass
+# while accepted whole, so a quote reaches 16 in its 8th pass.
+START_DRAFT = 2
 # The off-switch: over the last WINDOW proposed tokens, an acceptance under MIN_ACCEPTANCE stops proposing for
-# PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later). A proposer
-# given a longer max_pause makes each pause that follows another without a window of good acceptance between
-# them twice as long, up to it: on text that never pays, the windows spent trying again become rare.
+# PAUSE generated tokens, after which the proposer tries again (a text may turn to quoting later). The window is
+# judged as soon as PATIENCE of its tokens were refused, before it is full: on open text a window of 24 tokens
+# takes a dozen passes to fill, each refused token costing a wider pass, and in 64 new tokens that is what the
+# switch would lose. A proposer given a longer max_pause makes each pause that follows another without a window
+# of good acceptance between them twice as long, up to it: on text that never pays, the windows spent trying
+# again become rare.
 WINDOW = 24
+PATIENCE = 8
 MIN_ACCEPTANCE = 0.3
 PAUSE = 48
+MAX_PAUSE = 4 * PAUSE  # prompt lookup's longest pause: a quote that starts late waits this long at most
 
 
 @dataclass
@@ -39,6 +47,7 @@ class Adaptive:
     grow: int = 2
     min_acceptance: float = MIN_ACCEPTANCE  # the off-switch's threshold over the window
     window: int = WINDOW  # proposed tokens the threshold is judged over
+    patience: int = PATIENCE  # refused tokens after which the window is judged before it is full
     max_pause: int = PAUSE  # the longest pause (PAUSE: every pause is PAUSE long)
     paused: int = 0  # generated tokens left before proposing again (the off-switch)
     pause: int = 0  # the last pause's length, 0 after a window of good acceptance
@@ -53,7 +62,7 @@ class Adaptive:
 
     def accepted(self, drafted: int, accepted: int) -> None:
         """After a verify pass: grow the draft when all of it was accepted, shrink it to what was, and pause
-        after a window of low acceptance."""
+        after a window (or `patience` refused tokens) of low acceptance."""
         if drafted == 0:
             return
         grown = min(self.max_draft, self.draft + self.grow)
@@ -61,11 +70,12 @@ class Adaptive:
         self.recent.append((drafted, accepted))
         while sum(d for d, _ in self.recent) > self.window and len(self.recent) > 1:
             self.recent.pop(0)
-        total = sum(d for d, _ in self.recent)
-        if total < self.window:
+        total, good = sum(d for d, _ in self.recent), sum(a for _, a in self.recent)
+        if total < self.window and total - good < self.patience:
             return
-        if sum(a for _, a in self.recent) >= self.min_acceptance * total:
-            self.pause = 0
+        if good >= self.min_acceptance * total:
+            if total >= self.window:  # a whole window that pays: the next pause starts at PAUSE again
+                self.pause = 0
             return
         self.pause = min(self.max_pause, 2 * self.pause if self.pause else PAUSE)
         self.paused, self.recent, self.draft = self.pause, [], self.start
@@ -75,6 +85,7 @@ class Adaptive:
 class NgramProposer(Adaptive):
     """One row's prompt-lookup proposer: propose(seen, limit) -> draft ids, then accepted(drafted, accepted)."""
 
+    max_pause: int = MAX_PAUSE
     max_ngram: int = MAX_NGRAM
     min_ngram: int = MIN_NGRAM
     # The row's no_repeat_ngram_size N (0: none). Copying after a match of n ids repeats an N-gram from the copy's

@@ -64,8 +64,8 @@ def test_accepted_prefix():
 def test_prompt_lookup_proposes_what_followed_the_latest_match():
     seen = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 7, 1, 2, 3]
     assert latest_match(np.array(seen), 3) == 5
-    assert NgramProposer().propose(seen, limit=10) == [5, 6, 7, 1]  # the draft length, START_DRAFT
-    assert NgramProposer().propose(seen, limit=2) == [5, 6]
+    assert NgramProposer(draft=4).propose(seen, limit=10) == [5, 6, 7, 1]  # the draft length
+    assert NgramProposer(draft=4).propose(seen, limit=2) == [5, 6]
     assert NgramProposer().propose([1, 2, 3, 4], limit=4) == []  # no earlier occurrence
     assert NgramProposer(min_ngram=2).propose([7, 8, 9, 8], limit=4) == []  # a one-token match is not enough
 
@@ -73,23 +73,23 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
 def test_a_match_that_runs_into_the_end_keeps_copying_the_repeating_run():
     """In a run that repeats, the latest match is one period back: its continuation reaches the end, and the
     proposal goes on copying the run (an overlapping copy) instead of stopping at the last id."""
-    assert NgramProposer().propose([7, 1, 1, 1, 1], limit=4) == [1, 1, 1, 1]
-    assert NgramProposer().propose([9, 1, 2, 1, 2, 1, 2], limit=4) == [1, 2, 1, 2]
-    assert NgramProposer().propose([4, 5, 6, 7, 4, 5, 6], limit=3) == [7, 4, 5]
+    assert NgramProposer(draft=4).propose([7, 1, 1, 1, 1], limit=4) == [1, 1, 1, 1]
+    assert NgramProposer(draft=4).propose([9, 1, 2, 1, 2, 1, 2], limit=4) == [1, 2, 1, 2]
+    assert NgramProposer(draft=4).propose([4, 5, 6, 7, 4, 5, 6], limit=3) == [7, 4, 5]
 
 
 def test_prompt_lookup_proposes_only_what_no_repeat_ngram_size_allows():
     """Copying after a match of n ids repeats an N-gram from the (N - n)th copied id on: under
     no_repeat_ngram_size N the filter would ban it, so a match proposes N - 1 - n ids at most."""
     seen = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3]
-    assert NgramProposer().propose(seen, limit=4) == [4, 5, 6, 9]
+    assert NgramProposer(draft=4).propose(seen, limit=4) == [4, 5, 6, 9]
     assert NgramProposer(no_repeat=3).propose(seen, limit=4) == []  # any match of 2 or 3 ids is banned at once
     assert NgramProposer(no_repeat=4).propose(seen, limit=4) == [4]  # the 2-id match, one id
     assert NgramProposer(no_repeat=6).propose(seen, limit=4) == [4, 5]  # the 3-id match, two ids
 
 
 def test_the_draft_grows_when_accepted_and_shrinks_when_not():
-    proposer = NgramProposer()
+    proposer = NgramProposer(draft=4)
     proposer.accepted(4, 4)
     assert proposer.draft == 6
     proposer.accepted(6, 1)
@@ -125,7 +125,7 @@ def test_a_proposer_given_a_longer_max_pause_pauses_twice_as_long_after_each_win
     adapt.accepted(4, 4)  # a window that pays: the next pause is PAUSE again
     adapt.accepted(4, 0)
     assert adapt.paused == ngram.PAUSE
-    assert ngram.NgramProposer().max_pause == ngram.PAUSE  # prompt lookup: every pause PAUSE long
+    assert ngram.NgramProposer().max_pause == ngram.MAX_PAUSE  # prompt lookup: up to 4 x PAUSE
     short = ngram.Adaptive(window=4, max_pause=ngram.PAUSE // 4)  # no pause longer than max_pause, the first too
     short.accepted(4, 0)
     assert short.paused == ngram.PAUSE // 4
