@@ -14,7 +14,7 @@ import weakref
 
 import pytest
 from edgelm.runtime import load
-from edgelm.runtime.errors import GenerationOptionError
+from edgelm.runtime.errors import GenerationOptionError, PromptError
 from edgelm.runtime.sampling import constraint
 from edgelm.runtime.server import request_path, workers
 from edgelm.runtime.server.app import create_app
@@ -350,3 +350,22 @@ def test_a_constraint_arriving_while_the_table_is_built_waits_for_it_rather_than
     finally:
         constraint.engine_tokenizer = original
         constraint._tokenizers.pop(compilers[0].key, None)
+
+
+def test_a_large_prompts_ids_are_checked_without_a_python_call_per_id(model, monkeypatch):
+    """A body near --max-body-bytes tokenizes to hundreds of thousands of ids; checked one Python call each, their
+    check took a worker thread's CPU (and GIL turns) for ~0.2 s per body, which the model's thread and the event
+    loop shared during a burst. Plain ints in range are checked in C; anything else still gets its one line."""
+    from edgelm.runtime import inputs
+
+    calls = []
+    checked = inputs.is_token_id
+    monkeypatch.setattr(inputs, "is_token_id", lambda *args: calls.append(1) or checked(*args))
+    vocab = model.arch.vocab_size
+    ids = model.encode("Hello world, this is some text. " * 200)
+    model._check_ids(ids)
+    inputs.check_token_ids(tuple(ids), vocab)
+    assert calls == []
+    for bad, shown in (([*ids, vocab], str(vocab)), ([*ids, True], "True"), ([1, -1], "-1"), ([1, 2.0], "2.0")):
+        with pytest.raises(PromptError, match=f"token id {shown} is outside the vocabulary"):
+            inputs.check_token_ids(bad, vocab)
