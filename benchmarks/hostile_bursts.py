@@ -11,10 +11,12 @@ Kinds (each a burst of --burst requests sent at once, one kind after the other):
     abandoned_tokenize  /tokenize bodies just under --max-body-bytes whose clients leave at once; then the time
                         a 5-byte /tokenize takes
     failing_compile     schemas llguidance compiles, then fails at their first mask
-For both compile kinds, the server's resident memory before the burst and 2 s after it is printed too. Before the
-bursts, the idle server's resident memory is printed twice: as started, and after it has answered one ordinary
-constrained request (`rss_constraints_ready_mb`: llguidance and its tokenizer table are built on the first
-constraint, once for the server's life), the idle memory of a server that serves structured output.
+The server's resident memory is printed as started (`rss_started_mb`: once it answers /health and its memory has
+settled, the constraint table it builds in the background included), after the first ordinary constrained request
+(`rss_constraints_ready_mb`), and for every burst before it and 2 s after it (`rss_before_mb`, `rss_after_mb`,
+`rss_over_started_mb`: how far above the server as started), so "memory after a burst returns to within N MB of
+idle" reads directly. The time from the start of the process to /health's first "ok" (`ready_s`) and the first
+constrained request's time (`first_constrained_ms`) are printed too.
 
 A thread asks /health every 20 ms and another streams greedy completions throughout; for each burst the script
 prints the 50th and 99th percentiles (and the worst) of both, in milliseconds. Everything is bounded: each
@@ -120,9 +122,12 @@ class Watch:
             thread.join(180)
 
 
-def chat(client: httpx.Client, url: str, body: dict, timeout: float) -> int:
+def chat(client: httpx.Client, url: str, body, timeout: float) -> int:
+    """POST `body` (a dict, or its JSON already encoded) to /v1/chat/completions; the status, or the error's name."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
     try:
-        return client.post(url + "/v1/chat/completions", json=body, timeout=timeout).status_code
+        return client.post(url + "/v1/chat/completions", content=content, headers=headers, timeout=timeout).status_code
     except httpx.HTTPError as error:
         return type(error).__name__
 
@@ -135,9 +140,9 @@ def schema_body(schema: dict) -> dict:
     }
 
 
-def burst(kind: str, args, url: str, pid: int) -> dict:
+def burst(kind: str, args, url: str) -> dict:
     """Send one burst of `kind`; what it got back, and what the kind measures besides."""
-    n, extra = args.burst, {}
+    n = args.burst
     near_limit = int(args.max_body_bytes * 0.95)
     if kind == "slow_compile":
         bodies = [schema_body({"type": "string", "pattern": SLOW_PATTERN, "description": str(i)}) for i in range(n)]
@@ -157,15 +162,25 @@ def burst(kind: str, args, url: str, pid: int) -> dict:
         started = time.perf_counter()
         status = httpx.post(url + "/tokenize", json={"content": "hello"}, timeout=args.request_s).status_code
         return {"statuses": [status], "later_tokenize_ms": round((time.perf_counter() - started) * 1000, 1)}
-    if kind.endswith("_compile"):
-        extra["rss_before_mb"] = round(rss_mb(pid))
+    # encoded before the burst: a megabyte of JSON encoded in each sending thread holds this process's GIL, which the
+    # watching threads need to take their timestamps (the gaps measured would be this process's own)
+    bodies = [json.dumps(body).encode() for body in bodies]
     with httpx.Client(timeout=args.request_s, limits=httpx.Limits(max_connections=n)) as client:
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
             statuses = list(pool.map(lambda b: chat(client, url, b, args.request_s), bodies))
-    if kind.endswith("_compile"):
+    return {"statuses": sorted(set(map(str, statuses)))}
+
+
+def settled_rss_mb(pid: int, seconds: float = 30) -> float:
+    """The process's resident memory once it has not moved by more than 1 MB for 2 s (at most `seconds`)."""
+    ends, last = time.monotonic() + seconds, rss_mb(pid)
+    while time.monotonic() < ends:
         time.sleep(2)
-        extra["rss_after_mb"] = round(rss_mb(pid))
-    return {"statuses": sorted(set(map(str, statuses))), **extra}
+        now = rss_mb(pid)
+        if abs(now - last) <= 1:
+            return now
+        last = now
+    return last
 
 
 def main() -> None:
@@ -193,6 +208,7 @@ def run(args, package: str, kinds: list) -> None:
     url = f"http://127.0.0.1:{port}"
     command = [args.python, "-m", "edgelm.runtime.cli", "serve", "-m", package, "--port", str(port)]
     command += ["--max-queue", str(4 * args.burst), "--max-body-bytes", str(args.max_body_bytes)]
+    launched = time.perf_counter()
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ends = time.monotonic() + args.max_seconds
     watch = None
@@ -205,22 +221,31 @@ def run(args, package: str, kinds: list) -> None:
                 pass
             if server.poll() is not None or time.monotonic() > ends:
                 raise SystemExit("the server did not start")
-            time.sleep(0.1)
+            time.sleep(0.05)
+        idle = {"ready_s": round(time.perf_counter() - launched, 2), "rss_ready_mb": round(rss_mb(server.pid))}
+        idle["rss_started_mb"] = started_mb = round(settled_rss_mb(server.pid))
         watch = Watch(url, args.stream_tokens)
         time.sleep(1)
-        idle = {"idle": watch.between(0, time.perf_counter()), "rss_mb": round(rss_mb(server.pid))}
-        ordinary = schema_body({"type": "string", "maxLength": 5})  # builds llguidance's table, once
+        idle["idle"] = watch.between(0, time.perf_counter())
+        ordinary = schema_body({"type": "string", "maxLength": 5})  # built llguidance's table where none was
         with httpx.Client(timeout=args.request_s) as client:
+            began = time.perf_counter()
             idle["constrained_status"] = chat(client, url, ordinary, args.request_s)
+            idle["first_constrained_ms"] = round((time.perf_counter() - began) * 1000, 1)
         time.sleep(2)
         print(json.dumps({**idle, "rss_constraints_ready_mb": round(rss_mb(server.pid))}))
         for kind in kinds:
             if time.monotonic() > ends:
                 print(json.dumps({"kind": kind, "skipped": "past --max-seconds"}))
                 continue
+            before = round(rss_mb(server.pid))
             started = time.perf_counter()
-            got = burst(kind, args, url, server.pid)
-            print(json.dumps({"kind": kind, "burst": args.burst, **got, **watch.between(started, time.perf_counter())}))
+            got = burst(kind, args, url)
+            watched = watch.between(started, time.perf_counter())
+            time.sleep(2)
+            after = round(rss_mb(server.pid))
+            memory = {"rss_before_mb": before, "rss_after_mb": after, "rss_over_started_mb": after - started_mb}
+            print(json.dumps({"kind": kind, "burst": args.burst, **got, **memory, **watched}))
     finally:
         if watch is not None:
             watch.done.set()

@@ -80,12 +80,22 @@ class Generation:
         None without one; GenerationOptionError where it cannot be compiled or cannot finish within max_new_tokens."""
         if config.constraint is None:
             return None
+        return self._compiler().compile(*config.constraint, max_new_tokens=config.max_new_tokens)
+
+    def prepare_constraints(self) -> None:
+        """Build now what every constraint needs, once for the process's life (llguidance's table of this model's
+        tokenizer), which the first constraint would build otherwise; GenerationOptionError where llguidance is not
+        installed or cannot read the tokenizer. A server calls it as it starts; a model never constrained never
+        builds it."""
+        self._compiler().tokenizer()
+
+    def _compiler(self):
         if self._constraints is None:
             from ..sampling.constraint import Compiler
 
             text, arch, eos = self.package.tokenizer_text(), self.arch, self.defaults.stop_ids
             self._constraints = Compiler(text, arch.vocab_size, eos, arch.n_positions, self.tokenizer)
-        return self._constraints.compile(*config.constraint, max_new_tokens=config.max_new_tokens)
+        return self._constraints
 
     def _row_configs(self, configs, options: dict, prompts) -> list:
         """One settings object per prompt (from settings()), alike but for their constraint."""

@@ -155,20 +155,26 @@ class Compiler:
     def _tokenizer(self) -> tuple:
         with _compiled_lock:
             found = _tokenizers.get(self.key)
-        if found is None:
-            lg = llguidance()
-            try:
-                found = engine_tokenizer(
-                    lg, self.tokenizer_json, self.vocab_size, self.eos_ids, self.max_tokens, self.encoder
-                )
-            except Exception as error:  # the package's tokenizer.json is one llguidance cannot read
-                raise GenerationOptionError(
-                    f"constrained generation cannot use this package's tokenizer: {_one_line(error)}", "json_schema"
-                ) from None
+        if found is not None:
+            return found
+        with _building_lock:  # one build at a time: a request arriving meanwhile waits for it rather than build twice
             with _compiled_lock:
-                found = _tokenizers.setdefault(self.key, found)
-                while len(_tokenizers) > 4:
-                    _tokenizers.pop(next(iter(_tokenizers)))
+                found = _tokenizers.get(self.key)
+            if found is None:
+                lg = llguidance()
+                try:
+                    found = engine_tokenizer(
+                        lg, self.tokenizer_json, self.vocab_size, self.eos_ids, self.max_tokens, self.encoder
+                    )
+                except Exception as error:  # the package's tokenizer.json is one llguidance cannot read
+                    raise GenerationOptionError(
+                        f"constrained generation cannot use this package's tokenizer: {_one_line(error)}",
+                        "json_schema",
+                    ) from None
+                with _compiled_lock:
+                    found = _tokenizers.setdefault(self.key, found)
+                    while len(_tokenizers) > 4:
+                        _tokenizers.pop(next(iter(_tokenizers)))
         return found
 
     def compile(self, kind: str, text, max_new_tokens: int | None = None) -> "Grammar":
@@ -208,6 +214,7 @@ class Compiler:
 _compiled: OrderedDict = OrderedDict()  # (tokenizer key, kind, text) -> Grammar, least recently used first
 _tokenizers: dict = {}
 _compiled_lock = threading.Lock()
+_building_lock = threading.Lock()  # held while a tokenizer's table is built
 
 
 class Grammar:

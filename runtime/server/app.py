@@ -27,6 +27,7 @@ import asyncio
 import functools
 import gc
 import logging
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -73,12 +74,14 @@ def create_app(
     accept_any_model: bool = False,
     max_batch: int = 16,
     metrics: bool = False,
+    prepare_constraints: bool = True,
 ):
     """The ASGI application serving `model` (a runtime Model, loaded once) on `host` (for the Host check).
     Requests may name it by the package's name or any of `model_names` (the first is the id it is listed as),
     or by any name with `accept_any_model`. Its `jobs` are the slots and where they run: one running batch of
     up to `max_batch` rows (continuous batching) where the model's decoders write their cache in place and
-    max_batch > 0, else `max_concurrency` worker threads, a request each."""
+    max_batch > 0, else `max_concurrency` worker threads, a request each. With `prepare_constraints`, what every
+    constraint needs (llguidance's table of the tokenizer) is built in the background as the server starts."""
     jobs = jobs_for(model, max_batch, max_concurrency, max_queue)
     names = model_names_for(model, model_names, accept_any_model)
     model_id = names.id
@@ -125,14 +128,24 @@ def create_app(
         workers.stop_all()
         text_work.workers.stop_all()
 
-    @asynccontextmanager
-    async def lifespan(app):
+    def start() -> None:
+        """Once, as the server starts to serve (its lifespan; under edgelm serve, loading.Gate.open, the lifespan
+        having run before the model was loaded)."""
+        if app.started:
+            return
+        app.started = True
         # What is alive at the start (the model, its tokenizer and template, every module) stays alive while the
         # server runs: frozen out of the garbage collector's sight, a full collection walks only what requests
         # built, and holds the GIL (the event loop waits) that much shorter while a large body's objects are made.
         gc.collect()
         gc.freeze()
         native.bound_freed_heap()  # what a burst of heavy requests frees goes back to the system
+        if prepare_constraints:  # in the background: the server answers meanwhile
+            threading.Thread(target=_prepare_constraints, args=(model,), name="edgelm-constraints", daemon=True).start()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        start()
         try:
             yield
         finally:
@@ -192,7 +205,18 @@ def create_app(
     app = AccessLog(HostCheck(cors(inner, tuple(allow_origins)), host, tuple(allow_hosts)), counters, paths)
     app.jobs, app.limits, app.names, app.model = jobs, limits, names, model
     app.workers, app.text_work, app.stop_all, app.templates = workers, text_work, stop_all, templates
+    app.start, app.started = start, False
     return app
+
+
+def _prepare_constraints(model) -> None:
+    """Build llguidance's table of the model's tokenizer (sampling/token_bytes.py), which every constraint needs and
+    which is built once for the process's life, so that the first constrained request does not wait for it, and the
+    server's idle memory is what it will be once it serves structured output."""
+    try:
+        model.prepare_constraints()
+    except EdgelmError as error:  # llguidance missing, or a tokenizer it cannot read: each constrained request says so
+        log.info("constrained generation unavailable: %s", error)
 
 
 def jobs_for(model, max_batch: int, max_concurrency: int, max_queue: int) -> Jobs:

@@ -30,7 +30,9 @@ class Gate:
         self._ready, self._address, self._lock = None, None, threading.Lock()
 
     def open(self, app, ready=None) -> None:
-        """Serve `app` (create_app's) from now on; `ready(address)` once the socket listens too."""
+        """Serve `app` (create_app's) from now on, started (app.start: its lifespan ran before it was made);
+        `ready(address)` once the socket listens too."""
+        app.start()
         self.app = app
         self.limits = app.limits
         with self._lock:
@@ -78,5 +80,5 @@ class Gate:
             async def ignore(message):
                 pass
 
-            await self.app(scope, step, ignore)
+            await self.app(scope, step, ignore)  # start() does nothing the second time
         await send({"type": "lifespan.shutdown.complete"})

@@ -14,8 +14,10 @@ import weakref
 
 import pytest
 from edgelm.runtime import load
-from edgelm.runtime.errors import GenerationOptionError
+from edgelm.runtime.errors import GenerationOptionError, PromptError
+from edgelm.runtime.sampling import constraint
 from edgelm.runtime.server import request_path, workers
+from edgelm.runtime.server.app import create_app
 from edgelm.runtime.server.api.requests import Limits
 from edgelm.runtime.server.waiting import ClientGone
 from server_harness import HTTP, InProcessServer, complete
@@ -296,3 +298,74 @@ def test_the_server_bounds_its_heap_so_that_a_burst_frees_what_it_used(tiny_pack
         assert calls == [1]
     finally:
         server.stop()
+
+
+def test_edgelm_serve_starts_the_app_it_opens_after_the_model_has_loaded(tiny_package, monkeypatch):
+    """Under edgelm serve the lifespan runs before the model has loaded (loading.py's Gate answers meanwhile): the
+    Gate starts the app as it opens it, so the start's work (the collector's freeze, the heap's bounds) is done."""
+    from edgelm.runtime.engine import native
+    from edgelm.runtime.server.loading import Gate
+
+    calls = []
+    monkeypatch.setattr(native, "bound_freed_heap", lambda: calls.append(1) or "mallopt")
+    before = gc.get_freeze_count()
+    app = create_app(load(tiny_package), Limits(max_tokens=8), prepare_constraints=False)
+    try:
+        Gate(5.0).open(app)
+        assert calls == [1] and gc.get_freeze_count() > before
+        app.start()  # the lifespan, at shutdown: nothing twice
+        assert calls == [1]
+    finally:
+        gc.unfreeze()
+
+
+def test_a_starting_server_builds_what_every_constraint_needs_in_the_background(tiny_package):
+    """llguidance's table of the tokenizer is built as the server starts, not by its first constrained request."""
+    model = load(tiny_package)
+    server = InProcessServer(model, Limits(max_tokens=8))
+    try:
+        until(lambda: model._constraints is not None, "the constraint table built")
+        until(lambda: model._constraints.key in constraint._tokenizers, "the constraint table built")
+    finally:
+        server.stop()
+    quiet = load(tiny_package)
+    create_app(quiet, Limits(max_tokens=8), prepare_constraints=False).start()
+    gc.unfreeze()
+    assert quiet._constraints is None
+
+
+def test_a_constraint_arriving_while_the_table_is_built_waits_for_it_rather_than_build_another(gpt2_tokenizer_dir):
+    text = (gpt2_tokenizer_dir / "tokenizer.json").read_text()
+    built = Held(constraint.engine_tokenizer)
+    original, constraint.engine_tokenizer = constraint.engine_tokenizer, built
+    try:
+        compilers = [constraint.Compiler(text, 50257, (50256,), max_tokens=12345) for _ in range(2)]  # a key of its own
+        first = in_thread(compilers[0].tokenizer)
+        built.wait_entered()
+        second = in_thread(compilers[1].tokenizer)
+        time.sleep(0.2)  # the second has reached the lock (were it not held, it would be building too)
+        built.gate.set()
+        until(lambda: first and second, "both have the table")
+        assert built.calls == 1 and first[0] is second[0]
+    finally:
+        constraint.engine_tokenizer = original
+        constraint._tokenizers.pop(compilers[0].key, None)
+
+
+def test_a_large_prompts_ids_are_checked_without_a_python_call_per_id(model, monkeypatch):
+    """A body near --max-body-bytes tokenizes to hundreds of thousands of ids; checked one Python call each, their
+    check took a worker thread's CPU (and GIL turns) for ~0.2 s per body, which the model's thread and the event
+    loop shared during a burst. Plain ints in range are checked in C; anything else still gets its one line."""
+    from edgelm.runtime import inputs
+
+    calls = []
+    checked = inputs.is_token_id
+    monkeypatch.setattr(inputs, "is_token_id", lambda *args: calls.append(1) or checked(*args))
+    vocab = model.arch.vocab_size
+    ids = model.encode("Hello world, this is some text. " * 200)
+    model._check_ids(ids)
+    inputs.check_token_ids(tuple(ids), vocab)
+    assert calls == []
+    for bad, shown in (([*ids, vocab], str(vocab)), ([*ids, True], "True"), ([1, -1], "-1"), ([1, 2.0], "2.0")):
+        with pytest.raises(PromptError, match=f"token id {shown} is outside the vocabulary"):
+            inputs.check_token_ids(bad, vocab)
