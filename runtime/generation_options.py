@@ -113,10 +113,9 @@ OPTIONS = (
     ),
     Option(
         "speculative",
-        "Several tokens per pass, the same output: auto feeds a constraint's forced tokens in one pass and adds "
-        "prompt lookup with its off-switch (and a loaded draft's guesses), ngram forced tokens and prompt lookup "
-        "(quoting, extracting, rewriting the prompt), draft a draft model's guesses (--draft-model), off one token "
-        "per pass. Statistics in --json.",
+        "Several tokens per pass, the same output: auto feeds a constraint's forced tokens in one pass, ngram adds "
+        "prompt lookup (quoting, extracting, rewriting the prompt), draft adds a draft model's guesses (--draft-model), "
+        "off decodes one token per pass. Statistics in --json.",
         chat=True,
         choices=SPECULATIVE,
         # the server's unless `edgelm serve --speculative` says otherwise (server/limits.py): requests do not set it

@@ -63,9 +63,9 @@ from .terminal import echo
     default=Limits.speculative,
     show_default=True,
     help="Several tokens per pass, the same output, for every request: auto feeds a constraint's forced tokens in "
-    "one pass and adds prompt lookup with its off-switch, ngram forced tokens and prompt lookup, draft a draft "
-    "model's guesses (--draft-model). The running batch speculates while it holds one row and decodes one token "
-    "per pass for all rows above that; usage.speculation counts the drafted and accepted tokens.",
+    "one pass, ngram adds prompt lookup, draft a draft model's guesses (--draft-model). The running batch "
+    "speculates while it holds one row and decodes one token per pass for all rows above that; usage.speculation "
+    "counts the drafted and accepted tokens.",
 )
 @click.option(
     "--draft-model",

@@ -18,9 +18,9 @@ from .ngram import NgramProposer
 __all__ = ["AUTO_NGRAM", "NgramProposer", "Speculation", "speculative_round", "speculative_steps", "uses", "proposer"]
 
 # Whether "auto" adds prompt lookup (with its off-switch) to the forced tokens. The rule: only where open-ended
-# text costs at most 3% of one token per pass with it (benchmarks/speculative.py --tasks open): measured on the
-# packages of benchmarks/NOTES.md's row, so it is on.
-AUTO_NGRAM = True
+# text costs at most 3% of one token per pass with it (benchmarks/speculative.py --task open); until that is
+# measured on quiet cores, "auto" proposes only what wastes no work.
+AUTO_NGRAM = False
 
 
 def uses(config, rows: int, constraints: list, draft=None) -> bool:
