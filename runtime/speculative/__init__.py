@@ -18,8 +18,9 @@ from .ngram import NgramProposer
 __all__ = ["AUTO_NGRAM", "NgramProposer", "Speculation", "speculative_round", "speculative_steps", "uses", "proposer"]
 
 # Whether "auto" adds prompt lookup (with its off-switch) to the forced tokens. The rule: only where open-ended
-# text costs at most 3% of one token per pass with it (benchmarks/speculative.py --task open); until that is
-# measured on quiet cores, "auto" proposes only what wastes no work.
+# text costs at most 3% of one token per pass with it (benchmarks/speculative.py --tasks open), and where it keeps
+# the tokens of one token per pass: off, since a verify pass of several positions flips near-ties of int8 and int4
+# packages (docs/speculative.md), so "auto" proposes only what wastes no work and changes no token.
 AUTO_NGRAM = False
 
 
