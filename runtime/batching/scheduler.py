@@ -58,7 +58,7 @@ class Entry:
 
     def __init__(self, job, vocab_size: int):
         self.job, self.rows = job, job.batch.rows
-        self.step = Step(self.rows, vocab_size)
+        self.step = Step(self.rows, vocab_size, second_thread=not job.batch.engine.workers_spin)
         self.waiting = deque(range(len(self.rows)))  # rows not yet prefilled, in order
         self.prefilled = None  # (prompt index, its batch-1 decoder, logits [V]): shared by that prompt's n rows
         self.rounds: dict = {}  # row index -> (its proposer, a speculative.Speculation), or None: it never proposes

@@ -217,6 +217,8 @@ def _prepare_constraints(model) -> None:
         model.prepare_constraints()
     except EdgelmError as error:  # llguidance missing, or a tokenizer it cannot read: each constrained request says so
         log.info("constrained generation unavailable: %s", error)
+    except Exception as error:  # a package's files that fail otherwise: the first constrained request tries again
+        log.warning("the constraint table could not be built as the server started: %s", error)
 
 
 def jobs_for(model, max_batch: int, max_concurrency: int, max_queue: int) -> Jobs:

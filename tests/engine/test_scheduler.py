@@ -287,3 +287,11 @@ def test_a_shared_prefill_picks_every_first_token_before_its_rows_join_and_grows
         scheduler.close()
     assert events[:10] == [1] * 5 + ["join"] * 5  # five first tokens, then five rows into the batch
     assert len(set(buffers)) == 1
+
+
+@pytest.mark.parametrize("spinning", [True, False])
+def test_the_running_batch_draws_on_one_thread_where_the_workers_spin(tiny_package, spinning):
+    """A job's sampler takes the second thread only where onnxruntime's workers sleep after a run (as for Model.batch)."""
+    model = load(tiny_package, spinning=spinning)
+    entry = scheduler_module.Entry(Job(model.batch(["Hi"], do_sample=True, max_new_tokens=2)), model.engine.vocab_size)
+    assert entry.step.sampler.scratch.second_thread is not spinning
