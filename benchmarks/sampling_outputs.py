@@ -136,7 +136,7 @@ def paired_rounds(start, names: tuple, rounds: int, per_process: int, cases: lis
             if r % per_process == 0:
                 for child in children.values():
                     child.close()
-                children = {}  # the old processes end before the new ones load
+                children = {}  # closed: none is closed again if a new one fails to start
                 children = {name: start(name) for name in order}
             for case in cases:
                 speeds = {}

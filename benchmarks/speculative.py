@@ -175,9 +175,14 @@ def exactness(model, args) -> None:
     print(json.dumps(line | {"outputs that differ": len(differ), "first difference at": differ}))
 
 
+def random_prompt(model) -> list:
+    """64 token ids drawn from the vocabulary (seeded): the prompt the step timings decode after."""
+    return [int(i) for i in np.random.default_rng(0).integers(0, model.arch.vocab_size - 1, size=64)]
+
+
 def step_seconds(model, rounds: int) -> float:
     """Median seconds of one batch-1 decode step after a 64-token prompt (32 steps a round, greedy)."""
-    prompt = [int(i) for i in np.random.default_rng(0).integers(0, model.arch.vocab_size - 1, size=64)]
+    prompt = random_prompt(model)
     times = []
     for _ in range(rounds + 1):  # the first is a warm-up
         started = time.perf_counter()
@@ -204,7 +209,7 @@ def pass_cost(model, args) -> None:
     from edgelm.runtime.engine.steps import prefill_inputs
     from edgelm.runtime.engine.verify_pass import VerifyPasses
 
-    prompt = [int(i) for i in np.random.default_rng(0).integers(0, model.arch.vocab_size - 1, size=64)]
+    prompt = random_prompt(model)
     decoder = model.engine.decoder(1, capacity=len(prompt) + 32)
     decoder.run(*prefill_inputs([prompt], 0))
     passes, cached = VerifyPasses(decoder), len(prompt)

@@ -96,6 +96,7 @@ def check_threads(threads):
 
 SPIN_US = 1000  # how long an idle onnxruntime worker spins before it sleeps, in microseconds
 
+
 def create_session(
     model_file, device: str = "auto", threads: int | None = None, quantized: bool = False, spinning: bool = True
 ) -> tuple[ort.InferenceSession, str]:
