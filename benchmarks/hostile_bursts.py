@@ -1,7 +1,7 @@
 """Hostile bursts against `edgelm serve`: how long /health takes, and the gaps between the chunks of another
 client's plain stream, while --burst heavy requests of one kind arrive at once.
 
-    python benchmarks/hostile_bursts.py -m PACKAGE [--burst 12] [--kinds slow_compile,large_body,...]
+    python benchmarks/hostile_bursts.py -m PACKAGE [--burst 12] [--kinds slow_compile,large_body,...] [--repeats 1]
     python benchmarks/hostile_bursts.py --tiny --burst 2      # a tiny random package (needs the export extra)
 
 Kinds (each a burst of --burst requests sent at once, one kind after the other):
@@ -19,7 +19,11 @@ idle" reads directly. The time from the start of the process to /health's first 
 constrained request's time (`first_constrained_ms`) are printed too.
 
 A thread asks /health every 20 ms and another streams greedy completions throughout; for each burst the script
-prints the 50th and 99th percentiles (and the worst) of both, in milliseconds. Everything is bounded: each
+prints the 50th and 99th percentiles (and the worst) of both, in milliseconds. One burst gives 40-120 gaps, so its
+"99th percentile" is its worst gap or next to it: --repeats N sends every kind's burst N times (kind after kind,
+round after round) and ends with one line per kind over all its bursts' samples together (`pooled`: the
+percentiles of every burst's /health times and gaps, and how many bursts had a gap or a /health time over 100 ms).
+Everything is bounded: each
 request by --request-s, the whole run by --max-seconds, after which the server is stopped. A benchmark, not a
 test: nothing is asserted. Run it on quiet cores for figures worth keeping.
 """
@@ -103,8 +107,13 @@ class Watch:
                             last = now
 
     def between(self, start: float, end: float) -> dict:
+        return self.within([(start, end)])
+
+    def within(self, windows: list) -> dict:
+        """The /health times and gaps measured inside any of `windows` ((start, end) pairs), in milliseconds."""
+
         def ms(samples):
-            values = [s for at, s in samples if start <= at <= end]
+            values = [s for at, s in samples if any(start <= at <= end for start, end in windows)]
             return {
                 "n": len(values),
                 **{k: None if v is None else round(v * 1000, 1) for k, v in (
@@ -120,6 +129,15 @@ class Watch:
         self.done.set()
         for thread in self.threads:
             thread.join(180)
+
+
+def pooled(watch: Watch, windows: list) -> dict:
+    """Every burst's samples together, and how many bursts went over 100 ms in each measure."""
+    over = {"health": 0, "stream_gap": 0}
+    for window in windows:
+        for measure, figures in watch.within([window]).items():
+            over[measure] += figures["max_ms"] is not None and figures["max_ms"] > 100
+    return {**watch.within(windows), "bursts_over_100_ms": over}
 
 
 def chat(client: httpx.Client, url: str, body, timeout: float) -> int:
@@ -193,11 +211,12 @@ def main() -> None:
     parser.add_argument("--max-body-bytes", type=int, default=1_000_000, help="the server's --max-body-bytes")
     parser.add_argument("--request-s", type=float, default=120, help="seconds one request may take")
     parser.add_argument("--max-seconds", type=float, default=900, help="the whole run's bound")
+    parser.add_argument("--repeats", type=int, default=1, help="bursts of each kind, pooled in a last line per kind")
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs the server")
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
-    if not args.package and not args.tiny or any(k not in KINDS for k in kinds):
-        parser.error(f"give -m PACKAGE or --tiny, and kinds among {', '.join(KINDS)}")
+    if not args.package and not args.tiny or any(k not in KINDS for k in kinds) or args.repeats < 1:
+        parser.error(f"give -m PACKAGE or --tiny, kinds among {', '.join(KINDS)}, and --repeats of 1 or more")
     with tempfile.TemporaryDirectory() as scratch:
         package = args.package or tiny_package(Path(scratch))
         run(args, str(package), kinds)
@@ -234,18 +253,23 @@ def run(args, package: str, kinds: list) -> None:
             idle["first_constrained_ms"] = round((time.perf_counter() - began) * 1000, 1)
         time.sleep(2)
         print(json.dumps({**idle, "rss_constraints_ready_mb": round(rss_mb(server.pid))}))
-        for kind in kinds:
+        windows = {kind: [] for kind in kinds}
+        for kind in [kind for _ in range(args.repeats) for kind in kinds]:
             if time.monotonic() > ends:
                 print(json.dumps({"kind": kind, "skipped": "past --max-seconds"}))
                 continue
             before = round(rss_mb(server.pid))
             started = time.perf_counter()
             got = burst(kind, args, url)
-            watched = watch.between(started, time.perf_counter())
+            windows[kind].append((started, time.perf_counter()))
+            watched = watch.between(*windows[kind][-1])
             time.sleep(2)
             after = round(rss_mb(server.pid))
             memory = {"rss_before_mb": before, "rss_after_mb": after, "rss_over_started_mb": after - started_mb}
             print(json.dumps({"kind": kind, "burst": args.burst, **got, **memory, **watched}))
+        if args.repeats > 1:
+            for kind, spans in windows.items():
+                print(json.dumps({"kind": kind, "pooled": len(spans), **pooled(watch, spans)}))
     finally:
         if watch is not None:
             watch.done.set()
