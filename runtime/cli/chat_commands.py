@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..batching.prefix_store import replace_atomically
 from ..errors import PromptError
+from ..untrusted import read_bytes
 
 HELP = __doc__.split("\n\n")[1].rstrip()
 MARKER = "edgelm_chat"
@@ -77,16 +78,12 @@ def load(path: Path) -> list:
 
 
 def _read(path: Path):
+    # a regular file only, opened without waiting (a FIFO swapped in after a check would block a plain open)
+    data = read_bytes(path, MAX_FILE, PromptError, ".", what="a conversation edgelm saved")
     try:
-        if not path.is_file():
-            raise PromptError(f"{path} is not a file.")
-        if path.stat().st_size > MAX_FILE:
-            raise PromptError(f"{path} is over {MAX_FILE >> 20} MB: not a conversation edgelm saved.")
-        with open(path, "rb") as file:
-            data = file.read(MAX_FILE + 1)
         return json.loads(data.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise PromptError(f"could not read {path}: {getattr(error, 'strerror', None) or error}.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise PromptError(f"could not read {path}: {error}.") from None
 
 
 def _is_conversation(path: Path) -> bool:

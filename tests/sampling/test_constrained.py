@@ -191,6 +191,14 @@ def test_a_row_cut_by_length_keeps_its_text_and_ends_where_the_grammar_may_end(m
         assert c.text in ("ac", "abc")
 
 
+def test_a_constrained_answer_cut_by_a_stop_string_says_it_was_cut(model):
+    # the Python API reports the cut (the server refuses stop with a constraint): the string named, nothing parsed
+    cut = model.generate("A", json_schema=json.dumps({"const": "STOPWORD"}), stop=["STOP"], max_new_tokens=20)
+    assert (cut.text, cut.finish_reason, cut.stop_string, cut.parsed) == ('"', "stop", "STOP", None)
+    whole = model.generate("A", json_schema=json.dumps({"const": "STOPWORD"}), max_new_tokens=20)
+    assert (whole.text, whole.stop_string, whole.parsed) == ('"STOPWORD"', None, "STOPWORD")
+
+
 def test_greedy_and_seeded_rows_are_the_same_alone_and_in_a_batch(model):
     options = dict(json_schema=SCHEMAS["enums"], max_new_tokens=30)
     alone = [model.generate(p, **options).text for p in ("Hi", "The quick brown")]
