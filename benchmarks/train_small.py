@@ -17,6 +17,12 @@ The Llama shape has grouped-query attention (6 query heads, 2 key/value heads) a
 SmolLM2. Seeded, single process, CPU: 600 steps of 8 x 256 tokens take a few minutes on 2 cores.
 Writes a transformers checkpoint folder (safetensors, config, tokenizer) that `edgelm export` reads.
 
+`--repeats F` makes a share F of each batch's rows a span of the text followed by the same span again (a blank
+line between them), as web text repeats itself (quotations, boilerplate, code): a model this small, trained this
+briefly on novels alone, never learns to continue a passage it has already seen in its context, and so cannot
+quote or extract from a prompt as the models users run do; prompt lookup's gains on those tasks need one that can.
+The loss is taken over the whole row, so the second copy teaches the copying.
+
 gpt2-draft (2 layers of width 128) and gpt2-target (6 layers of width 384, about 30M parameters: the largest
 GPT-2 shape 600 steps train in about an hour of 2 cores) share GPT-2's tokenizer: a draft model and its target
 for speculative decoding (benchmarks/speculative.py --draft). `--text python-docs` trains on an English text
@@ -97,8 +103,18 @@ def corpus(source: str, text_dir: Path) -> tuple[list[str], list[str], list[str]
     return [read(p) for p in books], [p.stem for p in books], [read(text_dir / f"{HELD_OUT}.txt")], HELD_OUT
 
 
+def repeated_row(ids, start: int, context: int, blank) -> "np.ndarray":
+    """A row of `context` ids: the span of `ids` at `start`, a blank line, then the same span again."""
+    import numpy as np
+
+    half = (context - len(blank)) // 2
+    span = ids[start : start + half]
+    row = np.concatenate([span, blank, span])
+    return np.concatenate([row, ids[start + half : start + half + context - len(row)]])
+
+
 def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, context: int, lr: float, seed: int,
-          source: str = "austen"):  # fmt: skip
+          source: str = "austen", repeats: float = 0.0):  # fmt: skip
     import numpy as np
     import torch
     from tokenizers import Tokenizer
@@ -119,11 +135,15 @@ def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, contex
     schedule = lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))  # noqa: E731
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     rng = np.random.default_rng(seed)
+    blank = np.asarray(tokenizer.encode("\n\n").ids, dtype=np.int64)
     started = time.perf_counter()
     model.train()
     for step in range(steps):
         starts = rng.integers(0, len(train_ids) - context - 1, size=batch)
-        x = torch.from_numpy(np.stack([train_ids[s : s + context] for s in starts]))
+        twice = rng.random(batch) < repeats
+        rows = [repeated_row(train_ids, s, context, blank) if t else train_ids[s : s + context]
+                for s, t in zip(starts, twice)]  # fmt: skip
+        x = torch.from_numpy(np.stack(rows))
         loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -145,6 +165,7 @@ def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, contex
         "batch": batch,
         "context": context,
         "text": source,
+        "repeats": repeats,
         "train_tokens": int(len(train_ids)),
         "train_books": names if source == "austen" else f"{len(names)} topics",
         "held_out": held_name,
@@ -168,9 +189,13 @@ def main():
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=float, default=0.0, help="share of rows that are a span, then itself again")
     args = parser.parse_args()
+    if not 0 <= args.repeats <= 1:
+        parser.error("--repeats is a share of the rows, from 0 to 1")
     out = args.out or HERE / "out" / f"{args.family}-{args.text}"
-    train(args.family, args.text_dir, out, args.steps, args.batch, args.context, args.lr, args.seed, args.text)
+    train(args.family, args.text_dir, out, args.steps, args.batch, args.context, args.lr, args.seed, args.text,
+          args.repeats)  # fmt: skip
 
 
 if __name__ == "__main__":
