@@ -112,3 +112,84 @@ def test_every_error_class_is_a_public_name():
     assert {"StoreError", "QualityError", "DeadlineError"} <= classes
     assert classes <= set(rt.__all__)
     assert all(getattr(rt, name) is getattr(errors, name) for name in classes)
+
+
+# --- the tokenizer and the session, built at once -------------------------------------------------------------
+
+
+def _without_session_thread():
+    import threading
+
+    return not any(t.name == "edgelm-session" for t in threading.enumerate())
+
+
+def test_the_session_is_created_while_the_tokenizer_is_built(tiny_package, monkeypatch):
+    """load() builds the tokenizer while another thread creates the session: here the tokenizer's build waits
+    for the session's creation to start, which one after the other would never do (the wait would time out)."""
+    import threading
+
+    import edgelm.runtime.model as model_module
+
+    creating, seen = threading.Event(), []
+    real_session, real_tokenizer = model_module.create_session, model_module.load_tokenizer
+
+    def create_session(*args, **kwargs):
+        creating.set()
+        return real_session(*args, **kwargs)
+
+    def load_tokenizer(*args):
+        seen.append(creating.wait(timeout=20))
+        return real_tokenizer(*args)
+
+    monkeypatch.setattr(model_module, "create_session", create_session)
+    monkeypatch.setattr(model_module, "load_tokenizer", load_tokenizer)
+    model = rt.load(tiny_package)
+    assert seen == [True]
+    assert model.generate("Hello", max_new_tokens=2).completion_tokens == 2
+    assert _without_session_thread()
+
+
+def _copy(package, folder):
+    import shutil
+
+    shutil.copytree(package, folder)
+    return folder
+
+
+def test_a_refused_tokenizer_is_the_error_and_the_session_thread_has_ended(tiny_package, tmp_path, capsys):
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    (folder / "tokenizer.json").write_text('{"model": "damaged"', encoding="utf-8")
+    with pytest.raises(PackageError, match="cannot read the tokenizer"):
+        rt.load(folder, verify=False)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_graph_onnxruntime_refuses_is_the_error_and_the_thread_has_ended(tiny_package, tmp_path, capsys):
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    (folder / "model.onnx").write_bytes(b"\x08\x07" + b"not a graph" * 40)
+    with pytest.raises(PackageError, match="onnxruntime cannot load the graph"):
+        rt.load(folder, verify=False)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_when_both_fail_the_tokenizer_is_named_first(tiny_package, monkeypatch, capsys):
+    """As when one was built after the other: the tokenizer's error, with the session's thread ended."""
+    import edgelm.runtime.model as model_module
+
+    def refused(*args, **kwargs):
+        raise DeviceError("the session's error")
+
+    def damaged(*args):
+        raise PackageError("the tokenizer's error")
+
+    monkeypatch.setattr(model_module, "create_session", refused)
+    monkeypatch.setattr(model_module, "load_tokenizer", damaged)
+    with pytest.raises(PackageError, match="the tokenizer's error"):
+        rt.load(tiny_package)
+    monkeypatch.setattr(model_module, "load_tokenizer", lambda *args: None)
+    with pytest.raises(DeviceError, match="the session's error"):
+        rt.load(tiny_package)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
