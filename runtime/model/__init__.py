@@ -12,6 +12,7 @@ saved_session.py (a conversation's key/value cache saved to a file and restored)
 """
 
 import os
+import sys
 import threading
 
 from ..batching.batch import Stream  # noqa: F401 (a public name: edgelm.runtime.Stream)
@@ -90,23 +91,33 @@ class Model(Generation, Chat, Scoring, Sessions):
 def tokenizer_and_session(package: Package, device: str, threads, spinning: bool):
     """(tokenizer, onnxruntime session, the device it runs on): the session is created on a thread while this one
     reads and builds the tokenizer. onnxruntime releases the GIL while it creates a session (on one core: it
-    prepacks the weights one matrix at a time) and tokenizers holds it while it builds, so started first, the
-    session takes the other core for the whole build (benchmarks/NOTES.md, "Start:" rows). Errors come as if one
-    ran after the other: the tokenizer's first, then the session's; the thread has ended whenever this returns."""
+    prepacks the weights one matrix at a time) and tokenizers holds it while it builds, so the session takes the
+    other core for the whole build (benchmarks/NOTES.md, "Start:" rows). Errors come as if one ran after the other:
+    the tokenizer's first, then the session's; the thread has ended whenever this returns or raises.
+
+    onnxruntime releases the GIL twice, reading the graph and then initializing the session, with Python between
+    the two: a build started before the second would hold that Python back, and the session with it, for the whole
+    build. So the build waits until the thread calls initialize_session (_initializing), or has ended."""
     quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
-    made = {}
+    made, initializing = {}, threading.Event()
 
     def start_session():
+        sys.setprofile(_initializing(initializing))  # this thread's calls only
         try:  # the onnxruntime check before onnxruntime sees the package
             check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)
             made["session"] = create_session(package.model_file, device, threads, quantized, spinning)
         except BaseException as error:  # handed to the loading thread, which raises it
             made["error"] = error
+        finally:
+            sys.setprofile(None)
+            initializing.set()
 
     worker = threading.Thread(target=start_session, name="edgelm-session")
     worker.start()
     try:
-        tokenizer = load_tokenizer(package.tokenizer_text(), package.tokenizer_file)
+        text = package.tokenizer_text()
+        initializing.wait()
+        tokenizer = load_tokenizer(text, package.tokenizer_file)
     except BaseException:
         worker.join()
         made.clear()  # the session, if made, goes now rather than with the traceback
@@ -115,6 +126,18 @@ def tokenizer_and_session(package: Package, device: str, threads, spinning: bool
     if "error" in made:
         raise made.pop("error")
     return (tokenizer, *made.pop("session"))
+
+
+def _initializing(event: threading.Event):
+    """A profile function (sys.setprofile) that sets `event` when its thread calls onnxruntime's
+    InferenceSession.initialize_session, which releases the GIL until the session is made. Under another name in
+    another onnxruntime nothing is set, and the tokenizer's build waits for the whole session: slower, not wrong."""
+
+    def watch(frame, event_kind: str, called):
+        if event_kind == "c_call" and getattr(called, "__name__", "") == "initialize_session":
+            event.set()
+
+    return watch
 
 
 def load(
