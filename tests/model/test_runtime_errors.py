@@ -149,6 +149,52 @@ def test_the_session_is_created_while_the_tokenizer_is_built(tiny_package, monke
     assert _without_session_thread()
 
 
+def test_the_tokenizer_is_built_once_the_session_is_initializing(tiny_package, monkeypatch):
+    """The build, which holds the GIL, starts once the session's thread is inside initialize_session (or done):
+    started while onnxruntime reads the graph, it would hold the session back until it ends. The thread is held
+    back here before the graph is read, which a build started at once would not wait for."""
+    import linecache
+    import sys
+    import threading
+    import time
+
+    import edgelm.runtime.model as model_module
+
+    real_check, real_session, real_tokenizer = (
+        model_module.check_installed, model_module.create_session, model_module.load_tokenizer
+    )
+    returned, seen = threading.Event(), []
+
+    def held_back(*args):
+        time.sleep(0.3)
+        return real_check(*args)
+
+    def create_session(*args, **kwargs):
+        try:
+            return real_session(*args, **kwargs)
+        finally:
+            returned.set()
+
+    def where_the_session_is():
+        worker = next((t for t in threading.enumerate() if t.name == "edgelm-session"), None)
+        frame = sys._current_frames().get(worker.ident) if worker else None
+        while frame is not None:
+            if "initialize_session" in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
+                return "initializing"
+            frame = frame.f_back
+        return "made" if returned.is_set() else "not yet initializing"
+
+    def load_tokenizer(*args):
+        seen.append(where_the_session_is())
+        return real_tokenizer(*args)
+
+    monkeypatch.setattr(model_module, "check_installed", held_back)
+    monkeypatch.setattr(model_module, "create_session", create_session)
+    monkeypatch.setattr(model_module, "load_tokenizer", load_tokenizer)
+    assert rt.load(tiny_package).generate("Hello", max_new_tokens=1).completion_tokens == 1
+    assert seen in (["initializing"], ["made"])
+
+
 def _copy(package, folder):
     import shutil
 
