@@ -118,6 +118,10 @@ def tokenizer_and_session(package: Package, device: str, threads, spinning: bool
         text = package.tokenizer_text()
         initializing.wait()
         tokenizer = load_tokenizer(text, package.tokenizer_file)
+        del text
+        # the build's freed memory back to the system before the session's peak (this thread would wait anyway): the
+        # session's thread allocates from its own malloc arena, which cannot reuse it
+        release_freed_memory()
     except BaseException:
         worker.join()
         made.clear()  # the session, if made, goes now rather than with the traceback

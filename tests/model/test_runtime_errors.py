@@ -195,6 +195,19 @@ def test_the_tokenizer_is_built_once_the_session_is_initializing(tiny_package, m
     assert seen in (["initializing"], ["made"])
 
 
+def test_the_tokenizers_freed_memory_goes_back_before_the_session_is_used(tiny_package, monkeypatch):
+    """The build's freed memory is handed back while the session is still being made (the session's thread cannot
+    reuse it: another malloc arena), not only once the load is done."""
+    import edgelm.runtime.model as model_module
+
+    calls = []
+    real_release, real_check = model_module.release_freed_memory, model_module.check_graph_shapes
+    monkeypatch.setattr(model_module, "release_freed_memory", lambda: calls.append("release") or real_release())
+    monkeypatch.setattr(model_module, "check_graph_shapes", lambda *a: calls.append("session used") or real_check(*a))
+    rt.load(tiny_package)
+    assert calls[:2] == ["release", "session used"]
+
+
 def _copy(package, folder):
     import shutil
 
