@@ -112,7 +112,7 @@ def tokenizer_and_session(package: Package, device: str, threads, spinning: bool
             sys.setprofile(None)
             initializing.set()
 
-    worker = threading.Thread(target=start_session, name="edgelm-session")
+    worker = threading.Thread(target=start_session, name="edgelm-onnxruntime-session")
     worker.start()
     try:
         text = package.tokenizer_text()

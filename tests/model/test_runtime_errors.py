@@ -120,7 +120,7 @@ def test_every_error_class_is_a_public_name():
 def _without_session_thread():
     import threading
 
-    return not any(t.name == "edgelm-session" for t in threading.enumerate())
+    return not any(t.name == "edgelm-onnxruntime-session" for t in threading.enumerate())
 
 
 def test_the_session_is_created_while_the_tokenizer_is_built(tiny_package, monkeypatch):
@@ -176,7 +176,7 @@ def test_the_tokenizer_is_built_once_the_session_is_initializing(tiny_package, m
             returned.set()
 
     def where_the_session_is():
-        worker = next((t for t in threading.enumerate() if t.name == "edgelm-session"), None)
+        worker = next((t for t in threading.enumerate() if t.name == "edgelm-onnxruntime-session"), None)
         frame = sys._current_frames().get(worker.ident) if worker else None
         while frame is not None:
             if "initialize_session" in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
