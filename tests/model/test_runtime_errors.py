@@ -1,5 +1,6 @@
 """The Python API's errors as a user meets them: bad options, prompts, devices and thread counts, each a typed error
-with a clear message, every error class a public name."""
+with a clear message, every error class a public name; and load() building the tokenizer while a thread creates the
+session, whose errors come as one after the other gave them, with no thread left behind."""
 
 import edgelm.runtime as rt
 import onnxruntime as ort
