@@ -1,6 +1,7 @@
 """Process start to first token of `edgelm generate`, the commands taking turns round by round.
 
-    python benchmarks/start_to_first_token.py PKG [--bundle DIR/edgelm/edgelm] [--base CHECKOUT] [--floor] [--rounds 9]
+    python benchmarks/start_to_first_token.py PKG [--bundle DIR/edgelm/edgelm] [--base CHECKOUT] [--floor]
+        [--llama-cpp GGUF] [--rounds 9]
 
 Each command is `edgelm generate -m PKG "Hello" --max-new-tokens 1`, timed from its start to its exit (the first
 token is its last act): with the package's files checked against the record of the last full check (the
@@ -10,6 +11,10 @@ add --detach DIR COMMIT`) with this interpreter and its packages, so that before
 --floor adds what any program that runs the package with onnxruntime and tokenizers pays: the interpreter alone,
 its imports of numpy, onnxruntime and tokenizers, and those imports plus the package's tokenizer built and its
 onnxruntime session created (edgelm's session options), nothing of edgelm's.
+--llama-cpp GGUF adds llama-cpp-python's start to its first token with this interpreter, taking turns with the
+rest: import llama_cpp, Llama(GGUF) with the model's own context length and every core (as `edgelm generate`
+takes them), then a one-token greedy completion of "Hello" written to stdout; and its floor, `import llama_cpp`
+alone. Give it the GGUF of the package's checkpoint at the matching size (q8_0 for int8, q4_0 for int4, f32).
 Printed: the median and the range over the rounds, per command, of the time to its exit, the median time to
 its first byte on stdout (the first token; for the floor commands, which print nothing, their exit), and the
 median CPU time (user + system) of the process, which a busy machine changes less than the time. The first
@@ -39,6 +44,16 @@ options.log_severity_level, options.inter_op_num_threads = 4, 1
 ort.InferenceSession(sys.argv[1] + "/model.onnx", sess_options=options, providers=["CPUExecutionProvider"])
 """
 
+# llama-cpp-python's start to its first token: what a program that runs the GGUF with it does (no server, no chat)
+LLAMA_CPP = """
+import os, sys
+from llama_cpp import Llama
+model = Llama(sys.argv[1], n_ctx=0, n_threads=os.cpu_count(), n_threads_batch=os.cpu_count(), verbose=False)
+completion = model.create_completion("Hello", max_tokens=1, temperature=0.0)
+sys.stdout.write(completion["choices"][0]["text"] or "?")
+sys.stdout.flush()
+"""
+
 
 def base_path(checkout: Path, folder: Path) -> str:
     """A folder for PYTHONPATH whose edgelm.runtime and edgelm.export are `checkout`'s (pyproject's package-dir)."""
@@ -55,6 +70,7 @@ def main():
     parser.add_argument("--bundle", help="the frozen edgelm of a bundle")
     parser.add_argument("--base", type=Path, help="another checkout of edgelm, run with this interpreter")
     parser.add_argument("--floor", action="store_true", help="add the floor commands (see above)")
+    parser.add_argument("--llama-cpp", metavar="GGUF", help="add llama-cpp-python's start with this GGUF (see above)")
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     edgelm = shutil.which("edgelm", path=str(Path(sys.executable).parent)) or "edgelm"
@@ -74,9 +90,13 @@ def main():
         commands["floor: python -c pass"] = ([sys.executable, "-c", "pass"], environ)
         commands["floor: + imports"] = ([sys.executable, "-c", FLOOR_IMPORTS], environ)
         commands["floor: + tokenizer, session"] = ([sys.executable, "-c", FLOOR_SESSION, args.package], environ)
+    if args.llama_cpp:
+        commands["llama-cpp-python, 1 token"] = ([sys.executable, "-c", LLAMA_CPP, args.llama_cpp], environ)
+        commands["llama-cpp-python: import"] = ([sys.executable, "-c", "import llama_cpp"], environ)
     times = {name: [] for name in commands}
     cpu = {name: [] for name in commands}
     firsts = {name: [] for name in commands}
+    load_before = os.getloadavg()
     for round_ in range(args.rounds + 1):
         for name, (command, env) in commands.items():
             before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -92,6 +112,8 @@ def main():
                 firsts[name].append(first)
                 cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     scratch.cleanup()
+    loads = " ".join(f"{x:.2f}" for x in load_before), " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{args.rounds} rounds after a warm-up; load average {loads[0]} before, {loads[1]} after")
     for name, seconds in times.items():
         print(
             f"{name:32} median {statistics.median(seconds):.3f} s  (min {min(seconds):.3f}, max {max(seconds):.3f}); "

@@ -12,6 +12,7 @@ saved_session.py (a conversation's key/value cache saved to a file and restored)
 """
 
 import os
+import sys
 import threading
 
 from ..batching.batch import Stream  # noqa: F401 (a public name: edgelm.runtime.Stream)
@@ -49,11 +50,7 @@ class Model(Generation, Chat, Scoring, Sessions):
         self.package, self.arch = package, package.arch
         prefix_cache_bytes = cache_bytes(prefix_cache_mb)  # a bad option fails before anything is read
         disk = disk_store(package, prefix_cache_dir, prefix_cache_disk_mb, prefix_cache_bytes, engine_module.PREFILL_CHUNK)
-        self.tokenizer = load_tokenizer(package.tokenizer_text(), package.tokenizer_file)
-        # before onnxruntime sees it
-        check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)
-        quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
-        session, self.device = create_session(package.model_file, device, threads, quantized, spinning)
+        self.tokenizer, session, self.device = tokenizer_and_session(package, device, threads, spinning)
         check_graph_shapes(session, package)
         graph = package.manifest.graph if package.manifest else None
         io = graph_io(session, self.arch.n_layer, bool(graph and graph.kv_cache_in_place))
@@ -89,6 +86,62 @@ class Model(Generation, Chat, Scoring, Sessions):
         self.draft = None  # a Model of the same tokenizer whose guesses speculative="draft" verifies (load(draft=))
         release_freed_memory()
         drop_mapped_pages(package.folder)
+
+
+def tokenizer_and_session(package: Package, device: str, threads, spinning: bool):
+    """(tokenizer, onnxruntime session, the device it runs on): the session is created on a thread while this one
+    reads and builds the tokenizer. onnxruntime releases the GIL while it creates a session (on one core: it
+    prepacks the weights one matrix at a time) and tokenizers holds it while it builds, so the session takes the
+    other core for the whole build (benchmarks/NOTES.md, "Start:" rows). Errors come as if one ran after the other:
+    the tokenizer's first, then the session's; the thread has ended whenever this returns or raises.
+
+    onnxruntime releases the GIL twice, reading the graph and then initializing the session, with Python between
+    the two: a build started before the second would hold that Python back, and the session with it, for the whole
+    build. So the build waits until the thread calls initialize_session (_initializing), or has ended."""
+    quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
+    made, initializing = {}, threading.Event()
+
+    def start_session():
+        sys.setprofile(_initializing(initializing))  # this thread's calls only
+        try:  # the onnxruntime check before onnxruntime sees the package
+            check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)
+            made["session"] = create_session(package.model_file, device, threads, quantized, spinning)
+        except BaseException as error:  # handed to the loading thread, which raises it
+            made["error"] = error
+        finally:
+            sys.setprofile(None)
+            initializing.set()
+
+    worker = threading.Thread(target=start_session, name="edgelm-onnxruntime-session")
+    worker.start()
+    try:
+        text = package.tokenizer_text()
+        initializing.wait()
+        tokenizer = load_tokenizer(text, package.tokenizer_file)
+        del text
+        # the build's freed memory back to the system before the session's peak (this thread would wait anyway): the
+        # session's thread allocates from its own malloc arena, which cannot reuse it
+        release_freed_memory()
+    except BaseException:
+        worker.join()
+        made.clear()  # the session, if made, goes now rather than with the traceback
+        raise
+    worker.join()
+    if "error" in made:
+        raise made.pop("error")
+    return (tokenizer, *made.pop("session"))
+
+
+def _initializing(event: threading.Event):
+    """A profile function (sys.setprofile) that sets `event` when its thread calls onnxruntime's
+    InferenceSession.initialize_session, which releases the GIL until the session is made. Under another name in
+    another onnxruntime nothing is set, and the tokenizer's build waits for the whole session: slower, not wrong."""
+
+    def watch(frame, event_kind: str, called):
+        if event_kind == "c_call" and getattr(called, "__name__", "") == "initialize_session":
+            event.set()
+
+    return watch
 
 
 def load(

@@ -1,5 +1,6 @@
 """The Python API's errors as a user meets them: bad options, prompts, devices and thread counts, each a typed error
-with a clear message, every error class a public name."""
+with a clear message, every error class a public name; and load() building the tokenizer while a thread creates the
+session, whose errors come as one after the other gave them, with no thread left behind."""
 
 import edgelm.runtime as rt
 import onnxruntime as ort
@@ -112,3 +113,143 @@ def test_every_error_class_is_a_public_name():
     assert {"StoreError", "QualityError", "DeadlineError"} <= classes
     assert classes <= set(rt.__all__)
     assert all(getattr(rt, name) is getattr(errors, name) for name in classes)
+
+
+# --- the tokenizer and the session, built at once -------------------------------------------------------------
+
+
+def _without_session_thread():
+    import threading
+
+    return not any(t.name == "edgelm-onnxruntime-session" for t in threading.enumerate())
+
+
+def test_the_session_is_created_while_the_tokenizer_is_built(tiny_package, monkeypatch):
+    """load() builds the tokenizer while another thread creates the session: here the tokenizer's build waits
+    for the session's creation to start, which one after the other would never do (the wait would time out)."""
+    import threading
+
+    import edgelm.runtime.model as model_module
+
+    creating, seen = threading.Event(), []
+    real_session, real_tokenizer = model_module.create_session, model_module.load_tokenizer
+
+    def create_session(*args, **kwargs):
+        creating.set()
+        return real_session(*args, **kwargs)
+
+    def load_tokenizer(*args):
+        seen.append(creating.wait(timeout=20))
+        return real_tokenizer(*args)
+
+    monkeypatch.setattr(model_module, "create_session", create_session)
+    monkeypatch.setattr(model_module, "load_tokenizer", load_tokenizer)
+    model = rt.load(tiny_package)
+    assert seen == [True]
+    assert model.generate("Hello", max_new_tokens=2).completion_tokens == 2
+    assert _without_session_thread()
+
+
+def test_the_tokenizer_is_built_once_the_session_is_initializing(tiny_package, monkeypatch):
+    """The build, which holds the GIL, starts once the session's thread is inside initialize_session (or done):
+    started while onnxruntime reads the graph, it would hold the session back until it ends. The thread is held
+    back here before the graph is read, which a build started at once would not wait for."""
+    import linecache
+    import sys
+    import threading
+    import time
+
+    import edgelm.runtime.model as model_module
+
+    real_check, real_session, real_tokenizer = (
+        model_module.check_installed, model_module.create_session, model_module.load_tokenizer
+    )
+    returned, seen = threading.Event(), []
+
+    def held_back(*args):
+        time.sleep(0.3)
+        return real_check(*args)
+
+    def create_session(*args, **kwargs):
+        try:
+            return real_session(*args, **kwargs)
+        finally:
+            returned.set()
+
+    def where_the_session_is():
+        worker = next((t for t in threading.enumerate() if t.name == "edgelm-onnxruntime-session"), None)
+        frame = sys._current_frames().get(worker.ident) if worker else None
+        while frame is not None:
+            if "initialize_session" in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
+                return "initializing"
+            frame = frame.f_back
+        return "made" if returned.is_set() else "not yet initializing"
+
+    def load_tokenizer(*args):
+        seen.append(where_the_session_is())
+        return real_tokenizer(*args)
+
+    monkeypatch.setattr(model_module, "check_installed", held_back)
+    monkeypatch.setattr(model_module, "create_session", create_session)
+    monkeypatch.setattr(model_module, "load_tokenizer", load_tokenizer)
+    assert rt.load(tiny_package).generate("Hello", max_new_tokens=1).completion_tokens == 1
+    assert seen in (["initializing"], ["made"])
+
+
+def test_the_tokenizers_freed_memory_goes_back_before_the_session_is_used(tiny_package, monkeypatch):
+    """The build's freed memory is handed back while the session is still being made (the session's thread cannot
+    reuse it: another malloc arena), not only once the load is done."""
+    import edgelm.runtime.model as model_module
+
+    calls = []
+    real_release, real_check = model_module.release_freed_memory, model_module.check_graph_shapes
+    monkeypatch.setattr(model_module, "release_freed_memory", lambda: calls.append("release") or real_release())
+    monkeypatch.setattr(model_module, "check_graph_shapes", lambda *a: calls.append("session used") or real_check(*a))
+    rt.load(tiny_package)
+    assert calls[:2] == ["release", "session used"]
+
+
+def _copy(package, folder):
+    import shutil
+
+    shutil.copytree(package, folder)
+    return folder
+
+
+def test_a_refused_tokenizer_is_the_error_and_the_session_thread_has_ended(tiny_package, tmp_path, capsys):
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    (folder / "tokenizer.json").write_text('{"model": "damaged"', encoding="utf-8")
+    with pytest.raises(PackageError, match="cannot read the tokenizer"):
+        rt.load(folder, verify=False)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_graph_onnxruntime_refuses_is_the_error_and_the_thread_has_ended(tiny_package, tmp_path, capsys):
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    (folder / "model.onnx").write_bytes(b"\x08\x07" + b"not a graph" * 40)
+    with pytest.raises(PackageError, match="onnxruntime cannot load the graph"):
+        rt.load(folder, verify=False)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_when_both_fail_the_tokenizer_is_named_first(tiny_package, monkeypatch, capsys):
+    """As when one was built after the other: the tokenizer's error, with the session's thread ended."""
+    import edgelm.runtime.model as model_module
+
+    def refused(*args, **kwargs):
+        raise DeviceError("the session's error")
+
+    def damaged(*args):
+        raise PackageError("the tokenizer's error")
+
+    monkeypatch.setattr(model_module, "create_session", refused)
+    monkeypatch.setattr(model_module, "load_tokenizer", damaged)
+    with pytest.raises(PackageError, match="the tokenizer's error"):
+        rt.load(tiny_package)
+    monkeypatch.setattr(model_module, "load_tokenizer", lambda *args: None)
+    with pytest.raises(DeviceError, match="the session's error"):
+        rt.load(tiny_package)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
