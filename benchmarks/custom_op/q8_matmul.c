@@ -1,0 +1,324 @@
+/* edgelm.Q8MatMul: the int8 recipe's weight product (onnxruntime's MatMulNBits, bits 8, blocks of 32, no zero
+   points) as an onnxruntime custom op, to measure what a kernel of our own would change. Not part of edgelm.
+
+     benchmarks/custom_op/build.sh ORT_INCLUDE_DIR      # -> benchmarks/out/custom_op/libedgelm_q8.so
+
+   Inputs, as MatMulNBits takes them (attributes K, N, bits 8, block_size 32):
+     A       float  [..., K]          the activations
+     B       uint8  [N, K/32, 32]     the weights: code + 128 (zero point 128), row n is output n
+     scales  float  [N * K/32]        one per output and block
+   Output:   float  [..., N]          Y = A B^T with B dequantized
+
+   Kernel (as MatMulNBits at accuracy_level 4 and llama.cpp's q8_0 do): each row of A is quantized per block of
+   32 to int8 (scale = max|a| / 127, round to nearest even), then each block's dot product is vpdpbusd with the
+   weights as the unsigned operand and the activations as the signed one. The accumulator starts at
+   -128 * sum(a codes) in its first lane, which removes the zero point exactly in integers; the block's 8 int32
+   lanes are converted to float and accumulated with the product of the two scales, two blocks per 512-bit
+   register, four outputs at a time (the activation loads shared); one horizontal sum per output at the end.
+   The outputs are split in chunks over onnxruntime's intra-op threads (KernelContext_ParallelFor).
+
+   Built for a CPU without AVX-512 VNNI, the kernel is a scalar loop (the same arithmetic, for correctness
+   only); built with it, the library refuses to register on a CPU that lacks it.
+
+   EDGELM_Q8_CHUNK (outputs per parallel task, default 64) and EDGELM_Q8_SCALAR=1 (the scalar loop) are read
+   once when the library registers, to measure. */
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnxruntime_c_api.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define Q8_VNNI 1
+#else
+#define Q8_VNNI 0
+#endif
+
+#define BLOCK 32
+#define API_VERSION 17 /* KernelContext_ParallelFor is in the API since 1.17 */
+
+static const OrtApi *ort;
+static long chunk_outputs = 64;
+static int use_scalar = 0;
+
+typedef struct {
+  int64_t k, n;
+} Q8Kernel;
+
+/* One call's work, shared by the parallel tasks. Per row m of A and pair p of blocks (2p, 2p+1):
+   codes[m][K]: int8 activations; start[m][p]: 16 int32, lane 0 = -128 * sum(codes of block 2p), lane 8 the
+   same for block 2p+1, the rest 0; ascale[m][p]: 16 floats, block 2p's scale in lanes 0-7, 2p+1's in 8-15. */
+typedef struct {
+  const uint8_t *w;
+  const float *wscale;
+  float *y;
+  int64_t m, k, n, blocks, pairs;
+  int8_t *codes;
+  int32_t *start;
+  float *ascale;
+} Q8Call;
+
+static void quantize_rows(const float *a, Q8Call *c) {
+  for (int64_t m = 0; m < c->m; m++) {
+    const float *row = a + m * c->k;
+    int8_t *q = c->codes + m * c->k;
+    int32_t *start = c->start + m * c->pairs * 16;
+    float *scale = c->ascale + m * c->pairs * 16;
+    memset(start, 0, sizeof(int32_t) * 16 * c->pairs);
+    memset(scale, 0, sizeof(float) * 16 * c->pairs);
+    for (int64_t b = 0; b < c->blocks; b++) {
+      const float *x = row + b * BLOCK;
+      float amax = 0;
+      for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(x[i]));
+      float s = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
+      int32_t sum = 0;
+      for (int i = 0; i < BLOCK; i++) {
+        int v = (int)nearbyintf(x[i] * inverse);
+        q[b * BLOCK + i] = (int8_t)v;
+        sum += v;
+      }
+      int64_t lane = (b / 2) * 16 + (b % 2) * 8;
+      start[lane] = -128 * sum;
+      for (int i = 0; i < 8; i++) scale[lane + i] = s;
+    }
+  }
+}
+
+/* Outputs [first, last) for every row of A, one output at a time: the reference arithmetic. */
+static void outputs_scalar(const Q8Call *c, int64_t first, int64_t last) {
+  for (int64_t m = 0; m < c->m; m++) {
+    const int8_t *q = c->codes + m * c->k;
+    const int32_t *start = c->start + m * c->pairs * 16;
+    const float *ascale = c->ascale + m * c->pairs * 16;
+    for (int64_t n = first; n < last; n++) {
+      const uint8_t *w = c->w + n * c->k;
+      float sum = 0;
+      for (int64_t b = 0; b < c->blocks; b++) {
+        int64_t lane = (b / 2) * 16 + (b % 2) * 8;
+        int32_t dot = start[lane];
+        for (int i = 0; i < BLOCK; i++) dot += (int32_t)w[b * BLOCK + i] * q[b * BLOCK + i];
+        sum += (float)dot * ascale[lane] * c->wscale[n * c->blocks + b];
+      }
+      c->y[m * c->n + n] = sum;
+    }
+  }
+}
+
+#if Q8_VNNI
+/* Block 2p's weight scale in lanes 0-7, 2p+1's in lanes 8-15 (only 2p's when `single`). */
+static inline __m512 pair_scale(const float *s, int single) {
+  const __m512i spread = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m128 two = single ? _mm_load_ss(s) : _mm_castpd_ps(_mm_load_sd((const double *)s));
+  return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two));
+}
+
+/* R outputs from `n` for row m: [R] floats. */
+static inline void outputs_vnni(const Q8Call *c, int64_t m, int64_t n, int R, float *out) {
+  const int8_t *q = c->codes + m * c->k;
+  const __m512i *start = (const __m512i *)(c->start + m * c->pairs * 16);
+  const __m512 *ascale = (const __m512 *)(c->ascale + m * c->pairs * 16);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const int64_t full = c->blocks / 2;
+  for (int64_t p = 0; p < full; p++) {
+    __m512i a = _mm512_loadu_si512(q + p * 64);
+    __m512i s0 = _mm512_load_si512(start + p);
+    __m512 sa = _mm512_load_ps((const float *)(ascale + p));
+    for (int r = 0; r < R; r++) {
+      __m512i w = _mm512_loadu_si512(c->w + (n + r) * c->k + p * 64);
+      __m512i dot = _mm512_dpbusd_epi32(s0, w, a);
+      __m512 scale = _mm512_mul_ps(sa, pair_scale(c->wscale + (n + r) * c->blocks + 2 * p, 0));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+    }
+  }
+  if (c->blocks % 2) { /* the last block alone: the upper 32 bytes masked to 0, its start and scale lanes are 0 */
+    int64_t p = full;
+    __m512i a = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, q + p * 64);
+    __m512i s0 = _mm512_load_si512(start + p);
+    __m512 sa = _mm512_load_ps((const float *)(ascale + p));
+    for (int r = 0; r < R; r++) {
+      __m512i w = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, c->w + (n + r) * c->k + p * 64);
+      __m512i dot = _mm512_dpbusd_epi32(s0, w, a);
+      __m512 scale = _mm512_mul_ps(sa, pair_scale(c->wscale + (n + r) * c->blocks + 2 * p, 1));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+static void outputs_fast(const Q8Call *c, int64_t first, int64_t last) {
+  float out[4];
+  for (int64_t n = first; n < last; n += 4) {
+    int R = last - n < 4 ? (int)(last - n) : 4;
+    for (int64_t m = 0; m < c->m; m++) {
+      if (R == 4)
+        outputs_vnni(c, m, n, 4, out);
+      else
+        outputs_vnni(c, m, n, R, out);
+      for (int r = 0; r < R; r++) c->y[m * c->n + n + r] = out[r];
+    }
+  }
+}
+#endif
+
+static void run_chunk(void *data, size_t index) {
+  const Q8Call *c = data;
+  int64_t first = (int64_t)index * chunk_outputs, last = first + chunk_outputs;
+  if (last > c->n) last = c->n;
+#if Q8_VNNI
+  if (!use_scalar) {
+    outputs_fast(c, first, last);
+    return;
+  }
+#endif
+  outputs_scalar(c, first, last);
+}
+
+static OrtStatus *fail(const char *message) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, message); }
+
+#define CHECK(call)                         \
+  do {                                      \
+    OrtStatus *status_ = (call);            \
+    if (status_) return status_;            \
+  } while (0)
+
+static OrtStatus *shape_of(const OrtValue *value, int64_t *dims, size_t *count, size_t capacity) {
+  OrtTensorTypeAndShapeInfo *info;
+  CHECK(ort->GetTensorTypeAndShape(value, &info));
+  OrtStatus *status = ort->GetDimensionsCount(info, count);
+  if (!status && *count > capacity) status = fail("edgelm.Q8MatMul: an input has too many dimensions");
+  if (!status) status = ort->GetDimensions(info, dims, *count);
+  ort->ReleaseTensorTypeAndShapeInfo(info);
+  return status;
+}
+
+static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) {
+  const Q8Kernel *self = kernel;
+  const OrtValue *a_value, *w_value, *s_value;
+  CHECK(ort->KernelContext_GetInput(context, 0, &a_value));
+  CHECK(ort->KernelContext_GetInput(context, 1, &w_value));
+  CHECK(ort->KernelContext_GetInput(context, 2, &s_value));
+  int64_t dims[8], wdims[8];
+  size_t rank, wrank;
+  CHECK(shape_of(a_value, dims, &rank, 8));
+  CHECK(shape_of(w_value, wdims, &wrank, 8));
+  if (rank < 1 || dims[rank - 1] != self->k) return fail("edgelm.Q8MatMul: A's last dimension is not K");
+  if (wrank != 3 || wdims[0] != self->n || wdims[1] * wdims[2] != self->k || wdims[2] != BLOCK)
+    return fail("edgelm.Q8MatMul: B is not [N, K/32, 32]");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < rank; i++) rows *= dims[i];
+  dims[rank - 1] = self->n;
+  OrtValue *y_value;
+  CHECK(ort->KernelContext_GetOutput(context, 0, dims, rank, &y_value));
+  void *a, *w, *s, *y;
+  CHECK(ort->GetTensorMutableData((OrtValue *)a_value, &a));
+  CHECK(ort->GetTensorMutableData((OrtValue *)w_value, &w));
+  CHECK(ort->GetTensorMutableData((OrtValue *)s_value, &s));
+  CHECK(ort->GetTensorMutableData(y_value, &y));
+  if (rows == 0) return NULL;
+
+  Q8Call c = {w, s, y, rows, self->k, self->n, self->k / BLOCK, (self->k / BLOCK + 1) / 2, NULL, NULL, NULL};
+  size_t pair_bytes = (size_t)rows * c.pairs * 64;
+  char *scratch = aligned_alloc(64, 2 * pair_bytes + (((size_t)rows * c.k + 64 + 63) / 64) * 64);
+  if (!scratch) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
+  c.start = (int32_t *)scratch;
+  c.ascale = (float *)(scratch + pair_bytes);
+  c.codes = (int8_t *)(scratch + 2 * pair_bytes); /* 64 spare bytes: an odd last block's load reads past K */
+  quantize_rows(a, &c);
+  size_t chunks = (size_t)((c.n + chunk_outputs - 1) / chunk_outputs);
+  OrtStatus *status = ort->KernelContext_ParallelFor(context, run_chunk, chunks, 0, &c);
+  free(scratch);
+  return status;
+}
+
+static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info,
+                                             void **kernel) {
+  (void)op;
+  (void)api;
+  int64_t k, n, bits, block;
+  CHECK(ort->KernelInfoGetAttribute_int64(info, "K", &k));
+  CHECK(ort->KernelInfoGetAttribute_int64(info, "N", &n));
+  CHECK(ort->KernelInfoGetAttribute_int64(info, "bits", &bits));
+  CHECK(ort->KernelInfoGetAttribute_int64(info, "block_size", &block));
+  if (bits != 8 || block != BLOCK || k <= 0 || n <= 0 || k % BLOCK)
+    return fail("edgelm.Q8MatMul takes bits 8, block_size 32 and K a multiple of 32");
+  Q8Kernel *self = malloc(sizeof *self);
+  if (!self) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
+  self->k = k;
+  self->n = n;
+  *kernel = self;
+  return NULL;
+}
+
+static void ORT_API_CALL destroy_kernel(void *kernel) { free(kernel); }
+static const char *ORT_API_CALL op_name(const OrtCustomOp *op) { (void)op; return "Q8MatMul"; }
+static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static size_t ORT_API_CALL input_count(const OrtCustomOp *op) { (void)op; return 3; }
+static size_t ORT_API_CALL output_count(const OrtCustomOp *op) { (void)op; return 1; }
+static ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+static ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  (void)i;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+static OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  (void)i;
+  return INPUT_OUTPUT_REQUIRED;
+}
+static OrtMemType ORT_API_CALL memory_type(const OrtCustomOp *op, size_t i) {
+  (void)op;
+  (void)i;
+  return OrtMemTypeDefault;
+}
+static int ORT_API_CALL one(const OrtCustomOp *op) { (void)op; return 1; }
+static int ORT_API_CALL zero(const OrtCustomOp *op) { (void)op; return 0; }
+static int ORT_API_CALL last_version(const OrtCustomOp *op) { (void)op; return INT_MAX; }
+
+static OrtCustomOp q8_matmul;
+
+OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+  ort = base->GetApi(API_VERSION);
+  if (!ort) return NULL; /* an onnxruntime older than 1.17: nothing registered, its graphs fail to load */
+#if Q8_VNNI
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw"))
+    return ort->CreateStatus(ORT_FAIL, "libedgelm_q8 was built for AVX-512 VNNI, which this CPU lacks");
+#endif
+  const char *chunk = getenv("EDGELM_Q8_CHUNK"), *scalar = getenv("EDGELM_Q8_SCALAR");
+  if (chunk && atol(chunk) > 0) chunk_outputs = (atol(chunk) + 3) / 4 * 4;
+  use_scalar = scalar && strcmp(scalar, "1") == 0;
+
+  memset(&q8_matmul, 0, sizeof q8_matmul);
+  q8_matmul.version = API_VERSION;
+  q8_matmul.GetName = op_name;
+  q8_matmul.GetExecutionProviderType = op_provider;
+  q8_matmul.GetInputType = input_type;
+  q8_matmul.GetInputTypeCount = input_count;
+  q8_matmul.GetOutputType = output_type;
+  q8_matmul.GetOutputTypeCount = output_count;
+  q8_matmul.GetInputCharacteristic = required;
+  q8_matmul.GetOutputCharacteristic = required;
+  q8_matmul.GetInputMemoryType = memory_type;
+  q8_matmul.GetVariadicInputMinArity = one;
+  q8_matmul.GetVariadicInputHomogeneity = zero;
+  q8_matmul.GetVariadicOutputMinArity = one;
+  q8_matmul.GetVariadicOutputHomogeneity = zero;
+  q8_matmul.CreateKernelV2 = create_kernel;
+  q8_matmul.KernelComputeV2 = compute;
+  q8_matmul.KernelDestroy = destroy_kernel;
+  q8_matmul.GetStartVersion = one;
+  q8_matmul.GetEndVersion = last_version;
+
+  OrtCustomOpDomain *domain; /* lives as long as the process: sessions made from these options refer to it */
+  CHECK(ort->CreateCustomOpDomain("edgelm", &domain));
+  CHECK(ort->CustomOpDomain_Add(domain, &q8_matmul));
+  return ort->AddCustomOpDomain(options, domain);
+}
