@@ -14,7 +14,7 @@
    weights as the unsigned operand and the activations as the signed one. The accumulator starts at
    -128 * sum(a codes) in its first lane, which removes the zero point exactly in integers; the block's 8 int32
    lanes are converted to float and accumulated with the product of the two scales, two blocks per 512-bit
-   register, four outputs at a time (the activation loads shared); one horizontal sum per output at the end.
+   register, one output at a time; one horizontal sum per output at the end.
    The outputs are split in chunks over onnxruntime's intra-op threads (KernelContext_ParallelFor).
 
    Built for a CPU without AVX-512 VNNI, the kernel is a scalar loop (the same arithmetic, for correctness
@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "onnxruntime_c_api.h"
 
@@ -48,7 +49,11 @@ static int use_scalar = 0;
 
 typedef struct {
   int64_t k, n;
+  const void *source;  /* the B input the copy was made from */
+  uint8_t *copy;       /* B then the scales, on transparent huge pages (EDGELM_Q8_COPY=1) */
 } Q8Kernel;
+
+static int copy_weights = 0;
 
 /* One call's work, shared by the parallel tasks. Per row m of A and pair p of blocks (2p, 2p+1):
    codes[m][K]: int8 activations; start[m][p]: 16 int32, lane 0 = -128 * sum(codes of block 2p), lane 8 the
@@ -117,51 +122,34 @@ static inline __m512 pair_scale(const float *s, int single) {
   return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two));
 }
 
-/* R outputs from `n` for row m: [R] floats. */
-static inline void outputs_vnni(const Q8Call *c, int64_t m, int64_t n, int R, float *out) {
+/* Output n for row m. One weight row at a time: four rows interleaved (sharing the activation loads) ran at a
+   quarter of the speed, the hardware prefetcher losing the streams. */
+static inline float output_vnni(const Q8Call *c, int64_t m, int64_t n) {
   const int8_t *q = c->codes + m * c->k;
   const __m512i *start = (const __m512i *)(c->start + m * c->pairs * 16);
   const __m512 *ascale = (const __m512 *)(c->ascale + m * c->pairs * 16);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const uint8_t *w = c->w + n * c->k;
+  const float *wscale = c->wscale + n * c->blocks;
+  __m512 acc = _mm512_setzero_ps();
   const int64_t full = c->blocks / 2;
   for (int64_t p = 0; p < full; p++) {
-    __m512i a = _mm512_loadu_si512(q + p * 64);
-    __m512i s0 = _mm512_load_si512(start + p);
-    __m512 sa = _mm512_load_ps((const float *)(ascale + p));
-    for (int r = 0; r < R; r++) {
-      __m512i w = _mm512_loadu_si512(c->w + (n + r) * c->k + p * 64);
-      __m512i dot = _mm512_dpbusd_epi32(s0, w, a);
-      __m512 scale = _mm512_mul_ps(sa, pair_scale(c->wscale + (n + r) * c->blocks + 2 * p, 0));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
-    }
+    __m512i dot = _mm512_dpbusd_epi32(start[p], _mm512_loadu_si512(w + p * 64), _mm512_loadu_si512(q + p * 64));
+    __m512 scale = _mm512_mul_ps(ascale[p], pair_scale(wscale + 2 * p, 0));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
   }
   if (c->blocks % 2) { /* the last block alone: the upper 32 bytes masked to 0, its start and scale lanes are 0 */
     int64_t p = full;
-    __m512i a = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, q + p * 64);
-    __m512i s0 = _mm512_load_si512(start + p);
-    __m512 sa = _mm512_load_ps((const float *)(ascale + p));
-    for (int r = 0; r < R; r++) {
-      __m512i w = _mm512_maskz_loadu_epi8(0xFFFFFFFFull, c->w + (n + r) * c->k + p * 64);
-      __m512i dot = _mm512_dpbusd_epi32(s0, w, a);
-      __m512 scale = _mm512_mul_ps(sa, pair_scale(c->wscale + (n + r) * c->blocks + 2 * p, 1));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
-    }
+    __m512i dot = _mm512_dpbusd_epi32(start[p], _mm512_maskz_loadu_epi8(0xFFFFFFFFull, w + p * 64),
+                                      _mm512_maskz_loadu_epi8(0xFFFFFFFFull, q + p * 64));
+    __m512 scale = _mm512_mul_ps(ascale[p], pair_scale(wscale + 2 * p, 1));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
   }
-  for (int r = 0; r < R; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+  return _mm512_reduce_add_ps(acc);
 }
 
 static void outputs_fast(const Q8Call *c, int64_t first, int64_t last) {
-  float out[4];
-  for (int64_t n = first; n < last; n += 4) {
-    int R = last - n < 4 ? (int)(last - n) : 4;
-    for (int64_t m = 0; m < c->m; m++) {
-      if (R == 4)
-        outputs_vnni(c, m, n, 4, out);
-      else
-        outputs_vnni(c, m, n, R, out);
-      for (int r = 0; r < R; r++) c->y[m * c->n + n + r] = out[r];
-    }
-  }
+  for (int64_t n = first; n < last; n++)
+    for (int64_t m = 0; m < c->m; m++) c->y[m * c->n + n] = output_vnni(c, m, n);
 }
 #endif
 
@@ -220,6 +208,22 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
   CHECK(ort->GetTensorMutableData((OrtValue *)s_value, &s));
   CHECK(ort->GetTensorMutableData(y_value, &y));
   if (rows == 0) return NULL;
+  if (copy_weights) {
+    Q8Kernel *mutable = (Q8Kernel *)self;
+    size_t wbytes = (size_t)self->n * self->k, sbytes = (size_t)self->n * (self->k / BLOCK) * sizeof(float);
+    if (mutable->source != w) {
+      size_t total = (wbytes + sbytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+      free(mutable->copy);
+      mutable->copy = aligned_alloc(2u << 20, total);
+      if (!mutable->copy) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
+      madvise(mutable->copy, total, MADV_HUGEPAGE);
+      memcpy(mutable->copy, w, wbytes);
+      memcpy(mutable->copy + wbytes, s, sbytes);
+      mutable->source = w;
+    }
+    w = mutable->copy;
+    s = mutable->copy + wbytes;
+  }
 
   Q8Call c = {w, s, y, rows, self->k, self->n, self->k / BLOCK, (self->k / BLOCK + 1) / 2, NULL, NULL, NULL};
   size_t pair_bytes = (size_t)rows * c.pairs * 64;
@@ -249,12 +253,17 @@ static OrtStatus *ORT_API_CALL create_kernel(const OrtCustomOp *op, const OrtApi
   Q8Kernel *self = malloc(sizeof *self);
   if (!self) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
   self->k = k;
+  self->source = NULL;
+  self->copy = NULL;
   self->n = n;
   *kernel = self;
   return NULL;
 }
 
-static void ORT_API_CALL destroy_kernel(void *kernel) { free(kernel); }
+static void ORT_API_CALL destroy_kernel(void *kernel) {
+  free(((Q8Kernel *)kernel)->copy);
+  free(kernel);
+}
 static const char *ORT_API_CALL op_name(const OrtCustomOp *op) { (void)op; return "Q8MatMul"; }
 static const char *ORT_API_CALL op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static size_t ORT_API_CALL input_count(const OrtCustomOp *op) { (void)op; return 3; }
@@ -295,6 +304,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   const char *chunk = getenv("EDGELM_Q8_CHUNK"), *scalar = getenv("EDGELM_Q8_SCALAR");
   if (chunk && atol(chunk) > 0) chunk_outputs = (atol(chunk) + 3) / 4 * 4;
   use_scalar = scalar && strcmp(scalar, "1") == 0;
+  copy_weights = getenv("EDGELM_Q8_COPY") && strcmp(getenv("EDGELM_Q8_COPY"), "1") == 0;
 
   memset(&q8_matmul, 0, sizeof q8_matmul);
   q8_matmul.version = API_VERSION;
