@@ -4,13 +4,15 @@
     python benchmarks/step_profile.py PKG --option session.intra_op.allow_spinning=0
     python benchmarks/step_profile.py PKG-A PKG-B --rounds 7 --threads 2    # no profile: A/B step times
     python benchmarks/step_profile.py PKG PKG::session.intra_op.allow_spinning=0 --rounds 5   # one package, two settings
+    python benchmarks/step_profile.py PKG VARIANT::custom_ops=LIB --rounds 7 --threads 2   # LIB registered for VARIANT
 
 Runs the package's graph directly (the session options of runtime/engine/session.py: extended
 optimizations, inter-op 1, the given intra-op threads, plus each --option as a session config entry) at
 batch 1: a prompt of --past positions, then --steps decode steps feeding the cache back, after 8 warm-up
-steps. Prints, per package and thread count, the step's wall time with the profiler off and on, and per op
-type: kernels per step, ms per step (the kernels' own time summed over the steps, divided by them) and its
-share of the kernels' total. With --rounds N no profile is taken: every package's session is made once and
+steps (`custom_ops=LIB`, as an --option or after a package, registers the custom-op library LIB instead, for a
+graph of tools/graph_variants.py's custom-int8). Prints, per package and thread count, the step's wall time
+with the profiler off and on, and per op type: kernels per step, ms per step (the kernels' own time summed over
+the steps, divided by them) and its share of the kernels' total. With --rounds N no profile is taken: every package's session is made once and
 the packages take turns, N rounds of --steps steps each, and the medians of each round's median step are
 printed with each package's ratio to the first (its step time over theirs: above 1 is faster). The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
 tied int8 head, looked up by the runtime) is fed random rows: the products' cost does not depend on values.
@@ -36,7 +38,10 @@ def make_session(model_file: Path, threads: int, options: dict, profile_dir: str
     settings.log_severity_level = 4
     settings.intra_op_num_threads, settings.inter_op_num_threads = threads, 1
     for key, value in options.items():
-        settings.add_session_config_entry(key, value)
+        if key == "custom_ops":  # a custom-op library (benchmarks/custom_op/), not a config entry
+            settings.register_custom_ops_library(value)
+        else:
+            settings.add_session_config_entry(key, value)
     if profile_dir:
         settings.enable_profiling = True
         settings.profile_file_prefix = os.path.join(profile_dir, "step")
@@ -104,7 +109,9 @@ def main():
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--past", type=int, default=8, help="positions in the cache before the timed steps")
-    parser.add_argument("--option", action="append", default=[], help="KEY=VALUE session config entry")
+    parser.add_argument(
+        "--option", action="append", default=[], help="KEY=VALUE session config entry; custom_ops=LIB: a library"
+    )
     parser.add_argument("--rounds", type=int, default=0, help="no profile: the packages' step times, interleaved")
     args = parser.parse_args()
     options = dict(option.split("=", 1) for option in args.option)
