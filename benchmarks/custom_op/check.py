@@ -43,12 +43,12 @@ def build(shape, custom: bool, rng_seed=0):
         scales = (rng.random(n * k // 32, dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
         initializers += [numpy_helper.from_array(codes, f"{name}.B"), numpy_helper.from_array(scales, f"{name}.s")]
         weight_bytes += codes.nbytes + scales.nbytes
-        attributes, inputs = dict(K=k, N=n, bits=8, block_size=32), [f"x{k}", f"{name}.B", f"{name}.s"]
+        attributes, reads = dict(K=k, N=n, bits=8, block_size=32), [f"x{k}", f"{name}.B", f"{name}.s"]
         if custom:
-            node = helper.make_node("Q8MatMul", inputs, [name], domain="edgelm", **attributes)
+            node = helper.make_node("Q8MatMul", reads, [name], domain="edgelm", **attributes)
         else:
             attributes["accuracy_level"] = 4
-            node = helper.make_node("MatMulNBits", inputs, [name], domain="com.microsoft", **attributes)
+            node = helper.make_node("MatMulNBits", reads, [name], domain="com.microsoft", **attributes)
         nodes.append(node)
         outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, "M", n]))
     graph = helper.make_graph(nodes, "products", inputs, outputs, initializers)

@@ -15,16 +15,21 @@
    -128 * sum(a codes) in its first lane, which removes the zero point exactly in integers; the block's 8 int32
    lanes are converted to float and accumulated with the product of the two scales, two blocks per 512-bit
    register, one output at a time; one horizontal sum per output at the end.
-   The outputs are split in chunks over onnxruntime's intra-op threads (KernelContext_ParallelFor).
+   The outputs are split in chunks over onnxruntime's intra-op threads (KernelContext_ParallelFor), or over the
+   library's own (EDGELM_Q8_THREADS).
 
    Built for a CPU without AVX-512 VNNI, the kernel is a scalar loop (the same arithmetic, for correctness
    only); built with it, the library refuses to register on a CPU that lacks it.
 
-   EDGELM_Q8_CHUNK (outputs per parallel task, default 64) and EDGELM_Q8_SCALAR=1 (the scalar loop) are read
-   once when the library registers, to measure. */
+   To measure, read when the library registers: EDGELM_Q8_CHUNK (outputs per parallel task, default 64),
+   EDGELM_Q8_SCALAR=1 (the scalar loop), EDGELM_Q8_COPY=1 (the weights copied onto huge pages at the first
+   call) and EDGELM_Q8_THREADS (below). */
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +171,57 @@ static void run_chunk(void *data, size_t index) {
   outputs_scalar(c, first, last);
 }
 
+/* EDGELM_Q8_THREADS=T: the library's own T - 1 worker threads share each call's chunks with the caller instead
+   of onnxruntime's pool (the session then runs with 1 intra-op thread). Between calls a worker spins, then
+   yields; one call at a time (a mutex), any session. */
+static int own_threads = 0;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_long pool_generation;
+static atomic_int pool_next, pool_done;
+static const Q8Call *pool_call;
+static int pool_chunks;
+
+static void pool_share(void) {
+  for (int i; (i = atomic_fetch_add(&pool_next, 1)) < pool_chunks;) run_chunk((void *)pool_call, (size_t)i);
+}
+
+static void *pool_worker(void *unused) {
+  (void)unused;
+  long seen = 0;
+  for (;;) {
+    long spins = 0, now;
+    while ((now = atomic_load_explicit(&pool_generation, memory_order_acquire)) == seen) {
+      if (++spins < 200000) {
+#if Q8_VNNI
+        _mm_pause();
+#endif
+      } else {
+        sched_yield();
+      }
+    }
+    seen = now;
+    pool_share();
+    atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
+  }
+  return NULL;
+}
+
+static void pool_run(const Q8Call *c, int chunks) {
+  pthread_mutex_lock(&pool_lock);
+  pool_call = c;
+  pool_chunks = chunks;
+  atomic_store(&pool_next, 0);
+  atomic_store(&pool_done, 0);
+  atomic_fetch_add_explicit(&pool_generation, 1, memory_order_release);
+  pool_share();
+  while (atomic_load_explicit(&pool_done, memory_order_acquire) < own_threads - 1) {
+#if Q8_VNNI
+    _mm_pause();
+#endif
+  }
+  pthread_mutex_unlock(&pool_lock);
+}
+
 static OrtStatus *fail(const char *message) { return ort->CreateStatus(ORT_INVALID_ARGUMENT, message); }
 
 #define CHECK(call)                         \
@@ -234,7 +290,11 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
   c.codes = (int8_t *)(scratch + 2 * pair_bytes); /* 64 spare bytes: an odd last block's load reads past K */
   quantize_rows(a, &c);
   size_t chunks = (size_t)((c.n + chunk_outputs - 1) / chunk_outputs);
-  OrtStatus *status = ort->KernelContext_ParallelFor(context, run_chunk, chunks, 0, &c);
+  OrtStatus *status = NULL;
+  if (own_threads > 1)
+    pool_run(&c, (int)chunks);
+  else
+    status = ort->KernelContext_ParallelFor(context, run_chunk, chunks, 0, &c);
   free(scratch);
   return status;
 }
@@ -305,6 +365,15 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   if (chunk && atol(chunk) > 0) chunk_outputs = (atol(chunk) + 3) / 4 * 4;
   use_scalar = scalar && strcmp(scalar, "1") == 0;
   copy_weights = getenv("EDGELM_Q8_COPY") && strcmp(getenv("EDGELM_Q8_COPY"), "1") == 0;
+  const char *threads = getenv("EDGELM_Q8_THREADS");
+  if (threads && atoi(threads) > 1 && own_threads == 0) { /* started once, by the first registration */
+    own_threads = atoi(threads) > 64 ? 64 : atoi(threads);
+    for (int i = 1; i < own_threads; i++) {
+      pthread_t worker;
+      if (pthread_create(&worker, NULL, pool_worker, NULL)) return ort->CreateStatus(ORT_FAIL, "no worker thread");
+      pthread_detach(worker);
+    }
+  }
 
   memset(&q8_matmul, 0, sizeof q8_matmul);
   q8_matmul.version = API_VERSION;
