@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 SHAPES = {
     "distilgpt2": (768, [(768, 2304), (768, 768), (768, 3072), (3072, 768)], 6, 50257),
     "smollm2-135m": (576, [(576, 960), (576, 576), (576, 3072), (1536, 576)], 30, 49152),
+    "ragged": (96, [(96, 37), (160, 70), (32, 5)], 2, 53),  # odd block counts, N not a multiple of 4: the edges
 }
 
 

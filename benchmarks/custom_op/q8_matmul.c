@@ -23,7 +23,7 @@
 
    To measure, read when the library registers: EDGELM_Q8_CHUNK (outputs per parallel task, default 64),
    EDGELM_Q8_SCALAR=1 (the scalar loop), EDGELM_Q8_COPY=1 (the weights copied onto huge pages at the first
-   call) and EDGELM_Q8_THREADS (below). */
+   call), EDGELM_Q8_PACK=1 (copied and packed four outputs to a stream, below) and EDGELM_Q8_THREADS (below). */
 
 #include <limits.h>
 #include <math.h>
@@ -55,10 +55,10 @@ static int use_scalar = 0;
 typedef struct {
   int64_t k, n;
   const void *source;  /* the B input the copy was made from */
-  uint8_t *copy;       /* B then the scales, on transparent huge pages (EDGELM_Q8_COPY=1) */
+  uint8_t *copy;       /* B then the scales, on transparent huge pages (EDGELM_Q8_COPY=1 or EDGELM_Q8_PACK=1) */
 } Q8Kernel;
 
-static int copy_weights = 0;
+static int copy_weights = 0, pack_weights = 0;
 
 /* One call's work, shared by the parallel tasks. Per row m of A and pair p of blocks (2p, 2p+1):
    codes[m][K]: int8 activations; start[m][p]: 16 int32, lane 0 = -128 * sum(codes of block 2p), lane 8 the
@@ -71,7 +71,25 @@ typedef struct {
   int8_t *codes;
   int32_t *start;
   float *ascale;
+  int packed; /* w and wscale in groups of 4 outputs (pack, below) */
 } Q8Call;
+
+/* The packed layout: outputs in groups of 4 (N padded with zero rows), for group g and block pair p the 4 rows'
+   64 bytes one after the other (an odd last block padded with 32 zero bytes), and their scales as 4 pairs of
+   floats (0 for a padding block): one sequential stream for 4 outputs that share the activation loads. */
+static void pack(const uint8_t *w, const float *s, int64_t k, int64_t n, uint8_t *pw, float *ps) {
+  int64_t blocks = k / BLOCK, pairs = (blocks + 1) / 2, groups = (n + 3) / 4;
+  memset(pw, 0, (size_t)groups * pairs * 4 * 64);
+  memset(ps, 0, sizeof(float) * groups * pairs * 8);
+  for (int64_t row = 0; row < n; row++) {
+    int64_t g = row / 4, r = row % 4;
+    for (int64_t b = 0; b < blocks; b++) {
+      int64_t p = b / 2, at = (g * pairs + p) * 4 + r;
+      memcpy(pw + at * 64 + (b % 2) * BLOCK, w + row * k + b * BLOCK, BLOCK);
+      ps[at * 2 + b % 2] = s[row * blocks + b];
+    }
+  }
+}
 
 static void quantize_rows(const float *a, Q8Call *c) {
   for (int64_t m = 0; m < c->m; m++) {
@@ -152,6 +170,42 @@ static inline float output_vnni(const Q8Call *c, int64_t m, int64_t n) {
   return _mm512_reduce_add_ps(acc);
 }
 
+/* Outputs 4g..4g+3 for row m from the packed layout, into out[4]. */
+static inline void group_packed(const Q8Call *c, int64_t m, int64_t g, float *out) {
+  const int8_t *q = c->codes + m * c->k;
+  const __m512i *start = (const __m512i *)(c->start + m * c->pairs * 16);
+  const __m512 *ascale = (const __m512 *)(c->ascale + m * c->pairs * 16);
+  const uint8_t *w = c->w + g * c->pairs * 256;
+  const float *ws = c->wscale + g * c->pairs * 8;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  for (int64_t p = 0; p < c->pairs; p++, w += 256, ws += 8) {
+    __m512i a = _mm512_loadu_si512(q + p * 64); /* past K: spare bytes, against zero weights and scales */
+    __m512i s0 = _mm512_load_si512(start + p);
+    __m512 sa = _mm512_load_ps((const float *)(ascale + p));
+#define ROW(r, acc)                                                                          \
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(s0, _mm512_loadu_si512(w + r * 64), a)), \
+                        _mm512_mul_ps(sa, pair_scale(ws + 2 * r, 0)), acc)
+    ROW(0, acc0);
+    ROW(1, acc1);
+    ROW(2, acc2);
+    ROW(3, acc3);
+#undef ROW
+  }
+  out[0] = _mm512_reduce_add_ps(acc0);
+  out[1] = _mm512_reduce_add_ps(acc1);
+  out[2] = _mm512_reduce_add_ps(acc2);
+  out[3] = _mm512_reduce_add_ps(acc3);
+}
+
+static void outputs_packed(const Q8Call *c, int64_t first, int64_t last) { /* first: a multiple of 4 */
+  float out[4];
+  for (int64_t g = first / 4; g * 4 < last; g++)
+    for (int64_t m = 0; m < c->m; m++) {
+      group_packed(c, m, g, out);
+      for (int r = 0; r < 4 && g * 4 + r < c->n; r++) c->y[m * c->n + g * 4 + r] = out[r];
+    }
+}
+
 static void outputs_fast(const Q8Call *c, int64_t first, int64_t last) {
   for (int64_t n = first; n < last; n++)
     for (int64_t m = 0; m < c->m; m++) c->y[m * c->n + n] = output_vnni(c, m, n);
@@ -163,6 +217,10 @@ static void run_chunk(void *data, size_t index) {
   int64_t first = (int64_t)index * chunk_outputs, last = first + chunk_outputs;
   if (last > c->n) last = c->n;
 #if Q8_VNNI
+  if (c->packed) {
+    outputs_packed(c, first, last);
+    return;
+  }
   if (!use_scalar) {
     outputs_fast(c, first, last);
     return;
@@ -180,6 +238,8 @@ static atomic_long pool_generation;
 static atomic_int pool_next, pool_done;
 static const Q8Call *pool_call;
 static int pool_chunks;
+static atomic_int pool_stop;
+static pthread_t pool_workers[64];
 
 static void pool_share(void) {
   for (int i; (i = atomic_fetch_add(&pool_next, 1)) < pool_chunks;) run_chunk((void *)pool_call, (size_t)i);
@@ -191,6 +251,7 @@ static void *pool_worker(void *unused) {
   for (;;) {
     long spins = 0, now;
     while ((now = atomic_load_explicit(&pool_generation, memory_order_acquire)) == seen) {
+      if (atomic_load_explicit(&pool_stop, memory_order_relaxed)) return NULL;
       if (++spins < 200000) {
 #if Q8_VNNI
         _mm_pause();
@@ -204,6 +265,12 @@ static void *pool_worker(void *unused) {
     atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
   }
   return NULL;
+}
+
+/* The workers end before the library is unloaded: their code goes with it. */
+__attribute__((destructor)) static void pool_end(void) {
+  atomic_store(&pool_stop, 1);
+  for (int i = 1; i < own_threads; i++) pthread_join(pool_workers[i], NULL);
 }
 
 static void pool_run(const Q8Call *c, int chunks) {
@@ -264,24 +331,34 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
   CHECK(ort->GetTensorMutableData((OrtValue *)s_value, &s));
   CHECK(ort->GetTensorMutableData(y_value, &y));
   if (rows == 0) return NULL;
-  if (copy_weights) {
+  int packed = Q8_VNNI && pack_weights && !use_scalar;
+  if (copy_weights || packed) {
     Q8Kernel *mutable = (Q8Kernel *)self;
     size_t wbytes = (size_t)self->n * self->k, sbytes = (size_t)self->n * (self->k / BLOCK) * sizeof(float);
+    if (packed) {
+      int64_t groups = (self->n + 3) / 4, pairs = (self->k / BLOCK + 1) / 2;
+      wbytes = (size_t)groups * pairs * 256;
+      sbytes = (size_t)groups * pairs * 8 * sizeof(float);
+    }
     if (mutable->source != w) {
       size_t total = (wbytes + sbytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
       free(mutable->copy);
       mutable->copy = aligned_alloc(2u << 20, total);
       if (!mutable->copy) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
       madvise(mutable->copy, total, MADV_HUGEPAGE);
-      memcpy(mutable->copy, w, wbytes);
-      memcpy(mutable->copy + wbytes, s, sbytes);
+      if (packed) {
+        pack(w, s, self->k, self->n, mutable->copy, (float *)(mutable->copy + wbytes));
+      } else {
+        memcpy(mutable->copy, w, wbytes);
+        memcpy(mutable->copy + wbytes, s, sbytes);
+      }
       mutable->source = w;
     }
     w = mutable->copy;
     s = mutable->copy + wbytes;
   }
 
-  Q8Call c = {w, s, y, rows, self->k, self->n, self->k / BLOCK, (self->k / BLOCK + 1) / 2, NULL, NULL, NULL};
+  Q8Call c = {w, s, y, rows, self->k, self->n, self->k / BLOCK, (self->k / BLOCK + 1) / 2, NULL, NULL, NULL, packed};
   size_t pair_bytes = (size_t)rows * c.pairs * 64;
   char *scratch = aligned_alloc(64, 2 * pair_bytes + (((size_t)rows * c.k + 64 + 63) / 64) * 64);
   if (!scratch) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
@@ -365,14 +442,15 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   if (chunk && atol(chunk) > 0) chunk_outputs = (atol(chunk) + 3) / 4 * 4;
   use_scalar = scalar && strcmp(scalar, "1") == 0;
   copy_weights = getenv("EDGELM_Q8_COPY") && strcmp(getenv("EDGELM_Q8_COPY"), "1") == 0;
+  pack_weights = getenv("EDGELM_Q8_PACK") && strcmp(getenv("EDGELM_Q8_PACK"), "1") == 0;
   const char *threads = getenv("EDGELM_Q8_THREADS");
   if (threads && atoi(threads) > 1 && own_threads == 0) { /* started once, by the first registration */
     own_threads = atoi(threads) > 64 ? 64 : atoi(threads);
-    for (int i = 1; i < own_threads; i++) {
-      pthread_t worker;
-      if (pthread_create(&worker, NULL, pool_worker, NULL)) return ort->CreateStatus(ORT_FAIL, "no worker thread");
-      pthread_detach(worker);
-    }
+    for (int i = 1; i < own_threads; i++)
+      if (pthread_create(&pool_workers[i], NULL, pool_worker, NULL)) {
+        own_threads = i;
+        return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: no worker thread");
+      }
   }
 
   memset(&q8_matmul, 0, sizeof q8_matmul);
