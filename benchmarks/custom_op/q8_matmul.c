@@ -14,7 +14,9 @@
    weights as the unsigned operand and the activations as the signed one. The accumulator starts at
    -128 * sum(a codes) in its first lane, which removes the zero point exactly in integers; the block's 8 int32
    lanes are converted to float and accumulated with the product of the two scales, two blocks per 512-bit
-   register, one output at a time; one horizontal sum per output at the end.
+   register; one horizontal sum per output at the end. At its first call a kernel copies its weights onto
+   transparent huge pages, packed so that four outputs' rows are one sequential stream (pack, below), and runs
+   four outputs at a time over them: onnxruntime's own copy stays, so the weights take their memory twice.
    The outputs are split in chunks over onnxruntime's intra-op threads (KernelContext_ParallelFor), or over the
    library's own (EDGELM_Q8_THREADS).
 
@@ -22,8 +24,9 @@
    only); built with it, the library refuses to register on a CPU that lacks it.
 
    To measure, read when the library registers: EDGELM_Q8_CHUNK (outputs per parallel task, default 64),
-   EDGELM_Q8_SCALAR=1 (the scalar loop), EDGELM_Q8_COPY=1 (the weights copied onto huge pages at the first
-   call), EDGELM_Q8_PACK=1 (copied and packed four outputs to a stream, below) and EDGELM_Q8_THREADS (below). */
+   EDGELM_Q8_SCALAR=1 (the scalar loop), EDGELM_Q8_PACK=0 (no packed copy: one output at a time over the
+   weights where onnxruntime holds them, or with EDGELM_Q8_COPY=1 over a plain copy on huge pages) and
+   EDGELM_Q8_THREADS (below). */
 
 #include <limits.h>
 #include <math.h>
@@ -55,10 +58,10 @@ static int use_scalar = 0;
 typedef struct {
   int64_t k, n;
   const void *source;  /* the B input the copy was made from */
-  uint8_t *copy;       /* B then the scales, on transparent huge pages (EDGELM_Q8_COPY=1 or EDGELM_Q8_PACK=1) */
+  uint8_t *copy;       /* B then the scales, on transparent huge pages: packed, or copied (EDGELM_Q8_COPY=1) */
 } Q8Kernel;
 
-static int copy_weights = 0, pack_weights = 0;
+static int copy_weights = 0, pack_weights = 1;
 
 /* One call's work, shared by the parallel tasks. Per row m of A and pair p of blocks (2p, 2p+1):
    codes[m][K]: int8 activations; start[m][p]: 16 int32, lane 0 = -128 * sum(codes of block 2p), lane 8 the
@@ -442,7 +445,7 @@ OrtStatus *ORT_API_CALL RegisterCustomOps(OrtSessionOptions *options, const OrtA
   if (chunk && atol(chunk) > 0) chunk_outputs = (atol(chunk) + 3) / 4 * 4;
   use_scalar = scalar && strcmp(scalar, "1") == 0;
   copy_weights = getenv("EDGELM_Q8_COPY") && strcmp(getenv("EDGELM_Q8_COPY"), "1") == 0;
-  pack_weights = getenv("EDGELM_Q8_PACK") && strcmp(getenv("EDGELM_Q8_PACK"), "1") == 0;
+  pack_weights = !(getenv("EDGELM_Q8_PACK") && strcmp(getenv("EDGELM_Q8_PACK"), "0") == 0);
   const char *threads = getenv("EDGELM_Q8_THREADS");
   if (threads && atoi(threads) > 1 && own_threads == 0) { /* started once, by the first registration */
     own_threads = atoi(threads) > 64 ? 64 : atoi(threads);
