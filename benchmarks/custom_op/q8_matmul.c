@@ -62,6 +62,7 @@ typedef struct {
 } Q8Kernel;
 
 static int copy_weights = 0, pack_weights = 1;
+static pthread_mutex_t copy_lock = PTHREAD_MUTEX_INITIALIZER; /* two runs of one session may reach a kernel at once */
 
 /* One call's work, shared by the parallel tasks. Per row m of A and pair p of blocks (2p, 2p+1):
    codes[m][K]: int8 activations; start[m][p]: 16 int32, lane 0 = -128 * sum(codes of block 2p), lane 8 the
@@ -343,11 +344,16 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
       wbytes = (size_t)groups * pairs * 256;
       sbytes = (size_t)groups * pairs * 8 * sizeof(float);
     }
+    pthread_mutex_lock(&copy_lock);
     if (mutable->source != w) {
       size_t total = (wbytes + sbytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
       free(mutable->copy);
       mutable->copy = aligned_alloc(2u << 20, total);
-      if (!mutable->copy) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
+      if (!mutable->copy) {
+        mutable->source = NULL;
+        pthread_mutex_unlock(&copy_lock);
+        return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
+      }
       madvise(mutable->copy, total, MADV_HUGEPAGE);
       if (packed) {
         pack(w, s, self->k, self->n, mutable->copy, (float *)(mutable->copy + wbytes));
@@ -357,6 +363,7 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
       }
       mutable->source = w;
     }
+    pthread_mutex_unlock(&copy_lock);
     w = mutable->copy;
     s = mutable->copy + wbytes;
   }
