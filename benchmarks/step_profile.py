@@ -12,10 +12,12 @@ batch 1: a prompt of --past positions, then --steps decode steps feeding the cac
 steps (`custom_ops=LIB`, as an --option or after a package, registers the custom-op library LIB instead, for a
 graph of tools/graph_variants.py's custom-int8). Prints, per package and thread count, the step's wall time
 with the profiler off and on, and per op type: kernels per step, ms per step (the kernels' own time summed over
-the steps, divided by them) and its share of the kernels' total. With --rounds N no profile is taken: every package's session is made once and
-the packages take turns, N rounds of --steps steps each, and the medians of each round's median step are
-printed with each package's ratio to the first (its step time over theirs: above 1 is faster). The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
-tied int8 head, looked up by the runtime) is fed random rows: the products' cost does not depend on values.
+the steps, divided by them) and its share of the kernels' total. With --rounds N no profile is taken: every
+package's session is made once and the packages take turns, N rounds of --steps steps each, and the medians of
+each round's median step are printed with each package's ratio to the first (its step time over theirs: above
+1 is faster), then the same for the prompt pass of --past positions that opens each round. The graph's own
+token lookup is fed ids; a graph that takes inputs_embeds (a tied int8 head, looked up by the runtime) is fed
+random rows: the products' cost does not depend on values.
 """
 
 import argparse
@@ -66,9 +68,10 @@ def feeds_for(session: ort.InferenceSession, past: dict, length: int, position: 
     return feeds
 
 
-def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = None) -> float:
+def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = None, prompt: list | None = None):
     """Prompt, WARMUP steps, then `steps` timed steps; returns the median step in ms. cpu, if given, gets the
-    process's CPU ms per timed step (all threads; with 1 thread the step's own work, spinning aside)."""
+    process's CPU ms per timed step (all threads; with 1 thread the step's own work, spinning aside); prompt,
+    if given, the prompt pass's ms."""
     cache_inputs = [v for v in session.get_inputs() if v.name.startswith("past_key_values.")]
     dtype = {"tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(float16)": np.float16}
     past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), dtype[v.type]) for v in cache_inputs}
@@ -81,6 +84,8 @@ def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = Non
         result = session.run(outputs, feeds_for(session, past, length, position, rng))
         if step > WARMUP:
             times.append(time.perf_counter() - started)
+        elif step == 0 and prompt is not None:
+            prompt.append(1000 * (time.perf_counter() - started))
         named = dict(zip(outputs, result))
         past = {v.name: named["present." + v.name.removeprefix("past_key_values.")] for v in cache_inputs}
         position, length = position + length, 1
@@ -143,12 +148,12 @@ def interleaved(args, options) -> None:
             make_session(package / "model.onnx", threads, options | extra, None)
             for package, extra in zip(args.packages, args.extra)
         ]
-        steps, cpu = [[] for _ in sessions], [[] for _ in sessions]
+        steps, cpu, prompts = [[] for _ in sessions], [[] for _ in sessions], [[] for _ in sessions]
         for round_ in range(args.rounds):
             order = list(range(len(sessions)))
             for i in order if round_ % 2 == 0 else order[::-1]:
                 rng = np.random.default_rng(round_)
-                steps[i].append(run_steps(sessions[i], args.past, args.steps, rng, cpu[i]))
+                steps[i].append(run_steps(sessions[i], args.past, args.steps, rng, cpu[i], prompts[i]))
         medians, cpu_medians = [float(np.median(s)) for s in steps], [float(np.median(c)) for c in cpu]
         print(
             f"\n{threads} thread(s), {args.rounds} rounds of {args.steps} steps, load average {os.getloadavg()[0]:.2f}"
@@ -158,6 +163,12 @@ def interleaved(args, options) -> None:
             print(
                 f"{Path(label.split('::')[0]).name}{label[len(label.split('::')[0]) :]}: median step {median:.3f} ms, x{medians[0] / median:.3f} the first; CPU {c:.3f} ms"
                 f" a step, x{cpu_medians[0] / c:.3f} the first per CPU second (rounds' steps: {rounds})"
+            )
+        first = float(np.median(prompts[0]))
+        for label, p in zip(args.labels, prompts):
+            print(
+                f"{Path(label.split('::')[0]).name}: prompt of {args.past} positions {np.median(p):.2f} ms,"
+                f" x{first / np.median(p):.3f} the first (rounds: {' '.join(f'{x:.1f}' for x in p)})"
             )
 
 

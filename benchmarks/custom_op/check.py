@@ -7,8 +7,9 @@ Builds two graphs over the same random weights (bits 8, blocks of 32, zero point
 one token (every layer's Q/K/V, output, up and down products, and the LM head), each an independent node, once
 as MatMulNBits (accuracy_level 4, int8 activations) and once as edgelm.Q8MatMul. Prints, for rows of 1, 3 and
 17 tokens, the largest difference between the two over every output (absolute, and over the largest output);
-then, per thread count, the median time of a run of every product for one token over --rounds rounds of
---runs runs each (the two graphs alternating) and the GB/s that makes (weight codes and scales read once).
+then, per thread count, the median time of a run of every product for --rows rows (1: a decode step's token)
+over --rounds rounds of --runs runs each (the two graphs alternating) and the GB/s that makes (weight codes and
+scales read once).
 """
 
 import argparse
@@ -79,6 +80,7 @@ def main():
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--runs", type=int, default=20, help="runs (tokens) per round")
+    parser.add_argument("--rows", type=int, default=1, help="rows of A in the timed runs (a prompt's positions)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         files = {}
@@ -99,7 +101,7 @@ def main():
         for threads in (int(t) for t in args.threads.split(",")):
             pair = {"MatMulNBits": session(files[False], threads)}
             pair["Q8MatMul"] = session(files[True], threads, args.library)
-            x = feeds(args.shape, 1, rng)
+            x = feeds(args.shape, args.rows, rng)
             times = {name: [] for name in pair}
             for name, s in pair.items():  # warm-up
                 for _ in range(5):
@@ -117,7 +119,8 @@ def main():
             for name, t in times.items():
                 ms = 1000 * float(np.median(t))
                 print(
-                    f"{threads} thread(s) {name}: {ms:.3f} ms a token, {weight_bytes / ms / 1e6:.1f} GB/s,"
+                    f"{threads} thread(s) {name}: {ms:.3f} ms a run of {args.rows} row(s),"
+                    f" {weight_bytes / ms / 1e6:.1f} GB/s,"
                     f" x{base * 1000 / ms:.3f} MatMulNBits' speed (rounds: {' '.join(f'{1000 * v:.3f}' for v in t)})"
                 )
 
