@@ -149,8 +149,8 @@ def test_step_profile_registers_a_custom_op_library_rather_than_a_config_entry(t
         step_profile.make_session(tiny_package / "model.onnx", 1, {"custom_ops": str(missing)}, None)
 
 
-def test_step_profile_times_the_prompt_pass_apart_from_the_steps(tiny_package):
-    session = step_profile.make_session(tiny_package / "model.onnx", 1, {}, None)
+def test_step_profile_times_the_prompt_pass_apart_from_the_steps(tiny_package_int8):
+    session = step_profile.make_session(tiny_package_int8 / "model.onnx", 1, {}, None)  # fed rows, not ids
     prompt, cpu = [], []
     step = step_profile.run_steps(session, 6, 2, np.random.default_rng(0), cpu, prompt)
     assert len(prompt) == 1 and prompt[0] > 0 and step > 0 and len(cpu) == 1
