@@ -201,19 +201,13 @@ static inline void group_packed(const Q8Call *c, int64_t m, int64_t g, float *ou
   out[3] = _mm512_reduce_add_ps(acc3);
 }
 
-/* Rows of A in tiles of ROW_TILE, each tile's activations (about 2.3 KB a row at K 768) kept in cache while
-   every group of the chunk passes over them: row by row over the whole of A instead, a prompt of 512 positions
-   read its 1.2 MB of activations again for every 4 outputs. */
-#define ROW_TILE 16
-
 static void outputs_packed(const Q8Call *c, int64_t first, int64_t last) { /* first: a multiple of 4 */
   float out[4];
-  for (int64_t tile = 0; tile < c->m; tile += ROW_TILE)
-    for (int64_t g = first / 4; g * 4 < last; g++)
-      for (int64_t m = tile; m < c->m && m < tile + ROW_TILE; m++) {
-        group_packed(c, m, g, out);
-        for (int r = 0; r < 4 && g * 4 + r < c->n; r++) c->y[m * c->n + g * 4 + r] = out[r];
-      }
+  for (int64_t g = first / 4; g * 4 < last; g++)
+    for (int64_t m = 0; m < c->m; m++) {
+      group_packed(c, m, g, out);
+      for (int r = 0; r < 4 && g * 4 + r < c->n; r++) c->y[m * c->n + g * 4 + r] = out[r];
+    }
 }
 
 static void outputs_fast(const Q8Call *c, int64_t first, int64_t last) {
