@@ -65,6 +65,8 @@ def feeds_for(session: ort.InferenceSession, past: dict, length: int, position: 
             feeds[name] = np.arange(position, position + length, dtype=np.int64)[None]
         elif name.startswith("past_key_values."):
             feeds[name] = past[name]
+    if "logits_to_keep" in {value.name for value in session.get_overridable_initializers()}:
+        feeds["logits_to_keep"] = np.array(1, np.int64)  # as the runtime: the last position's logits only
     return feeds
 
 

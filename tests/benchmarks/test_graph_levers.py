@@ -154,3 +154,11 @@ def test_step_profile_times_the_prompt_pass_apart_from_the_steps(tiny_package_in
     prompt, cpu = [], []
     step = step_profile.run_steps(session, 6, 2, np.random.default_rng(0), cpu, prompt)
     assert len(prompt) == 1 and prompt[0] > 0 and step > 0 and len(cpu) == 1
+
+
+def test_step_profile_keeps_the_last_positions_logits_as_the_runtime_does(tiny_package_int8):
+    session = step_profile.make_session(tiny_package_int8 / "model.onnx", 1, {}, None)
+    cache = [v for v in session.get_inputs() if v.name.startswith("past_key_values.")]
+    past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), np.float32) for v in cache}
+    feeds = step_profile.feeds_for(session, past, 6, 0, np.random.default_rng(0))
+    assert session.run(["logits"], feeds)[0].shape[1] == 1  # a prompt of 6 positions, the head over the last
