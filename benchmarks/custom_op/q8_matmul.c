@@ -68,6 +68,7 @@ static pthread_mutex_t copy_lock = PTHREAD_MUTEX_INITIALIZER; /* two runs of one
    codes[m][K]: int8 activations; start[m][p]: 16 int32, lane 0 = -128 * sum(codes of block 2p), lane 8 the
    same for block 2p+1, the rest 0; ascale[m][p]: 16 floats, block 2p's scale in lanes 0-7, 2p+1's in 8-15. */
 typedef struct {
+  const float *a;
   const uint8_t *w;
   const float *wscale;
   float *y;
@@ -95,9 +96,10 @@ static void pack(const uint8_t *w, const float *s, int64_t k, int64_t n, uint8_t
   }
 }
 
-static void quantize_rows(const float *a, Q8Call *c) {
-  for (int64_t m = 0; m < c->m; m++) {
-    const float *row = a + m * c->k;
+/* Rows [first, last) of A quantized (codes, start and ascale, as Q8Call says). */
+static void quantize_rows(const Q8Call *c, int64_t first, int64_t last) {
+  for (int64_t m = first; m < last; m++) {
+    const float *row = c->a + m * c->k;
     int8_t *q = c->codes + m * c->k;
     int32_t *start = c->start + m * c->pairs * 16;
     float *scale = c->ascale + m * c->pairs * 16;
@@ -105,20 +107,39 @@ static void quantize_rows(const float *a, Q8Call *c) {
     memset(scale, 0, sizeof(float) * 16 * c->pairs);
     for (int64_t b = 0; b < c->blocks; b++) {
       const float *x = row + b * BLOCK;
+      int32_t sum = 0;
+#if Q8_VNNI /* the same products and rounding as the loop below (to nearest even), 32 at a time */
+      __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+      float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+      float s = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
+      __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inverse)));
+      __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inverse)));
+      _mm_storeu_si128((__m128i *)(q + b * BLOCK), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128((__m128i *)(q + b * BLOCK + 16), _mm512_cvtsepi32_epi8(q1));
+      sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
       float amax = 0;
       for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(x[i]));
       float s = amax / 127.0f, inverse = amax > 0 ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
       for (int i = 0; i < BLOCK; i++) {
         int v = (int)nearbyintf(x[i] * inverse);
         q[b * BLOCK + i] = (int8_t)v;
         sum += v;
       }
+#endif
       int64_t lane = (b / 2) * 16 + (b % 2) * 8;
       start[lane] = -128 * sum;
       for (int i = 0; i < 8; i++) scale[lane + i] = s;
     }
   }
+}
+
+#define QUANTIZE_ROWS 8 /* rows of A per parallel task of quantization */
+
+static void quantize_chunk(void *data, size_t index) {
+  const Q8Call *c = data;
+  int64_t first = (int64_t)index * QUANTIZE_ROWS;
+  quantize_rows(c, first, first + QUANTIZE_ROWS < c->m ? first + QUANTIZE_ROWS : c->m);
 }
 
 /* Outputs [first, last) for every row of A, one output at a time: the reference arithmetic. */
@@ -201,13 +222,48 @@ static inline void group_packed(const Q8Call *c, int64_t m, int64_t g, float *ou
   out[3] = _mm512_reduce_add_ps(acc3);
 }
 
-static void outputs_packed(const Q8Call *c, int64_t first, int64_t last) { /* first: a multiple of 4 */
-  float out[4];
-  for (int64_t g = first / 4; g * 4 < last; g++)
-    for (int64_t m = 0; m < c->m; m++) {
-      group_packed(c, m, g, out);
-      for (int r = 0; r < 4 && g * 4 + r < c->n; r++) c->y[m * c->n + g * 4 + r] = out[r];
+/* Outputs 4g..4g+3 for rows m..m+3 (a prompt's), into out[row][4]: each weight load and scale pair serves four
+   rows, each activation load four outputs (16 accumulators). */
+static inline void group_packed_rows(const Q8Call *c, int64_t m, int64_t g, float out[4][4]) {
+  const int8_t *q = c->codes + m * c->k;
+  const __m512i *start = (const __m512i *)(c->start + m * c->pairs * 16);
+  const __m512 *ascale = (const __m512 *)(c->ascale + m * c->pairs * 16);
+  const uint8_t *w = c->w + g * c->pairs * 256;
+  const float *ws = c->wscale + g * c->pairs * 8;
+  __m512 acc[4][4];
+  for (int i = 0; i < 4; i++)
+    for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < c->pairs; p++, w += 256, ws += 8) {
+    __m512i a[4];
+    for (int i = 0; i < 4; i++) a[i] = _mm512_loadu_si512(q + i * c->k + p * 64);
+    for (int r = 0; r < 4; r++) {
+      __m512i wr = _mm512_loadu_si512(w + r * 64);
+      __m512 sw = pair_scale(ws + 2 * r, 0);
+      for (int i = 0; i < 4; i++) {
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(start + i * c->pairs + p), wr, a[i]);
+        __m512 scale = _mm512_mul_ps(_mm512_load_ps((const float *)(ascale + i * c->pairs + p)), sw);
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i][r]);
+      }
     }
+  }
+  for (int i = 0; i < 4; i++)
+    for (int r = 0; r < 4; r++) out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+static void outputs_packed(const Q8Call *c, int64_t first, int64_t last) { /* first: a multiple of 4 */
+  float out[4][4];
+  for (int64_t g = first / 4; g * 4 < last; g++) {
+    int64_t m = 0;
+    for (; m + 4 <= c->m; m += 4) {
+      group_packed_rows(c, m, g, out);
+      for (int i = 0; i < 4; i++)
+        for (int r = 0; r < 4 && g * 4 + r < c->n; r++) c->y[(m + i) * c->n + g * 4 + r] = out[i][r];
+    }
+    for (; m < c->m; m++) {
+      group_packed(c, m, g, out[0]);
+      for (int r = 0; r < 4 && g * 4 + r < c->n; r++) c->y[m * c->n + g * 4 + r] = out[0][r];
+    }
+  }
 }
 
 static void outputs_fast(const Q8Call *c, int64_t first, int64_t last) {
@@ -368,16 +424,24 @@ static OrtStatus *ORT_API_CALL compute(void *kernel, OrtKernelContext *context) 
     s = mutable->copy + wbytes;
   }
 
-  Q8Call c = {w, s, y, rows, self->k, self->n, self->k / BLOCK, (self->k / BLOCK + 1) / 2, NULL, NULL, NULL, packed};
+  Q8Call c = {a, w, s, y, rows, self->k, self->n, self->k / BLOCK, (self->k / BLOCK + 1) / 2, NULL, NULL, NULL, packed};
   size_t pair_bytes = (size_t)rows * c.pairs * 64;
   char *scratch = aligned_alloc(64, 2 * pair_bytes + (((size_t)rows * c.k + 64 + 63) / 64) * 64);
   if (!scratch) return ort->CreateStatus(ORT_FAIL, "edgelm.Q8MatMul: out of memory");
   c.start = (int32_t *)scratch;
   c.ascale = (float *)(scratch + pair_bytes);
   c.codes = (int8_t *)(scratch + 2 * pair_bytes); /* 64 spare bytes: an odd last block's load reads past K */
-  quantize_rows(a, &c);
-  size_t chunks = (size_t)((c.n + chunk_outputs - 1) / chunk_outputs);
   OrtStatus *status = NULL;
+  size_t row_chunks = (size_t)((rows + QUANTIZE_ROWS - 1) / QUANTIZE_ROWS);
+  if (row_chunks == 1 || own_threads > 1)
+    quantize_rows(&c, 0, rows);
+  else
+    status = ort->KernelContext_ParallelFor(context, quantize_chunk, row_chunks, 0, &c);
+  size_t chunks = (size_t)((c.n + chunk_outputs - 1) / chunk_outputs);
+  if (status) {
+    free(scratch);
+    return status;
+  }
   if (own_threads > 1)
     pool_run(&c, (int)chunks);
   else
