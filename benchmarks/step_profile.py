@@ -4,16 +4,20 @@
     python benchmarks/step_profile.py PKG --option session.intra_op.allow_spinning=0
     python benchmarks/step_profile.py PKG-A PKG-B --rounds 7 --threads 2    # no profile: A/B step times
     python benchmarks/step_profile.py PKG PKG::session.intra_op.allow_spinning=0 --rounds 5   # one package, two settings
+    python benchmarks/step_profile.py PKG VARIANT::custom_ops=LIB --rounds 7 --threads 2   # LIB registered for VARIANT
 
 Runs the package's graph directly (the session options of runtime/engine/session.py: extended
 optimizations, inter-op 1, the given intra-op threads, plus each --option as a session config entry) at
 batch 1: a prompt of --past positions, then --steps decode steps feeding the cache back, after 8 warm-up
-steps. Prints, per package and thread count, the step's wall time with the profiler off and on, and per op
-type: kernels per step, ms per step (the kernels' own time summed over the steps, divided by them) and its
-share of the kernels' total. With --rounds N no profile is taken: every package's session is made once and
-the packages take turns, N rounds of --steps steps each, and the medians of each round's median step are
-printed with each package's ratio to the first (its step time over theirs: above 1 is faster). The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
-tied int8 head, looked up by the runtime) is fed random rows: the products' cost does not depend on values.
+steps (`custom_ops=LIB`, as an --option or after a package, registers the custom-op library LIB instead, for a
+graph of tools/graph_variants.py's custom-int8). Prints, per package and thread count, the step's wall time
+with the profiler off and on, and per op type: kernels per step, ms per step (the kernels' own time summed over
+the steps, divided by them) and its share of the kernels' total. With --rounds N no profile is taken: every
+package's session is made once and the packages take turns, N rounds of --steps steps each, and the medians of
+each round's median step are printed with each package's ratio to the first (its step time over theirs: above
+1 is faster), then the same for the prompt pass of --past positions that opens each round. The graph's own
+token lookup is fed ids; a graph that takes inputs_embeds (a tied int8 head, looked up by the runtime) is fed
+random rows: the products' cost does not depend on values.
 """
 
 import argparse
@@ -36,7 +40,10 @@ def make_session(model_file: Path, threads: int, options: dict, profile_dir: str
     settings.log_severity_level = 4
     settings.intra_op_num_threads, settings.inter_op_num_threads = threads, 1
     for key, value in options.items():
-        settings.add_session_config_entry(key, value)
+        if key == "custom_ops":  # a custom-op library (benchmarks/custom_op/), not a config entry
+            settings.register_custom_ops_library(value)
+        else:
+            settings.add_session_config_entry(key, value)
     if profile_dir:
         settings.enable_profiling = True
         settings.profile_file_prefix = os.path.join(profile_dir, "step")
@@ -58,12 +65,15 @@ def feeds_for(session: ort.InferenceSession, past: dict, length: int, position: 
             feeds[name] = np.arange(position, position + length, dtype=np.int64)[None]
         elif name.startswith("past_key_values."):
             feeds[name] = past[name]
+    if "logits_to_keep" in {value.name for value in session.get_overridable_initializers()}:
+        feeds["logits_to_keep"] = np.array(1, np.int64)  # as the runtime: the last position's logits only
     return feeds
 
 
-def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = None) -> float:
+def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = None, prompt: list | None = None):
     """Prompt, WARMUP steps, then `steps` timed steps; returns the median step in ms. cpu, if given, gets the
-    process's CPU ms per timed step (all threads; with 1 thread the step's own work, spinning aside)."""
+    process's CPU ms per timed step (all threads; with 1 thread the step's own work, spinning aside); prompt,
+    if given, the prompt pass's ms."""
     cache_inputs = [v for v in session.get_inputs() if v.name.startswith("past_key_values.")]
     dtype = {"tensor(float)": np.float32, "tensor(int8)": np.int8, "tensor(float16)": np.float16}
     past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), dtype[v.type]) for v in cache_inputs}
@@ -76,6 +86,8 @@ def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = Non
         result = session.run(outputs, feeds_for(session, past, length, position, rng))
         if step > WARMUP:
             times.append(time.perf_counter() - started)
+        elif step == 0 and prompt is not None:
+            prompt.append(1000 * (time.perf_counter() - started))
         named = dict(zip(outputs, result))
         past = {v.name: named["present." + v.name.removeprefix("past_key_values.")] for v in cache_inputs}
         position, length = position + length, 1
@@ -104,7 +116,9 @@ def main():
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--past", type=int, default=8, help="positions in the cache before the timed steps")
-    parser.add_argument("--option", action="append", default=[], help="KEY=VALUE session config entry")
+    parser.add_argument(
+        "--option", action="append", default=[], help="KEY=VALUE session config entry; custom_ops=LIB: a library"
+    )
     parser.add_argument("--rounds", type=int, default=0, help="no profile: the packages' step times, interleaved")
     args = parser.parse_args()
     options = dict(option.split("=", 1) for option in args.option)
@@ -136,12 +150,12 @@ def interleaved(args, options) -> None:
             make_session(package / "model.onnx", threads, options | extra, None)
             for package, extra in zip(args.packages, args.extra)
         ]
-        steps, cpu = [[] for _ in sessions], [[] for _ in sessions]
+        steps, cpu, prompts = [[] for _ in sessions], [[] for _ in sessions], [[] for _ in sessions]
         for round_ in range(args.rounds):
             order = list(range(len(sessions)))
             for i in order if round_ % 2 == 0 else order[::-1]:
                 rng = np.random.default_rng(round_)
-                steps[i].append(run_steps(sessions[i], args.past, args.steps, rng, cpu[i]))
+                steps[i].append(run_steps(sessions[i], args.past, args.steps, rng, cpu[i], prompts[i]))
         medians, cpu_medians = [float(np.median(s)) for s in steps], [float(np.median(c)) for c in cpu]
         print(
             f"\n{threads} thread(s), {args.rounds} rounds of {args.steps} steps, load average {os.getloadavg()[0]:.2f}"
@@ -151,6 +165,12 @@ def interleaved(args, options) -> None:
             print(
                 f"{Path(label.split('::')[0]).name}{label[len(label.split('::')[0]) :]}: median step {median:.3f} ms, x{medians[0] / median:.3f} the first; CPU {c:.3f} ms"
                 f" a step, x{cpu_medians[0] / c:.3f} the first per CPU second (rounds' steps: {rounds})"
+            )
+        first = float(np.median(prompts[0]))
+        for label, p in zip(args.labels, prompts):
+            print(
+                f"{Path(label.split('::')[0]).name}: prompt of {args.past} positions {np.median(p):.2f} ms,"
+                f" x{first / np.median(p):.3f} the first (rounds: {' '.join(f'{x:.1f}' for x in p)})"
             )
 
 

@@ -26,6 +26,9 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - no-attention-bias: GroupQueryAttention without the attention bias, and the nodes that make it (about a dozen
   small ops a step, not a layer): its own causal mask from the cache lengths is all a row without padding needs.
   Exact for one row; a left-padded batch would attend to its padding, so this measures the bias's cost only.
+- custom-int8: every 8-bit MatMulNBits in blocks of 32 without zero points (the tied int8 head first made one, as
+  int8-head-nbits does) as edgelm.Q8MatMul over the same inputs: the op of benchmarks/custom_op/'s library, which
+  the session must register (benchmarks/step_profile.py PKG::custom_ops=LIB).
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).
@@ -211,6 +214,23 @@ def nbits(graph, data, block, accuracy_level):
     return list(graph.node), stored.tensors, stored.bytes()
 
 
+def custom_int8(nodes):
+    """8-bit MatMulNBits in blocks of 32 over whole blocks, with no input past the scales (zero points, g_idx,
+    bias: the exporter writes none) -> edgelm.Q8MatMul(A, B, scales), the same attributes but accuracy_level."""
+    rewritten = []
+    for node in nodes:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (
+            node.op_type == "MatMulNBits"
+            and (attributes["bits"], attributes["block_size"], attributes["K"] % 32) == (8, 32, 0)
+            and not any(node.input[3:])
+        ):
+            keep = {k: attributes[k] for k in ("K", "N", "bits", "block_size")}
+            node = helper.make_node("Q8MatMul", node.input[:3], node.output, name=node.name, domain="edgelm", **keep)
+        rewritten.append(node)
+    return rewritten
+
+
 def block_sums_reducesum(graph):
     """Einsum(blocks, "rokb->rok") -> sampling_block_sums, as ReduceSum(blocks, -1, keepdims=0)."""
     einsum = next(node for node in graph.node if "sampling_block_sums" in node.output)
@@ -281,8 +301,9 @@ VARIANTS = (
     "int8-head-nbits",
     "nbits",
     "no-attention-bias",
+    "custom-int8",
 )
-REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits")  # the variants that read the package's weights
+REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits", "custom-int8")  # the variants that read the package's weights
 
 
 def main():
@@ -305,6 +326,7 @@ def main():
         "int8-head-nbits": "QGemm",
         "nbits": "MatMulNBits",
         "no-attention-bias": "GroupQueryAttention",
+        "custom-int8": "MatMulNBits",
     }.get(args.variant)
     if needs and needs not in ops:
         raise SystemExit(f"{args.package} is not a graph {args.variant} applies to (it has no {needs})")
@@ -318,6 +340,10 @@ def main():
         nodes, added, extra = int8_head_nbits(graph, data, args.block or 32)
     elif args.variant == "nbits":
         nodes, added, extra = nbits(graph, data, args.block, args.accuracy_level)
+    elif args.variant == "custom-int8":
+        nodes, added, extra = int8_head_nbits(graph, data, 32) if "QGemm" in ops else (list(graph.node), [], None)
+        nodes = custom_int8(nodes)
+        model.opset_import.append(helper.make_opsetid("edgelm", 1))
     elif args.variant == "no-attention-bias":
         nodes, added = no_attention_bias(graph)
     elif args.variant == "block-sums-reducesum":

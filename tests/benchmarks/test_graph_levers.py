@@ -1,7 +1,9 @@
 """tools/graph_variants.py's decode-step levers rewrite a package into one that decodes what it did: rotary
 inside GroupQueryAttention and attention without the bias (float32, batch 1: the same tokens and
 log-probabilities), the tied int8 head as one
-8-bit MatMulNBits over the same rows, and the 8-bit products requantized to another block size."""
+8-bit MatMulNBits over the same rows, the 8-bit products requantized to another block size, and the 8-bit
+products as the custom op of benchmarks/custom_op/ over the same inputs (its numbers are checked against
+MatMulNBits by benchmarks/custom_op/check.py, which needs the library built)."""
 
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import edgelm.runtime as rt
 import numpy as np
 import onnx
 import pytest
+import step_profile
 from onnx import numpy_helper
 
 VARIANTS = Path(__file__).resolve().parents[2] / "tools" / "graph_variants.py"
@@ -106,3 +109,56 @@ def test_nbits_sets_the_accuracy_level_of_every_product(llama_package_int8, tmp_
     }
     assert levels == {int(level)}
     rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)
+
+
+def attributes(node):
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def test_custom_int8_names_the_custom_op_over_each_products_own_inputs(tiny_package_int8, tmp_path):
+    out = variant(tiny_package_int8, tmp_path / "custom", "--variant", "custom-int8")
+    head = variant(tiny_package_int8, tmp_path / "head", "--variant", "int8-head-nbits")
+    model, arrays = initializers(out)
+    _, head_arrays = initializers(head)
+    assert {"MatMulNBits", "QGemm"}.isdisjoint(n.op_type for n in model.graph.node)
+    assert ("edgelm", 1) in {(o.domain, o.version) for o in model.opset_import}
+    custom = {n.name: n for n in model.graph.node if n.op_type == "Q8MatMul"}
+    products = [n for n in onnx.load(str(head / "model.onnx"), load_external_data=False).graph.node]
+    products = [n for n in products if n.op_type == "MatMulNBits"]
+    assert len(custom) == len(products) > 1  # the blocks' products and the head
+    for node in products:
+        rewritten = custom[node.name]
+        assert rewritten.domain == "edgelm"
+        assert list(rewritten.input) == list(node.input) and list(rewritten.output) == list(node.output)
+        expected = {k: v for k, v in attributes(node).items() if k != "accuracy_level"}
+        assert attributes(rewritten) == expected and expected["bits"] == 8 and expected["block_size"] == 32
+        for name in rewritten.input[1:]:
+            np.testing.assert_array_equal(arrays[name], head_arrays[name])
+    assert custom["lm_head"].output[0] == "logits"
+
+
+def test_custom_int8_leaves_4_bit_products_to_matmulnbits(llama_package_int4, tmp_path):
+    out = variant(llama_package_int4, tmp_path / "custom", "--variant", "custom-int8")
+    ops = [n.op_type for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node]
+    assert "Q8MatMul" not in ops and "MatMulNBits" in ops
+
+
+def test_step_profile_registers_a_custom_op_library_rather_than_a_config_entry(tiny_package, tmp_path):
+    missing = tmp_path / "libmissing.so"
+    with pytest.raises(Exception, match="libmissing.so"):
+        step_profile.make_session(tiny_package / "model.onnx", 1, {"custom_ops": str(missing)}, None)
+
+
+def test_step_profile_times_the_prompt_pass_apart_from_the_steps(tiny_package_int8):
+    session = step_profile.make_session(tiny_package_int8 / "model.onnx", 1, {}, None)  # fed rows, not ids
+    prompt, cpu = [], []
+    step = step_profile.run_steps(session, 6, 2, np.random.default_rng(0), cpu, prompt)
+    assert len(prompt) == 1 and prompt[0] > 0 and step > 0 and len(cpu) == 1
+
+
+def test_step_profile_keeps_the_last_positions_logits_as_the_runtime_does(tiny_package_int8):
+    session = step_profile.make_session(tiny_package_int8 / "model.onnx", 1, {}, None)
+    cache = [v for v in session.get_inputs() if v.name.startswith("past_key_values.")]
+    past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), np.float32) for v in cache}
+    feeds = step_profile.feeds_for(session, past, 6, 0, np.random.default_rng(0))
+    assert session.run(["logits"], feeds)[0].shape[1] == 1  # a prompt of 6 positions, the head over the last

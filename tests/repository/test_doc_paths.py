@@ -100,11 +100,11 @@ INDEX_ROW = re.compile(r"^\| `([^`]+)` \|", re.MULTILINE)
 
 
 def benchmark_index_gaps(benchmarks: Path) -> dict:
-    """{"unlisted": scripts of `benchmarks` (and its clients/) that its README.md's table leaves out,
+    """{"unlisted": scripts of `benchmarks` (and its clients/ and custom_op/) that its README.md's table leaves out,
     "gone": names the table lists that are not files there}."""
     scripts = {
         str(p.relative_to(benchmarks))
-        for folder in (benchmarks, benchmarks / "clients")
+        for folder in (benchmarks, benchmarks / "clients", benchmarks / "custom_op")
         if folder.is_dir()
         for p in folder.iterdir()
         if p.is_file() and p.suffix in SCRIPT_SUFFIXES
