@@ -71,7 +71,9 @@ def op_table(profile_file: str, steps: int, head: set) -> list[tuple[dict, float
     return [({op: tuple(v) for op, v in table.items()}, dur / 1000) for table, (_, dur) in zip(tables, runs)]
 
 
-def profile_once(model_file: Path, threads: int, options: dict, past: int, steps: int, seed: int, head: set, batch=None):
+def profile_once(
+    model_file: Path, threads: int, options: dict, past: int, steps: int, seed: int, head: set, batch=None
+):
     """One fresh profiled session: (op_table's runs, the median step's wall ms). batch: run_steps' (None: one row,
     the cache fed back)."""
     with tempfile.TemporaryDirectory() as folder:
@@ -122,7 +124,10 @@ def print_table(name: str, threads: int, result: dict, batch=None) -> None:
     rows, layers = result["ops"], result["layers"]
     step, kernels = result["step_ms"], result["kernels_ms"]
     rows_note = "" if batch is None else f", batch {batch} ({step / batch:.3f} ms a token)"
-    print(f"\n{name}, {threads} thread(s){rows_note}, {layers} layers: profiled step {step:.3f} ms, kernels' sum {kernels:.3f} ms")
+    print(
+        f"\n{name}, {threads} thread(s){rows_note}, {layers} layers: profiled step {step:.3f} ms, "
+        f"kernels' sum {kernels:.3f} ms"
+    )
     print("| op | kernels/step | per layer | ms/step | share (median) | repeats' medians |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
     for op, (count, ms, share, shares) in sorted(rows.items(), key=lambda item: -item[1][2]):

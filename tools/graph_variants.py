@@ -26,6 +26,11 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - no-attention-bias: GroupQueryAttention without the attention bias, and the nodes that make it (about a dozen
   small ops a step, not a layer): its own causal mask from the cache lengths is all a row without padding needs.
   Exact for one row; a left-padded batch would attend to its padding, so this measures the bias's cost only.
+- int8-rows: every 8-bit MatMulNBits as the tied int8 head's product: each row of its input divided by its own
+  largest |value| and quantized with the fixed scale 1/127 (zero point 128), one MatMulIntegerToFloat over int8
+  weights with one scale per output, requantized from the node's own codes, and the row's largest value
+  multiplied back. A row's outputs still depend on that row alone; activations per row instead of per block of
+  inputs, weights per output instead of per block (so its tokens are not the export's). 6 nodes more a product.
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).
@@ -186,6 +191,55 @@ def int8_head_nbits(graph, data, block):
     return [n for n in graph.node if id(n) not in head] + [matmul], stored.tensors, stored.bytes()
 
 
+def int8_rows(graph, data):
+    """Every 8-bit MatMulNBits [.., K] -> [.., N] as a per-row scaled integer product (the module docstring)."""
+    array, stored = reader(graph, data), VariantData()
+    fixed = [
+        numpy_helper.from_array(np.array(1 / 127, np.float32), "rows.fixed_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "rows.fixed_zero_point"),
+        numpy_helper.from_array(np.array(1e-30, np.float32), "rows.smallest"),
+    ]
+    nodes = []
+    for node in graph.node:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "MatMulNBits" or attributes.get("bits") != 8:
+            nodes.append(node)
+            continue
+        if len(node.input) > 3 and node.input[3]:
+            raise SystemExit(f"{node.name}: 8-bit weights with zero points; int8-rows requantizes symmetric ones")
+        k, n = attributes["K"], attributes["N"]
+        codes = array(node.input[1]).astype(np.float32) - 128  # [N, nb, B], zero point 128
+        weight = (codes * array(node.input[2]).astype(np.float32).reshape(n, -1, 1)).reshape(n, -1)[:, :k]
+        scale = np.abs(weight).max(axis=1) / 127
+        scale[scale == 0] = 1
+        q = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
+        name, x = node.name or node.output[0], node.input[0]
+        w = stored.add(f"{name}.rows_int8", np.ascontiguousarray(q.T))  # [K, N]
+        w_scale = stored.add(f"{name}.rows_scale", scale.astype(np.float32))
+        w_zero = stored.add(f"{name}.rows_zero_point", np.zeros(n, np.int8))
+        bias = node.input[5] if len(node.input) > 5 else ""
+        nodes += [
+            helper.make_node("Abs", [x], [f"{name}.abs"]),
+            helper.make_node("ReduceMax", [f"{name}.abs"], [f"{name}.max"], axes=[-1]),
+            helper.make_node("Max", [f"{name}.max", "rows.smallest"], [f"{name}.largest"]),
+            helper.make_node("Div", [x, f"{name}.largest"], [f"{name}.scaled"]),
+            helper.make_node("QuantizeLinear", [f"{name}.scaled", "rows.fixed_scale", "rows.fixed_zero_point"],
+                             [f"{name}.q"]),  # fmt: skip
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [f"{name}.q", w, "rows.fixed_scale", w_scale, "rows.fixed_zero_point", w_zero],
+                [f"{name}.product"],
+                domain=MS,
+            ),
+            helper.make_node(
+                "Mul", [f"{name}.product", f"{name}.largest"], [f"{name}.rows" if bias else node.output[0]]
+            ),
+        ]
+        if bias:
+            nodes.append(helper.make_node("Add", [f"{name}.rows", bias], [node.output[0]]))
+    return nodes, fixed + stored.tensors, stored.bytes()
+
+
 def nbits(graph, data, block, accuracy_level):
     """Every MatMulNBits at accuracy_level; the 8-bit ones requantized to `block` (None: as they are)."""
     from edgelm.export.int4 import quantize_blocks
@@ -281,8 +335,9 @@ VARIANTS = (
     "int8-head-nbits",
     "nbits",
     "no-attention-bias",
+    "int8-rows",
 )
-REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits")  # the variants that read the package's weights
+REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits", "int8-rows")  # the variants that read the package's weights
 
 
 def main():
@@ -304,6 +359,7 @@ def main():
         "int8-nbits": "DynamicQuantizeMatMul",
         "int8-head-nbits": "QGemm",
         "nbits": "MatMulNBits",
+        "int8-rows": "MatMulNBits",
         "no-attention-bias": "GroupQueryAttention",
     }.get(args.variant)
     if needs and needs not in ops:
@@ -318,6 +374,8 @@ def main():
         nodes, added, extra = int8_head_nbits(graph, data, args.block or 32)
     elif args.variant == "nbits":
         nodes, added, extra = nbits(graph, data, args.block, args.accuracy_level)
+    elif args.variant == "int8-rows":
+        nodes, added, extra = int8_rows(graph, data)
     elif args.variant == "no-attention-bias":
         nodes, added = no_attention_bias(graph)
     elif args.variant == "block-sums-reducesum":

@@ -106,3 +106,26 @@ def test_nbits_sets_the_accuracy_level_of_every_product(llama_package_int8, tmp_
     }
     assert levels == {int(level)}
     rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)
+
+
+def test_int8_rows_replaces_every_8bit_product_with_a_per_row_integer_product_alone_or_in_a_batch(
+    tiny_package_int8, tmp_path
+):
+    out = variant(tiny_package_int8, tmp_path / "rows", "--variant", "int8-rows")
+    model, arrays = initializers(out)
+    _, before = initializers(tiny_package_int8)
+    ops = [n.op_type for n in model.graph.node]
+    products = [n for n in onnx.load(str(tiny_package_int8 / "model.onnx"), load_external_data=False).graph.node
+                if n.op_type == "MatMulNBits"]  # fmt: skip
+    assert "MatMulNBits" not in ops and ops.count("MatMulIntegerToFloat") == len(products) > 0
+    for node in (n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"):
+        old = next(p for p in products if node.input[1].startswith((p.name or p.output[0]) + "."))
+        k = {a.name: onnx.helper.get_attribute_value(a) for a in old.attribute}["K"]
+        old_scale = before[old.input[2]]
+        was = ((before[old.input[1]].astype(np.float32) - 128) * old_scale[..., None]).reshape(len(old_scale), -1)
+        now = arrays[node.input[1]].astype(np.float32).T * arrays[node.input[3]][:, None]  # [N, K]
+        assert np.all(np.abs(now - was[:, :k]) <= arrays[node.input[3]][:, None] / 2 * (1 + 1e-6))
+    model = rt.load(out)
+    greedy = dict(do_sample=False, ignore_eos=True, max_new_tokens=12)
+    alone = [model.generate(prompt, **greedy).token_ids for prompt in PROMPTS]
+    assert [c.token_ids for c in model.generate(PROMPTS, **greedy)] == alone  # each row's scale is its own

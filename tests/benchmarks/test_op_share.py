@@ -40,10 +40,8 @@ def test_op_share_profiles_rows_decoding_together_over_the_cache_in_place(tiny_p
     titles = [line for line in run.stdout.splitlines() if "layers: profiled step" in line]
     assert [" batch 1 (" in titles[0], " batch 3 (" in titles[1]] == [True, True] and len(titles) == 2
     tables = run.stdout.split("layers: profiled step")[1:]
-    kernels = [
-        {c[0]: c[1] for c in ([c.strip() for c in line.strip("|").split("|")] for line in t.splitlines()) if len(c) == 6}
-        for t in tables
-    ]
+    cells = [[[c.strip() for c in line.strip("|").split("|")] for line in t.splitlines()] for t in tables]
+    kernels = [{c[0]: c[1] for c in table if len(c) == 6} for table in cells]
     assert kernels[0]["GroupQueryAttention"] == kernels[1]["GroupQueryAttention"] == "2"  # one graph, any rows
     assert kernels[0]["MatMulNBits"] == kernels[1]["MatMulNBits"]
 
