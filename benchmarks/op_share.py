@@ -34,7 +34,16 @@ import onnx
 import onnxruntime as ort
 from step_profile import make_session, run_steps  # benchmarks/ is on the path of its own scripts
 
-PRODUCTS = {"MatMulNBits", "MatMul", "QGemm", "DynamicQuantizeMatMul", "Gemm", "MatMulInteger", "FusedMatMul"}
+PRODUCTS = {
+    "MatMulNBits",
+    "MatMul",
+    "QGemm",
+    "DynamicQuantizeMatMul",
+    "Gemm",
+    "MatMulInteger",
+    "MatMulIntegerToFloat",
+    "FusedMatMul",
+}
 
 
 def head_nodes(model_file: Path) -> set:
