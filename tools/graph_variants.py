@@ -214,9 +214,10 @@ def int8_rows(graph, data):
         scale[scale == 0] = 1
         q = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
         name, x = node.name or node.output[0], node.input[0]
-        w = stored.add(f"{name}.rows_int8", np.ascontiguousarray(q.T))  # [K, N]
-        w_scale = stored.add(f"{name}.rows_scale", scale.astype(np.float32))
-        w_zero = stored.add(f"{name}.rows_zero_point", np.zeros(n, np.int8))
+        weight_name = node.input[1]  # named after the product's own weights (products_bound.py reads the names)
+        w = stored.add(f"{weight_name}.rows_int8", np.ascontiguousarray(q.T))  # [K, N]
+        w_scale = stored.add(f"{weight_name}.rows_scale", scale.astype(np.float32))
+        w_zero = stored.add(f"{weight_name}.rows_zero_point", np.zeros(n, np.int8))
         bias = node.input[5] if len(node.input) > 5 else ""
         nodes += [
             helper.make_node("Abs", [x], [f"{name}.abs"]),
