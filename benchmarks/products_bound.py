@@ -5,8 +5,9 @@
 For each package it builds a graph of the weight products alone (every MatMul, DynamicQuantizeMatMul,
 MatMulNBits, and QGemm or MatMulIntegerToFloat with the DynamicQuantizeLinear or QuantizeLinear that feeds it:
 the same ops, weights and layouts as the package, each fed a [1, 1, K] activation) and times it at batch 1, in
-the same rounds as the package's own decode at short context and the read probe of `edgelm bench`. A step can be no faster than its products, so
-1 / (products' time) bounds decode for these kernels even if everything else in a step cost nothing.
+the same rounds as the package's own decode at short context and the read probe of `edgelm bench`. A step can
+be no faster than its products, so 1 / (products' time) bounds decode for these kernels even if everything else
+in a step cost nothing.
 The same graph gives two more bounds: batch 16 over batch 1 if nothing but the products cost (16 x the
 batch-1 time over the batch-16 time), and the products of a 512-token prompt in the runtime's chunks of 128
 (the first token can come no sooner). Prints one table row per package.
