@@ -31,6 +31,8 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   weights with one scale per output, requantized from the node's own codes, and the row's largest value
   multiplied back. A row's outputs still depend on that row alone; activations per row instead of per block of
   inputs, weights per output instead of per block (so its tokens are not the export's). 6 nodes more a product.
+  --weight-bits 7 keeps the weights within [-63, 63]: uint8 activations times 7-bit weights cannot saturate the
+  int16 sums of x86 CPUs without VNNI (export/quantize.py), which full-range weights can.
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).
@@ -191,8 +193,9 @@ def int8_head_nbits(graph, data, block):
     return [n for n in graph.node if id(n) not in head] + [matmul], stored.tensors, stored.bytes()
 
 
-def int8_rows(graph, data):
+def int8_rows(graph, data, weight_bits=8):
     """Every 8-bit MatMulNBits [.., K] -> [.., N] as a per-row scaled integer product (the module docstring)."""
+    largest_code = 2 ** (weight_bits - 1) - 1
     array, stored = reader(graph, data), VariantData()
     fixed = [
         numpy_helper.from_array(np.array(1 / 127, np.float32), "rows.fixed_scale"),
@@ -210,9 +213,9 @@ def int8_rows(graph, data):
         k, n = attributes["K"], attributes["N"]
         codes = array(node.input[1]).astype(np.float32) - 128  # [N, nb, B], zero point 128
         weight = (codes * array(node.input[2]).astype(np.float32).reshape(n, -1, 1)).reshape(n, -1)[:, :k]
-        scale = np.abs(weight).max(axis=1) / 127
+        scale = np.abs(weight).max(axis=1) / largest_code
         scale[scale == 0] = 1
-        q = np.clip(np.rint(weight / scale[:, None]), -127, 127).astype(np.int8)
+        q = np.clip(np.rint(weight / scale[:, None]), -largest_code, largest_code).astype(np.int8)
         name, x = node.name or node.output[0], node.input[0]
         weight_name = node.input[1]  # named after the product's own weights (products_bound.py reads the names)
         w = stored.add(f"{weight_name}.rows_int8", np.ascontiguousarray(q.T))  # [K, N]
@@ -350,6 +353,7 @@ def main():
         "--block", type=int, help="inputs per scale: int8-nbits (default 64), int8-head-nbits (32), nbits (as stored)"
     )
     parser.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4), help="nbits: the level")
+    parser.add_argument("--weight-bits", type=int, default=8, choices=(7, 8), help="int8-rows: the weights' range")
     args = parser.parse_args()
     model = onnx.load(str(args.package / "model.onnx"), load_external_data=False)
     graph = model.graph
@@ -376,7 +380,7 @@ def main():
     elif args.variant == "nbits":
         nodes, added, extra = nbits(graph, data, args.block, args.accuracy_level)
     elif args.variant == "int8-rows":
-        nodes, added, extra = int8_rows(graph, data)
+        nodes, added, extra = int8_rows(graph, data, args.weight_bits)
     elif args.variant == "no-attention-bias":
         nodes, added = no_attention_bias(graph)
     elif args.variant == "block-sums-reducesum":

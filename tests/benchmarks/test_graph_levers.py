@@ -129,3 +129,11 @@ def test_int8_rows_replaces_every_8bit_product_with_a_per_row_integer_product_al
     greedy = dict(do_sample=False, ignore_eos=True, max_new_tokens=12)
     alone = [model.generate(prompt, **greedy).token_ids for prompt in PROMPTS]
     assert [c.token_ids for c in model.generate(PROMPTS, **greedy)] == alone  # each row's scale is its own
+
+
+def test_int8_rows_keeps_7_bit_weights_within_63_when_asked(tiny_package_int8, tmp_path):
+    out = variant(tiny_package_int8, tmp_path / "rows7", "--variant", "int8-rows", "--weight-bits", "7")
+    _, arrays = initializers(out)
+    weights = [a for name, a in arrays.items() if name.endswith(".rows_int8")]
+    assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) == 63
+    rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)  # onnxruntime runs it
