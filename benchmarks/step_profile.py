@@ -20,8 +20,8 @@ With --batch N[,N...] each batch size is run in turn: N rows decode together, ev
 and the cache is fed as the runtime feeds an edgelm package's (runtime/engine/decode.py's InPlaceDecoder): one
 [N, heads, positions, head_size] buffer per cache tensor, bound as both past and present so GroupQueryAttention
 writes each step's rows in place, and the last position's logits only, into one preallocated [N, 1, vocab] array.
-Each row's step time is then printed beside the step's (ms per token). Without --batch: batch 1, each step's present
-fed back as the next past.
+A profiled step's table gives its time per row beside it (ms a token). Without --batch: batch 1, each step's
+present fed back as the next past. PKG::KEY=VALUE applies to the profiled tables too.
 """
 
 import argparse
@@ -110,7 +110,8 @@ def in_place_steps(session, past_length: int, steps: int, rng, batch: int, cpu: 
         value = ort.OrtValue.ortvalue_from_numpy(keep[v.name])
         binding.bind_ortvalue_input(v.name, value)
         binding.bind_ortvalue_output("present." + v.name.removeprefix("past_key_values."), value)
-    keep["logits"] = np.zeros((batch, 1, session.get_outputs()[0].shape[-1]), np.float32)
+    vocab = next(o.shape[-1] for o in session.get_outputs() if o.name == "logits")
+    keep["logits"] = np.zeros((batch, 1, vocab), np.float32)
     binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(keep["logits"]))
     keep["logits_to_keep"] = np.array(1, dtype=np.int64)
     binding.bind_ortvalue_input("logits_to_keep", ort.OrtValue.ortvalue_from_numpy(keep["logits_to_keep"]))
