@@ -1,7 +1,8 @@
-"""Each op type's share of a batch-1 decode step, and its count per layer: medians over repeated profiles.
+"""Each op type's share of a decode step, and its count per layer: medians over repeated profiles.
 
     python benchmarks/op_share.py PKG [PKG ...] [--threads 2] [--steps 32] [--repeats 3] [--past 8]
     python benchmarks/op_share.py PKG --option session.intra_op.allow_spinning=0
+    python benchmarks/op_share.py PKG --batch 1,8,16     # rows decoding together, the cache written in place
 
 For each package, --repeats times: a fresh session with onnxruntime's profiler on, a prompt of --past positions,
 8 warm-up steps, then --steps decode steps (step_profile.py's loop and session options). Per op type it prints the
@@ -14,6 +15,10 @@ The LM head's kernels (the nodes between the final norm and `logits`) are rows o
 Below the table: the weight products' share (MatMulNBits, MatMul, QGemm, DynamicQuantizeMatMul, Gemm, the head's
 included), and the kernels' sum over onnxruntime's own run time (its model_run events): the rest is onnxruntime's
 work between kernels. The profiled step's wall time above the table adds the Python that feeds each step.
+
+Without --batch, one row and each step's present fed back as the next past; with --batch N[,N...], each batch size
+in turn, N rows at the same cache length, the cache fed in place as the runtime feeds it (step_profile.py's
+in_place_steps), and each table's title gives the step's ms per token too.
 """
 
 import argparse
@@ -29,7 +34,16 @@ import onnx
 import onnxruntime as ort
 from step_profile import make_session, run_steps  # benchmarks/ is on the path of its own scripts
 
-PRODUCTS = {"MatMulNBits", "MatMul", "QGemm", "DynamicQuantizeMatMul", "Gemm", "MatMulInteger", "FusedMatMul"}
+PRODUCTS = {
+    "MatMulNBits",
+    "MatMul",
+    "QGemm",
+    "DynamicQuantizeMatMul",
+    "Gemm",
+    "MatMulInteger",
+    "MatMulIntegerToFloat",
+    "FusedMatMul",
+}
 
 
 def head_nodes(model_file: Path) -> set:
@@ -66,21 +80,25 @@ def op_table(profile_file: str, steps: int, head: set) -> list[tuple[dict, float
     return [({op: tuple(v) for op, v in table.items()}, dur / 1000) for table, (_, dur) in zip(tables, runs)]
 
 
-def profile_once(model_file: Path, threads: int, options: dict, past: int, steps: int, seed: int, head: set):
-    """One fresh profiled session: (op_table's runs, the median step's wall ms)."""
+def profile_once(
+    model_file: Path, threads: int, options: dict, past: int, steps: int, seed: int, head: set, batch=None
+):
+    """One fresh profiled session: (op_table's runs, the median step's wall ms). batch: run_steps' (None: one row,
+    the cache fed back)."""
     with tempfile.TemporaryDirectory() as folder:
         session = make_session(model_file, threads, options, folder)
-        step_ms = run_steps(session, past, steps, np.random.default_rng(seed))
+        step_ms = run_steps(session, past, steps, np.random.default_rng(seed), batch=batch)
         return op_table(session.end_profiling(), steps, head), step_ms
 
 
-def op_shares(package: Path, threads: int, options: dict, past: int, steps: int, repeats: int) -> dict:
+def op_shares(package: Path, threads: int, options: dict, past: int, steps: int, repeats: int, batch=None) -> dict:
     """Per op type: kernels a step, the median ms a step, and its share of each step's kernel time, as the median
     over every profiled step and per repeat (the median of that repeat's steps). A step the machine preempted
     moves its own shares, not the medians. Also per repeat: the weight products' share, and the kernels' sum
     over onnxruntime's run time."""
     head = head_nodes(package / "model.onnx")
-    measured = [profile_once(package / "model.onnx", threads, options, past, steps, s, head) for s in range(repeats)]
+    model_file = package / "model.onnx"
+    measured = [profile_once(model_file, threads, options, past, steps, s, head, batch) for s in range(repeats)]
     repeats_steps = [[table for table, _ in runs] for runs, _ in measured]  # [repeat][step] op -> (kernels, ms)
 
     def kernels(table):
@@ -111,10 +129,14 @@ def op_shares(package: Path, threads: int, options: dict, past: int, steps: int,
     }
 
 
-def print_table(name: str, threads: int, result: dict) -> None:
+def print_table(name: str, threads: int, result: dict, batch=None) -> None:
     rows, layers = result["ops"], result["layers"]
     step, kernels = result["step_ms"], result["kernels_ms"]
-    print(f"\n{name}, {threads} thread(s), {layers} layers: profiled step {step:.3f} ms, kernels' sum {kernels:.3f} ms")
+    rows_note = "" if batch is None else f", batch {batch} ({step / batch:.3f} ms a token)"
+    print(
+        f"\n{name}, {threads} thread(s){rows_note}, {layers} layers: profiled step {step:.3f} ms, "
+        f"kernels' sum {kernels:.3f} ms"
+    )
     print("| op | kernels/step | per layer | ms/step | share (median) | repeats' medians |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
     for op, (count, ms, share, shares) in sorted(rows.items(), key=lambda item: -item[1][2]):
@@ -137,13 +159,16 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--past", type=int, default=8, help="positions in the cache before the timed steps")
     parser.add_argument("--option", action="append", default=[], help="KEY=VALUE session config entry")
+    parser.add_argument("--batch", help="N[,N...]: rows decoding together, the cache written in place")
     args = parser.parse_args()
     options = dict(option.split("=", 1) for option in args.option)
+    batches = [None] if args.batch is None else [int(b) for b in args.batch.split(",")]
     print(f"load average {os.getloadavg()[0]:.2f}, onnxruntime {ort.__version__}, options {options or 'none'}")
     for package in args.packages:
         for threads in (int(t) for t in args.threads.split(",")):
-            result = op_shares(package, threads, options, args.past, args.steps, args.repeats)
-            print_table(package.name, threads, result)
+            for batch in batches:
+                result = op_shares(package, threads, options, args.past, args.steps, args.repeats, batch)
+                print_table(package.name, threads, result, batch)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
 
 

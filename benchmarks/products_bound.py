@@ -3,10 +3,11 @@
     python benchmarks/products_bound.py benchmarks/out/pkg-int8 [more packages] [--rounds 5]
 
 For each package it builds a graph of the weight products alone (every MatMul, DynamicQuantizeMatMul,
-QGemm with the DynamicQuantizeLinear that feeds it, MatMulNBits: the same ops, weights and layouts as the
-package, each fed a [1, 1, K] activation) and times it at batch 1, in the same rounds as the package's own
-decode at short context and the read probe of `edgelm bench`. A step can be no faster than its products, so
-1 / (products' time) bounds decode for these kernels even if everything else in a step cost nothing.
+MatMulNBits, and QGemm or MatMulIntegerToFloat with the DynamicQuantizeLinear or QuantizeLinear that feeds it:
+the same ops, weights and layouts as the package, each fed a [1, 1, K] activation) and times it at batch 1, in
+the same rounds as the package's own decode at short context and the read probe of `edgelm bench`. A step can
+be no faster than its products, so 1 / (products' time) bounds decode for these kernels even if everything else
+in a step cost nothing.
 The same graph gives two more bounds: batch 16 over batch 1 if nothing but the products cost (16 x the
 batch-1 time over the batch-16 time), and the products of a 512-token prompt in the runtime's chunks of 128
 (the first token can come no sooner). Prints one table row per package.
@@ -25,7 +26,9 @@ from edgelm.runtime.model import load
 from harness import SETTLE_S, ReadProbe, prompt_ids, timed_tokens
 from onnx import TensorProto, helper
 
-PRODUCTS = {"MatMul", "DynamicQuantizeMatMul", "QGemm", "MatMulNBits", "DynamicQuantizeLinear"}
+PRODUCTS = {"MatMul", "DynamicQuantizeMatMul", "QGemm", "MatMulNBits", "MatMulIntegerToFloat", "DynamicQuantizeLinear"}
+# the quantizers of a product's activations: a QGemm or MatMulIntegerToFloat reads their [rows, K] output
+QUANTIZERS = {"DynamicQuantizeLinear", "QuantizeLinear"}
 PROMPT, CHUNK = 512, 128  # the first-token work: the prompt in the runtime's chunks, the LM head on one row each
 
 
@@ -35,7 +38,12 @@ def products_graph(model_file: Path) -> tuple[onnx.ModelProto, set]:
     products whose weights are not a block's (edgelm names those transformer.h.{i}.*)."""
     model = onnx.load(str(model_file))  # weights inline: the graph is saved elsewhere (at most ~330 MB)
     initializers = {t.name: t for t in model.graph.initializer}
-    nodes = [n for n in model.graph.node if n.op_type in PRODUCTS]
+    reads = {i for n in model.graph.node if n.op_type in PRODUCTS - QUANTIZERS for i in n.input}
+    nodes = [
+        n
+        for n in model.graph.node
+        if n.op_type in PRODUCTS - QUANTIZERS or (n.op_type in QUANTIZERS and n.output[0] in reads)
+    ]
     produced = {o for n in nodes for o in n.output}
     consumers = {i: n for n in nodes for i in n.input}
     inputs, used, lm_head = [], set(), set()
@@ -44,14 +52,15 @@ def products_graph(model_file: Path) -> tuple[onnx.ModelProto, set]:
         for name in node.input:
             if name and name not in initializers and name not in produced:
                 k, weight = _activation_width(node, consumers, initializers)
-                shape = ["rows", k] if node.op_type == "DynamicQuantizeLinear" else ["batch", "sequence", k]
+                # rows of their own per input: the LM head quantizes one position a row, the blocks every one
+                shape = [f"{name}.rows", k] if node.op_type in QUANTIZERS else ["batch", "sequence", k]
                 inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
                 if not weight.startswith("transformer.h."):
                     lm_head.add(name)
     outputs = [
         helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
         for n in nodes
-        if n.op_type != "DynamicQuantizeLinear"
+        if n.op_type not in QUANTIZERS
         for o in n.output
     ]
     graph = helper.make_graph(nodes, "weight_products", inputs, outputs, [initializers[name] for name in sorted(used)])
@@ -60,9 +69,11 @@ def products_graph(model_file: Path) -> tuple[onnx.ModelProto, set]:
 
 def _activation_width(node, consumers, initializers) -> tuple[int, str]:
     """K, the activation's width, read from the product's weights; and the weights' name."""
-    if node.op_type == "DynamicQuantizeLinear":  # feeds QGemm with B [N, K] (transB = 1)
-        weight = consumers[node.output[0]].input[3]
-        return initializers[weight].dims[1], weight
+    if node.op_type in QUANTIZERS:  # feeds QGemm with B [N, K] (transB = 1) or MatMulIntegerToFloat with B [K, N]
+        product = consumers[node.output[0]]
+        if product.op_type == "MatMulIntegerToFloat":
+            return initializers[product.input[1]].dims[0], product.input[1]
+        return initializers[product.input[3]].dims[1], product.input[3]
     if node.op_type == "MatMulNBits":
         return next(a.i for a in node.attribute if a.name == "K"), node.input[1]
     return initializers[node.input[1]].dims[0], node.input[1]  # MatMul, DynamicQuantizeMatMul: B [K, N]
@@ -73,7 +84,7 @@ class Products:
 
     def __init__(self, model, threads: int):
         graph, self.lm_head = products_graph(model.package.model_file)
-        self.count = sum(n.op_type != "DynamicQuantizeLinear" for n in graph.graph.node)
+        self.count = sum(n.op_type not in QUANTIZERS for n in graph.graph.node)
         with tempfile.TemporaryDirectory() as folder:
             onnx.save(graph, f"{folder}/products.onnx")
             self.session, _ = create_session(f"{folder}/products.onnx", "cpu", threads)

@@ -29,6 +29,13 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - custom-int8: every 8-bit MatMulNBits in blocks of 32 without zero points (the tied int8 head first made one, as
   int8-head-nbits does) as edgelm.Q8MatMul over the same inputs: the op of benchmarks/custom_op/'s library, which
   the session must register (benchmarks/step_profile.py PKG::custom_ops=LIB).
+- int8-rows: every 8-bit MatMulNBits as the tied int8 head's product: each row of its input divided by its own
+  largest |value| and quantized with the fixed scale 1/127 (zero point 128), one MatMulIntegerToFloat over int8
+  weights with one scale per output, requantized from the node's own codes, and the row's largest value
+  multiplied back. A row's outputs still depend on that row alone; activations per row instead of per block of
+  inputs, weights per output instead of per block (so its tokens are not the export's). 6 nodes more a product.
+  --weight-bits 7 keeps the weights within [-63, 63]: uint8 activations times 7-bit weights cannot saturate the
+  int16 sums of x86 CPUs without VNNI (export/quantize.py), which full-range weights can.
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).
@@ -189,6 +196,57 @@ def int8_head_nbits(graph, data, block):
     return [n for n in graph.node if id(n) not in head] + [matmul], stored.tensors, stored.bytes()
 
 
+def int8_rows(graph, data, weight_bits=8):
+    """Every 8-bit MatMulNBits [.., K] -> [.., N] as a per-row scaled integer product (the module docstring)."""
+    largest_code = 2 ** (weight_bits - 1) - 1
+    array, stored = reader(graph, data), VariantData()
+    fixed = [
+        numpy_helper.from_array(np.array(1 / 127, np.float32), "rows.fixed_scale"),
+        numpy_helper.from_array(np.array(128, np.uint8), "rows.fixed_zero_point"),
+        numpy_helper.from_array(np.array(1e-30, np.float32), "rows.smallest"),
+    ]
+    nodes = []
+    for node in graph.node:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "MatMulNBits" or attributes.get("bits") != 8:
+            nodes.append(node)
+            continue
+        if len(node.input) > 3 and node.input[3]:
+            raise SystemExit(f"{node.name}: 8-bit weights with zero points; int8-rows requantizes symmetric ones")
+        k, n = attributes["K"], attributes["N"]
+        codes = array(node.input[1]).astype(np.float32) - 128  # [N, nb, B], zero point 128
+        weight = (codes * array(node.input[2]).astype(np.float32).reshape(n, -1, 1)).reshape(n, -1)[:, :k]
+        scale = np.abs(weight).max(axis=1) / largest_code
+        scale[scale == 0] = 1
+        q = np.clip(np.rint(weight / scale[:, None]), -largest_code, largest_code).astype(np.int8)
+        name, x = node.name or node.output[0], node.input[0]
+        weight_name = node.input[1]  # named after the product's own weights (products_bound.py reads the names)
+        w = stored.add(f"{weight_name}.rows_int8", np.ascontiguousarray(q.T))  # [K, N]
+        w_scale = stored.add(f"{weight_name}.rows_scale", scale.astype(np.float32))
+        w_zero = stored.add(f"{weight_name}.rows_zero_point", np.zeros(n, np.int8))
+        bias = node.input[5] if len(node.input) > 5 else ""
+        nodes += [
+            helper.make_node("Abs", [x], [f"{name}.abs"]),
+            helper.make_node("ReduceMax", [f"{name}.abs"], [f"{name}.max"], axes=[-1]),
+            helper.make_node("Max", [f"{name}.max", "rows.smallest"], [f"{name}.largest"]),
+            helper.make_node("Div", [x, f"{name}.largest"], [f"{name}.scaled"]),
+            helper.make_node("QuantizeLinear", [f"{name}.scaled", "rows.fixed_scale", "rows.fixed_zero_point"],
+                             [f"{name}.q"]),  # fmt: skip
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [f"{name}.q", w, "rows.fixed_scale", w_scale, "rows.fixed_zero_point", w_zero],
+                [f"{name}.product"],
+                domain=MS,
+            ),
+            helper.make_node(
+                "Mul", [f"{name}.product", f"{name}.largest"], [f"{name}.rows" if bias else node.output[0]]
+            ),
+        ]
+        if bias:
+            nodes.append(helper.make_node("Add", [f"{name}.rows", bias], [node.output[0]]))
+    return nodes, fixed + stored.tensors, stored.bytes()
+
+
 def nbits(graph, data, block, accuracy_level):
     """Every MatMulNBits at accuracy_level; the 8-bit ones requantized to `block` (None: as they are)."""
     from edgelm.export.int4 import quantize_blocks
@@ -302,8 +360,9 @@ VARIANTS = (
     "nbits",
     "no-attention-bias",
     "custom-int8",
+    "int8-rows",
 )
-REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits", "custom-int8")  # the variants that read the package's weights
+REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits", "custom-int8", "int8-rows")  # the variants that read weights
 
 
 def main():
@@ -315,6 +374,7 @@ def main():
         "--block", type=int, help="inputs per scale: int8-nbits (default 64), int8-head-nbits (32), nbits (as stored)"
     )
     parser.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4), help="nbits: the level")
+    parser.add_argument("--weight-bits", type=int, default=8, choices=(7, 8), help="int8-rows: the weights' range")
     args = parser.parse_args()
     model = onnx.load(str(args.package / "model.onnx"), load_external_data=False)
     graph = model.graph
@@ -325,6 +385,7 @@ def main():
         "int8-nbits": "DynamicQuantizeMatMul",
         "int8-head-nbits": "QGemm",
         "nbits": "MatMulNBits",
+        "int8-rows": "MatMulNBits",
         "no-attention-bias": "GroupQueryAttention",
         "custom-int8": "MatMulNBits",
     }.get(args.variant)
@@ -344,6 +405,8 @@ def main():
         nodes, added, extra = int8_head_nbits(graph, data, 32) if "QGemm" in ops else (list(graph.node), [], None)
         nodes = custom_int8(nodes)
         model.opset_import.append(helper.make_opsetid("edgelm", 1))
+    elif args.variant == "int8-rows":
+        nodes, added, extra = int8_rows(graph, data, args.weight_bits)
     elif args.variant == "no-attention-bias":
         nodes, added = no_attention_bias(graph)
     elif args.variant == "block-sums-reducesum":

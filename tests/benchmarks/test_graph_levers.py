@@ -152,7 +152,7 @@ def test_step_profile_registers_a_custom_op_library_rather_than_a_config_entry(t
 def test_step_profile_times_the_prompt_pass_apart_from_the_steps(tiny_package_int8):
     session = step_profile.make_session(tiny_package_int8 / "model.onnx", 1, {}, None)  # fed rows, not ids
     prompt, cpu = [], []
-    step = step_profile.run_steps(session, 6, 2, np.random.default_rng(0), cpu, prompt)
+    step = step_profile.run_steps(session, 6, 2, np.random.default_rng(0), cpu, prompt=prompt)
     assert len(prompt) == 1 and prompt[0] > 0 and step > 0 and len(cpu) == 1
 
 
@@ -162,3 +162,32 @@ def test_step_profile_keeps_the_last_positions_logits_as_the_runtime_does(tiny_p
     past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), np.float32) for v in cache}
     feeds = step_profile.feeds_for(session, past, 6, 0, np.random.default_rng(0))
     assert session.run(["logits"], feeds)[0].shape[1] == 1  # a prompt of 6 positions, the head over the last
+def test_int8_rows_replaces_every_8bit_product_with_a_per_row_integer_product_alone_or_in_a_batch(
+    tiny_package_int8, tmp_path
+):
+    out = variant(tiny_package_int8, tmp_path / "rows", "--variant", "int8-rows")
+    model, arrays = initializers(out)
+    _, before = initializers(tiny_package_int8)
+    ops = [n.op_type for n in model.graph.node]
+    products = [n for n in onnx.load(str(tiny_package_int8 / "model.onnx"), load_external_data=False).graph.node
+                if n.op_type == "MatMulNBits"]  # fmt: skip
+    assert "MatMulNBits" not in ops and ops.count("MatMulIntegerToFloat") == len(products) > 0
+    for node in (n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"):
+        old = next(p for p in products if node.input[1] == p.input[1] + ".rows_int8")
+        k = {a.name: onnx.helper.get_attribute_value(a) for a in old.attribute}["K"]
+        old_scale = before[old.input[2]]
+        was = ((before[old.input[1]].astype(np.float32) - 128) * old_scale[..., None]).reshape(len(old_scale), -1)
+        now = arrays[node.input[1]].astype(np.float32).T * arrays[node.input[3]][:, None]  # [N, K]
+        assert np.all(np.abs(now - was[:, :k]) <= arrays[node.input[3]][:, None] / 2 * (1 + 1e-6))
+    model = rt.load(out)
+    greedy = dict(do_sample=False, ignore_eos=True, max_new_tokens=12)
+    alone = [model.generate(prompt, **greedy).token_ids for prompt in PROMPTS]
+    assert [c.token_ids for c in model.generate(PROMPTS, **greedy)] == alone  # each row's scale is its own
+
+
+def test_int8_rows_keeps_7_bit_weights_within_63_when_asked(tiny_package_int8, tmp_path):
+    out = variant(tiny_package_int8, tmp_path / "rows7", "--variant", "int8-rows", "--weight-bits", "7")
+    _, arrays = initializers(out)
+    weights = [a for name, a in arrays.items() if name.endswith(".rows_int8")]
+    assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) == 63
+    rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)  # onnxruntime runs it

@@ -10,6 +10,7 @@ import pytest
     [
         ("tiny_package", {"MatMul": 4 * 2 + 1}),
         ("tiny_package_int8_dynamic", {"DynamicQuantizeMatMul": 4 * 2, "QGemm": 1}),
+        ("tiny_package_int8", {"MatMulNBits": 4 * 2, "QGemm": 1}),  # the head's rows scaled one by one
         ("tiny_package_int4", {"MatMulNBits": 4 * 2 + 1}),
     ],
 )
@@ -23,7 +24,8 @@ def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, p
 
     package = request.getfixturevalue(fixture)
     graph, lm_head = products_graph(package / "model.onnx")
-    found = Counter(n.op_type for n in graph.graph.node if n.op_type != "DynamicQuantizeLinear")
+    quantizers = ("DynamicQuantizeLinear", "QuantizeLinear")
+    found = Counter(n.op_type for n in graph.graph.node if n.op_type not in quantizers)
     assert (
         found == products
     )  # 2 layers: 4 block products each, and the LM head (one int8 slice: the vocabulary is tiny)
