@@ -163,6 +163,8 @@ def main():
     args = parser.parse_args()
     options = dict(option.split("=", 1) for option in args.option)
     batches = [None] if args.batch is None else [int(b) for b in args.batch.split(",")]
+    if any(b is not None and b < 1 for b in batches):
+        parser.error("--batch takes row counts of 1 or more")
     print(f"load average {os.getloadavg()[0]:.2f}, onnxruntime {ort.__version__}, options {options or 'none'}")
     for package in args.packages:
         for threads in (int(t) for t in args.threads.split(",")):

@@ -15,8 +15,8 @@ graph of tools/graph_variants.py's custom-int8). Prints, per package and thread 
 type: kernels per step, ms per step (the kernels' own time summed over the steps, divided by them) and its
 share of the kernels' total. With --rounds N no profile is taken: every package's session is made once and
 the packages take turns, N rounds of --steps steps each, and the medians of each round's median step are
-printed with each package's ratio to the first (its step time over theirs: above 1 is faster), then at batch 1
-the same for the prompt pass of --past positions that opens each round. The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
+printed with each package's ratio to the first (its step time over theirs: above 1 is faster), then, without
+--batch, the same for the prompt pass of --past positions that opens each round. The graph's own token lookup is fed ids; a graph that takes inputs_embeds (a
 tied int8 head, looked up by the runtime) is fed random rows: the products' cost does not depend on values.
 
 With --batch N[,N...] each batch size is run in turn: N rows decode together, every row at the same cache length,
@@ -176,6 +176,8 @@ def main():
     args.extra = [dict(o.split("=", 1) for o in p.split("::")[1:]) for p in args.packages]
     args.packages = [Path(p.split("::")[0]) for p in args.packages]
     args.batches = [None] if args.batch is None else [int(b) for b in args.batch.split(",")]
+    if any(b is not None and b < 1 for b in args.batches):
+        parser.error("--batch takes row counts of 1 or more")
     print(f"load average {os.getloadavg()[0]:.2f}, onnxruntime {ort.__version__}, options {options or 'none'}")
     if args.rounds:
         return interleaved(args, options)
@@ -227,7 +229,8 @@ def interleaved(args, options) -> None:
                 )
             for label, p in zip(args.labels, prompts if prompts[0] else []):  # batch 1's prompt passes
                 print(
-                    f"{Path(label.split('::')[0]).name}: prompt of {args.past} positions {np.median(p):.2f} ms,"
+                    f"{Path(label.split('::')[0]).name}{label[len(label.split('::')[0]) :]}: prompt of {args.past}"
+                    f" positions {np.median(p):.2f} ms,"
                     f" x{np.median(prompts[0]) / np.median(p):.3f} the first (rounds: {' '.join(f'{x:.1f}' for x in p)})"
                 )
 

@@ -140,7 +140,7 @@ def train(family: str, text_dir: Path, out: Path, steps: int, batch: int, contex
     model.train()
     for step in range(steps):
         starts = rng.integers(0, len(train_ids) - context - 1, size=batch)
-        twice = rng.random(batch) < repeats
+        twice = rng.random(batch) < repeats if repeats else [False] * batch  # no draw: seeds give the same rows
         rows = [repeated_row(train_ids, s, context, blank) if t else train_ids[s : s + context]
                 for s, t in zip(starts, twice)]  # fmt: skip
         x = torch.from_numpy(np.stack(rows))

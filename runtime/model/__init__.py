@@ -11,6 +11,7 @@ concern: generation.py (settings, prompts, generate / stream / batch), messages.
 saved_session.py (a conversation's key/value cache saved to a file and restored).
 """
 
+import contextlib
 import os
 import sys
 import threading
@@ -102,21 +103,27 @@ def tokenizer_and_session(package: Package, device: str, threads, spinning: bool
     made, initializing = {}, threading.Event()
 
     def start_session():
-        sys.setprofile(_initializing(initializing))  # this thread's calls only
         try:  # the onnxruntime check before onnxruntime sees the package
+            with contextlib.suppress(Exception):  # refused (an audit hook): the build waits for the whole session
+                sys.setprofile(_initializing(initializing))  # this thread's calls only
             check_installed(package.min_onnxruntime, f"the package {package.folder}", package.uses)
             made["session"] = create_session(package.model_file, device, threads, quantized, spinning)
         except BaseException as error:  # handed to the loading thread, which raises it
             made["error"] = error
         finally:
-            sys.setprofile(None)
             initializing.set()
+            with contextlib.suppress(Exception):
+                sys.setprofile(None)
 
+    text = package.tokenizer_text()  # a file that cannot be read is refused before any session is made
     worker = threading.Thread(target=start_session, name="edgelm-onnxruntime-session")
-    worker.start()
     try:
-        text = package.tokenizer_text()
-        initializing.wait()
+        worker.start()
+    except RuntimeError as error:  # no thread to be had (at the interpreter's exit, or a process at its limit)
+        raise PackageError(f"cannot load {package.folder}: {error}") from None
+    try:
+        while not initializing.wait(0.1) and worker.is_alive():
+            pass
         tokenizer = load_tokenizer(text, package.tokenizer_file)
         del text
         # the build's freed memory back to the system before the session's peak (this thread would wait anyway): the

@@ -162,6 +162,8 @@ def test_step_profile_keeps_the_last_positions_logits_as_the_runtime_does(tiny_p
     past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), np.float32) for v in cache}
     feeds = step_profile.feeds_for(session, past, 6, 0, np.random.default_rng(0))
     assert session.run(["logits"], feeds)[0].shape[1] == 1  # a prompt of 6 positions, the head over the last
+
+
 def test_int8_rows_replaces_every_8bit_product_with_a_per_row_integer_product_alone_or_in_a_batch(
     tiny_package_int8, tmp_path
 ):

@@ -196,6 +196,49 @@ def test_the_tokenizer_is_built_once_the_session_is_initializing(tiny_package, m
     assert seen in (["initializing"], ["made"])
 
 
+def test_the_session_thread_signals_from_inside_initialize_session(tiny_package, monkeypatch):
+    """The signal that starts the tokenizer's build comes from onnxruntime's initialize_session call itself, before
+    the session is made: without it the build would wait for the whole session and the start gain would be gone."""
+    import edgelm.runtime.model as model_module
+
+    events, states = [], []
+    real_watch, real_session = model_module._initializing, model_module.create_session
+    monkeypatch.setattr(model_module, "_initializing", lambda event: events.append(event) or real_watch(event))
+
+    def create_session(*args, **kwargs):
+        made = real_session(*args, **kwargs)
+        states.append(events[0].is_set())  # the thread's own `finally` has not run yet
+        return made
+
+    monkeypatch.setattr(model_module, "create_session", create_session)
+    rt.load(tiny_package)
+    assert states == [True]
+
+
+def test_a_refused_profile_hook_still_loads_and_leaves_no_thread(tiny_package, monkeypatch):
+    import sys
+    import threading
+
+    def refused(function):
+        raise RuntimeError("sys.setprofile refused")
+
+    monkeypatch.setattr(sys, "setprofile", refused)
+    assert rt.load(tiny_package).generate("Hello", max_new_tokens=1).completion_tokens == 1
+    assert not [t for t in threading.enumerate() if t.name == "edgelm-onnxruntime-session"]
+
+
+def test_an_unreadable_tokenizer_is_refused_before_any_session_is_made(tiny_package, tmp_path, monkeypatch):
+    import edgelm.runtime.model as model_module
+
+    made = []
+    monkeypatch.setattr(model_module, "create_session", lambda *a, **k: made.append(1))
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    (folder / "tokenizer.json").write_bytes(b"\xff\xfe not text")
+    with pytest.raises(PackageError):
+        rt.load(folder, verify=False)
+    assert made == []
+
+
 def test_the_tokenizers_freed_memory_goes_back_before_the_session_is_used(tiny_package, monkeypatch):
     """The build's freed memory is handed back while the session is still being made (the session's thread cannot
     reuse it: another malloc arena), not only once the load is done."""

@@ -14,9 +14,9 @@ import time
 import httpx
 from server_harness import HTTP, Server
 
-# Some 90,000 loop passes: within the render budget (chat_bounds.MAX_RENDER_STEPS), so each render completes,
+# Some 300,000 loop passes: within the render budget (chat_bounds.MAX_RENDER_STEPS), so each render completes,
 # taking a second or more; the renders share the GIL, so several in flight take several times that.
-SLOW = "{% for i in range(30000) %}{% for j in range(3) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
+SLOW = "{% for i in range(100000) %}{% for j in range(3) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
 CHATS = 4
 EXIT_BOUND_S = 30  # well past --shutdown-timeout and one render; a hang would be unbounded
 
