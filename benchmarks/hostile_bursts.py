@@ -23,9 +23,8 @@ prints the 50th and 99th percentiles (and the worst) of both, in milliseconds. O
 "99th percentile" is its worst gap or next to it: --repeats N sends every kind's burst N times (kind after kind,
 round after round) and ends with one line per kind over all its bursts' samples together (`pooled`: the
 percentiles of every burst's /health times and gaps, and how many bursts had a gap or a /health time over 100 ms).
-Everything is bounded: each
-request by --request-s, the whole run by --max-seconds, after which the server is stopped. A benchmark, not a
-test: nothing is asserted. Run it on quiet cores for figures worth keeping.
+Everything is bounded: each request by --request-s, the whole run by --max-seconds, after which the server is
+stopped. A benchmark, not a test: nothing is asserted. Run it on quiet cores for figures worth keeping.
 """
 
 import argparse

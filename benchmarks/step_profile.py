@@ -94,8 +94,9 @@ def run_steps(session, past_length: int, steps: int, rng, cpu: list | None = Non
     for step in range(WARMUP + steps + 1):
         if step == WARMUP + 1:
             cpu_started = time.process_time()
+        feeds = feeds_for(session, past, length, position, rng)  # made outside the timed run, as in_place_steps does
         started = time.perf_counter()
-        result = session.run(outputs, feeds_for(session, past, length, position, rng))
+        result = session.run(outputs, feeds)
         if step > WARMUP:
             times.append(time.perf_counter() - started)
         elif step == 0 and prompt is not None:
@@ -202,6 +203,12 @@ def main():
                     print(f"| {op} | {count:.0f} | {ms:.3f} | {100 * ms / total:.1f}% | |")
 
 
+def shown(label: str) -> str:
+    """A package argument as printed: its folder's name, then any ::KEY=VALUE it carries."""
+    folder, _, settings = label.partition("::")
+    return Path(folder).name + ("::" + settings if settings else "")
+
+
 def interleaved(args, options) -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         sessions = [
@@ -224,14 +231,14 @@ def interleaved(args, options) -> None:
             for label, median, c, s in zip(args.labels, medians, cpu_medians, steps):
                 rounds = " ".join(f"{x:.2f}" for x in s)
                 print(
-                    f"{Path(label.split('::')[0]).name}{label[len(label.split('::')[0]) :]}: median step {median:.3f} ms, x{medians[0] / median:.3f} the first; CPU {c:.3f} ms"
+                    f"{shown(label)}: median step {median:.3f} ms, x{medians[0] / median:.3f} the first; CPU {c:.3f} ms"
                     f" a step, x{cpu_medians[0] / c:.3f} the first per CPU second (rounds' steps: {rounds})"
                 )
             for label, p in zip(args.labels, prompts if prompts[0] else []):  # batch 1's prompt passes
                 print(
-                    f"{Path(label.split('::')[0]).name}{label[len(label.split('::')[0]) :]}: prompt of {args.past}"
-                    f" positions {np.median(p):.2f} ms,"
-                    f" x{np.median(prompts[0]) / np.median(p):.3f} the first (rounds: {' '.join(f'{x:.1f}' for x in p)})"
+                    f"{shown(label)}: prompt of {args.past} positions {np.median(p):.2f} ms,"
+                    f" x{np.median(prompts[0]) / np.median(p):.3f} the first"
+                    f" (rounds: {' '.join(f'{x:.1f}' for x in p)})"
                 )
 
 

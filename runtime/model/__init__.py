@@ -122,8 +122,7 @@ def tokenizer_and_session(package: Package, device: str, threads, spinning: bool
     except RuntimeError as error:  # no thread to be had (at the interpreter's exit, or a process at its limit)
         raise PackageError(f"cannot load {package.folder}: {error}") from None
     try:
-        while not initializing.wait(0.1) and worker.is_alive():
-            pass
+        initializing.wait()  # set by the thread at initialize_session, or in its `finally` whatever happened
         tokenizer = load_tokenizer(text, package.tokenizer_file)
         del text
         # the build's freed memory back to the system before the session's peak (this thread would wait anyway): the
