@@ -5,11 +5,19 @@ inputs of each output, for onnxruntime's MatMulNBits (bits 8, accuracy_level 4),
 per row and block too: a row's output depends on that row alone, so a greedy request gives the same tokens
 alone and in a batch, and a long prompt's outliers do not coarsen the other positions' steps.
 
+int8-rows stores each product's weights as int8 per output column (7 bits, below) and quantizes activations row
+by row: each row of a product's input is divided by its own largest |value| and rounded to 8 bits
+(export/graph/matmuls.py quantize_rows), and onnxruntime's packed integer GEMM (MatMulIntegerToFloat; QGemm for the
+LM head, as int8's) multiplies them. Its int32 sums are exact, so a row's output depends on that row alone, as
+int8's, and the packed weights are read once for all the rows of a batch or a prompt, which MatMulNBits does row
+by row: a long prompt's first token comes sooner and a batch decodes faster, at a slower one-row step (the
+figures are in docs/export.md).
+
 int8-dynamic is symmetric and per output channel: each column n of a [K, N] weight gets its own scale, so one
 outlier column does not cost the others their precision, and DynamicQuantizeMatMul quantizes activations with
 one scale per tensor (every row of the batch and every position of the prompt together). Weights use 7 bits
-([-64, 63]) by default. Why: onnxruntime's dynamic-quantization kernels multiply uint8 activations by int8 weights, and on x86
-CPUs without VNNI (AVX2 only, like this project's machines) they use VPMADDUBSW, which adds two u8*s8
+([-64, 63]) by default, as int8-rows' do. Why: onnxruntime's integer kernels multiply uint8 activations by int8
+weights, and on x86 CPUs without VNNI (AVX2 only) they use VPMADDUBSW, which adds two u8*s8
 products into a saturating int16. With full-range weights 2 * 255 * 127 = 64,770 overflows 32,767 and
 results silently saturate; with 7-bit weights 2 * 255 * 64 = 32,640 cannot. onnxruntime's own
 quantize_dynamic calls this `reduce_range`. The lost bit is measured by the export's quality report.
@@ -24,8 +32,8 @@ import numpy as np
 
 from .int4 import BlockWeight, Int4Options, quantize_blocks
 
-RECIPES = ("none", "int8", "int8-dynamic", "int4")
-INT8_RECIPES = ("int8", "int8-dynamic")  # the recipes whose weights are int8 (the manifest's weights.dtype "int8")
+RECIPES = ("none", "int8", "int8-rows", "int8-dynamic", "int4")
+INT8_RECIPES = ("int8", "int8-rows", "int8-dynamic")  # the recipes whose weights are int8 (weights.dtype "int8")
 INT8_BLOCK = 32  # the int8 recipe's inputs per scale (64: the same quality on trained checkpoints, benchmarks/NOTES.md)
 
 
@@ -85,6 +93,21 @@ def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True
             "ops": (
                 "MatMulNBits bits 8 for every block product; the LM head QGemm over the token rows (one scale per "
                 "vocabulary entry), each row's activations scaled by its own largest value"
+            ),
+            "batch_invariant": True,
+            "covers": covers,
+            "kept_float32": "position table, biases, layer norms",
+        }
+    if recipe == "int8-rows":
+        return {
+            "method": "int8-rows",
+            "weights": "int8, symmetric, one float32 scale per output channel",
+            "bits": 7 if reduce_range else 8,
+            "reduce_range": reduce_range,
+            "activations": "uint8, per row: each row divided by its own largest |value|, fixed scale 1/127",
+            "ops": (
+                "MatMulIntegerToFloat for every block product; the LM head QGemm over the token rows (one scale per "
+                "vocabulary entry); each row's result multiplied back by its largest value"
             ),
             "batch_invariant": True,
             "covers": covers,

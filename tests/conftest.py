@@ -79,6 +79,12 @@ def tiny_package_int8(request):
 
 
 @pytest.fixture(scope="session")
+def tiny_package_int8_rows(request):
+    """int8 weights per output channel, activations quantized row by row (MatMulIntegerToFloat)."""
+    return _tiny(request, "tiny-int8-rows", quantize="int8-rows", validate=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_package_int8_dynamic(request):
     """int8 weights per output channel, activations quantized per tensor (DynamicQuantizeMatMul)."""
     return _tiny(request, "tiny-int8-dynamic", quantize="int8-dynamic", validate=False)
@@ -111,6 +117,11 @@ def _validated(checkpoint, tmp_path_factory, name, **options):
 @pytest.fixture(scope="session")
 def validated_package_int8(tiny_checkpoint, tmp_path_factory):
     return _validated(tiny_checkpoint, tmp_path_factory, "tiny-int8", quantize="int8")
+
+
+@pytest.fixture(scope="session")
+def validated_package_int8_rows(tiny_checkpoint, tmp_path_factory):
+    return _validated(tiny_checkpoint, tmp_path_factory, "tiny-int8-rows", quantize="int8-rows")
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,11 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - kv-float16: the key/value cache in float16. GroupQueryAttention takes float16 query, key, value and attention
   bias (Cast before it) and gives float16 attention (Cast back to float32); the packed Q/K/V is cast once,
   and the rotary tables with it.
-- int8-nbits: every DynamicQuantizeMatMul of an int8 package as MatMulNBits with 8-bit weights in blocks of
-  --block inputs (accuracy_level 4: int8 activations), requantized from the package's own int8 weights. The new
-  weights go to variant.data; the LM head and the token lookup keep theirs.
+- int8-nbits: every weight product of an int8 package (its per-row MatMulIntegerToFloat products, or an
+  int8-dynamic package's DynamicQuantizeMatMul) as MatMulNBits with 8-bit weights in blocks of --block inputs
+  (accuracy_level 4: int8 activations, per row and block), requantized from the package's own int8 weights: with
+  --block 32 the products of the int8 recipe of earlier releases. The new weights go to variant.data; the LM
+  head and the token lookup keep theirs.
 - block-sums-reducesum: for a package of an older release, which has sampling outputs (docs/package-format.md):
   their block sums as a ReduceSum over each block instead of an Einsum (onnxruntime 1.22.0 cannot run a
   ReduceSum over zero rows).
@@ -29,13 +31,6 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - custom-int8: every 8-bit MatMulNBits in blocks of 32 without zero points (the tied int8 head first made one, as
   int8-head-nbits does) as edgelm.Q8MatMul over the same inputs: the op of benchmarks/custom_op/'s library, which
   the session must register (benchmarks/step_profile.py PKG::custom_ops=LIB).
-- int8-rows: every 8-bit MatMulNBits as the tied int8 head's product: each row of its input divided by its own
-  largest |value| and quantized with the fixed scale 1/127 (zero point 128), one MatMulIntegerToFloat over int8
-  weights with one scale per output, requantized from the node's own codes, and the row's largest value
-  multiplied back. A row's outputs still depend on that row alone; activations per row instead of per block of
-  inputs, weights per output instead of per block (so its tokens are not the export's). 6 nodes more a product.
-  --weight-bits 7 keeps the weights within [-63, 63]: uint8 activations times 7-bit weights cannot saturate the
-  int16 sums of x86 CPUs without VNNI (export/quantize.py), which full-range weights can.
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).
@@ -91,8 +86,24 @@ def kv_float16(graph):
     return nodes, [lowest]
 
 
-def reader(graph, data):
-    """name -> the initializer's array, external ones read from `data` (the package's model.onnx.data bytes)."""
+class PackageData:
+    """A package's external data files, read when first asked for, and the name of the file a variant adds
+    (variant.data, or variant-N.data for a variant of a variant)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.files = folder, {}
+        taken = {p.name for p in folder.iterdir()}
+        names = ["variant.data", *(f"variant-{n}.data" for n in range(2, 100))]
+        self.new_file = next(name for name in names if name not in taken)
+
+    def __getitem__(self, location: str) -> bytes:
+        if location not in self.files:
+            self.files[location] = (self.folder / Path(location).name).read_bytes()
+        return self.files[location]
+
+
+def reader(graph, data: PackageData):
+    """name -> the initializer's array, external ones read from the package's files."""
     initializers = {t.name: t for t in graph.initializer}
 
     def array(name):
@@ -102,23 +113,23 @@ def reader(graph, data):
         where = {e.key: e.value for e in tensor.external_data}
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
         count = int(where["length"]) // np.dtype(dtype).itemsize
-        return np.frombuffer(data, dtype, count, int(where["offset"])).reshape(tensor.dims)
+        return np.frombuffer(data[where["location"]], dtype, count, int(where.get("offset", 0))).reshape(tensor.dims)
 
     return array
 
 
 class VariantData:
-    """New initializers, stored as external data in variant.data (64-byte aligned) beside the package's own."""
+    """New initializers, stored as external data in `location` (64-byte aligned) beside the package's own."""
 
-    def __init__(self):
-        self.tensors, self.chunks, self.offset = [], [], 0
+    def __init__(self, location: str):
+        self.location, self.tensors, self.chunks, self.offset = location, [], [], 0
 
     def add(self, name, values) -> str:
         tensor = numpy_helper.from_array(np.ascontiguousarray(values), name)
         raw = tensor.raw_data
         tensor.ClearField("raw_data")
         tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", "variant.data"), ("offset", str(self.offset)), ("length", str(len(raw)))):
+        for key, value in (("location", self.location), ("offset", str(self.offset)), ("length", str(len(raw)))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
         self.chunks.append(raw + b"\0" * (-len(raw) % 64))
@@ -130,44 +141,59 @@ class VariantData:
         return b"".join(self.chunks)
 
 
+def int8_products(nodes):
+    """Each int8 weight product among `nodes`: (the indices of its nodes, x, output, int8 weight [K, N] name, scale
+    [N] name, bias or ""). An int8-dynamic product is one DynamicQuantizeMatMul; an int8 one is the row
+    quantization (Abs, ReduceMax, Max, Div, QuantizeLinear), MatMulIntegerToFloat, and the Mul by each row's
+    largest value."""
+    made = {out: i for i, node in enumerate(nodes) for out in node.output}
+    users = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            users.setdefault(name, []).append(i)
+    for i, node in enumerate(nodes):
+        if node.op_type == "DynamicQuantizeMatMul":
+            bias = node.input[4] if len(node.input) > 4 else ""
+            yield [i], node.input[0], node.output[0], node.input[1], node.input[2], bias
+        elif node.op_type == "MatMulIntegerToFloat":
+            chain = [made[node.input[0]]]  # QuantizeLinear, then Div, Max, ReduceMax, Abs
+            chain.append(made[nodes[chain[-1]].input[0]])
+            x, largest = nodes[chain[-1]].input[:2]
+            chain.append(made[largest])
+            chain.append(made[nodes[chain[-1]].input[0]])
+            chain.append(made[nodes[chain[-1]].input[0]])
+            (back,) = (j for j in users[node.output[0]] if nodes[j].op_type == "Mul")
+            yield chain + [i, back], x, nodes[back].output[0], node.input[1], node.input[3], ""
+
+
 def int8_nbits(graph, data, block):
-    array, stored = reader(graph, data), VariantData()
-    nodes = []
-    for node in graph.node:
-        if node.op_type != "DynamicQuantizeMatMul":
-            nodes.append(node)
-            continue
-        weight = array(node.input[1]).astype(np.float32) * array(node.input[2]).astype(np.float32)  # [K, N]
+    array, stored = reader(graph, data), VariantData(data.new_file)
+    nodes = list(graph.node)
+    replaced, made = set(), {}
+    for indices, x, out, weight_name, scale_name, bias in int8_products(nodes):
+        weight = array(weight_name).astype(np.float32) * array(scale_name).astype(np.float32)  # [K, N]
         k, n = weight.shape
         blocks = weight.T.reshape(n, k // block, block)
         scale = np.abs(blocks).max(axis=-1) / 127
         scale[scale == 0] = 1
         q = (np.clip(np.rint(blocks / scale[..., None]), -128, 127) + 128).astype(np.uint8)
         names = [
-            stored.add(f"{node.input[1]}.{suffix}", values)
-            for suffix, values in (("nbits", q), ("nbits_scale", scale.astype(np.float32).reshape(-1)))
+            stored.add(f"{weight_name}.{suffix}", values)
+            for suffix, values in (("nbits", q), ("nbits_scale", scale.astype(np.float32)))  # [N, nb, B], [N, nb]
         ]
-        inputs = [node.input[0], *names] + (["", "", node.input[4]] if len(node.input) > 4 and node.input[4] else [])
-        nodes.append(
-            helper.make_node(
-                "MatMulNBits",
-                inputs,
-                list(node.output),
-                domain=MS,
-                K=k,
-                N=n,
-                bits=8,
-                block_size=block,
-                accuracy_level=4,
-            )
-        )
-    return nodes, stored.tensors, stored.bytes()
+        attributes = dict(K=k, N=n, bits=8, block_size=block, accuracy_level=4)
+        inputs = [x, *names] + (["", "", bias] if bias else [])
+        name = nodes[indices[-1] if len(indices) == 1 else indices[-2]].name  # the product's own node
+        made[indices[-1]] = helper.make_node("MatMulNBits", inputs, [out], name=name, domain=MS, **attributes)
+        replaced |= set(indices)
+    kept = [made.get(i, node) for i, node in enumerate(nodes) if i in made or i not in replaced]
+    return kept, stored.tensors, stored.bytes()
 
 
 def int8_head_nbits(graph, data, block):
     """The tied int8 head's subgraph (from the final norm's output to `logits`: Reshape, the per-row scaling,
     QGemm slices, Mul, Reshape, Concat) as one MatMulNBits over the same int8 rows: [B, K, C] -> [B, K, V]."""
-    array, stored = reader(graph, data), VariantData()
+    array, stored = reader(graph, data), VariantData(data.new_file)
     producer = {out: node for node in graph.node for out in node.output}
     head, waiting, normed = {}, ["logits"], None
     while waiting:  # every node between the final norm and the logits
@@ -196,62 +222,11 @@ def int8_head_nbits(graph, data, block):
     return [n for n in graph.node if id(n) not in head] + [matmul], stored.tensors, stored.bytes()
 
 
-def int8_rows(graph, data, weight_bits=8):
-    """Every 8-bit MatMulNBits [.., K] -> [.., N] as a per-row scaled integer product (the module docstring)."""
-    largest_code = 2 ** (weight_bits - 1) - 1
-    array, stored = reader(graph, data), VariantData()
-    fixed = [
-        numpy_helper.from_array(np.array(1 / 127, np.float32), "rows.fixed_scale"),
-        numpy_helper.from_array(np.array(128, np.uint8), "rows.fixed_zero_point"),
-        numpy_helper.from_array(np.array(1e-30, np.float32), "rows.smallest"),
-    ]
-    nodes = []
-    for node in graph.node:
-        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type != "MatMulNBits" or attributes.get("bits") != 8:
-            nodes.append(node)
-            continue
-        if len(node.input) > 3 and node.input[3]:
-            raise SystemExit(f"{node.name}: 8-bit weights with zero points; int8-rows requantizes symmetric ones")
-        k, n = attributes["K"], attributes["N"]
-        codes = array(node.input[1]).astype(np.float32) - 128  # [N, nb, B], zero point 128
-        weight = (codes * array(node.input[2]).astype(np.float32).reshape(n, -1, 1)).reshape(n, -1)[:, :k]
-        scale = np.abs(weight).max(axis=1) / largest_code
-        scale[scale == 0] = 1
-        q = np.clip(np.rint(weight / scale[:, None]), -largest_code, largest_code).astype(np.int8)
-        name, x = node.name or node.output[0], node.input[0]
-        weight_name = node.input[1]  # named after the product's own weights (products_bound.py reads the names)
-        w = stored.add(f"{weight_name}.rows_int8", np.ascontiguousarray(q.T))  # [K, N]
-        w_scale = stored.add(f"{weight_name}.rows_scale", scale.astype(np.float32))
-        w_zero = stored.add(f"{weight_name}.rows_zero_point", np.zeros(n, np.int8))
-        bias = node.input[5] if len(node.input) > 5 else ""
-        nodes += [
-            helper.make_node("Abs", [x], [f"{name}.abs"]),
-            helper.make_node("ReduceMax", [f"{name}.abs"], [f"{name}.max"], axes=[-1]),
-            helper.make_node("Max", [f"{name}.max", "rows.smallest"], [f"{name}.largest"]),
-            helper.make_node("Div", [x, f"{name}.largest"], [f"{name}.scaled"]),
-            helper.make_node("QuantizeLinear", [f"{name}.scaled", "rows.fixed_scale", "rows.fixed_zero_point"],
-                             [f"{name}.q"]),  # fmt: skip
-            helper.make_node(
-                "MatMulIntegerToFloat",
-                [f"{name}.q", w, "rows.fixed_scale", w_scale, "rows.fixed_zero_point", w_zero],
-                [f"{name}.product"],
-                domain=MS,
-            ),
-            helper.make_node(
-                "Mul", [f"{name}.product", f"{name}.largest"], [f"{name}.rows" if bias else node.output[0]]
-            ),
-        ]
-        if bias:
-            nodes.append(helper.make_node("Add", [f"{name}.rows", bias], [node.output[0]]))
-    return nodes, fixed + stored.tensors, stored.bytes()
-
-
 def nbits(graph, data, block, accuracy_level):
     """Every MatMulNBits at accuracy_level; the 8-bit ones requantized to `block` (None: as they are)."""
     from edgelm.export.int4 import quantize_blocks
 
-    array, stored = reader(graph, data), VariantData()
+    array, stored = reader(graph, data), VariantData(data.new_file)
     for node in graph.node:
         if node.op_type != "MatMulNBits":
             continue
@@ -360,9 +335,7 @@ VARIANTS = (
     "nbits",
     "no-attention-bias",
     "custom-int8",
-    "int8-rows",
 )
-REWEIGHED = ("int8-nbits", "int8-head-nbits", "nbits", "custom-int8", "int8-rows")  # the variants that read weights
 
 
 def main():
@@ -374,7 +347,6 @@ def main():
         "--block", type=int, help="inputs per scale: int8-nbits (default 64), int8-head-nbits (32), nbits (as stored)"
     )
     parser.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4), help="nbits: the level")
-    parser.add_argument("--weight-bits", type=int, default=8, choices=(7, 8), help="int8-rows: the weights' range")
     args = parser.parse_args()
     model = onnx.load(str(args.package / "model.onnx"), load_external_data=False)
     graph = model.graph
@@ -382,16 +354,15 @@ def main():
     needs = {
         "kv-float16": "RotaryEmbedding",
         "rotary-in-attention": "RotaryEmbedding",
-        "int8-nbits": "DynamicQuantizeMatMul",
+        "int8-nbits": "DynamicQuantizeMatMul" if "MatMulIntegerToFloat" not in ops else None,
         "int8-head-nbits": "QGemm",
         "nbits": "MatMulNBits",
-        "int8-rows": "MatMulNBits",
         "no-attention-bias": "GroupQueryAttention",
         "custom-int8": "MatMulNBits",
     }.get(args.variant)
     if needs and needs not in ops:
         raise SystemExit(f"{args.package} is not a graph {args.variant} applies to (it has no {needs})")
-    data = (args.package / "model.onnx.data").read_bytes() if args.variant in REWEIGHED else b""
+    data = PackageData(args.package)
     extra = None
     if args.variant == "kv-float16":
         nodes, added = kv_float16(graph)
@@ -405,8 +376,6 @@ def main():
         nodes, added, extra = int8_head_nbits(graph, data, 32) if "QGemm" in ops else (list(graph.node), [], None)
         nodes = custom_int8(nodes)
         model.opset_import.append(helper.make_opsetid("edgelm", 1))
-    elif args.variant == "int8-rows":
-        nodes, added, extra = int8_rows(graph, data, args.weight_bits)
     elif args.variant == "no-attention-bias":
         nodes, added = no_attention_bias(graph)
     elif args.variant == "block-sums-reducesum":
@@ -415,7 +384,7 @@ def main():
         nodes, added = rotary_in_attention(graph)
     shutil.copytree(args.package, args.out)
     if extra:
-        (args.out / "variant.data").write_bytes(extra)
+        (args.out / data.new_file).write_bytes(extra)
     graph.initializer.extend(added)
     del graph.value_info[:]  # the export's inferred types: some no longer hold
     del graph.node[:]
@@ -426,7 +395,7 @@ def main():
     graph.initializer.extend(kept)
     onnx.save(model, str(args.out / "model.onnx"))
     manifest = json.loads((args.out / "manifest.json").read_text())
-    for name in ("model.onnx", "variant.data"):
+    for name in ("model.onnx", data.new_file):
         if (args.out / name).exists():
             manifest["files"][name] = file_record(args.out / name)
     if args.variant == "kv-float16":

@@ -1,10 +1,10 @@
 """The token embedding and the LM head for each weight recipe, tied (one stored matrix serves both) or not.
 
-float32: a Gather and a MatMul; int8 and int8-dynamic: the runtime looks the tokens up from int8 rows in
-model.onnx.data (the graph takes inputs_embeds) and the LM head is QGemm over those rows, in slices (int8 scales
-each row of activations by its own largest value first, int8-dynamic quantizes them all with one scale); int4: GatherBlockQuantized and
-MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are part of the graph contract (docs/package-format.md).
-"""
+float32: a Gather and a MatMul; int8, int8-rows and int8-dynamic: the runtime looks the tokens up from int8 rows
+in model.onnx.data (the graph takes inputs_embeds) and the LM head is QGemm over those rows, in slices (int8 and
+int8-rows scale each row of activations by its own largest value first; int8-dynamic quantizes them all with
+one scale); int4: GatherBlockQuantized and MatMulNBits over one copy in blocks, 4-bit or (head_bits 8)
+8-bit. The layouts are part of the graph contract (docs/package-format.md)."""
 
 import math
 
@@ -14,7 +14,7 @@ from edgelm.runtime.package.format import ALIGN, TOKEN_ROWS, TOKEN_SCALE
 from ..int4 import Int4Options, quantize_blocks
 from ..quantize import INT8_RECIPES, quantize_int8
 from .builder import MS_DOMAIN
-from .matmuls import matmul_nbits, nbits_weights
+from .matmuls import matmul_nbits, nbits_weights, quantize_rows
 
 EMBEDDINGS_OUTSIDE = INT8_RECIPES  # recipes whose graph takes inputs_embeds: the runtime looks tokens up
 LM_HEAD_PARTS = 4
@@ -31,7 +31,7 @@ def embedding_and_head(g, wte, head, recipe, int4: Int4Options | None = None):
     if recipe == "int4":
         return _embedding_int4(g, wte, head, tied, int4 or Int4Options())
     if recipe in INT8_RECIPES:
-        return _embedding_int8(g, wte, head, tied, per_row=recipe == "int8")
+        return _embedding_int8(g, wte, head, tied, per_row=recipe != "int8-dynamic")
     head_t = g.weight("lm_head.weight_t", np.ascontiguousarray(head.T))  # [C, V]
 
     def lm_head(x, out):
@@ -59,23 +59,23 @@ def _embedding_int8(g, wte, head, tied, per_row):
     w = quantize_int8(np.ascontiguousarray(wte.T))  # per column of [C, V]: one scale per vocabulary entry
     rows = np.ascontiguousarray(w.q.T)  # [V, C]
     if tied:
-        return (lambda embeddings: embeddings), _int8_lm_head(g, rows, w.scale, (TOKEN_ROWS, TOKEN_SCALE), per_row)
+        return (lambda embeddings: embeddings), int8_lm_head(g, rows, w.scale, (TOKEN_ROWS, TOKEN_SCALE), per_row)
     g.table(f"{TOKEN_ROWS}.0", rows)
     g.table(f"{TOKEN_SCALE}.0", w.scale)
     h = quantize_int8(np.ascontiguousarray(head.T))
-    return (lambda embeddings: embeddings), _int8_lm_head(
+    return (lambda embeddings: embeddings), int8_lm_head(
         g, np.ascontiguousarray(h.q.T), h.scale, ("lm_head.weight_int8", "lm_head.weight_scale"), per_row
     )
 
 
-def _int8_lm_head(g, rows, scale, names, per_row):
+def int8_lm_head(g, rows, scale, names, per_row):
     """The LM head as QGemm reading int8 rows [V, C] transposed (as fast as DynamicQuantizeMatMul on [C, V]), in
     LM_HEAD_PARTS slices: onnxruntime transposes B into a scratch buffer to prepack it, and a quarter of the
     table at a time keeps that transient small. names: the rows' and scales' initializer names (+ ".{part}").
 
-    per_row: each row of x is divided by its own largest |value| and quantized with the fixed scale 1/127 (zero
-    point 128), and its logits multiplied back by that value, so a row's logits do not depend on the other rows
-    of the batch. Otherwise DynamicQuantizeLinear picks one scale for every row at once."""
+    per_row: each row of x quantized by its own largest |value| (matmuls.quantize_rows, as int8-rows' products), and
+    its logits multiplied back by that value, so a row's logits do not depend on the other rows of the batch.
+    Otherwise DynamicQuantizeLinear picks one scale for every row at once."""
     vocab, width = rows.shape
     step = -(-vocab // LM_HEAD_PARTS)
     grain = ALIGN // math.gcd(width, ALIGN)  # rows per 64 KiB boundary: every slice starts where it can be mapped
@@ -90,15 +90,12 @@ def _int8_lm_head(g, rows, scale, names, per_row):
         weights_k.append(g.weight(f"{names[0].rsplit('_', 1)[0]}_zero_point.{k}", zero_point))
         parts.append((n, weights_k))
 
-    def quantize_rows(flat):  # [B * K, C] -> (uint8 [B * K, C], its scale, its zero point), [B * K, 1] or None
-        if not per_row:
-            return g.op("DynamicQuantizeLinear", [flat], outputs=3), None
-        largest = g.op("Max", [g.op("ReduceMax", [g.op("Abs", [flat])], axes=[-1]), g.const(1e-30, np.float32)])
-        fixed = [g.const(1 / 127, np.float32), g.const(128, np.uint8)]
-        return [g.op("QuantizeLinear", [g.op("Div", [flat, largest]), *fixed]), *fixed], largest
-
     def lm_head(x, out):
-        quantized, largest = quantize_rows(g.op("Reshape", [x, g.const([-1, width])]))  # [B * K, C]
+        flat = g.op("Reshape", [x, g.const([-1, width])])  # [B * K, C]
+        if per_row:
+            quantized, largest = quantize_rows(g, flat)
+        else:
+            quantized, largest = g.op("DynamicQuantizeLinear", [flat], outputs=3), None
         batch, shapes = g.op("Shape", [x], start=0, end=1), {}
         logits = []
         for n, weights_k in parts:

@@ -27,7 +27,7 @@ from ..package.open import read_manifest
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "EDGELM_HUGE_PAGES"  # "0": never restart the command for huge pages
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-RECIPES = ("int8", "int8-dynamic")  # the weight recipes measured to gain (see above; int8 as DynamicQuantizeMatMul)
+RECIPES = ("int8", "int8-rows", "int8-dynamic")  # the weight recipes measured to gain (see above)
 
 
 def thp_mode(setting: Path = THP_SETTING) -> str | None:

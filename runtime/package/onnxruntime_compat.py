@@ -12,7 +12,8 @@ a padded batch, scoring) on every onnxruntime release from 1.20 to 1.32, against
 
 The int8 recipe (MatMulNBits with bits 8) needs nothing newer than its GroupQueryAttention's 1.22 on x86-64: it
 was run on 1.22.0 and 1.32.0 only (`tools/ci/onnxruntime_matrix.sh oldest`: the runtime tests pass, its batch
-equal to its prompts alone). On 64-bit ARM it needs 1.23 (`ARM64_MINIMUM`).
+equal to its prompts alone). On 64-bit ARM it needs 1.23 (`ARM64_MINIMUM`). int8-rows' integer products
+(MatMulIntegerToFloat, QGemm) need 1.22 there too (`tools/ci/aarch64_emulated.sh` runs them on 1.22.0).
 
 `edgelm export` writes the result into the manifest (graph.min_onnxruntime); the loader checks it before
 creating a session, and works it out from the graph itself for a package whose manifest predates the field.

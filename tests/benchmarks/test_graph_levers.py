@@ -1,6 +1,6 @@
 """tools/graph_variants.py's decode-step levers rewrite a package into one that decodes what it did: rotary
 inside GroupQueryAttention and attention without the bias (float32, batch 1: the same tokens and
-log-probabilities), the tied int8 head as one
+log-probabilities), int8-rows' products as 8-bit MatMulNBits, the tied int8 head as one
 8-bit MatMulNBits over the same rows, the 8-bit products requantized to another block size, and the 8-bit
 products as the custom op of benchmarks/custom_op/ over the same inputs (its numbers are checked against
 MatMulNBits by benchmarks/custom_op/check.py, which needs the library built)."""
@@ -36,6 +36,34 @@ def initializers(package):
     """name -> array of the package's graph, external data read from its own files."""
     model = onnx.load(str(package / "model.onnx"))
     return model, {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def test_int8_nbits_makes_each_row_product_one_8bit_nbits_product_within_half_a_step(
+    tiny_package_int8_rows, tmp_path
+):
+    out = variant(tiny_package_int8_rows, tmp_path / "blocks", "--variant", "int8-nbits", "--block", "32")
+    model, arrays = initializers(out)
+    _, before = initializers(tiny_package_int8_rows)
+    ops = [n.op_type for n in model.graph.node]
+    rows = [n for n in onnx.load(str(tiny_package_int8_rows / "model.onnx"), load_external_data=False).graph.node
+            if n.op_type == "MatMulIntegerToFloat"]  # fmt: skip
+    assert "MatMulIntegerToFloat" not in ops and ops.count("MatMulNBits") == len(rows) > 0
+    assert ops.count("QuantizeLinear") == 1  # the LM head's row quantization stays
+    for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
+        old = next(r for r in rows if node.input[1] == r.input[1] + ".nbits")
+        was = before[old.input[1]].astype(np.float32) * before[old.input[3]]  # [K, N]
+        scale = arrays[node.input[2]].reshape(was.shape[1], -1)  # [N, K / 32]
+        now = (arrays[node.input[1]].astype(np.float32) - 128) * scale[..., None]  # [N, K / 32, 32]
+        step = np.repeat(scale, 32, axis=1)
+        assert np.all(np.abs(now.reshape(was.shape[1], -1) - was.T) <= step / 2 * (1 + 1e-5))
+    # a variant of that variant reads the first one's data file and writes its own
+    again = variant(out, tmp_path / "again", "--variant", "nbits", "--block", "64")
+    assert {"variant.data", "variant-2.data"} <= {f.name for f in again.iterdir()}
+    greedy = dict(do_sample=False, ignore_eos=True, max_new_tokens=12)
+    for package in (out, again):
+        model = rt.load(package)
+        alone = [model.generate(prompt, **greedy).token_ids for prompt in PROMPTS]
+        assert [c.token_ids for c in model.generate(PROMPTS, **greedy)] == alone
 
 
 def test_rotary_inside_attention_decodes_the_same_float32_tokens_at_batch_1(llama_package, tmp_path):
@@ -162,34 +190,3 @@ def test_step_profile_keeps_the_last_positions_logits_as_the_runtime_does(tiny_p
     past = {v.name: np.zeros((1, v.shape[1], 0, v.shape[3]), np.float32) for v in cache}
     feeds = step_profile.feeds_for(session, past, 6, 0, np.random.default_rng(0))
     assert session.run(["logits"], feeds)[0].shape[1] == 1  # a prompt of 6 positions, the head over the last
-
-
-def test_int8_rows_replaces_every_8bit_product_with_a_per_row_integer_product_alone_or_in_a_batch(
-    tiny_package_int8, tmp_path
-):
-    out = variant(tiny_package_int8, tmp_path / "rows", "--variant", "int8-rows")
-    model, arrays = initializers(out)
-    _, before = initializers(tiny_package_int8)
-    ops = [n.op_type for n in model.graph.node]
-    products = [n for n in onnx.load(str(tiny_package_int8 / "model.onnx"), load_external_data=False).graph.node
-                if n.op_type == "MatMulNBits"]  # fmt: skip
-    assert "MatMulNBits" not in ops and ops.count("MatMulIntegerToFloat") == len(products) > 0
-    for node in (n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"):
-        old = next(p for p in products if node.input[1] == p.input[1] + ".rows_int8")
-        k = {a.name: onnx.helper.get_attribute_value(a) for a in old.attribute}["K"]
-        old_scale = before[old.input[2]]
-        was = ((before[old.input[1]].astype(np.float32) - 128) * old_scale[..., None]).reshape(len(old_scale), -1)
-        now = arrays[node.input[1]].astype(np.float32).T * arrays[node.input[3]][:, None]  # [N, K]
-        assert np.all(np.abs(now - was[:, :k]) <= arrays[node.input[3]][:, None] / 2 * (1 + 1e-6))
-    model = rt.load(out)
-    greedy = dict(do_sample=False, ignore_eos=True, max_new_tokens=12)
-    alone = [model.generate(prompt, **greedy).token_ids for prompt in PROMPTS]
-    assert [c.token_ids for c in model.generate(PROMPTS, **greedy)] == alone  # each row's scale is its own
-
-
-def test_int8_rows_keeps_7_bit_weights_within_63_when_asked(tiny_package_int8, tmp_path):
-    out = variant(tiny_package_int8, tmp_path / "rows7", "--variant", "int8-rows", "--weight-bits", "7")
-    _, arrays = initializers(out)
-    weights = [a for name, a in arrays.items() if name.endswith(".rows_int8")]
-    assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) == 63
-    rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)  # onnxruntime runs it

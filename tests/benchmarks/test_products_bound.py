@@ -11,6 +11,7 @@ import pytest
         ("tiny_package", {"MatMul": 4 * 2 + 1}),
         ("tiny_package_int8_dynamic", {"DynamicQuantizeMatMul": 4 * 2, "QGemm": 1}),
         ("tiny_package_int8", {"MatMulNBits": 4 * 2, "QGemm": 1}),  # the head's rows scaled one by one
+        ("tiny_package_int8_rows", {"MatMulIntegerToFloat": 4 * 2, "QGemm": 1}),  # every product's rows so
         ("tiny_package_int4", {"MatMulNBits": 4 * 2 + 1}),
     ],
 )
@@ -34,9 +35,10 @@ def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, p
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in full.graph.initializer}
     for tensor in graph.graph.initializer:
         np.testing.assert_array_equal(onnx.numpy_helper.to_array(tensor), weights[tensor.name])
-    assert len(lm_head) == 1 and all(
-        i.name in lm_head or i.type.tensor_type.shape.dim[1].dim_param == "sequence" for i in graph.graph.input
-    )
+    dims = {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+    # the head's rows are one position each; a block product's are every position ([batch, sequence, K], or
+    # [rows, K] where its quantizer reads them)
+    assert len(lm_head) == 1 and all(n in lm_head or d[1] == "sequence" or d[0] == f"{n}.rows" for n, d in dims.items())
     timer = Products(rt.load(package, device="cpu", threads=1), threads=1)
     assert timer.count == sum(products.values())
     seconds = timer.seconds(2, 3, repeats=1)  # a batch of 2 rows of 3 positions runs, and is timed

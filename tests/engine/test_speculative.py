@@ -18,6 +18,7 @@ PROMPTS = [
 PACKAGES = [
     "tiny_package",
     "tiny_package_int8",
+    "tiny_package_int8_rows",
     "tiny_package_int4",
     "llama_package",
     "llama_package_int8",

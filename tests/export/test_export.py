@@ -179,6 +179,7 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(tiny_package_int
     "fixture, recipe, products",
     [
         ("validated_package_int8", "int8", "MatMulNBits"),
+        ("validated_package_int8_rows", "int8-rows", "MatMulIntegerToFloat"),
         ("validated_package_int8_dynamic", "int8-dynamic", "DynamicQuantizeMatMul"),
     ],
 )
@@ -190,7 +191,8 @@ def test_int8_package_quality_and_recipe(request, tiny_package, fixture, recipe,
     if recipe == "int8":
         assert described["bits"] == 8 and described["block_size"] == 32 and described["batch_invariant"] is True
     else:
-        assert described["bits"] == 7 and described["reduce_range"] is True and described["batch_invariant"] is False
+        assert described["bits"] == 7 and described["reduce_range"] is True
+        assert described["batch_invariant"] is (recipe == "int8-rows")
     quality = manifest["validation"][recipe]
     assert quality["top1_agreement"] >= 0.85
     assert 0 <= quality["mean_kl_divergence"] <= 0.05
@@ -201,7 +203,7 @@ def test_int8_package_quality_and_recipe(request, tiny_package, fixture, recipe,
     graph = onnx.load(str(package / "model.onnx")).graph
     ops = {n.op_type for n in graph.node}
     assert products in ops and "MatMul" not in ops  # every weight product is int8
-    assert ("DynamicQuantizeLinear" in ops) == (recipe == "int8-dynamic")  # int8: no scale spans the batch
+    assert ("DynamicQuantizeLinear" in ops) == (recipe == "int8-dynamic")  # int8, int8-rows: no scale spans rows
     bits = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
     assert bits == ({8} if recipe == "int8" else set())
     assert "GroupQueryAttention" in ops  # attention itself stays float (activations only)

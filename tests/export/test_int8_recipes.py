@@ -1,8 +1,10 @@
-"""The two int8 recipes: int8 (MatMulNBits in 8-bit blocks, activations quantized per row and block; the LM head
-scales each row by its own largest value) and int8-dynamic (DynamicQuantizeMatMul, one activation scale per
-tensor). Each exports a package that loads, generates and scores, and follows the float32 package's greedy
-tokens; int8's rows do not depend on each other, so a greedy request gets the same tokens alone, in one
-Model.batch with prompts of other lengths, and in the continuous-batching scheduler beside other jobs."""
+"""The three int8 recipes: int8 (MatMulNBits in 8-bit blocks, activations quantized per row and block; the LM head
+scales each row by its own largest value), int8-rows (7-bit weights per output, each row of activations
+quantized by its own largest value, MatMulIntegerToFloat) and int8-dynamic (DynamicQuantizeMatMul, one
+activation scale per tensor). Each exports a package that loads, generates and scores, and follows the float32
+package's greedy tokens; int8's and int8-rows' rows do not depend on each other, so a greedy request gets the
+same tokens alone, in one Model.batch with prompts of other lengths, and in the continuous-batching scheduler
+beside other jobs."""
 
 import json
 import math
@@ -43,8 +45,47 @@ def test_blocks_round_trip_within_half_a_step():
     assert w.scale[5, 0] < w.scale[5, 2] / 10  # the outlier's block has its own scale
 
 
+def test_a_row_product_depends_on_its_row_alone():
+    """int8-rows' product: the same row gives the same bits alone, beside other rows, and beside a row of zeros, and
+    comes within the weights' and the row's rounding of the float product."""
+    import onnx
+    import onnxruntime as ort
+    from edgelm.export.graph.builder import FLOAT, GraphBuilder
+    from edgelm.export.graph.matmuls import int8_row_matmul
+
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(48, 40)).astype(np.float32)
+    g = GraphBuilder("product", "unused.data")
+    g.output(int8_row_matmul(g, g.input("x", FLOAT, ["rows", 48]), {"p.weight": weight}, "p"), FLOAT, ["rows", 40])
+    assert {n.op_type for n in g.nodes} >= {"MatMulIntegerToFloat", "QuantizeLinear"}
+    model = g.model(17, "")
+    stored = [onnx.numpy_helper.from_array(a, name) for name, a in g.arrays.items()]
+    kept = [t for t in model.graph.initializer if t.name not in g.arrays]
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(kept + stored)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rows = rng.normal(size=(6, 48)).astype(np.float32) * np.array([[1], [100], [1e-3], [1], [7], [0.5]], np.float32)
+    rows[3] = 0
+    together = session.run(None, {"x": rows})[0]
+    for i, row in enumerate(rows):
+        np.testing.assert_array_equal(session.run(None, {"x": row[None]})[0][0], together[i])
+    assert np.all(together[3] == 0)
+    exact = rows @ weight
+    largest = np.abs(rows).max(axis=1, keepdims=True)  # each row's step is largest / 127, its error half that
+    row_error = largest / 254 * np.abs(weight).sum(axis=0)
+    weight_error = (np.abs(rows).sum(axis=1, keepdims=True) + 48 * largest / 254) * np.abs(weight).max(axis=0) / 126
+    bound = row_error + weight_error
+    assert np.all(np.abs(together - exact) <= bound * 1.001 + 1e-6)
+    assert np.abs(together - exact).max() > 0  # it is the integer product, not a float one
+
+
 @pytest.mark.parametrize(
-    "fixture, recipe", [("validated_package_int8", "int8"), ("validated_package_int8_dynamic", "int8-dynamic")]
+    "fixture, recipe",
+    [
+        ("validated_package_int8", "int8"),
+        ("validated_package_int8_rows", "int8-rows"),
+        ("validated_package_int8_dynamic", "int8-dynamic"),
+    ],
 )
 def test_each_recipe_generates_scores_and_follows_float32(request, tiny_package, fixture, recipe):
     package = request.getfixturevalue(fixture)
@@ -67,19 +108,34 @@ def test_each_recipe_generates_scores_and_follows_float32(request, tiny_package,
 
 
 @pytest.fixture(scope="module")
-def int8_models(tiny_package_int8, llama_untied_package_int8):
-    """GPT-2 with its tied head (QGemm over the token rows) and Llama with an untied one (MatMulNBits)."""
-    return [load(tiny_package_int8), load(llama_untied_package_int8)]
+def int8_models(tiny_package_int8, tiny_package_int8_rows, llama_untied_package_int8, llama_untied_package_int8_rows):
+    """GPT-2 with its tied head (QGemm over the token rows) and Llama with an untied one (int8: MatMulNBits;
+    int8-rows: QGemm over rows of its own), in both batch-invariant recipes."""
+    packages = (tiny_package_int8, tiny_package_int8_rows, llama_untied_package_int8, llama_untied_package_int8_rows)
+    return [load(package) for package in packages]
 
 
 @pytest.fixture(scope="module")
-def llama_untied_package_int8(tmp_path_factory):
-    from edgelm.export.stages import export_model
+def llama_untied_checkpoint(tmp_path_factory):
     from llama_checkpoints import build_llama_checkpoint
 
+    return build_llama_checkpoint(tmp_path_factory.mktemp("llama-untied") / "checkpoint", "llama-untied", seed=2)
+
+
+@pytest.fixture(scope="module")
+def llama_untied_package_int8(llama_untied_checkpoint, tmp_path_factory):
+    from edgelm.export.stages import export_model
+
     folder = tmp_path_factory.mktemp("llama-untied-int8")
-    checkpoint = build_llama_checkpoint(folder / "checkpoint", "llama-untied", seed=2)
-    return export_model(str(checkpoint), folder / "package", quantize="int8", validate=False).path
+    return export_model(str(llama_untied_checkpoint), folder / "package", quantize="int8", validate=False).path
+
+
+@pytest.fixture(scope="module")
+def llama_untied_package_int8_rows(llama_untied_checkpoint, tmp_path_factory):
+    from edgelm.export.stages import export_model
+
+    folder = tmp_path_factory.mktemp("llama-untied-int8-rows")
+    return export_model(str(llama_untied_checkpoint), folder / "package", quantize="int8-rows", validate=False).path
 
 
 def test_a_greedy_int8_request_is_the_same_alone_and_in_a_batch(int8_models):

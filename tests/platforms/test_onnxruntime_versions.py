@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PREBUILT_NAMES = {
     "tiny_package": "tiny-fp32",
     "tiny_package_int8": "tiny-int8",
+    "tiny_package_int8_rows": "tiny-int8-rows",
     "tiny_package_int8_dynamic": "tiny-int8-dynamic",
     "tiny_package_int4": "tiny-int4",
     "tiny_package_int8_kv8": "tiny-int8-kv8",
@@ -36,6 +37,7 @@ PREBUILT_NAMES = {
     [
         ("tiny_package", "1.22"),
         ("tiny_package_int8", "1.22"),
+        ("tiny_package_int8_rows", "1.22"),
         ("tiny_package_int8_dynamic", "1.22"),
         ("tiny_package_int4", "1.23"),
         ("tiny_package_int8_kv8", "1.28"),
@@ -67,6 +69,15 @@ def test_64_bit_arm_needs_1_23_for_the_int8_recipe(machine, tiny_package_int8, t
     assert "needs onnxruntime 1.23 or newer for 8-bit MatMulNBits on 64-bit ARM (the int8 recipe);" in str(caught.value)
     monkeypatch.setattr(onnxruntime_compat, "this_machine", lambda: "x86_64")
     assert open_package(tiny_package_int8).min_onnxruntime == "1.22"
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "arm64"])
+def test_64_bit_arm_runs_the_int8_rows_recipe_on_1_22(machine, tiny_package_int8_rows, monkeypatch):
+    """int8-rows' integer products (MatMulIntegerToFloat, QGemm) have 1.22 kernels on 64-bit ARM too."""
+    monkeypatch.setattr(onnxruntime_compat, "this_machine", lambda: machine)
+    package = open_package(tiny_package_int8_rows)
+    assert ("MatMulIntegerToFloat", None) in package.uses and package.min_onnxruntime == "1.22"
+    assert not any(op == "MatMulNBits" for op, _ in package.uses)
 
 
 def test_an_int4_package_on_arm_is_refused_for_its_own_operator(tiny_package_int4, monkeypatch):

@@ -54,8 +54,9 @@ from edgelm.export.stages import export_model  # noqa: E402
 
 out = Path(sys.argv[1])
 checkpoint = build_checkpoint(out / "checkpoint")  # conftest.py's tiny_checkpoint
-recipes = {"tiny-fp32": {}, "tiny-int8": {"quantize": "int8"}, "tiny-int8-dynamic": {"quantize": "int8-dynamic"},
-           "tiny-int4": {"quantize": "int4"}, "tiny-int8-kv8": {"quantize": "int8", "kv_cache": "int8"}}
+recipes = {"tiny-fp32": {}, "tiny-int8": {"quantize": "int8"}, "tiny-int8-rows": {"quantize": "int8-rows"},
+           "tiny-int8-dynamic": {"quantize": "int8-dynamic"}, "tiny-int4": {"quantize": "int4"},
+           "tiny-int8-kv8": {"quantize": "int8", "kv_cache": "int8"}}
 for name, options in recipes.items():  # the quantized ones validated: test_reference_tokens.py needs their agreement
     export_model(str(checkpoint), out / name, validate=name != "tiny-fp32", force=True, **options)
 from llama_checkpoints import build_llama_checkpoint  # noqa: E402  conftest.py's llama_package, qwen2_package

@@ -21,7 +21,7 @@ from edgelm.runtime.package.format import LOGITS, WEIGHTS_FILE, Architecture
 from ...graph.attention import attention_bias, cache_lengths, group_query_attention
 from ...graph.builder import FLOAT, INT8, MS_DOMAIN, GraphBuilder
 from ...graph.contract import OPSET, Decoder, declare_outputs, decoder_inputs, kept_positions
-from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head
+from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head, int8_lm_head
 from ...graph.matmuls import MATMULS, matmul_nbits, nbits_weights
 from ...graph.norms import rms_norm, skip_rms_norm
 from ...int4 import Int4Options
@@ -93,7 +93,9 @@ def _embedding_and_head(g, weights, recipe, arch, int4):
     head, where one stored matrix serves both (for int8 the runtime reads the token rows), and for an untied one
     in float32 and int4. An untied int8 head keeps two matrices, and the graph looks tokens up itself
     (input_ids): its table serves no product, so a row Gather reads it in 8 bits. The head is the recipe's own
-    product: MatMulNBits in 8-bit blocks (int8) or DynamicQuantizeMatMul per output channel (int8-dynamic)."""
+    product: MatMulNBits in 8-bit blocks (int8), QGemm over its int8 rows with each row of activations scaled by
+    its own largest value, as a tied head's (int8-rows), or DynamicQuantizeMatMul per output channel
+    (int8-dynamic)."""
     table = weights["model.embed_tokens.weight"]  # [V, C]
     tied = arch.tie_word_embeddings
     if tied or recipe not in INT8_RECIPES:
@@ -110,6 +112,10 @@ def _embedding_and_head(g, weights, recipe, arch, int4):
         head_blocks = quantize_int8_blocks(weights["lm_head.weight"])  # [V, C] is MatMulNBits' [N, K] already
         stored = nbits_weights(g, head_blocks, "lm_head.weight")  # lm_head.weight_int8, lm_head.weight_scale
         return embed, lambda x, out: matmul_nbits(g, x, head_blocks, stored, [out])
+    if recipe == "int8-rows":  # the tied head's product over a matrix of its own (graph/embeddings.py)
+        h = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
+        head_rows = np.ascontiguousarray(h.q.T)  # [V, C]
+        return embed, int8_lm_head(g, head_rows, h.scale, ("lm_head.weight_int8", "lm_head.weight_scale"), per_row=True)
     head_w = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
 
     def lm_head(x, out):
