@@ -33,6 +33,7 @@ PARTS = [
     (chain, "pick"),
     (draw, "_draw_dense"),
     (draw, "weights"),
+    (draw, "row_weights"),
     (draw, "block_ends"),
     (draw, "draw_rows"),
     (draw, "search"),

@@ -244,15 +244,19 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     if len(rngs) != out.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    peak = out.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
-    if not all(map(math.isfinite, peak.tolist())):  # a maximum of +inf or NaN (or all -inf)
-        return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
-    if out.shape[0] < draw.MANY_ROWS:
-        padded = draw.weights(out, scratch, peak, finite=True)
-        ends = draw.block_ends(padded)
-    else:  # the rows' weights on two threads; the running sums as running_totals adds them
-        padded, sums = draw.weights_and_sums(out, scratch, peak)
-        ends = np.cumsum(sums, axis=-1).tolist()
+    found = draw.row_weights(out[0], scratch) if out.shape[0] == 1 else None
+    if found is not None:  # one row, in fewer NumPy calls
+        padded, ends = found[0][None], [found[1]]
+    else:
+        peak = out.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
+        if not all(map(math.isfinite, peak.tolist())):  # a maximum of +inf or NaN (or all -inf)
+            return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
+        if out.shape[0] < draw.MANY_ROWS:
+            padded = draw.weights(out, scratch, peak, finite=True)
+            ends = draw.block_ends(padded)
+        else:  # the rows' weights on two threads; the running sums as running_totals adds them
+            padded, sums = draw.weights_and_sums(out, scratch, peak)
+            ends = np.cumsum(sums, axis=-1).tolist()
     probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
     work, flags = scratch.get("work", (n_vocab,), np.float32), scratch.get("flags", (n_vocab,), bool)
     picks = np.empty(out.shape[0], dtype=np.int64)
