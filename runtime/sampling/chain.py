@@ -177,14 +177,14 @@ class SamplerChain:
 
         The two filters' arithmetic, in order, on Python floats (IEEE float64, as NumPy's), each result rounded to
         float32 by array("f") (a C cast: round to nearest, past float32's range +-inf, as NumPy's cast, without its
-        warnings): repetition_penalty's factor (see _repeated; min() keeps NaN as np.minimum does), then the float32
+        warnings): repetition_penalty's factor (see _repeated; the clip keeps NaN, as np.minimum does), then the float32
         subtraction of the offsets, whose float64 difference of two float32 values rounds once to the same float32.
         A few hundred ids cost less this way than the eight NumPy calls and the error state of whole-array arithmetic
         right after a model step."""
         penalized = values.tolist()
         if self.factor is not None:
-            factor = float(self.factor)
-            penalized = array("f", [min(x * factor if x < 0 else x / factor, _F32_MAX) for x in penalized])
+            factor, top = float(self.factor), _F32_MAX
+            penalized = array("f", [top if (y := x * factor if x < 0 else x / factor) > top else y for x in penalized])
         if offsets is not None:
             penalized = array("f", [x - offset for x, offset in zip(penalized, offsets.tolist())])  # x - 0 is x
         return np.frombuffer(penalized, dtype=np.float32)
