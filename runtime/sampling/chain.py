@@ -27,6 +27,7 @@ from .filters import (
     SEEN_IDS,
     _generated_offset,
     _penalty_factor,
+    _repeated,
     bad_words,
     frequency_presence_penalty,
     logit_bias,
@@ -42,6 +43,10 @@ from .filters import (
 from .tally import SeenTally, Tallies
 
 _F32_MAX = float(F32_MAX)  # repetition_penalty's clip, as a Python float
+# Up to this many seen ids, the penalties' arithmetic runs on Python floats: right after a model step, the eight
+# NumPy calls and the error state of whole-array arithmetic cost about as much as 250 ids' worth of Python
+# (benchmarks/results/2026-12-07-sampler-cost.md); past it, the Python grows with the ids and NumPy does not.
+FEW_IDS = 256
 
 
 class SamplerChain:
@@ -173,14 +178,19 @@ class SamplerChain:
 
     def _penalized(self, values: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
         """Both penalties (those active) on the logits `values` of seen ids, float32, with their offsets (0 for an id
-        never generated; None without the frequency and presence penalties), rounded to float32.
-
-        The two filters' arithmetic, in order, on Python floats (IEEE float64, as NumPy's), each result rounded to
-        float32 by array("f") (a C cast: round to nearest, past float32's range +-inf, as NumPy's cast, without its
-        warnings): repetition_penalty's factor (see _repeated; the clip keeps NaN, as np.minimum does), then the float32
-        subtraction of the offsets, whose float64 difference of two float32 values rounds once to the same float32.
-        A few hundred ids cost less this way than the eight NumPy calls and the error state of whole-array arithmetic
-        right after a model step."""
+        never generated; None without the frequency and presence penalties), rounded to float32: the two filters'
+        arithmetic, in order (repetition_penalty's factor, see _repeated, rounded to float32, then the float32
+        subtraction of the offsets)."""
+        if values.size > FEW_IDS:
+            with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
+                if self.factor is None:
+                    return values - offsets  # x - 0 is x, -0 and -inf included
+                if offsets is None:
+                    return _repeated(values, self.factor).astype(np.float32)
+                return np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
+        # On Python floats (IEEE float64, as NumPy's), each result rounded to float32 by array("f") (a C cast: round
+        # to nearest, past float32's range +-inf, as NumPy's cast, without its warnings); the clip keeps NaN, as
+        # np.minimum does; the float64 difference of two float32 values rounds once to their float32 difference.
         penalized = values.tolist()
         if self.factor is not None:
             factor, top = float(self.factor), _F32_MAX
