@@ -1,6 +1,8 @@
 """Where a sampled step's extra time goes: the sampler's CPU time per step inside the real decode loop, and its parts.
 
     python benchmarks/sampler_cost.py PKG [--rounds 3] [--tokens 64] [--parts]
+    python benchmarks/sampler_cost.py PKG --floor     # the exact draw's array operations, warm, one at a time
+    python benchmarks/sampler_cost.py PKG --penalty-ids   # the penalties' arithmetic both ways, by seen ids, cold
 
 Batch 1, every setting of harness.SAMPLED, the settings' decodes taking turns round by round (real graph passes, so
 the sampler runs as it does in a request: right after a model step has pushed its code and data out of the caches,
@@ -9,7 +11,12 @@ own). Printed per setting: the median CPU time of the thread in the sampler's ca
 which time spent waiting for a busy core does not count), and that minus greedy's: the sampler's extra cost of a
 sampled step. With --parts, the sampler's functions named in PARTS are wrapped too, and each one's median CPU time
 per step (inclusive: a part that calls another counts it too) is printed under its setting; the wrappers add about
-a microsecond per call.
+a microsecond per call. With --floor, instead: the wall time of each whole-vocabulary operation an exact draw from
+softmax(logits) cannot do without (the peak, exp(logit - peak) in float32, the float64 block sums), each repeated
+in a loop of its own (warm caches: the arithmetic alone, the least a sampled step can add to a greedy one's argmax).
+With --penalty-ids: the CPU time of the penalties' arithmetic (SamplerChain._penalized, all three penalties) on
+Python floats and on NumPy arrays, for rows of n seen ids, each call after a 64 MB pass that pushes the caches'
+contents out as a model step's weights do (chain.FEW_IDS is where the first stops being the cheaper).
 """
 
 import argparse
@@ -92,6 +99,56 @@ def timed_chain(clock: Clock, key: str):
     return Timed
 
 
+def floor(vocab_size: int, repeats: int = 200):
+    """Median wall time (us) of each whole-vocabulary operation of the exact draw (draw.row_weights), warm."""
+    row = (np.random.default_rng(0).standard_normal(vocab_size) * 2).astype(np.float32)
+    padded = np.zeros(-(-vocab_size // draw.BLOCK) * draw.BLOCK, np.float32)
+    w, shifted = padded[:vocab_size], np.empty(vocab_size, np.float32)
+    peak = row[row.argmax()]
+    np.subtract(row, peak, out=shifted)
+    operations = {
+        "argmax (greedy's pass too)": lambda: row.argmax(),
+        "subtract the peak": lambda: np.subtract(row, peak, out=w),
+        "exp, float32": lambda: np.exp(shifted, out=w),
+        "float64 block sums": lambda: draw.block_sums(padded[None]),
+    }
+    print(f"the exact draw's whole-vocabulary operations on [{vocab_size}], warm, median of {repeats} (us)")
+    for name, operation in operations.items():
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter_ns()
+            operation()
+            times.append(time.perf_counter_ns() - started)
+        print(f"  {name:<28} {np.median(times) / 1e3:6.1f}")
+
+
+def penalty_ids(repeats: int = 60):
+    """Median CPU time (us) of SamplerChain._penalized on Python floats and on arrays, by number of seen ids, cold."""
+    from edgelm.runtime.generation_config import GenerationConfig
+
+    options = next(options for key, _, options in SAMPLED if key == "penalties")
+    sampler = chain.SamplerChain(GenerationConfig(**options), 50_257)
+    rng, evict = np.random.default_rng(0), np.ones(16 * 1024 * 1024, np.float32)
+    print(f"the penalties' arithmetic, cold, median CPU time of {repeats} calls (us): Python floats | NumPy arrays")
+    few = chain.FEW_IDS
+    try:
+        for n in (64, 140, 300, 600, 1200):
+            values = (rng.standard_normal(n) * 3).astype(np.float32)
+            offsets = (rng.random(n) * 2).astype(np.float32)
+            times = {n_ids: [] for n_ids in (n, -1)}
+            for _ in range(repeats):
+                for limit in times:  # FEW_IDS at n: Python floats; at -1: arrays
+                    chain.FEW_IDS = limit
+                    evict.sum()
+                    started = time.thread_time_ns()
+                    sampler._penalized(values, offsets)
+                    times[limit].append(time.thread_time_ns() - started)
+            python, arrays = (np.median(t) / 1e3 for t in times.values())
+            print(f"  {n:5} ids {python:7.1f} | {arrays:7.1f}")
+    finally:
+        chain.FEW_IDS = few
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package")
@@ -99,8 +156,16 @@ def main():
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--parts", action="store_true", help="also time the sampler's parts (PARTS)")
+    parser.add_argument("--floor", action="store_true", help="only the exact draw's array operations, warm")
+    parser.add_argument("--penalty-ids", action="store_true", help="only the penalties' arithmetic both ways, cold")
     args = parser.parse_args()
+    if args.penalty_ids:
+        penalty_ids()
+        return
     model = load(args.package, threads=args.threads)
+    if args.floor:
+        floor(model.arch.vocab_size)
+        return
     clock = Clock()
     if args.parts:
         wrap_parts(clock)
