@@ -21,7 +21,7 @@ class Tally:
     """
 
     def __init__(self, source, counting: bool = True):
-        self.source, self.counting = source, counting  # source held: its id() cannot be reused while followed
+        self.source = source  # held: its id() cannot be reused while this tally follows it
         self.length = 0
         self.last = None  # the last id counted, to notice a list rewritten in place
         self.recounts = 0
