@@ -49,7 +49,8 @@ def sampling_at(rev: str):
     module = importlib.util.module_from_spec(spec)
     module.__path__ = [str(folder / "runtime")]
     sys.modules[package] = module
-    for name in ("errors", "generation_config"):  # what the sampler imports from outside its folder: the installed
+    # what the sampler imports from outside its folder: the installed runtime's modules
+    for name in ("errors", "generation_config", "constraint_bounds", "constraint_text"):
         sys.modules[f"{package}.{name}"] = importlib.import_module(f"{runtime.__name__}.{name}")
     return importlib.import_module(f"{package}.sampling")
 
@@ -94,8 +95,8 @@ def alternate_steps(model, samplers: dict, args):
 
     def taking_turns(key: str, first: int):
         class Turns:
-            def __init__(self, config, vocab_size):
-                self.chains = [module.SamplerChain(config, vocab_size) for module in samplers.values()]
+            def __init__(self, config, vocab_size, *more):  # more: what the step passes on (second_thread)
+                self.chains = [module.SamplerChain(config, vocab_size, *more) for module in samplers.values()]
                 self.turn = first
 
             def __call__(self, *args):

@@ -8,6 +8,7 @@ instead of writing -inf over the rest.
 """
 
 import functools
+from array import array
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +18,7 @@ from . import constraint, nucleus, topk
 from .draw import FEW_ALIVE, Scratch, pick
 from .filters import (
     COUNT,
+    F32_MAX,
     GENERATED_COUNTS,
     NEVER_BAN,
     PENALTIES,
@@ -39,6 +41,12 @@ from .filters import (
     typical_p,
 )
 from .tally import SeenTally, Tallies
+
+_F32_MAX = float(F32_MAX)  # repetition_penalty's clip, as a Python float
+# Up to this many seen ids, the penalties' arithmetic runs on Python floats: right after a model step, the eight
+# NumPy calls and the error state of whole-array arithmetic cost about as much as 250 ids' worth of Python
+# (benchmarks/results/2026-12-07-sampler-cost.md); past it, the Python grows with the ids and NumPy does not.
+FEW_IDS = 256
 
 
 class SamplerChain:
@@ -158,12 +166,11 @@ class SamplerChain:
             return None
         saved = []
         try:
-            with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
-                for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without indexing machinery
-                    values = row.take(ids)  # a copy: what the caller's logits get back
-                    penalized = self._penalized(values, offsets)
-                    row.put(ids, penalized)
-                    saved.append((ids, values, penalized))
+            for row, (ids, offsets) in zip(out, rows):  # take and put: out[r, ids], without indexing machinery
+                values = row.take(ids)  # a copy: what the caller's logits get back
+                penalized = self._penalized(values, offsets)
+                row.put(ids, penalized)
+                saved.append((ids, values, penalized))
         except BaseException:  # an id past the vocabulary, say: the rows done so far get their logits back
             _put_back(out, saved)
             raise
@@ -171,14 +178,26 @@ class SamplerChain:
 
     def _penalized(self, values: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
         """Both penalties (those active) on the logits `values` of seen ids, float32, with their offsets (0 for an id
-        never generated; None without the frequency and presence penalties), rounded to float32. Call it under
-        np.errstate(over="ignore", invalid="ignore"): see _repeated."""
-        if self.factor is None:
-            return values - offsets  # x - 0 is x, -0 and -inf included
-        if offsets is None:
-            return _repeated(values, self.factor).astype(np.float32)
-        # rounded to float32, then the float32 subtraction: the two filters' arithmetic, in order
-        return np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
+        never generated; None without the frequency and presence penalties), rounded to float32: the two filters'
+        arithmetic, in order (repetition_penalty's factor, see _repeated, rounded to float32, then the float32
+        subtraction of the offsets)."""
+        if values.size > FEW_IDS:
+            with np.errstate(over="ignore", invalid="ignore"):  # see _repeated
+                if self.factor is None:
+                    return values - offsets  # x - 0 is x, -0 and -inf included
+                if offsets is None:
+                    return _repeated(values, self.factor).astype(np.float32)
+                return np.subtract(_repeated(values, self.factor), offsets, dtype=np.float32)
+        # On Python floats (IEEE float64, as NumPy's), each result rounded to float32 by array("f") (a C cast: round
+        # to nearest, past float32's range +-inf, as NumPy's cast, without its warnings); the clip keeps NaN, as
+        # np.minimum does; the float64 difference of two float32 values rounds once to their float32 difference.
+        penalized = values.tolist()
+        if self.factor is not None:
+            factor, top = float(self.factor), _F32_MAX
+            penalized = array("f", [top if (y := x * factor if x < 0 else x / factor) > top else y for x in penalized])
+        if offsets is not None:
+            penalized = array("f", [x - offset for x, offset in zip(penalized, offsets.tolist())])  # x - 0 is x
+        return np.frombuffer(penalized, dtype=np.float32)
 
     def _apply(self, out, filters, seen: list, generated: list) -> np.ndarray:
         if filters and filters[0][0] in PENALTIES and self._penalize(out, seen, generated) is not None:

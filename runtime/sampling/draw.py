@@ -81,6 +81,20 @@ def weights(
     return padded
 
 
+def row_weights(row: np.ndarray, scratch: Scratch) -> tuple[np.ndarray, list] | None:
+    """weights() and block_ends() of one row in fewer NumPy calls (the peak from an argmax, a scalar subtraction);
+    None when the row's maximum is not finite (NaN or +inf, or all -inf)."""
+    # [V] -> ([n_blocks * BLOCK] float32, n_blocks floats), the same values as weights() and block_ends() give
+    peak = row[row.argmax()]  # argmax stops at the first NaN: its peak is then NaN, not finite
+    if not math.isfinite(peak):
+        return None
+    padded = scratch.get("weights", (1, -(-row.size // BLOCK) * BLOCK), np.float32, zeros=True)[0]
+    w = padded[: row.size]
+    np.subtract(row, peak, out=w)  # finite: no invalid operation, and exp's underflow to 0 is ignored by default
+    np.exp(w, out=w)
+    return padded, running_totals(block_sums(padded[None]).tolist()[0])
+
+
 def pick(
     logits, do_sample: bool, rngs: list, given_weights=None, scratch: Scratch | None = None, dense: bool = False
 ) -> np.ndarray:
@@ -135,10 +149,16 @@ def _draw_dense(logits, rngs, scratch) -> np.ndarray | None:
     # pick's draw in as few operations as it takes (each costs more than its arithmetic right after a model step,
     # whose weights have pushed the sampler's code and data out of the caches); None when a row's maximum is not
     # finite, before any generator is used: pick's checks handle that row.
+    scratch = scratch or Scratch()
+    if logits.shape[0] == 1:
+        found = row_weights(logits[0], scratch)
+        if found is None:
+            return None
+        padded, ends = found
+        return np.array([search(padded, ends, rngs[0].random(), logits.shape[-1])], np.int64)
     peak = logits.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
     if not all(map(math.isfinite, peak.tolist())):
         return None
-    scratch = scratch or Scratch()
     if logits.shape[0] < MANY_ROWS:
         padded = weights(logits, scratch, peak, finite=True)
         return draw_rows(padded, block_ends(padded), rngs, logits.shape[-1])
@@ -241,7 +261,7 @@ def checked(logits) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
 def block_sums(padded: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The weight of each block, float64 (written into `out` when given)."""
     # [B, n_blocks * BLOCK] -> [B, n_blocks]
-    return padded.reshape(padded.shape[0], -1, BLOCK).sum(axis=-1, dtype=np.float64, out=out)
+    return np.add.reduce(padded.reshape(padded.shape[0], -1, BLOCK), axis=-1, dtype=np.float64, out=out)
 
 
 def block_ends(padded: np.ndarray) -> list[list[float]]:
@@ -266,12 +286,10 @@ def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
     target = u * ends[-1]
     block = min(bisect_right(ends, target), len(ends) - 1)  # np.searchsorted(side="right")
     offset, start = ends[block - 1] if block else 0.0, block * BLOCK
-    # the block's running sums: float64, added one after the other (np.cumsum is sequential), as the row's would be
-    inner = np.cumsum(padded_row[start : start + BLOCK], dtype=np.float64)
-    inner += offset
-    above = inner > target
-    first = int(above.argmax())  # the first True, or 0 when there is none
-    token = start + first if above[first] else start + BLOCK
+    # the block's running sums: float64, added one after the other (as np.cumsum adds them), then the offset added to
+    # each, as the row's would be; on Python floats (one NumPy call, not four)
+    inner = running_totals(padded_row[start : start + BLOCK].tolist())
+    token = start + bisect_right(inner, target, key=offset.__add__)  # start + BLOCK when none is above
     if token >= min((block + 1) * BLOCK, n_vocab):
         token = last_weighted(padded_row, block, n_vocab)
     return token

@@ -124,6 +124,7 @@ SURE_TOKENS = 256  # verdict's largest gather: the tokens at or above one of at 
 # float32 by NumPy. A token whose weight is within this fraction of the drawn one's may be on
 # either side of it by logit, so verdict() counts it on whichever side makes its answer cautious.
 ORDER_SLACK = 1e-5
+_BELOW, _ABOVE = np.float32(1 - ORDER_SLACK), np.float32(1 + ORDER_SLACK)  # a weight's bounds, as float32 factors
 
 
 def verdict(weights, total: float, token: int, p: float, work, flags) -> bool | None:
@@ -140,17 +141,17 @@ def verdict(weights, total: float, token: int, p: float, work, flags) -> bool | 
     # [V] float32 weights (exp(logit - max), or probabilities), their float64 sum, token id, top_p, [V] float32 and
     # [V] bool to work in
     weight = weights[token]
-    low, high = weight * np.float32(1 - ORDER_SLACK), weight * np.float32(1 + ORDER_SLACK)
+    low, high = weight * _BELOW, weight * _ABOVE
     if weight * SURE_TOKENS >= total:
         np.greater_equal(weights, low, out=flags)
-        mass = sum(weights[np.flatnonzero(flags)].tolist()) - float(weight)  # Python floats: float64
+        mass = sum(weights[flags.nonzero()[0]].tolist()) - float(weight)  # Python floats: float64
         if mass < (p - SURE_MARGIN) * total:
             return True
     if _mass_below_exceeds(weights, low, (1 - p + SURE_MARGIN) * total, work, flags):
         return True
     np.less_equal(weights, high, out=flags)
     np.multiply(weights, flags, out=work)
-    if float(work.sum()) < (1 - p - SURE_MARGIN) * total:
+    if float(np.add.reduce(work)) < (1 - p - SURE_MARGIN) * total:
         return False
     return None
 
@@ -171,7 +172,7 @@ def _mass_below_exceeds(weights, low, need: float, work, flags) -> bool:
         part, mask, product = weights[start:end], flags[start:end], work[start:end]
         np.less(part, low, out=mask)
         np.multiply(part, mask, out=product)
-        below += float(product.sum())
+        below += float(np.add.reduce(product))  # float32, pairwise: ndarray.sum without its Python wrapper
         if below > need:
             return True
         start = end
@@ -244,16 +245,19 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
     if len(rngs) != out.shape[0]:
         raise ValueError(f"pick needs one random generator per row: got {len(rngs)} for {out.shape[0]} rows")
     n_vocab, threshold = out.shape[-1], np.float32(1 - p)
-    peak = out.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
-    if not all(map(math.isfinite, peak.tolist())):  # a maximum of +inf or NaN (or all -inf)
-        return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
-    if out.shape[0] < draw.MANY_ROWS:
-        padded = draw.weights(out, scratch, peak, finite=True)
-        ends = draw.block_ends(padded)
-    else:  # the rows' weights on two threads; the running sums as running_totals adds them
-        padded, sums = draw.weights_and_sums(out, scratch, peak)
-        ends = np.cumsum(sums, axis=-1).tolist()
-    probs64, mask = scratch.get("probs64", (n_vocab,), np.float64), scratch.get("mask", (n_vocab,), np.float64)
+    found = draw.row_weights(out[0], scratch) if out.shape[0] == 1 else None
+    if found is not None:  # one row, in fewer NumPy calls
+        padded, ends = found[0][None], [found[1]]
+    else:
+        peak = out.max(axis=-1)  # NaN propagates: finite exactly when the row has no NaN or infinity at the top
+        if not all(map(math.isfinite, peak.tolist())):  # a maximum of +inf or NaN (or all -inf)
+            return draw.pick(out, True, rngs, cut(out, p, ban=False, scratch=scratch), scratch)  # the plain path copes
+        if out.shape[0] < draw.MANY_ROWS:
+            padded = draw.weights(out, scratch, peak, finite=True)
+            ends = draw.block_ends(padded)
+        else:  # the rows' weights on two threads; the running sums as running_totals adds them
+            padded, sums = draw.weights_and_sums(out, scratch, peak)
+            ends = np.cumsum(sums, axis=-1).tolist()
     work, flags = scratch.get("work", (n_vocab,), np.float32), scratch.get("flags", (n_vocab,), bool)
     picks = np.empty(out.shape[0], dtype=np.int64)
     for r, rng in enumerate(rngs):
@@ -263,8 +267,9 @@ def draw_from(out, p: float, rngs: list, scratch: Scratch) -> np.ndarray:
             kept = verdict(w, ends[r][-1], token, p, work, flags)
             if kept is None:  # at the cut: keeps() on the probabilities transformers' cut sums
                 if probs_of is None:  # float32 division, stored as float64
-                    probs_of = np.divide(w, w.sum(), out=probs64, dtype=np.float32)
-                kept = keeps(out[r], probs64, threshold, token, mask)
+                    probs_of = scratch.get("probs64", (n_vocab,), np.float64)
+                    np.divide(w, w.sum(), out=probs_of, dtype=np.float32)
+                kept = keeps(out[r], probs_of, threshold, token, scratch.get("mask", (n_vocab,), np.float64))
             if kept:
                 picks[r] = token
                 break

@@ -15,39 +15,46 @@ class Tally:
     """The distinct ids of one list of token ids (in order of first appearance) and how often each occurs.
 
     The list is followed as it grows: each update counts the ids appended since the last. A list that shrank, or
-    whose last counted id changed, is counted again from the start (and `recounts` goes up by one).
+    whose last counted id changed, is counted again from the start (and `recounts` goes up by one). counting=False
+    keeps the ids alone (update gives None for the counts): each NumPy scalar write costs microseconds right after
+    a model step.
     """
 
-    def __init__(self, source):
+    def __init__(self, source, counting: bool = True):
         self.source = source  # held: its id() cannot be reused while this tally follows it
         self.length = 0
         self.last = None  # the last id counted, to notice a list rewritten in place
         self.recounts = 0
         self.where: dict[int, int] = {}  # id -> its index in ids
         self.ids = np.empty(64, dtype=np.int64)
-        self.counts = np.empty(64, dtype=np.int64)
+        self.counts = np.empty(64, dtype=np.int64) if counting else None
 
     def follows(self, source) -> bool:
         return self.source is source
 
-    def update(self) -> tuple[np.ndarray, np.ndarray]:
-        """([n] int64 distinct ids, [n] int64 counts) of the list as it is now; views, valid until the next update."""
+    def update(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """([n] int64 distinct ids, [n] int64 counts, or None when not counting) of the list as it is now; views,
+        valid until the next update."""
         source = self.source
         if len(source) < self.length or (self.length and source[self.length - 1] != self.last):
             self.length, self.where, self.recounts = 0, {}, self.recounts + 1
-        n = len(self.where)
+        n, counts = len(self.where), self.counts
         for token in source[self.length :]:
             index = self.where.setdefault(int(token), n)
             if index == n:
                 if n == self.ids.size:
                     self.ids = np.concatenate([self.ids, np.empty_like(self.ids)])
-                    self.counts = np.concatenate([self.counts, np.empty_like(self.counts)])
-                self.ids[n], self.counts[n] = token, 0
+                    if counts is not None:
+                        counts = self.counts = np.concatenate([counts, np.empty_like(counts)])
+                self.ids[n] = token
+                if counts is not None:
+                    counts[n] = 0
                 n += 1
-            self.counts[index] += 1
+            if counts is not None:
+                counts[index] += 1
         self.length = len(source)
         self.last = source[-1] if self.length else None
-        return self.ids[:n], self.counts[:n]
+        return self.ids[:n], None if counts is None else counts[:n]
 
 
 class SeenTally:
@@ -60,7 +67,7 @@ class SeenTally:
     """
 
     def __init__(self, seen, generated, weigh=None):
-        self.seen, self.generated, self.weigh = Tally(seen), generated, weigh
+        self.seen, self.generated, self.weigh = Tally(seen, counting=False), generated, weigh
         self.length, self.last, self.recounts = 0, None, None
         self.counts: dict[int, int] = {}  # index in the seen ids -> how often that id was generated
         self.values = np.zeros(self.seen.ids.size, dtype=np.float32)

@@ -16,8 +16,9 @@ import pytest
 from edgelm.runtime import sampling
 from edgelm.runtime.errors import GenerationOptionError
 from edgelm.runtime.generation_config import GenerationConfig
+from edgelm.runtime.sampling import chain as chain_module
 from edgelm.runtime.sampling import draw, topk
-from edgelm.runtime.sampling.tally import SeenTally, Tallies
+from edgelm.runtime.sampling.tally import SeenTally, Tallies, Tally
 
 V = 50_257
 
@@ -355,3 +356,83 @@ def test_the_second_thread_has_written_its_rows_before_an_error_in_the_first_hal
     with pytest.raises(KeyboardInterrupt):
         draw.weights_and_sums(logits, draw.Scratch(), logits.max(axis=-1))
     assert finished == [True]
+
+
+def block_search(padded_row, ends, u, n_vocab):
+    """draw.search as whole-array arithmetic: the block's float64 running sums by np.cumsum, the offset added to
+    each, the first one above the target."""
+    target = u * ends[-1]
+    block = min(int(np.searchsorted(ends, target, side="right")), len(ends) - 1)
+    inner = np.cumsum(padded_row[block * draw.BLOCK : (block + 1) * draw.BLOCK], dtype=np.float64)
+    inner += ends[block - 1] if block else 0.0
+    above = inner > target
+    token = block * draw.BLOCK + (int(above.argmax()) if above.any() else draw.BLOCK)
+    if token >= min((block + 1) * draw.BLOCK, n_vocab):
+        token = draw.last_weighted(padded_row, block, n_vocab)
+    return token
+
+
+@pytest.mark.parametrize("n_vocab", [V, 300])
+def test_the_search_on_python_floats_finds_what_whole_array_sums_find_at_every_block_boundary(n_vocab):
+    rng = np.random.default_rng(12)
+    logits = (rng.standard_normal((4, n_vocab)) * [[0.02], [4.0], [30.0], [1.0]]).astype(np.float32)
+    logits[3, : n_vocab - 3] = -np.inf  # all the weight in the padded last block
+    padded = draw.weights(logits)
+    for row, ends in zip(padded, draw.block_ends(padded)):
+        for b in range(len(ends)):
+            for nudge in (-1, 0, 1):
+                u = max(min(np.nextafter(ends[b] / ends[-1], 2.0 * nudge), 1 - 2**-53), 0.0)
+                assert draw.search(row, ends, u, n_vocab) == block_search(row, ends, u, n_vocab), (b, nudge)
+        for u in rng.random(50):
+            assert draw.search(row, ends, u, n_vocab) == block_search(row, ends, u, n_vocab)
+
+
+@pytest.mark.parametrize("options", [{"top_k": 0}, {"top_k": 0, "temperature": 1.3}, {"top_k": 50}, {"top_k": 3000}])
+def test_one_row_at_a_time_draws_what_filtering_then_picking_picks(options):
+    # a batch of one row takes the sampler's one-row paths (fewer NumPy calls): each of the hard rows alone
+    logits = hard_rows(V, seed=13)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, **options), V)
+    for r in range(len(logits)):
+        row = logits[r : r + 1]
+        filtered = chain.process(row, [[]], [[]])
+        for seed in range(4):
+            expected = draw.pick(filtered, True, [np.random.default_rng([seed, r])])
+            np.testing.assert_array_equal(chain(row, [[]], [[]], [np.random.default_rng([seed, r])]), expected)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
+def test_one_row_draws_from_the_nucleus_what_a_batch_draws_for_it(p):
+    # top_p's rejection draw of one row (its one-row path) against the same row in a batch of two (the batch's path)
+    logits = hard_rows(V, seed=15)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, top_p=p), V)
+    for r in range(len(logits)):
+        pair = logits[[r, r]]
+        for seed in range(4):
+            expected = chain(pair, [[]] * 2, [[]] * 2, [np.random.default_rng([seed, r])] * 2)[0]
+            assert chain(pair[:1], [[]], [[]], [np.random.default_rng([seed, r])])[0] == expected
+
+
+@pytest.mark.parametrize("few_ids", [draw.FEW_ALIVE, -1])  # on Python floats, or on NumPy arrays
+@pytest.mark.parametrize("options", PENALTY_SETTINGS)
+def test_the_penalties_on_python_floats_and_on_arrays_are_bit_for_bit_the_filters(monkeypatch, few_ids, options):
+    monkeypatch.setattr(chain_module, "FEW_IDS", few_ids)
+    n_vocab = 64
+    logits, seen, generated = penalty_rows(n_vocab, seed=14)
+    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, **options), n_vocab)
+    for step in range(4):
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = sequential_penalties(logits, seen, generated, options)
+        np.testing.assert_array_equal(chain.process(logits, seen, generated).view(np.uint32), expected.view(np.uint32))
+        for r, (s, g) in enumerate(zip(seen, generated)):
+            s.append(step * 5 % 40 + r)
+            g.append(s[-1])
+
+
+def test_a_tally_that_does_not_count_keeps_the_same_ids():
+    ids = [5, 3, 5, 9, 3, 3, 7]
+    counting, not_counting = Tally(ids), Tally(ids, counting=False)
+    for token in [1, 5, 1, *range(100)]:  # past the first capacity of the tally's arrays
+        ids.append(token)
+        (a, counts), (b, none) = counting.update(), not_counting.update()
+        assert a.tolist() == b.tolist() == list(dict.fromkeys(ids)) and none is None
+        assert counts.tolist() == [ids.count(i) for i in a.tolist()]
