@@ -97,7 +97,8 @@ def timed(function, stage):
     return wrapper
 from edgelm.runtime.package.open import Package
 from edgelm.runtime.text.chat_template import ChatTemplate
-Package.tokenizer_text = timed(Package.tokenizer_text, WRAPPED["tokenizer_text"])
+READ = "tokenizer_data" if hasattr(Package, "tokenizer_data") else "tokenizer_text"  # what the load reads it with
+setattr(Package, READ, timed(getattr(Package, READ), WRAPPED["tokenizer_text"]))
 ChatTemplate.from_package = classmethod(timed(ChatTemplate.from_package.__func__, WRAPPED["from_package"]))
 found = {"tokenizer_text", "from_package"}
 for module in list(sys.modules.values()):  # a function is wrapped wherever a module of edgelm.runtime holds it

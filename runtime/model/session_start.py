@@ -21,7 +21,7 @@ class SessionStart:
         quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
         self.made, self.initializing = {}, threading.Event()
         self.tokenizer_file = package.tokenizer_file
-        self.text = package.tokenizer_text()  # a file that cannot be read is refused before any session is made
+        self.data = package.tokenizer_data()  # a file that cannot be read is refused before any session is made
         self.worker = threading.Thread(
             target=self._create, args=(package, device, threads, quantized, spinning), name="edgelm-onnxruntime-session"
         )
@@ -47,7 +47,7 @@ class SessionStart:
         """Wait for the thread to end and drop the session it made, if any (a load that failed elsewhere)."""
         self.worker.join()
         self.made.clear()  # the session, if made, goes now rather than with a traceback
-        self.text = None
+        self.data = None
 
 
 def start_session(package: Package, device: str, threads, spinning: bool) -> SessionStart:
@@ -68,9 +68,9 @@ def tokenizer_and_session(start: SessionStart):
     build. So the build waits until the thread calls initialize_session (_initializing), or has ended."""
     try:
         start.initializing.wait()  # set by the thread at initialize_session, or in its `finally` whatever happened
-        text, start.text = start.text, None
-        tokenizer = load_tokenizer(text, start.tokenizer_file)
-        del text
+        data, start.data = start.data, None
+        tokenizer = load_tokenizer(data, start.tokenizer_file)  # its UTF-8 checked here, beside the session
+        del data
         # the build's freed memory back to the system before the session's peak (this thread would wait anyway): the
         # session's thread allocates from its own malloc arena, which cannot reuse it
         release_freed_memory()

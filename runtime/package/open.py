@@ -84,8 +84,12 @@ class Package:
         """The real path of one of the package's files, refused unless it is a regular file inside the folder."""
         return inside(self.folder, name)
 
+    def tokenizer_data(self) -> bytes:
+        """tokenizer.json's bytes, at most its recorded size (the tokenizer is built from them: load_tokenizer)."""
+        return read_bytes(self.tokenizer_file, self.read_limit(self.tokenizer_file))
+
     def tokenizer_text(self) -> str:
-        data = read_bytes(self.tokenizer_file, self.read_limit(self.tokenizer_file))
+        data = self.tokenizer_data()
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:

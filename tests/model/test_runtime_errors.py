@@ -233,10 +233,22 @@ def test_an_unreadable_tokenizer_is_refused_before_any_session_is_made(tiny_pack
     made = []
     monkeypatch.setattr(model_module, "create_session", lambda *a, **k: made.append(1))
     folder = _copy(tiny_package, tmp_path / "pkg")
-    (folder / "tokenizer.json").write_bytes(b"\xff\xfe not text")
-    with pytest.raises(PackageError):
+    with open(folder / "tokenizer.json", "r+b") as tokenizer:  # over the 64 MiB a folder's JSON file may hold
+        tokenizer.truncate((64 << 20) + 1)
+    with pytest.raises(PackageError, match="larger than"):
         rt.load(folder, verify=False)
     assert made == []
+
+
+def test_a_tokenizer_that_is_not_utf8_is_refused_and_the_thread_has_ended(tiny_package, tmp_path, capsys):
+    """tokenizer.json's bytes go to the tokenizers library, which checks the UTF-8 as it parses them."""
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    text = (folder / "tokenizer.json").read_bytes()
+    (folder / "tokenizer.json").write_bytes(text.replace(b'"<|endoftext|>"', b'"<|endoftext|\xff>"', 1))
+    with pytest.raises(PackageError, match="cannot read the tokenizer .*invalid unicode"):
+        rt.load(folder, verify=False)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
 
 
 def test_the_tokenizers_freed_memory_goes_back_before_the_session_is_used(tiny_package, monkeypatch):
