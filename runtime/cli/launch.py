@@ -4,7 +4,8 @@ helps (hugepages.py), then run the command (cli.py).
 It decides before click, NumPy, onnxruntime and tokenizers are imported, but a restart still costs a second
 interpreter start, which the faster decode pays back only over many tokens (benchmarks/NOTES.md). So only the
 long-running commands restart: `serve`, and `bench` (which measures what serve gets). `generate` does not; give
-it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs.
+it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs. `generate -m NAME_OR_PATH` instead opens its
+package and starts creating its session before click and the command's modules are imported (early.py).
 
 Once the command is done, the process ends without tearing the interpreter down (exit_now): Python would free
 every module, the tokenizer and the session's packed weights one object at a time, which the system does at once
@@ -18,7 +19,6 @@ from pathlib import Path
 from ..errors import EdgelmError
 
 RESTARTING_COMMANDS = ("serve", "bench")  # long-running: the restart's start-up is paid back many times
-MODEL_OPTIONS = ("-m", "--model")  # options.py's package option
 
 
 def package_to_load(args: list[str]):
@@ -29,17 +29,9 @@ def package_to_load(args: list[str]):
     if not args or args[0] not in RESTARTING_COMMANDS:
         return None
     from ..store.local import names_a_package, resolve_package
+    from .early import model_argument
 
-    given = None
-    for i, arg in enumerate(args[1:], 1):
-        if arg == "--":
-            break
-        if arg in MODEL_OPTIONS and i + 1 < len(args):
-            given = args[i + 1]
-        elif arg.startswith("--model="):
-            given = arg.partition("=")[2]
-        elif arg.startswith("-m") and not arg.startswith("--") and len(arg) > 2:
-            given = arg[2:]
+    given = model_argument(args)
     if given is None:
         given = next((arg for arg in args[1:] if not arg.startswith("-") and names_a_package(arg)), None)
     try:
@@ -67,14 +59,22 @@ def command(main=None):
     package = package_to_load(sys.argv[1:])
     if package is not None:
         restart_with_huge_pages(package)
-    if main is None:
-        from .main import main
+    from .early import start
 
+    early = start(sys.argv[1:])  # generate's session, started before click and the command's modules are imported
     try:
-        main()
+        if main is None:
+            from .main import main
+
+        main(obj=early)
     except SystemExit as done:
+        if early is not None:  # a command that loaded nothing (a usage error, --help): its thread ends first
+            early.abandon()
         exit_now(done.code)
         raise
+    finally:
+        if early is not None:
+            early.abandon()
 
 
 def exit_now(code) -> None:

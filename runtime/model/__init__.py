@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from ..batching.prefix_cache import cache_bytes
 from ..batching.prefix_store import DISK_DEFAULT_MB
 from ..errors import DeviceError, PackageError
-from ..package.open import open_package
+from ..package.open import Package, open_package
 from ..store.local import resolve_package
-from .session_start import start_session
+from .session_start import SessionStart, start_session
 
 if TYPE_CHECKING:
     from .loaded import Model
@@ -84,17 +84,27 @@ def load(
         raise PackageError(f"draft= takes a package folder or an installed package's name, got {type(draft).__name__}")
     package = open_package(resolve_package(path), verify=verify)  # checked whole before onnxruntime reads it
     start = start_session(package, device, threads, spinning)
-    try:  # the Model's modules imported while the session's thread creates the session
-        from .loaded import Model
-    except BaseException:
-        start.abandon()
-        raise
-    model = Model(
-        package, device, threads, prefix_cache_mb, spinning, prefix_cache_dir, prefix_cache_disk_mb, session_start=start
-    )
+    model = model_of(package, start, device, threads, prefix_cache_mb, spinning, prefix_cache_dir, prefix_cache_disk_mb)
     if draft is not None:
         from ..speculative.draft import check_same_tokenizer
 
         model.draft = Model(open_package(resolve_package(draft), verify=verify), device, threads, 0, False)
         check_same_tokenizer(model.package, model.draft.package)
     return model
+
+
+def model_of(
+    package: Package, start: SessionStart, device: str = "auto", threads: int | None = None, prefix_cache_mb=0,
+    spinning: bool = True, prefix_cache_dir=None, prefix_cache_disk_mb=DISK_DEFAULT_MB,
+) -> "Model":  # fmt: skip
+    """The Model of an opened package whose session `start` is being created (start_session, given the same
+    device, threads and spinning): the Model's own modules are imported now, while the session's thread runs. The
+    thread has ended whenever this returns or raises."""
+    try:
+        from .loaded import Model
+    except BaseException:
+        start.abandon()
+        raise
+    return Model(
+        package, device, threads, prefix_cache_mb, spinning, prefix_cache_dir, prefix_cache_disk_mb, session_start=start
+    )
