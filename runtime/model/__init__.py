@@ -88,7 +88,9 @@ def load(
     if draft is not None:
         from ..speculative.draft import check_same_tokenizer
 
-        model.draft = Model(open_package(resolve_package(draft), verify=verify), device, threads, 0, False)
+        draft_package = open_package(resolve_package(draft), verify=verify)
+        draft_start = start_session(draft_package, device, threads, False)
+        model.draft = model_of(draft_package, draft_start, device, threads, 0, False)
         check_same_tokenizer(model.package, model.draft.package)
     return model
 

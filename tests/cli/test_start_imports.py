@@ -203,3 +203,18 @@ def test_the_beside_check_sees_a_module_imported_before_the_load(tiny_package):
     """
     noted = imported_beside_the_session(code, checked_once(tiny_package))
     assert noted["edgelm.runtime.engine.decode"] is False and noted["edgelm.runtime.speculative"] is True
+
+
+def test_a_fresh_process_loads_a_model_with_its_draft(tiny_package):
+    """load(draft=) in a process where nothing imported the Model's modules before the load."""
+    code = """
+        import edgelm.runtime as edgelm
+        model = edgelm.load(sys.argv[1], draft=sys.argv[1])
+        print(type(model.draft).__name__, model.generate("Hello", max_new_tokens=2, speculative="draft").completion_tokens)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + textwrap.dedent(code), checked_once(tiny_package)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Model", "2"]
