@@ -17,7 +17,6 @@ from pathlib import Path
 from . import onnxruntime_compat
 from .onnxruntime_compat import minimum_here
 from ..errors import GenerationOptionError, PackageError
-from ..generation_config import GenerationConfig
 from . import verified
 from .files import file_record, inside, read_bytes, read_json, sha256_of
 from .format import (
@@ -97,6 +96,8 @@ class Package:
 
     def describe(self) -> str:
         """What `edgelm info` prints."""
+        from ..generation_config import GenerationConfig  # only here: a load reaches its session without it
+
         eos = self.generation_defaults.get("eos_token_id") if isinstance(self.generation_defaults, dict) else None
         try:
             ids = GenerationConfig(eos_token_id=eos).eos_token_id

@@ -148,6 +148,7 @@ BESIDE_THE_SESSION = (
     "edgelm.runtime.sampling",
     "edgelm.runtime.speculative",
     "edgelm.runtime.text.chat_template",
+    "edgelm.runtime.generation_config",  # the package's reading needs none of it (Package.describe imports it)
     "numpy.random",
 )
 # and the command's own: `edgelm generate -m PKG` starts the session before click is imported (runtime/cli/early.py)
