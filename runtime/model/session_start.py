@@ -71,8 +71,8 @@ def tokenizer_and_session(start: SessionStart):
         data, start.data = start.data, None
         tokenizer = load_tokenizer(data, start.tokenizer_file)  # its UTF-8 checked here, beside the session
         del data
-        # the build's freed memory back to the system before the session's peak (~1 ms for GPT-2's tokenizer): the
-        # session's thread allocates from its own malloc arena, which cannot reuse it
+        # the build's freed memory back to the system before the session's peak, on the way to the first token (the
+        # two threads end together): the session's thread allocates from its own malloc arena, which cannot reuse it
         release_freed_memory()
     except BaseException:
         start.abandon()
