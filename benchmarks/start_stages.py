@@ -12,7 +12,8 @@ check; the session; the rest of the load; where the checkout builds the tokenize
 session, that stage as a whole, and inside it the four before, which overlap and are left out of the sums; where
 the checkout starts the session's thread before it imports the Model's modules (model/session_start.py), the
 stage runs from the thread's start to the tokenizer and session made, those imports inside it), then the first
-`generate(..., max_new_tokens=1)` and a second one (so the first call's own cost shows). The parent also times each process from its start to its exit ("process").
+`generate(..., max_new_tokens=1)` and a second one (so the first call's own cost shows). The parent also times
+each process from its start to its exit ("process").
 Printed: per stage, the median over the rounds (the first round a warm-up, not counted) of its time and of the
 process's CPU time in it (time.process_time: every thread's, which a busy machine changes less than the time),
 with the load average at the start and the end: on a shared machine only the columns of one run compare.

@@ -211,7 +211,8 @@ def test_a_fresh_process_loads_a_model_with_its_draft(tiny_package):
     code = """
         import edgelm.runtime as edgelm
         model = edgelm.load(sys.argv[1], draft=sys.argv[1])
-        print(type(model.draft).__name__, model.generate("Hello", max_new_tokens=2, speculative="draft").completion_tokens)
+        completion = model.generate("Hello", max_new_tokens=2, speculative="draft")
+        print(type(model.draft).__name__, completion.completion_tokens)
     """
     done = subprocess.run(
         [sys.executable, "-c", "import sys\n" + textwrap.dedent(code), checked_once(tiny_package)],
