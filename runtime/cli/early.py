@@ -4,11 +4,10 @@ run while onnxruntime creates the session on the other core (benchmarks/NOTES.md
 
 The command line is read without parsing it (click is not imported yet), and only in the plain case: -m given,
 and none of PLAIN_ONLY. The package is opened, checked (manifest, checksums, graph scan) and its session started
-as load() does. What click then parses decides: generate takes the start where its options ask for that package
-with load()'s defaults (load_model), and otherwise, as when the command ends before it loads anything (a usage
-error, --help), the thread is waited for and its session dropped (EarlyStart.abandon)."""
-
-from ..errors import EdgelmError
+by load()'s own function (model.session_start.open_and_start). What click then parses decides: generate takes the
+start where its options ask for that package with load()'s defaults (load_model), and otherwise, as when the
+command ends before it loads anything (a usage error), the thread is waited for and its session dropped
+(EarlyStart.abandon)."""
 
 COMMAND = "generate"
 MODEL_OPTIONS = ("-m", "--model")  # options.py's package option
@@ -46,23 +45,28 @@ def model_argument(args: list[str]) -> str | None:
 
 def start(args: list[str]) -> EarlyStart | None:
     """The early start of `edgelm generate` for the command line `args` (after the program's name), or None where
-    it is not the plain case or the package cannot be opened (the command then says why, once click parsed it)."""
+    it is not the plain case or the start fails in any way (the command then says why, once click parsed it). A
+    thread it started is waited for on every exit but its return: a Ctrl-C (KeyboardInterrupt) goes on up."""
     if not args or args[0] != COMMAND:
         return None
     options = args[1 : args.index("--")] if "--" in args else args[1:]
     given = model_argument(args)
     if given is None or any(arg.partition("=")[0] in PLAIN_ONLY for arg in options):
         return None
-    from ..model.session_start import start_session
-    from ..package.open import open_package
-    from ..store.local import resolve_package
-
+    session_start = None
     try:
+        from ..model.session_start import open_and_start
+        from ..store.local import resolve_package
+
         folder = resolve_package(given)
-        package = open_package(folder, verify=True)
-        return EarlyStart(folder, package, start_session(package, "auto", None, True))
-    except EdgelmError:
-        return None
+        package, session_start = open_and_start(folder, True, "auto", None, True)
+        return EarlyStart(folder, package, session_start)
+    except BaseException as error:
+        if session_start is not None:
+            session_start.abandon()
+        if isinstance(error, Exception):  # the normal path meets it again and reports it, once click parsed the line
+            return None
+        raise
 
 
 def load_model(early: EarlyStart | None, package, device: str, threads, verify, draft):

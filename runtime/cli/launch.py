@@ -5,7 +5,8 @@ It decides before click, NumPy, onnxruntime and tokenizers are imported, but a r
 interpreter start, which the faster decode pays back only over many tokens (benchmarks/NOTES.md). So only the
 long-running commands restart: `serve`, and `bench` (which measures what serve gets). `generate` does not; give
 it GLIBC_TUNABLES=glibc.malloc.hugetlb=1 yourself for long outputs. `generate -m NAME_OR_PATH` instead opens its
-package and starts creating its session before click and the command's modules are imported (early.py).
+package and starts creating its session before click and the command's modules are imported (early.py); a Ctrl-C
+before click runs gets what click gives one while it runs: `Aborted!`, exit status 1.
 
 Once the command is done, the process ends without tearing the interpreter down (exit_now): Python would free
 every module, the tokenizer and the session's packed weights one object at a time, which the system does at once
@@ -59,14 +60,21 @@ def command(main=None):
     package = package_to_load(sys.argv[1:])
     if package is not None:
         restart_with_huge_pages(package)
-    from .early import start
-
-    early = start(sys.argv[1:])  # generate's session, started before click and the command's modules are imported
+    early = None
     try:
+        from .early import start
+
+        early = start(sys.argv[1:])  # generate's session, started before click and the command's modules are imported
         if main is None:
             from .main import main
 
         main(obj=early)
+    except KeyboardInterrupt:  # a Ctrl-C before click ran the command (click catches one while it runs)
+        print("Aborted!", file=sys.stderr)
+        if early is not None:
+            early.abandon()
+        exit_now(1)
+        raise SystemExit(1) from None
     except SystemExit as done:
         if early is not None:  # a command that loaded nothing (a usage error, --help): its thread ends first
             early.abandon()

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from ..batching.prefix_cache import cache_bytes
 from ..batching.prefix_store import DISK_DEFAULT_MB
 from ..errors import DeviceError, PackageError
-from ..package.open import Package, open_package
+from ..package.open import Package
 from ..store.local import resolve_package
-from .session_start import SessionStart, start_session
+from .session_start import SessionStart, open_and_start
 
 if TYPE_CHECKING:
     from .loaded import Model
@@ -82,14 +82,12 @@ def load(
         raise DeviceError(f"spinning must be True or False, got {str(spinning)[:40]}")
     if draft is not None and not isinstance(draft, (str, os.PathLike)):
         raise PackageError(f"draft= takes a package folder or an installed package's name, got {type(draft).__name__}")
-    package = open_package(resolve_package(path), verify=verify)  # checked whole before onnxruntime reads it
-    start = start_session(package, device, threads, spinning)
+    package, start = open_and_start(resolve_package(path), verify, device, threads, spinning)
     model = model_of(package, start, device, threads, prefix_cache_mb, spinning, prefix_cache_dir, prefix_cache_disk_mb)
     if draft is not None:
         from ..speculative.draft import check_same_tokenizer
 
-        draft_package = open_package(resolve_package(draft), verify=verify)
-        draft_start = start_session(draft_package, device, threads, False)
+        draft_package, draft_start = open_and_start(resolve_package(draft), verify, device, threads, False)
         model.draft = model_of(draft_package, draft_start, device, threads, 0, False)
         check_same_tokenizer(model.package, model.draft.package)
     return model

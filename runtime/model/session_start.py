@@ -8,14 +8,14 @@ import threading
 from ..engine.session import create_session, release_freed_memory
 from ..errors import PackageError
 from ..package.onnxruntime_compat import check_installed
-from ..package.open import Package
+from ..package.open import Package, open_package
 from ..text.tokenizer import load_tokenizer
 
 
 class SessionStart:
-    """A package's onnxruntime session being created on a thread (start_session), with the package's tokenizer.json
-    read: tokenizer_and_session(start) builds the tokenizer and waits for the session; abandon() waits for the
-    thread and drops what it made."""
+    """A package's onnxruntime session being created on a thread (start_session, which starts it: begin), with the
+    package's tokenizer.json read: tokenizer_and_session(start) builds the tokenizer and waits for the session;
+    abandon() waits for the thread and drops what it made."""
 
     def __init__(self, package: Package, device: str, threads, spinning: bool):
         quantized = package.manifest is not None and package.manifest.weights.dtype != "float32"
@@ -25,10 +25,14 @@ class SessionStart:
         self.worker = threading.Thread(
             target=self._create, args=(package, device, threads, quantized, spinning), name="edgelm-onnxruntime-session"
         )
+        self.folder = package.folder
+
+    def begin(self) -> None:
+        """Start the thread: apart from __init__, so that the caller holds the object before it runs (start_session)."""
         try:
             self.worker.start()
         except RuntimeError as error:  # no thread to be had (at the interpreter's exit, or a process at its limit)
-            raise PackageError(f"cannot load {package.folder}: {error}") from None
+            raise PackageError(f"cannot load {self.folder}: {error}") from None
 
     def _create(self, package: Package, device: str, threads, quantized: bool, spinning: bool) -> None:
         try:  # the onnxruntime check before onnxruntime sees the package
@@ -45,15 +49,31 @@ class SessionStart:
 
     def abandon(self) -> None:
         """Wait for the thread to end and drop the session it made, if any (a load that failed elsewhere)."""
-        self.worker.join()
+        with contextlib.suppress(RuntimeError):  # a thread never started: nothing to wait for
+            self.worker.join()
         self.made.clear()  # the session, if made, goes now rather than with a traceback
         self.data = None
 
 
+def open_and_start(folder, verify, device: str, threads, spinning: bool) -> tuple[Package, SessionStart]:
+    """(package, its session's start): the package at `folder` (resolved: store.resolve_package) opened and
+    checked whole (manifest, checksums as `verify` asks, graph scan: open_package) before its session is started
+    (start_session), the one way load() and the command's early start (cli/early.py) start one."""
+    package = open_package(folder, verify=verify)  # checked whole before onnxruntime reads it
+    return package, start_session(package, device, threads, spinning)
+
+
 def start_session(package: Package, device: str, threads, spinning: bool) -> SessionStart:
     """Read the package's tokenizer.json, then start creating its session on a thread named
-    edgelm-onnxruntime-session; the package was opened (manifest, checksums, graph scan) before this is called."""
-    return SessionStart(package, device, threads, spinning)
+    edgelm-onnxruntime-session; the package was opened (manifest, checksums, graph scan) before this is called.
+    An exit of this function other than its return (a Ctrl-C as the thread starts) waits for the thread."""
+    start = SessionStart(package, device, threads, spinning)
+    try:
+        start.begin()
+        return start
+    except BaseException:
+        start.abandon()
+        raise
 
 
 def tokenizer_and_session(start: SessionStart):

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 from edgelm.runtime.cli import early
@@ -107,6 +108,116 @@ def test_a_usage_error_after_an_early_start_is_one_message_and_waits_for_the_thr
     )
     assert done.returncode == 2 and "No such option '--bogus'" in done.stderr
     assert "abandoned" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def busy_session(monkeypatch):
+    """The session's creation held back a moment, so that a thread not waited for is still running when looked
+    at; the threads left running are waited for at the end."""
+    import edgelm.runtime.model.session_start as session_start
+
+    real = session_start.create_session
+
+    def create_session(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session_start, "create_session", create_session)
+    yield
+    for thread in _threads():
+        thread.join()
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_an_exit_once_the_thread_runs_waits_for_it(tiny_package, busy_session, monkeypatch, error):
+    """Interrupted (Ctrl-C) or failed after its thread started, the early start waits for the thread: a Ctrl-C goes
+    on up, any other error leaves the command line to the normal path."""
+
+    def interrupted(*args):
+        raise error("interrupted")
+
+    monkeypatch.setattr(early, "EarlyStart", interrupted)
+    args = ["generate", "-m", str(tiny_package), "Hello"]
+    if error is KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt):
+            early.start(args)
+    else:
+        assert early.start(args) is None
+    assert _threads() == []
+
+
+def test_an_unexpected_error_opening_the_package_starts_nothing(tiny_package, monkeypatch):
+    import edgelm.runtime.store.local as local
+
+    def broken(*args):
+        raise ValueError("unexpected")
+
+    monkeypatch.setattr(local, "resolve_package", broken)
+    assert early.start(["generate", "-m", str(tiny_package), "Hello"]) is None and _threads() == []
+
+
+CTRL_C = """
+import atexit
+import sys
+import threading
+
+import edgelm.runtime.model  # load() holds its own resolve_package, not patched
+import edgelm.runtime.store.local as local
+from edgelm.runtime.cli import early
+from edgelm.runtime.cli.launch import command
+
+
+def raising(*args, **kwargs):
+    raise KeyboardInterrupt if where != "unexpected" else ValueError("unexpected")
+
+
+class Finder:  # the import of click's group and the commands' modules, after the early start returned
+    def find_spec(self, name, path=None, target=None):
+        if name == "edgelm.runtime.cli.main":
+            raising()
+
+
+where = sys.argv.pop(1)
+if where in ("resolve", "unexpected"):
+    local.resolve_package = raising
+elif where == "started":
+    early.EarlyStart = raising
+else:
+    sys.meta_path.insert(0, Finder())
+running = lambda: [t.name for t in threading.enumerate() if t.name == "edgelm-onnxruntime-session"]
+atexit.register(lambda: print("running", running(), flush=True))
+sys.argv = ["edgelm", *sys.argv[1:]]
+command()
+"""
+
+
+@pytest.mark.parametrize("where", ["resolve", "started", "import"])
+def test_a_ctrl_c_before_click_runs_says_aborted(tiny_package, where):
+    """A Ctrl-C while the package is opened, once its thread runs, or while click's modules are imported: click's
+    one line and exit status 1, as for a Ctrl-C while click runs; a thread started by the early start has ended
+    before the exit (but where the early start returned: its session then ends with the process)."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CTRL_C), where, "generate", "-m", str(tiny_package), "Hello"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (done.returncode, done.stderr) == (1, "Aborted!\n")
+    if where != "import":
+        assert done.stdout == "running []\n"
+
+
+def test_an_unexpected_error_in_the_early_start_leaves_the_report_to_the_command(tmp_path):
+    """The early open fails with an error of no expected type: the command opens the folder itself and says in
+    one line why it cannot."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CTRL_C), "unexpected", "generate", "-m", str(tmp_path), "Hello"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and done.stderr.startswith("Error: ") and "not a model package" in done.stderr
+    assert done.stderr.count("\n") == 1
 
 
 def test_generate_from_an_early_start_prints_the_same_tokens(tiny_package):
