@@ -5,9 +5,9 @@ run while onnxruntime creates the session on the other core (benchmarks/NOTES.md
 The command line is read without parsing it (click is not imported yet), and only in the plain case: -m given,
 and none of PLAIN_ONLY. The package is opened, checked (manifest, checksums, graph scan) and its session started
 by load()'s own function (model.session_start.open_and_start). What click then parses decides: generate takes the
-start where its options ask for that package with load()'s defaults (load_model), and otherwise, as when the
-command ends before it loads anything (a usage error), the thread is waited for and its session dropped
-(EarlyStart.abandon)."""
+start where its options ask for that package with load()'s defaults (load_model), and otherwise the thread is
+waited for and its session dropped (EarlyStart.abandon). A command that ends before it loads anything (a usage
+error) ends the process at once, the thread with it (launch.py)."""
 
 COMMAND = "generate"
 MODEL_OPTIONS = ("-m", "--model")  # options.py's package option

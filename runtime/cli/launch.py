@@ -10,7 +10,8 @@ before click runs gets what click gives one while it runs: `Aborted!`, exit stat
 
 Once the command is done, the process ends without tearing the interpreter down (exit_now): Python would free
 every module, the tokenizer and the session's packed weights one object at a time, which the system does at once
-when the process ends (benchmarks/NOTES.md, "Start:" rows)."""
+when the process ends (benchmarks/NOTES.md, "Start:" rows). A session the early start is still creating (a usage
+error ended the command) ends with the process, not waited for."""
 
 import atexit
 import os
@@ -71,28 +72,27 @@ def command(main=None):
         main(obj=early)
     except KeyboardInterrupt:  # a Ctrl-C before click ran the command (click catches one while it runs)
         print("Aborted!", file=sys.stderr)
-        if early is not None:
-            early.abandon()
-        exit_now(1)
+        exit_now(1, early)
         raise SystemExit(1) from None
     except SystemExit as done:
-        if early is not None:  # a command that loaded nothing (a usage error, --help): its thread ends first
-            early.abandon()
-        exit_now(done.code)
+        exit_now(done.code, early)  # a command that loaded nothing (a usage error): its session is not waited for
         raise
     finally:
-        if early is not None:
+        if early is not None:  # where Python ends the process itself: the thread ends first
             early.abandon()
 
 
-def exit_now(code) -> None:
+def exit_now(code, early=None) -> None:
     """End the process with exit status `code` (None or an int: a message to print is left to Python) after what
     an exit must do: the atexit functions run (logging's flush among them) and stdout and stderr flushed. Returns,
     leaving the exit to Python, while another Python thread runs (a server's, a constraint compiler's: Python
-    joins or stops them first) or where the output cannot be flushed (a closed pipe: Python reports it)."""
+    joins or stops them first) or where the output cannot be flushed (a closed pipe: Python reports it). The
+    thread of `early` (an EarlyStart) is not waited for: its session, still being created, ends with the process."""
     import threading
 
-    if not (code is None or isinstance(code, int)) or threading.active_count() > 1:
+    session = early.session_start.worker if early is not None else None
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and t is not session]
+    if not (code is None or isinstance(code, int)) or others:
         return
     atexit._run_exitfuncs()  # what Python runs at exit before it frees the modules; each runs once
     try:
