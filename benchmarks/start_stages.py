@@ -9,8 +9,11 @@ edgelm's API (edgelm.runtime.model), then the `edgelm` command's own modules (cl
 then `load(PKG)` taken apart by wrapping the functions it calls (opening the package: the manifest, the
 checksums against the record of the last full check, the graph scan; the tokenizer; the onnxruntime version
 check; the session; the rest of the load; where the checkout builds the tokenizer while a thread creates the
-session, that stage as a whole, and inside it the four before, which overlap and are left out of the sums), then the first `generate(..., max_new_tokens=1)` and a second one (so
-the first call's own cost shows). The parent also times each process from its start to its exit ("process").
+session, that stage as a whole, and inside it the four before, which overlap and are left out of the sums; where
+the checkout starts the session's thread before it imports the Model's modules (model/session_start.py), the
+stage runs from the thread's start to the tokenizer and session made, those imports inside it), then the first
+`generate(..., max_new_tokens=1)` and a second one (so the first call's own cost shows). The parent also times
+each process from its start to its exit ("process").
 Printed: per stage, the median over the rounds (the first round a warm-up, not counted) of its time and of the
 process's CPU time in it (time.process_time: every thread's, which a busy machine changes less than the time),
 with the load average at the start and the end: on a shared machine only the columns of one run compare.
@@ -71,26 +74,32 @@ WRAPPED = {  # function name -> stage
 }
 spent = {stage: [0.0, 0.0] for stage in WRAPPED.values()}
 AT_ONCE = "tokenizer_and_session"  # a checkout that builds the two one after the other has no such function
+START = "start_session"  # a checkout that starts the session's thread before the Model's imports: the stage's start
+WRAPPED[START] = WRAPPED[AT_ONCE]
 INSIDE = [WRAPPED[n] for n in ("tokenizer_text", "load_tokenizer", "check_installed", "create_session")]
-at_once = []  # non-empty while the tokenizer and the session are being made at once
+at_once = []  # while the tokenizer and the session are being made at once: when (time, CPU) that stage began
 def timed(function, stage):
     def wrapper(*args, **kwargs):
-        if at_once and stage not in INSIDE:  # e.g. a malloc_trim inside it: its time is the at-once stage's
+        if at_once and stage not in INSIDE and function.__name__ != AT_ONCE:  # e.g. a malloc_trim inside it
             return function(*args, **kwargs)
         started, started_cpu = time.perf_counter(), time.process_time()
-        if stage == WRAPPED[AT_ONCE]:
-            at_once.append(stage)
+        if function.__name__ == START or (stage == WRAPPED[AT_ONCE] and not at_once):
+            at_once[:] = started, started_cpu
         try:
             return function(*args, **kwargs)
         finally:
-            if stage == WRAPPED[AT_ONCE]:
+            if function.__name__ == AT_ONCE:  # the stage ends with the tokenizer and the session made
+                spent[stage][0] += time.perf_counter() - at_once[0]
+                spent[stage][1] += time.process_time() - at_once[1]
                 at_once.clear()
-            spent[stage][0] += time.perf_counter() - started
-            spent[stage][1] += time.process_time() - started_cpu
+            elif function.__name__ != START:
+                spent[stage][0] += time.perf_counter() - started
+                spent[stage][1] += time.process_time() - started_cpu
     return wrapper
 from edgelm.runtime.package.open import Package
 from edgelm.runtime.text.chat_template import ChatTemplate
-Package.tokenizer_text = timed(Package.tokenizer_text, WRAPPED["tokenizer_text"])
+READ = "tokenizer_data" if hasattr(Package, "tokenizer_data") else "tokenizer_text"  # what the load reads it with
+setattr(Package, READ, timed(getattr(Package, READ), WRAPPED["tokenizer_text"]))
 ChatTemplate.from_package = classmethod(timed(ChatTemplate.from_package.__func__, WRAPPED["from_package"]))
 found = {"tokenizer_text", "from_package"}
 for module in list(sys.modules.values()):  # a function is wrapped wherever a module of edgelm.runtime holds it
@@ -102,8 +111,8 @@ for module in list(sys.modules.values()):  # a function is wrapped wherever a mo
                 wrapper.__wrapped_stage__ = stage
                 setattr(module, name, wrapper)
                 found.add(name)
-if set(WRAPPED) - found - {AT_ONCE}:
-    sys.exit(f"not found in edgelm.runtime: {sorted(set(WRAPPED) - found - {AT_ONCE})}")
+if set(WRAPPED) - found - {AT_ONCE, START}:
+    sys.exit(f"not found in edgelm.runtime: {sorted(set(WRAPPED) - found - {AT_ONCE, START})}")
 if AT_ONCE not in found:
     del spent[WRAPPED[AT_ONCE]]
 outer = [stage for stage in spent if AT_ONCE not in found or stage not in INSIDE]

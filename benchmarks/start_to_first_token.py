@@ -7,7 +7,8 @@ Each command is `edgelm generate -m PKG "Hello" --max-new-tokens 1`, timed from 
 token is its last act): with the package's files checked against the record of the last full check (the
 default), with --verify (every file hashed again), and, given --bundle, the frozen command of `edgelm bundle`.
 --base CHECKOUT adds the same two commands run from another checkout of edgelm (another commit: `git worktree
-add --detach DIR COMMIT`) with this interpreter and its packages, so that before and after take turns in one run.
+add --detach DIR COMMIT`) with this interpreter and its packages, so that before and after take turns in one run;
+each further --base adds its plain command, named by its folder (one commit per lever, side by side).
 --floor adds what any program that runs the package with onnxruntime and tokenizers pays: the interpreter alone,
 its imports of numpy, onnxruntime and tokenizers, and those imports plus the package's tokenizer built and its
 onnxruntime session created (edgelm's session options), nothing of edgelm's.
@@ -68,7 +69,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("package")
     parser.add_argument("--bundle", help="the frozen edgelm of a bundle")
-    parser.add_argument("--base", type=Path, help="another checkout of edgelm, run with this interpreter")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        action="append",
+        default=[],
+        help="another checkout of edgelm, run with this interpreter; again for more (their plain command only)",
+    )
     parser.add_argument("--floor", action="store_true", help="add the floor commands (see above)")
     parser.add_argument("--llama-cpp", metavar="GGUF", help="add llama-cpp-python's start with this GGUF (see above)")
     parser.add_argument("--rounds", type=int, default=9)
@@ -78,10 +85,13 @@ def main():
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     commands = {}  # name -> (command, environment)
     scratch = tempfile.TemporaryDirectory()
-    if args.base:
-        base_env = {**environ, "PYTHONPATH": base_path(args.base, Path(scratch.name))}
-        commands["base: edgelm generate"] = ([edgelm, *tail], base_env)
-        commands["base: edgelm generate --verify"] = ([edgelm, *tail, "--verify"], base_env)
+    for i, checkout in enumerate(args.base):
+        base_env = {**environ, "PYTHONPATH": base_path(checkout, Path(scratch.name) / str(i))}
+        if i == 0:
+            commands["base: edgelm generate"] = ([edgelm, *tail], base_env)
+            commands["base: edgelm generate --verify"] = ([edgelm, *tail, "--verify"], base_env)
+        else:
+            commands[f"{checkout.name}: edgelm generate"] = ([edgelm, *tail], base_env)
     commands["edgelm generate"] = ([edgelm, *tail], environ)
     commands["edgelm generate --verify"] = ([edgelm, *tail, "--verify"], environ)
     if args.bundle:

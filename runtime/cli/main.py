@@ -9,6 +9,7 @@ from ..errors import EdgelmError
 from ..generation_config import SPECULATIVE, sampling_implied
 from ..quality.eval_text import MIN_EVAL_TOKENS
 from ..inputs import decode_utf8
+from .early import EarlyStart, load_model
 from .options import (
     constraint_options,
     device_option,
@@ -113,12 +114,11 @@ def generate(
     options given here. Each output line names its input "line" (and "id"); a line that cannot be run gets an
     "error" and the rest go on. Rerunning the same command resumes an interrupted output.
     """
-    from ..model import load
-
     from_file = check_file_options(prompt, input_path, output_path, json=as_json)
     prompt = None if from_file else _prompt(prompt, package)
     options = sampling_implied({k: v for k, v in options.items() if v is not None and v != ()})
-    model = load(package, device=device, threads=threads, verify=verify, draft=draft_model)
+    early = click.get_current_context().obj  # the session launch.py started, if any (it ends it on every exit)
+    model = load_model(early if isinstance(early, EarlyStart) else None, package, device, threads, verify, draft_model)
     settings = model.settings(**options)
     if show_config:
         click.echo(

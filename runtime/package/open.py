@@ -17,7 +17,6 @@ from pathlib import Path
 from . import onnxruntime_compat
 from .onnxruntime_compat import minimum_here
 from ..errors import GenerationOptionError, PackageError
-from ..generation_config import GenerationConfig
 from . import verified
 from .files import file_record, inside, read_bytes, read_json, sha256_of
 from .format import (
@@ -84,8 +83,12 @@ class Package:
         """The real path of one of the package's files, refused unless it is a regular file inside the folder."""
         return inside(self.folder, name)
 
+    def tokenizer_data(self) -> bytes:
+        """tokenizer.json's bytes, at most its recorded size (the tokenizer is built from them: load_tokenizer)."""
+        return read_bytes(self.tokenizer_file, self.read_limit(self.tokenizer_file))
+
     def tokenizer_text(self) -> str:
-        data = read_bytes(self.tokenizer_file, self.read_limit(self.tokenizer_file))
+        data = self.tokenizer_data()
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
@@ -93,6 +96,8 @@ class Package:
 
     def describe(self) -> str:
         """What `edgelm info` prints."""
+        from ..generation_config import GenerationConfig  # only here: a load reaches its session without it
+
         eos = self.generation_defaults.get("eos_token_id") if isinstance(self.generation_defaults, dict) else None
         try:
             ids = GenerationConfig(eos_token_id=eos).eos_token_id

@@ -137,3 +137,86 @@ def test_the_server_answers_its_first_completion_without_what_it_does_not_need(t
         REPORT
     """
     assert imported_after(code, SERVE_NOT_NEEDED, checked_once(tiny_package)) == []
+
+
+# The Model's own modules (runtime/model/loaded.py and what its methods use), which load() imports while the
+# session's thread creates the onnxruntime session: each is noted as it is first imported, with whether that
+# thread had been started then (a tiny package's session may be made before the imports end).
+BESIDE_THE_SESSION = (
+    "edgelm.runtime.engine.decode",
+    "edgelm.runtime.batching.batch",
+    "edgelm.runtime.sampling",
+    "edgelm.runtime.speculative",
+    "edgelm.runtime.text.chat_template",
+    "edgelm.runtime.generation_config",  # the package's reading needs none of it (Package.describe imports it)
+    "numpy.random",
+)
+# and the command's own: `edgelm generate -m PKG` starts the session before click is imported (runtime/cli/early.py)
+BESIDE_THE_COMMANDS_SESSION = (*BESIDE_THE_SESSION, "click", "edgelm.runtime.cli.main")
+WATCH = f"""
+import sys, threading
+
+started, start = [], threading.Thread.start
+threading.Thread.start = lambda thread: started.append(thread.name) or start(thread)
+
+class Watch:  # a finder that finds nothing: it notes each module of BESIDE_THE_COMMANDS_SESSION as it is imported
+    def find_spec(self, name, path=None, target=None):
+        if name in {BESIDE_THE_COMMANDS_SESSION!r}:
+            print("beside", name, "edgelm-onnxruntime-session" in started, flush=True)
+        return None
+
+sys.meta_path.insert(0, Watch())
+"""
+
+
+def imported_beside_the_session(code: str, *args) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH + textwrap.dedent(code), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    noted = [line.split() for line in done.stdout.splitlines() if line.startswith("beside ")]
+    return {name: running == "True" for _, name, running in noted}
+
+
+def test_the_api_imports_the_models_modules_while_the_session_is_created(tiny_package):
+    code = """
+        import edgelm.runtime as edgelm
+        print(edgelm.load(sys.argv[1]).generate("Hello", max_new_tokens=1).completion_tokens)
+    """
+    assert imported_beside_the_session(code, checked_once(tiny_package)) == dict.fromkeys(BESIDE_THE_SESSION, True)
+
+
+def test_generate_imports_the_models_modules_while_the_session_is_created(tiny_package):
+    code = """
+        from edgelm.runtime.cli.launch import command
+        sys.argv = ["edgelm", "generate", "-m", sys.argv[1], "Hello", "--max-new-tokens", "1"]
+        command()
+    """
+    expected = dict.fromkeys(BESIDE_THE_COMMANDS_SESSION, True)
+    assert imported_beside_the_session(code, checked_once(tiny_package)) == expected
+
+
+def test_the_beside_check_sees_a_module_imported_before_the_load(tiny_package):
+    code = """
+        import edgelm.runtime.engine.decode
+        import edgelm.runtime as edgelm
+        edgelm.load(sys.argv[1])
+    """
+    noted = imported_beside_the_session(code, checked_once(tiny_package))
+    assert noted["edgelm.runtime.engine.decode"] is False and noted["edgelm.runtime.speculative"] is True
+
+
+def test_a_fresh_process_loads_a_model_with_its_draft(tiny_package):
+    """load(draft=) in a process where nothing imported the Model's modules before the load."""
+    code = """
+        import edgelm.runtime as edgelm
+        model = edgelm.load(sys.argv[1], draft=sys.argv[1])
+        completion = model.generate("Hello", max_new_tokens=2, speculative="draft")
+        print(type(model.draft).__name__, completion.completion_tokens)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + textwrap.dedent(code), checked_once(tiny_package)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Model", "2"]

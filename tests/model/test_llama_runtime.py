@@ -199,7 +199,7 @@ def test_int4_load_leaves_no_weight_pages_resident(qwen2_checkpoint, tmp_path, m
     """onnxruntime keeps the int4 scales and the shared 4-bit token table mapped after prepacking them; load()
     drops those pages (runtime/engine/session.py, drop_mapped_pages), and the tokens come out the same."""
     from edgelm.export.stages import export_model
-    from edgelm.runtime import model as model_module
+    from edgelm.runtime.model import loaded as model_module
 
     folder = export_model(str(qwen2_checkpoint), tmp_path / "int4", quantize="int4", validate=False).path
     model = load(folder)

@@ -129,7 +129,7 @@ def test_the_session_is_created_while_the_tokenizer_is_built(tiny_package, monke
     for the session's creation to start, which one after the other would never do (the wait would time out)."""
     import threading
 
-    import edgelm.runtime.model as model_module
+    import edgelm.runtime.model.session_start as model_module
 
     creating, seen = threading.Event(), []
     real_session, real_tokenizer = model_module.create_session, model_module.load_tokenizer
@@ -159,7 +159,7 @@ def test_the_tokenizer_is_built_once_the_session_is_initializing(tiny_package, m
     import threading
     import time
 
-    import edgelm.runtime.model as model_module
+    import edgelm.runtime.model.session_start as model_module
 
     real_check, real_session, real_tokenizer = (
         model_module.check_installed, model_module.create_session, model_module.load_tokenizer
@@ -199,7 +199,7 @@ def test_the_tokenizer_is_built_once_the_session_is_initializing(tiny_package, m
 def test_the_session_thread_signals_from_inside_initialize_session(tiny_package, monkeypatch):
     """The signal that starts the tokenizer's build comes from onnxruntime's initialize_session call itself, before
     the session is made: without it the build would wait for the whole session and the start gain would be gone."""
-    import edgelm.runtime.model as model_module
+    import edgelm.runtime.model.session_start as model_module
 
     events, states = [], []
     real_watch, real_session = model_module._initializing, model_module.create_session
@@ -228,26 +228,39 @@ def test_a_refused_profile_hook_still_loads_and_leaves_no_thread(tiny_package, m
 
 
 def test_an_unreadable_tokenizer_is_refused_before_any_session_is_made(tiny_package, tmp_path, monkeypatch):
-    import edgelm.runtime.model as model_module
+    import edgelm.runtime.model.session_start as model_module
 
     made = []
     monkeypatch.setattr(model_module, "create_session", lambda *a, **k: made.append(1))
     folder = _copy(tiny_package, tmp_path / "pkg")
-    (folder / "tokenizer.json").write_bytes(b"\xff\xfe not text")
-    with pytest.raises(PackageError):
+    with open(folder / "tokenizer.json", "r+b") as tokenizer:  # over the 64 MiB a folder's JSON file may hold
+        tokenizer.truncate((64 << 20) + 1)
+    with pytest.raises(PackageError, match="larger than"):
         rt.load(folder, verify=False)
     assert made == []
+
+
+def test_a_tokenizer_that_is_not_utf8_is_refused_and_the_thread_has_ended(tiny_package, tmp_path, capsys):
+    """tokenizer.json's bytes go to the tokenizers library, which checks the UTF-8 as it parses them."""
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    text = (folder / "tokenizer.json").read_bytes()
+    (folder / "tokenizer.json").write_bytes(text.replace(b'"<|endoftext|>"', b'"<|endoftext|\xff>"', 1))
+    with pytest.raises(PackageError, match="cannot read the tokenizer .*invalid unicode"):
+        rt.load(folder, verify=False)
+    assert _without_session_thread()
+    assert capsys.readouterr() == ("", "")
 
 
 def test_the_tokenizers_freed_memory_goes_back_before_the_session_is_used(tiny_package, monkeypatch):
     """The build's freed memory is handed back while the session is still being made (the session's thread cannot
     reuse it: another malloc arena), not only once the load is done."""
-    import edgelm.runtime.model as model_module
+    import edgelm.runtime.model.session_start as model_module
+    import edgelm.runtime.model.loaded as loaded_module
 
     calls = []
-    real_release, real_check = model_module.release_freed_memory, model_module.check_graph_shapes
+    real_release, real_check = model_module.release_freed_memory, loaded_module.check_graph_shapes
     monkeypatch.setattr(model_module, "release_freed_memory", lambda: calls.append("release") or real_release())
-    monkeypatch.setattr(model_module, "check_graph_shapes", lambda *a: calls.append("session used") or real_check(*a))
+    monkeypatch.setattr(loaded_module, "check_graph_shapes", lambda *a: calls.append("session used") or real_check(*a))
     rt.load(tiny_package)
     assert calls[:2] == ["release", "session used"]
 
@@ -279,7 +292,7 @@ def test_a_graph_onnxruntime_refuses_is_the_error_and_the_thread_has_ended(tiny_
 
 def test_when_both_fail_the_tokenizer_is_named_first(tiny_package, monkeypatch, capsys):
     """As when one was built after the other: the tokenizer's error, with the session's thread ended."""
-    import edgelm.runtime.model as model_module
+    import edgelm.runtime.model.session_start as model_module
 
     def refused(*args, **kwargs):
         raise DeviceError("the session's error")
@@ -296,3 +309,39 @@ def test_when_both_fail_the_tokenizer_is_named_first(tiny_package, monkeypatch, 
         rt.load(tiny_package)
     assert _without_session_thread()
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_failed_import_of_the_models_modules_is_the_error_and_the_thread_has_ended(tiny_package, monkeypatch):
+    """load() imports the Model's modules while the session's thread runs: where that import fails, the thread
+    is waited for and the import's error is what the caller gets."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "edgelm.runtime.model.loaded", None)  # the import refused
+    with pytest.raises(ImportError, match="edgelm.runtime.model.loaded"):
+        rt.load(tiny_package)
+    assert _without_session_thread()
+
+
+def test_a_bad_prefix_cache_folder_ends_the_started_session_thread(tiny_package, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    with pytest.raises(GenerationOptionError, match="prefix_cache_dir"):
+        rt.load(tiny_package, prefix_cache_mb=1, prefix_cache_dir=tmp_path / "a-file")
+    assert _without_session_thread()
+
+
+def test_an_altered_file_is_refused_before_onnxruntime_reads_the_graph(tiny_package, tmp_path, monkeypatch):
+    """The session's thread starts once the package is open: its manifest read, every file checked against its
+    sha256, the graph scanned. A package that fails those checks never reaches onnxruntime."""
+    import edgelm.runtime.model.session_start as model_module
+
+    started = []
+    monkeypatch.setattr(model_module, "create_session", lambda *a, **k: started.append(1))
+    folder = _copy(tiny_package, tmp_path / "pkg")
+    with open(folder / "model.onnx", "r+b") as graph:
+        graph.seek(-1, 2)
+        last = graph.read(1)
+        graph.seek(-1, 2)
+        graph.write(bytes([last[0] ^ 1]))
+    with pytest.raises(PackageError, match="does not match its sha256"):
+        rt.load(folder)
+    assert started == [] and _without_session_thread()

@@ -57,7 +57,7 @@ def test_load_tells_the_session_whether_the_weights_are_quantized(monkeypatch, t
         seen.append(quantized)
         return real(model_file, "cpu", threads, quantized, spinning)
 
-    monkeypatch.setattr("edgelm.runtime.model.create_session", spy)
+    monkeypatch.setattr("edgelm.runtime.model.session_start.create_session", spy)
     rt.load(tiny_package)
     rt.load(tiny_package_int8)
     assert seen == [False, True]
