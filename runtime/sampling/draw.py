@@ -287,7 +287,7 @@ def search(padded_row: np.ndarray, ends: list, u: float, n_vocab: int) -> int:
     block = min(bisect_right(ends, target), len(ends) - 1)  # np.searchsorted(side="right")
     offset, start = ends[block - 1] if block else 0.0, block * BLOCK
     # the block's running sums: float64, added one after the other (as np.cumsum adds them), then the offset added to
-    # each, as the row's would be; on Python floats (one NumPy call, not four)
+    # each, as the row's would be; on Python floats, which take one NumPy call (tolist)
     inner = running_totals(padded_row[start : start + BLOCK].tolist())
     token = start + bisect_right(inner, target, key=offset.__add__)  # start + BLOCK when none is above
     if token >= min((block + 1) * BLOCK, n_vocab):
