@@ -32,7 +32,10 @@ INT4_DEFAULT = Int4Options()  # the defaults the --int4-* help names
     type=click.Choice(list(RECIPES)),
     default="none",
     show_default=True,
-    help="Weight storage: float32, or int8 / int8-dynamic / int4 with a measured quality report. int8's rows do not depend on each other (a greedy request gives the same tokens alone and in a batch); int8-dynamic quantizes a whole batch's activations with one scale, for faster long prompts and batches (docs/export.md).",
+    help="Weight storage: float32, or int8 / int8-rows / int8-dynamic / int4 with a measured quality report. int8's "
+    "and int8-rows' rows do not depend on each other (a greedy request gives the same tokens alone and in a batch); "
+    "int8-rows reads each weight once for all the rows of a pass, for faster long prompts, batches and speculation "
+    "at a slower one-row step; int8-dynamic quantizes a whole pass's activations with one scale (docs/export.md).",
 )
 @click.option(
     "--int4-block",
