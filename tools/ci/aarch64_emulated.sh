@@ -81,9 +81,17 @@ cpuinfo() {  # cpuinfo NAME FEATURES PART VARIANT REVISION: four cores of a Cort
 cpuinfo cortex-a72 "fp asimd evtstrm crc32 cpuid" 0xd08 0x0 3  # Raspberry Pi 4: ARMv8.0, no asimddp
 cpuinfo cortex-a76 "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp" 0xd0b 0x4 1
 
-if [ ! -f "$PACKAGES/reference.json" ]; then
+# The packages are kept between runs while the code that exports them is unchanged: the stamp is the checkout's
+# blob ids of that code (export/, the export script, the tests' checkpoint builders and the reference recorder).
+stamp=$(git ls-files -s export tools/ci/onnxruntime_matrix.sh tests/support | sha256sum | cut -d' ' -f1)
+# (EDGELM_ARM_PACKAGES: packages given by the caller, used as they are.)
+stale=no
+[ -n "${EDGELM_ARM_PACKAGES:-}" ] || [ "$(cat "$PACKAGES/.export-stamp" 2>/dev/null)" = "$stamp" ] || stale=yes
+if [ ! -f "$PACKAGES/reference.json" ] || [ "$stale" = yes ]; then
     echo "== exporting the tiny packages into $PACKAGES (with $PYTHON) and recording this machine's tokens"
+    [ -n "${EDGELM_ARM_PACKAGES:-}" ] || rm -rf "$PACKAGES"
     ORT_MATRIX_DIR=$WORK/export-only PYTHON=$PYTHON bash tools/ci/onnxruntime_matrix.sh --export-only "$PACKAGES"
+    echo "$stamp" >"$PACKAGES/.export-stamp"
 fi
 
 emulated() {  # emulated CPU SITE ARGS...: the aarch64 Python with SITE and the checkout's runtime on its path
