@@ -27,6 +27,7 @@ from .errors import (
     SessionError,
     StoreError,
 )
+from .lazy import lazy_getattr as _lazy_getattr
 
 _LAZY = {
     "ChatTemplate": "text.chat_template",
@@ -71,14 +72,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        from importlib import import_module
-
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _lazy_getattr(__name__, _LAZY, globals())
 
 
 def __dir__():

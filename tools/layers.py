@@ -28,6 +28,7 @@ ROOT = "(root)"  # runtime/__init__.py
 # Bottom-up. Each line: the units of one layer, then what they hold.
 LAYERS = (
     ("errors",),  # the exception types every layer raises
+    ("lazy",),  # a package's public names imported on first use
     ("inputs", "constraint_text", "constraint_bounds", "untrusted"),  # what comes from outside, checked
     ("generation_config",),  # the settings of one request, valid by construction
     ("generation_options", "generation_defaults"),  # the options as users give them and as packages ship them

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..batching.prefix_cache import cache_bytes
 from ..batching.prefix_store import DISK_DEFAULT_MB
 from ..errors import DeviceError, PackageError
+from ..lazy import lazy_getattr
 from ..package.open import Package
 from ..store.local import resolve_package
 from .session_start import SessionStart, open_and_start
@@ -33,14 +34,7 @@ _LAZY = {  # the Model and the public names of its modules, imported on first us
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        from importlib import import_module
-
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def load(
