@@ -248,8 +248,10 @@ def sequential_penalties(logits, seen, generated, options):
     )
 
 
+@pytest.mark.parametrize("few_ids", [draw.FEW_ALIVE, -1])  # on Python floats, or on NumPy arrays
 @pytest.mark.parametrize("options", PENALTY_SETTINGS)
-def test_the_chain_applies_both_penalties_at_once_bit_for_bit_as_one_after_the_other(options):
+def test_the_chain_applies_both_penalties_at_once_bit_for_bit_as_one_after_the_other(monkeypatch, few_ids, options):
+    monkeypatch.setattr(chain_module, "FEW_IDS", few_ids)
     n_vocab = 64
     logits, seen, generated = penalty_rows(n_vocab, seed=8)
     chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, **options), n_vocab)
@@ -410,22 +412,6 @@ def test_one_row_draws_from_the_nucleus_what_a_batch_draws_for_it(p):
         for seed in range(4):
             expected = chain(pair, [[]] * 2, [[]] * 2, [np.random.default_rng([seed, r])] * 2)[0]
             assert chain(pair[:1], [[]], [[]], [np.random.default_rng([seed, r])])[0] == expected
-
-
-@pytest.mark.parametrize("few_ids", [draw.FEW_ALIVE, -1])  # on Python floats, or on NumPy arrays
-@pytest.mark.parametrize("options", PENALTY_SETTINGS)
-def test_the_penalties_on_python_floats_and_on_arrays_are_bit_for_bit_the_filters(monkeypatch, few_ids, options):
-    monkeypatch.setattr(chain_module, "FEW_IDS", few_ids)
-    n_vocab = 64
-    logits, seen, generated = penalty_rows(n_vocab, seed=14)
-    chain = sampling.SamplerChain(GenerationConfig(do_sample=True, top_k=0, **options), n_vocab)
-    for step in range(4):
-        with np.errstate(over="ignore", invalid="ignore"):
-            expected = sequential_penalties(logits, seen, generated, options)
-        np.testing.assert_array_equal(chain.process(logits, seen, generated).view(np.uint32), expected.view(np.uint32))
-        for r, (s, g) in enumerate(zip(seen, generated)):
-            s.append(step * 5 % 40 + r)
-            g.append(s[-1])
 
 
 def test_a_tally_that_does_not_count_keeps_the_same_ids():
