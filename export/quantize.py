@@ -1,9 +1,10 @@
 """Weight quantization recipes, applied to NumPy arrays before they enter the graph.
 
 int8 (the default 8-bit recipe) stores each product's weights in 8 bits, one scale per block of INT8_BLOCK
-inputs of each output, for onnxruntime's MatMulNBits (bits 8, accuracy_level 4), which quantizes activations
-per row and block too: a row's output depends on that row alone, so a greedy request gives the same tokens
-alone and in a batch, and a long prompt's outliers do not coarsen the other positions' steps.
+inputs of each output (int8_block: 64 or 32 for a product whose inputs 128 does not divide), for onnxruntime's
+MatMulNBits (bits 8, accuracy_level 4), which quantizes activations per row and block too: a row's output
+depends on that row alone, so a greedy request gives the same tokens alone and in a batch, and a long prompt's
+outliers do not coarsen the other positions' steps.
 
 int8-rows stores each product's weights as int8 per output column (7 bits, below) and quantizes activations row
 by row: each row of a product's input is divided by its own largest |value| and rounded to 8 bits
@@ -34,7 +35,7 @@ from .int4 import BlockWeight, Int4Options, quantize_blocks
 
 RECIPES = ("none", "int8", "int8-rows", "int8-dynamic", "int4")
 INT8_RECIPES = ("int8", "int8-rows", "int8-dynamic")  # the recipes whose weights are int8 (weights.dtype "int8")
-INT8_BLOCK = 32  # the int8 recipe's inputs per scale (64: the same quality on trained checkpoints, benchmarks/NOTES.md)
+INT8_BLOCK = 128  # the int8 recipe's inputs per scale and per activation block, where a product's inputs divide by it
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,18 @@ def quantize_int8(weight: np.ndarray, reduce_range: bool = True) -> Int8Weight:
     return Int8Weight(q=q, scale=scale)
 
 
-def quantize_int8_blocks(weight_nk: np.ndarray, block: int = INT8_BLOCK) -> BlockWeight:
-    """Symmetric 8-bit ([-127, 127], stored + 128), one scale per block of `block` inputs, K padded with zeros to
-    whole blocks; weight_nk is [N, K]. The int4 recipe's plain rounding at 8 bits (export/int4.py)."""
-    return quantize_blocks(weight_nk, block, "rtn", 8)
+def int8_block(width: int) -> int:
+    """The int8 recipe's block for a product of `width` inputs: INT8_BLOCK, else the largest of 64 and 32 that
+    divides width (padding to whole blocks of 128 would read zeros: SmolLM2's 576 inputs take blocks of 64), else 32
+    with the last block padded."""
+    return next((block for block in (INT8_BLOCK, 64) if width % block == 0), 32)
+
+
+def quantize_int8_blocks(weight_nk: np.ndarray, block: int | None = None) -> BlockWeight:
+    """Symmetric 8-bit ([-127, 127], stored + 128), one scale per block of `block` inputs (int8_block of K by
+    default), K padded with zeros to whole blocks; weight_nk is [N, K]. The int4 recipe's plain rounding at 8 bits
+    (export/int4.py)."""
+    return quantize_blocks(weight_nk, block or int8_block(weight_nk.shape[1]), "rtn", 8)
 
 
 def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True, int4=None) -> dict:
@@ -86,7 +95,8 @@ def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True
     if recipe == "int8":
         return {
             "method": "int8",
-            "weights": f"int8, symmetric, one float32 scale per block of {INT8_BLOCK} inputs (stored + 128)",
+            "weights": f"int8, symmetric, one float32 scale per block of {INT8_BLOCK} inputs, or of 64 or 32 where a "
+            f"product's inputs are not a multiple of {INT8_BLOCK} (stored + 128)",
             "bits": 8,
             "block_size": INT8_BLOCK,
             "activations": "int8, per row and block of inputs (onnxruntime MatMulNBits accuracy_level 4)",

@@ -10,9 +10,9 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   and the rotary tables with it.
 - int8-nbits: every weight product of an int8 package (its per-row MatMulIntegerToFloat products, or an
   int8-dynamic package's DynamicQuantizeMatMul) as MatMulNBits with 8-bit weights in blocks of --block inputs
-  (accuracy_level 4: int8 activations, per row and block), requantized from the package's own int8 weights: with
-  --block 32 the products of the int8 recipe of earlier releases. The new weights go to variant.data; the LM
-  head and the token lookup keep theirs.
+  (accuracy_level 4: int8 activations, per row and block), requantized from the package's own int8 weights;
+  without --block, the int8 recipe's blocks (128, or 64 or 32 where a product's inputs are not a multiple of
+  128). The new weights go to variant.data; the LM head and the token lookup keep theirs.
 - block-sums-reducesum: for a package of an older release, which has sampling outputs (docs/package-format.md):
   their block sums as a ReduceSum over each block instead of an Einsum (onnxruntime 1.22.0 cannot run a
   ReduceSum over zero rows).
@@ -30,7 +30,8 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   Exact for one row; a left-padded batch would attend to its padding, so this measures the bias's cost only.
 - custom-int8: every 8-bit MatMulNBits in blocks of 32 without zero points (the tied int8 head first made one, as
   int8-head-nbits does) as edgelm.Q8MatMul over the same inputs: the op of benchmarks/custom_op/'s library, which
-  the session must register (benchmarks/step_profile.py PKG::custom_ops=LIB).
+  the session must register (benchmarks/step_profile.py PKG::custom_ops=LIB). The int8 recipe's blocks of 128 and
+  64 are first made blocks of 32 by `--variant nbits --block 32` (variants chain).
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).
@@ -167,21 +168,20 @@ def int8_products(nodes):
 
 
 def int8_nbits(graph, data, block):
+    from edgelm.export.quantize import quantize_int8_blocks
+
     array, stored = reader(graph, data), VariantData(data.new_file)
     nodes = list(graph.node)
     replaced, made = set(), {}
     for indices, x, out, weight_name, scale_name, bias in int8_products(nodes):
         weight = array(weight_name).astype(np.float32) * array(scale_name).astype(np.float32)  # [K, N]
         k, n = weight.shape
-        blocks = weight.T.reshape(n, k // block, block)
-        scale = np.abs(blocks).max(axis=-1) / 127
-        scale[scale == 0] = 1
-        q = (np.clip(np.rint(blocks / scale[..., None]), -128, 127) + 128).astype(np.uint8)
+        w = quantize_int8_blocks(np.ascontiguousarray(weight.T), block)  # the int8 recipe's rounding and blocks
         names = [
             stored.add(f"{weight_name}.{suffix}", values)
-            for suffix, values in (("nbits", q), ("nbits_scale", scale.astype(np.float32)))  # [N, nb, B], [N, nb]
+            for suffix, values in (("nbits", w.packed), ("nbits_scale", w.scale.astype(np.float32)))
         ]
-        attributes = dict(K=k, N=n, bits=8, block_size=block, accuracy_level=4)
+        attributes = dict(K=k, N=n, bits=8, block_size=w.codes.shape[-1], accuracy_level=4)
         inputs = [x, *names] + (["", "", bias] if bias else [])
         name = nodes[indices[-1] if len(indices) == 1 else indices[-2]].name  # the product's own node
         made[indices[-1]] = helper.make_node("MatMulNBits", inputs, [out], name=name, domain=MS, **attributes)
@@ -253,9 +253,14 @@ def custom_int8(nodes):
     rewritten = []
     for node in nodes:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "MatMulNBits" and attributes["bits"] == 8 and attributes["block_size"] != 32:
+            raise SystemExit(
+                f"{node.name}: 8-bit weights in blocks of {attributes['block_size']}; the custom op reads blocks of 32: "
+                "make them first with --variant nbits --block 32, then run custom-int8 on that variant"
+            )
         if (
             node.op_type == "MatMulNBits"
-            and (attributes["bits"], attributes["block_size"], attributes["K"] % 32) == (8, 32, 0)
+            and (attributes["bits"], attributes["K"] % 32) == (8, 0)
             and not any(node.input[3:])
         ):
             keep = {k: attributes[k] for k in ("K", "N", "bits", "block_size")}
@@ -344,7 +349,7 @@ def main():
     parser.add_argument("out", type=Path)
     parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument(
-        "--block", type=int, help="inputs per scale: int8-nbits (default 64), int8-head-nbits (32), nbits (as stored)"
+        "--block", type=int, help="inputs per scale: int8-nbits (default: the int8 recipe's), int8-head-nbits (32), nbits (as stored)"
     )
     parser.add_argument("--accuracy-level", type=int, default=4, choices=(0, 1, 2, 3, 4), help="nbits: the level")
     args = parser.parse_args()
@@ -367,7 +372,7 @@ def main():
     if args.variant == "kv-float16":
         nodes, added = kv_float16(graph)
     elif args.variant == "int8-nbits":
-        nodes, added, extra = int8_nbits(graph, data, args.block or 64)
+        nodes, added, extra = int8_nbits(graph, data, args.block)
     elif args.variant == "int8-head-nbits":
         nodes, added, extra = int8_head_nbits(graph, data, args.block or 32)
     elif args.variant == "nbits":

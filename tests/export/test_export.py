@@ -189,7 +189,7 @@ def test_int8_package_quality_and_recipe(request, tiny_package, fixture, recipe,
     described = manifest["weights"]["quantization"]
     assert manifest["weights"]["dtype"] == "int8" and described["method"] == recipe
     if recipe == "int8":
-        assert described["bits"] == 8 and described["block_size"] == 32 and described["batch_invariant"] is True
+        assert described["bits"] == 8 and described["block_size"] == 128 and described["batch_invariant"] is True
     else:
         assert described["bits"] == 7 and described["reduce_range"] is True
         assert described["batch_invariant"] is (recipe == "int8-rows")

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from edgelm.export.quantize import quantize_int8_blocks
+from edgelm.export.quantize import int8_block, quantize_int8_blocks
 from edgelm.runtime import load
 from edgelm.runtime.batching.scheduler import Scheduler
 from scheduler_job import Job
@@ -43,6 +43,13 @@ def test_blocks_round_trip_within_half_a_step():
     step = np.repeat(w.scale, 32, axis=1)[:, :70]
     assert np.all(np.abs(restored[:, :70] - weight) <= step / 2 + 1e-7)
     assert w.scale[5, 0] < w.scale[5, 2] / 10  # the outlier's block has its own scale
+
+
+@pytest.mark.parametrize("width, block", [(768, 128), (4864, 128), (576, 64), (1600, 64), (96, 32), (70, 32)])
+def test_the_int8_block_is_128_or_the_largest_that_divides_a_products_inputs(width, block):
+    """SmolLM2's 576 inputs take blocks of 64 (padding them to 640 would read an eighth more weights)."""
+    assert int8_block(width) == block
+    assert quantize_int8_blocks(np.ones((2, width), np.float32)).codes.shape[1:] == (-(-width // block), block)
 
 
 def test_a_row_product_depends_on_its_row_alone():
