@@ -1,7 +1,7 @@
 """Weight quantization recipes, applied to NumPy arrays before they enter the graph.
 
 int8 (the default 8-bit recipe) stores each product's weights in 8 bits, one scale per block of INT8_BLOCK
-inputs of each output (int8_block: 64 or 32 for a product whose inputs 128 does not divide), for onnxruntime's
+inputs of each output (int8_block: 32 for a product whose inputs 64 does not divide), for onnxruntime's
 MatMulNBits (bits 8, accuracy_level 4), which quantizes activations per row and block too: a row's output
 depends on that row alone, so a greedy request gives the same tokens alone and in a batch, and a long prompt's
 outliers do not coarsen the other positions' steps.
@@ -35,7 +35,7 @@ from .int4 import BlockWeight, Int4Options, quantize_blocks
 
 RECIPES = ("none", "int8", "int8-rows", "int8-dynamic", "int4")
 INT8_RECIPES = ("int8", "int8-rows", "int8-dynamic")  # the recipes whose weights are int8 (weights.dtype "int8")
-INT8_BLOCK = 128  # the int8 recipe's inputs per scale and per activation block, where a product's inputs divide by it
+INT8_BLOCK = 64  # the int8 recipe's inputs per scale and per activation block, where a product's inputs divide by it
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,12 @@ def quantize_int8(weight: np.ndarray, reduce_range: bool = True) -> Int8Weight:
 
 
 def int8_block(width: int) -> int:
-    """The int8 recipe's block for a product of `width` inputs: INT8_BLOCK, else the largest of 64 and 32 that
-    divides width (padding to whole blocks of 128 would read zeros: SmolLM2's 576 inputs take blocks of 64), else 32
-    with the last block padded."""
-    return next((block for block in (INT8_BLOCK, 64) if width % block == 0), 32)
+    """The int8 recipe's block for a product of `width` inputs: INT8_BLOCK where it divides width, else 32 (the
+    last block padded where 32 does not divide it either). Why 64: onnxruntime's 8-bit kernel pays per block, and
+    a step in blocks of 64 is faster than in 32; in blocks of 128 it is faster still, but there its many-row path
+    sums in another order than its one-row path, so a row's logits would depend on how many rows a pass has (a
+    batch, a verify pass): at 32 and 64 they are the same bits (tests/export/test_int8_recipes.py)."""
+    return INT8_BLOCK if width % INT8_BLOCK == 0 else 32
 
 
 def quantize_int8_blocks(weight_nk: np.ndarray, block: int | None = None) -> BlockWeight:
@@ -95,14 +97,15 @@ def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True
     if recipe == "int8":
         return {
             "method": "int8",
-            "weights": f"int8, symmetric, one float32 scale per block of {INT8_BLOCK} inputs, or of 64 or 32 where a "
+            "weights": f"int8, symmetric, one float32 scale per block of {INT8_BLOCK} inputs, or of 32 where a "
             f"product's inputs are not a multiple of {INT8_BLOCK} (stored + 128)",
             "bits": 8,
             "block_size": INT8_BLOCK,
             "activations": "int8, per row and block of inputs (onnxruntime MatMulNBits accuracy_level 4)",
             "ops": (
-                "MatMulNBits bits 8 for every block product; the LM head QGemm over the token rows (one scale per "
-                "vocabulary entry), each row's activations scaled by its own largest value"
+                "MatMulNBits bits 8 for every block product and the LM head (tied: over the token table's blocks, "
+                "which the runtime reads for the lookup; a GPT-2 graph's untied head: QGemm over 7-bit rows, each "
+                "row's activations scaled by its own largest value)"
             ),
             "batch_invariant": True,
             "covers": covers,

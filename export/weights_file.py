@@ -7,8 +7,8 @@ inside model.onnx and 202 MB with them mapped (benchmarks/NOTES.md).
 
 For graphs that take inputs_embeds (int8), the token rows come first in the file, in vocabulary order, and
 their scales right after: the runtime reads the rows it needs from there (runtime/engine/embeddings.py). Tied, the
-LM head's QGemm parts name the same bytes and the matrix is stored once; untied, no node reads the rows and the
-LM head has parts of its own.
+LM head (the int8 recipe's MatMulNBits, the other recipes' QGemm parts) names the same bytes and the matrix is
+stored once; untied, no node reads the rows and the LM head has parts of its own.
 """
 
 from dataclasses import dataclass
@@ -98,8 +98,18 @@ def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
     parts = _token_parts(weights)
     if not parts:
         return None
+    first = weights[parts[0]]
+    if first.ndim == 3:  # one table in blocks (the int8 recipe's tied matrix, MatMulNBits' layout)
+        scale = parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)
+        return TokenTable(
+            WEIGHTS_FILE,
+            Region("uint8", first.shape, offsets[parts[0]]),
+            Region("float32", weights[scale].shape, offsets[scale]),
+            TokenTable.IN_BLOCKS,
+            first.shape[2],
+        )
     rows = sum(weights[name].shape[0] for name in parts)
-    width = weights[parts[0]].shape[1]
+    width = first.shape[1]
     for kind in (TOKEN_ROWS, TOKEN_SCALE):  # the runtime reads each region as one array
         names = [name.replace(TOKEN_ROWS, kind) for name in parts]
         ends = [offsets[name] + weights[name].nbytes for name in names]

@@ -11,8 +11,8 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
 - int8-nbits: every weight product of an int8 package (its per-row MatMulIntegerToFloat products, or an
   int8-dynamic package's DynamicQuantizeMatMul) as MatMulNBits with 8-bit weights in blocks of --block inputs
   (accuracy_level 4: int8 activations, per row and block), requantized from the package's own int8 weights;
-  without --block, the int8 recipe's blocks (128, or 64 or 32 where a product's inputs are not a multiple of
-  128). The new weights go to variant.data; the LM head and the token lookup keep theirs.
+  without --block, the int8 recipe's blocks (64, or 32 where a product's inputs are not a multiple of 64). The
+  new weights go to variant.data; the LM head and the token lookup keep theirs.
 - block-sums-reducesum: for a package of an older release, which has sampling outputs (docs/package-format.md):
   their block sums as a ReduceSum over each block instead of an Einsum (onnxruntime 1.22.0 cannot run a
   ReduceSum over zero rows).
@@ -30,8 +30,8 @@ Variants (Llama-family graphs: RotaryEmbedding before each GroupQueryAttention):
   Exact for one row; a left-padded batch would attend to its padding, so this measures the bias's cost only.
 - custom-int8: every 8-bit MatMulNBits in blocks of 32 without zero points (the tied int8 head first made one, as
   int8-head-nbits does) as edgelm.Q8MatMul over the same inputs: the op of benchmarks/custom_op/'s library, which
-  the session must register (benchmarks/step_profile.py PKG::custom_ops=LIB). The int8 recipe's blocks of 128 and
-  64 are first made blocks of 32 by `--variant nbits --block 32` (variants chain).
+  the session must register (benchmarks/step_profile.py PKG::custom_ops=LIB). The int8 recipe's blocks of 64
+  are first made blocks of 32 by `--variant nbits --block 32` (variants chain).
 - nbits: every MatMulNBits at another --accuracy-level and, for the 8-bit ones, requantized from their own
   codes to blocks of --block inputs (the int8 recipe's block size, measured on its speed alone: requantizing
   int8 codes rounds twice, so its tokens are not the export's at that block).

@@ -1,10 +1,12 @@
 """The token embedding and the LM head for each weight recipe, tied (one stored matrix serves both) or not.
 
-float32: a Gather and a MatMul; int8, int8-rows and int8-dynamic: the runtime looks the tokens up from int8 rows
-in model.onnx.data (the graph takes inputs_embeds) and the LM head is QGemm over those rows, in slices (int8 and
-int8-rows scale each row of activations by its own largest value first; int8-dynamic quantizes them all with
-one scale); int4: GatherBlockQuantized and MatMulNBits over one copy in blocks, 4-bit or (head_bits 8)
-8-bit. The layouts are part of the graph contract (docs/package-format.md)."""
+float32: a Gather and a MatMul; int8, int8-rows and int8-dynamic: the runtime looks the tokens up from rows
+in model.onnx.data (the graph takes inputs_embeds). int8's tied LM head is MatMulNBits over those rows, 8-bit in
+the recipe's blocks (its products' kernel: a one-row step 1.26x faster than QGemm's, benchmarks/NOTES.md);
+int8-rows' and int8-dynamic's, and int8's untied one, are QGemm over 7-bit rows, in slices (int8 and int8-rows
+scale each row of activations by its own largest value first; int8-dynamic quantizes them all with one scale);
+int4: GatherBlockQuantized and MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are
+part of the graph contract (docs/package-format.md)."""
 
 import math
 
@@ -12,7 +14,7 @@ import numpy as np
 from edgelm.runtime.package.format import ALIGN, TOKEN_ROWS, TOKEN_SCALE
 
 from ..int4 import Int4Options, quantize_blocks
-from ..quantize import INT8_RECIPES, quantize_int8
+from ..quantize import INT8_RECIPES, int8_block, quantize_int8, quantize_int8_blocks
 from .builder import MS_DOMAIN
 from .matmuls import matmul_nbits, nbits_weights, quantize_rows
 
@@ -30,6 +32,8 @@ def embedding_and_head(g, wte, head, recipe, int4: Int4Options | None = None):
     head = wte if tied else head  # [V, C]
     if recipe == "int4":
         return _embedding_int4(g, wte, head, tied, int4 or Int4Options())
+    if recipe == "int8" and tied and wte.shape[1] % int8_block(wte.shape[1]) == 0:
+        return _embedding_int8_blocks(g, wte)
     if recipe in INT8_RECIPES:
         return _embedding_int8(g, wte, head, tied, per_row=recipe != "int8-dynamic")
     head_t = g.weight("lm_head.weight_t", np.ascontiguousarray(head.T))  # [C, V]
@@ -49,6 +53,15 @@ def embedding_and_head(g, wte, head, recipe, int4: Int4Options | None = None):
             return g.op("Gather", [table, ids], axis=0)
 
     return embed, lm_head
+
+
+def _embedding_int8_blocks(g, wte):
+    """The int8 recipe's tied matrix as its products are stored (quantize_int8_blocks: uint8 [V, C / B, B] around
+    128, one scale per block), written as the token table: the runtime reads its rows for the lookup
+    (TokenTable.block) and the LM head's MatMulNBits names the same bytes, which onnxruntime prepacks."""
+    w = quantize_int8_blocks(wte)
+    stored = [g.weight(f"{name}.0", a, external=True) for name, a in ((TOKEN_ROWS, w.packed), (TOKEN_SCALE, w.scale))]
+    return (lambda embeddings: embeddings), lambda x, out: matmul_nbits(g, x, w, stored, outputs=[out])
 
 
 def _embedding_int8(g, wte, head, tied, per_row):

@@ -38,7 +38,7 @@ class Region:
     shape: tuple[int, ...]
     offset: int
 
-    ITEM_BYTES = {"int8": 1, "float32": 4}
+    ITEM_BYTES = {"int8": 1, "uint8": 1, "float32": 4}
 
     @property
     def nbytes(self) -> int:
@@ -59,32 +59,43 @@ class Region:
 
 @dataclass(frozen=True)
 class TokenTable:
-    """graph.token_embeddings: for graphs that take inputs_embeds, where the runtime reads token rows: int8
-    rows [V, C] and one float32 scale per row [V] in `file`; an embedding is row * scale."""
+    """graph.token_embeddings: for graphs that take inputs_embeds, where the runtime reads token rows in `file`.
+    Without `block`: int8 rows [V, C] and one float32 scale per row [V]; an embedding is row * scale. With
+    `block` (the int8 recipe's tied table, which the LM head's MatMulNBits reads): uint8 rows [V, C / block,
+    block] around 128 and one float32 scale per block [V, C / block]; an embedding is (row - 128) * scale."""
 
     file: str
     rows: Region
     scale: Region
     embedding: str = "row * scale. The runtime reads the rows it needs; the LM head's QGemm parts name the same bytes."
+    block: int = 0
+    BLOCKS = (16, 32, 64, 128, 256)  # MatMulNBits' block sizes
+    IN_BLOCKS = (
+        "(row - 128) * scale, per block. The runtime reads the rows it needs; the LM head's MatMulNBits names the "
+        "same bytes."
+    )
 
     @classmethod
     def from_dict(cls, data, where, arch: Architecture) -> "TokenTable":
         data = _object(where, data)
         vocab, width = arch.vocab_size, arch.n_embd
+        block = _get(where, data, "block", _int, 0)
+        if block and (block not in cls.BLOCKS or width % block):
+            raise FormatError(f"{where}.block must be one of {cls.BLOCKS} dividing n_embd {width}, not {block}")
+        rows, scale = ("int8", (vocab, width)), ("float32", (vocab,))
+        if block:
+            rows, scale = ("uint8", (vocab, width // block, block)), ("float32", (vocab, width // block))
         return cls(
             _get(where, data, "file", file_name),
-            _get(where, data, "rows", lambda w, v: Region.from_dict(v, w, "int8", (vocab, width))),
-            _get(where, data, "scale", lambda w, v: Region.from_dict(v, w, "float32", (vocab,))),
-            _get(where, data, "embedding", _str, cls.embedding),
+            _get(where, data, "rows", lambda w, v: Region.from_dict(v, w, *rows)),
+            _get(where, data, "scale", lambda w, v: Region.from_dict(v, w, *scale)),
+            _get(where, data, "embedding", _str, cls.IN_BLOCKS if block else cls.embedding),
+            block,
         )
 
     def to_dict(self) -> dict:
-        return {
-            "file": self.file,
-            "rows": self.rows.to_dict(),
-            "scale": self.scale.to_dict(),
-            "embedding": self.embedding,
-        }
+        table = {"file": self.file, "rows": self.rows.to_dict(), "scale": self.scale.to_dict()}
+        return table | ({"block": self.block} if self.block else {}) | {"embedding": self.embedding}
 
 
 @dataclass(frozen=True)

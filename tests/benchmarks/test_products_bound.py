@@ -10,7 +10,7 @@ import pytest
     [
         ("tiny_package", {"MatMul": 4 * 2 + 1}),
         ("tiny_package_int8_dynamic", {"DynamicQuantizeMatMul": 4 * 2, "QGemm": 1}),
-        ("tiny_package_int8", {"MatMulNBits": 4 * 2, "QGemm": 1}),  # the head's rows scaled one by one
+        ("tiny_package_int8", {"MatMulNBits": 4 * 2 + 1}),
         ("tiny_package_int8_rows", {"MatMulIntegerToFloat": 4 * 2, "QGemm": 1}),  # every product's rows so
         ("tiny_package_int4", {"MatMulNBits": 4 * 2 + 1}),
     ],

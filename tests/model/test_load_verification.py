@@ -130,10 +130,14 @@ def test_an_optimum_style_folder_loads(tiny_package, tmp_path, model):
         rt.load(folder)
 
 
-def test_an_int8_package_with_a_damaged_token_table_description_is_refused(tiny_package_int8, tmp_path):
+@pytest.mark.parametrize(
+    "fixture, rows",
+    [("tiny_package_int8", r"uint8 rows \[320, 1, 32\]"), ("tiny_package_int8_rows", r"int8 rows \[320, 32\]")],
+)
+def test_an_int8_package_with_a_damaged_token_table_description_is_refused(request, fixture, rows, tmp_path):
     """int8 graphs take inputs_embeds; the manifest says where the token rows are. Without that, or with the
-    wrong shape, load says so instead of failing inside onnxruntime."""
-    folder = copy_package(tiny_package_int8, tmp_path)
+    wrong shape or block, load says so instead of failing inside onnxruntime."""
+    folder = copy_package(request.getfixturevalue(fixture), tmp_path)
     graph = json.loads((folder / "manifest.json").read_text())["graph"]
     section = graph.pop("token_embeddings")
     edit_manifest(folder, graph=graph)
@@ -142,23 +146,28 @@ def test_an_int8_package_with_a_damaged_token_table_description_is_refused(tiny_
     edit_manifest(
         folder, graph=graph | {"token_embeddings": section | {"rows": section["rows"] | {"shape": [320, 16]}}}
     )
-    with pytest.raises(PackageError, match=r"int8 rows \[320, 32\]"):
+    with pytest.raises(PackageError, match=rows):
         rt.load(folder)
+    for block in (48, 64, -32, "32"):  # not a block size; 64 does not divide the tiny model's 32 inputs
+        edit_manifest(folder, graph=graph | {"token_embeddings": section | {"block": block}})
+        with pytest.raises(PackageError, match="token_embeddings.block must be"):
+            rt.load(folder)
     edit_manifest(folder, graph=graph | {"token_embeddings": {"file": "model.onnx.data"}})
     with pytest.raises(PackageError, match="token_embeddings.rows is missing"):
         rt.load(folder)
 
 
-def test_an_int8_package_reads_token_rows_not_the_whole_table(tiny_package_int8):
+@pytest.mark.parametrize("fixture", ["tiny_package_int8", "tiny_package_int8_rows"])
+def test_an_int8_package_reads_token_rows_not_the_whole_table(request, fixture):
     """The lookup reads one row per token from the weights file: the same embeddings as the stored table."""
-    model = rt.load(tiny_package_int8)
-    section = model.package.manifest.graph.token_embeddings
-    data = (tiny_package_int8 / section.file).read_bytes()
-    rows = np.frombuffer(data, np.int8, count=320 * 32, offset=section.rows.offset).reshape(320, 32)
-    scale = np.frombuffer(data, np.float32, count=320, offset=section.scale.offset)
+    from token_table import stored_table
+
+    package = request.getfixturevalue(fixture)
+    model = rt.load(package)
+    _, _, embeddings = stored_table(package, model.package.manifest.graph.token_embeddings)
     reads = []
     original = model.engine.embeddings._read_row
     model.engine.embeddings._read_row = lambda token, out: (reads.append(token), original(token, out))
     ids = np.array([[4, 9, 4]])
-    np.testing.assert_array_equal(model.engine.embeddings(ids), rows[ids] * scale[ids][..., None])
+    np.testing.assert_array_equal(model.engine.embeddings(ids), embeddings[ids])
     assert reads == [4, 9, 4]
