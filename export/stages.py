@@ -25,6 +25,7 @@ from edgelm.runtime.package.format import (
     Manifest,
     Validation,
     Weights,
+    oldest_format,
 )
 from edgelm.runtime.package.open import open_package
 from edgelm.runtime.store.local import check_name
@@ -284,11 +285,13 @@ def _save(plan: ExportPlan, loaded: Loaded, shipped, validation: Validation, sta
         if loaded.generation_defaults is not None:  # the checkpoint has none
             writer.write_json(GENERATION_CONFIG, loaded.generation_defaults)
         quantize = plan.quantize
+        graph = graph_section(shipped, plan.kv_cache)
         manifest = writer.publish(
             Manifest(
                 name=plan.name,
                 architecture=arch,
-                graph=graph_section(shipped, plan.kv_cache),
+                graph=graph,
+                format_version=oldest_format(graph),
                 tokenizer=TOKENIZER_FILE,
                 weights=Weights(
                     dtype="float32" if quantize == "none" else "int8" if quantize in INT8_RECIPES else quantize,

@@ -247,20 +247,23 @@ def nbits(graph, data, block, accuracy_level):
     return list(graph.node), stored.tensors, stored.bytes()
 
 
-def custom_int8(nodes):
+def custom_int8(nodes, int8_recipe):
     """8-bit MatMulNBits in blocks of 32 over whole blocks, with no input past the scales (zero points, g_idx,
-    bias: the exporter writes none) -> edgelm.Q8MatMul(A, B, scales), the same attributes but accuracy_level."""
+    bias: the exporter writes none) -> edgelm.Q8MatMul(A, B, scales), the same attributes but accuracy_level.
+    int8_recipe: the package is the int8 recipe's, whose every product must be in blocks of 32 first (an int4
+    package's 8-bit head in other blocks stays MatMulNBits)."""
     rewritten = []
     for node in nodes:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "MatMulNBits" and attributes["bits"] == 8 and attributes["block_size"] != 32:
+        blocks = node.op_type == "MatMulNBits" and attributes["bits"] == 8 and attributes["block_size"] != 32
+        if blocks and int8_recipe:
             raise SystemExit(
                 f"{node.name}: 8-bit weights in blocks of {attributes['block_size']}; the custom op reads blocks of 32: "
                 "make them first with --variant nbits --block 32, then run custom-int8 on that variant"
             )
         if (
             node.op_type == "MatMulNBits"
-            and (attributes["bits"], attributes["K"] % 32) == (8, 0)
+            and (attributes["bits"], attributes["block_size"], attributes["K"] % 32) == (8, 32, 0)
             and not any(node.input[3:])
         ):
             keep = {k: attributes[k] for k in ("K", "N", "bits", "block_size")}
@@ -379,7 +382,8 @@ def main():
         nodes, added, extra = nbits(graph, data, args.block, args.accuracy_level)
     elif args.variant == "custom-int8":
         nodes, added, extra = int8_head_nbits(graph, data, 32) if "QGemm" in ops else (list(graph.node), [], None)
-        nodes = custom_int8(nodes)
+        recipe = json.loads((args.package / "manifest.json").read_text())["weights"].get("quantization", {})
+        nodes = custom_int8(nodes, recipe.get("method") == "int8")
         model.opset_import.append(helper.make_opsetid("edgelm", 1))
     elif args.variant == "no-attention-bias":
         nodes, added = no_attention_bias(graph)

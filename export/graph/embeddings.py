@@ -2,11 +2,12 @@
 
 float32: a Gather and a MatMul; int8, int8-rows and int8-dynamic: the runtime looks the tokens up from rows
 in model.onnx.data (the graph takes inputs_embeds). int8's tied LM head is MatMulNBits over those rows, 8-bit in
-the recipe's blocks (its products' kernel: a one-row step 1.26x faster than QGemm's, benchmarks/NOTES.md);
-int8-rows' and int8-dynamic's, and int8's untied one, are QGemm over 7-bit rows, in slices (int8 and int8-rows
-scale each row of activations by its own largest value first; int8-dynamic quantizes them all with one scale);
-int4: GatherBlockQuantized and MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are
-part of the graph contract (docs/package-format.md)."""
+the recipe's blocks (its products' kernel, faster for one row than QGemm's: benchmarks/results/
+2026-12-07-int8-blocks.md); int8-rows' and int8-dynamic's, int8's untied one and int8's at a width 32 does not
+divide are QGemm over 7-bit rows, in slices (int8 and int8-rows scale each row of activations by its own
+largest value first; int8-dynamic quantizes them all with one scale); int4: GatherBlockQuantized and
+MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are part of the graph contract
+(docs/package-format.md)."""
 
 import math
 

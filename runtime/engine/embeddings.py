@@ -80,7 +80,7 @@ class TokenEmbeddings:
             np.multiply(rows, self.scale.take(flat)[:, None], out=flat_out)
             return out
         np.subtract(rows, np.float32(128), out=flat_out)  # exact: codes 1..255
-        blocks = flat_out.reshape(len(flat), -1, self.block)
+        blocks = flat_out.reshape(len(flat), self.width // self.block, self.block)
         np.multiply(blocks, self.scale.take(flat, axis=0)[:, :, None], out=blocks)
         return out
 

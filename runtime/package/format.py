@@ -29,7 +29,7 @@ from .sections import FileRecord, PromptCacheRecord, Validation, Weights
 
 MANIFEST = "manifest.json"
 FORMAT = "edgelm-package"
-FORMAT_VERSION = 2  # 2: weights in model.onnx.data; int8 graphs take inputs_embeds (graph.token_embeddings)
+FORMAT_VERSION = 3  # 2: weights in model.onnx.data, int8 graphs take inputs_embeds; 3: the token table in blocks
 OLDEST_VERSION = 1
 GRAPH_FILE = "model.onnx"
 WEIGHTS_FILE = "model.onnx.data"
@@ -83,7 +83,15 @@ __all__ = [
     "Weights",
     "describe",
     "file_name",
+    "oldest_format",
 ]
+
+
+def oldest_format(graph) -> int:
+    """The format version a package with this graph is written as: the oldest that describes it, so that an older
+    edgelm runs every package it can and tells the user to upgrade for the others (a token table in blocks)."""
+    table = graph.token_embeddings
+    return 3 if table is not None and table.block else 2
 
 
 def check_format(data) -> dict:

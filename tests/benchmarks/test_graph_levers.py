@@ -99,21 +99,22 @@ def test_the_int8_head_as_one_nbits_product_keeps_the_rows_and_the_tokens(tiny_p
     assert [tokens for tokens, _ in greedy_alone(out)] == [tokens for tokens, _ in greedy_alone(tiny_package_int8)]
 
 
-def test_int8_products_requantized_to_blocks_of_64_stay_within_half_a_step(llama_package_int8, tmp_path):
-    out = variant(llama_package_int8, tmp_path / "block64", "--variant", "nbits", "--block", "64")
+def test_int8_products_requantized_to_blocks_of_32_stay_within_half_a_step(llama_package_int8, tmp_path):
+    out = variant(llama_package_int8, tmp_path / "block32", "--variant", "nbits", "--block", "32")
     model, arrays = initializers(out)
     _, before = initializers(llama_package_int8)
     products = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     assert products and all(
-        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}["block_size"] == 64 for n in products
+        {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}["block_size"] == 32 for n in products
     )
     for node in products:
         k = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}["K"]
-        old_codes, old_scale = (before[name.removesuffix(".block64")] for name in node.input[1:3])
+        assert all(name.endswith(".block32") for name in node.input[1:3])  # the recipe's 64 requantized
+        old_codes, old_scale = (before[name.removesuffix(".block32")] for name in node.input[1:3])
         was = ((old_codes.astype(np.float32) - 128) * old_scale[..., None]).reshape(len(old_scale), -1)[:, :k]
         scale = arrays[node.input[2]].reshape(len(old_scale), -1)
         now = ((arrays[node.input[1]].astype(np.float32) - 128) * scale[..., None]).reshape(len(scale), -1)[:, :k]
-        step = np.repeat(scale, 64, axis=1)[:, :k]
+        step = np.repeat(scale, 32, axis=1)[:, :k]
         assert np.all(np.abs(now - was) <= step / 2 * (1 + 1e-5))  # a tie rounds either way within float error
     rt.load(out).generate(PROMPTS[:1], max_new_tokens=2)  # onnxruntime runs it
 
@@ -150,7 +151,7 @@ def test_custom_int8_names_the_custom_op_over_each_products_own_inputs(tiny_pack
         capture_output=True,
         text=True,
     )
-    assert refused.returncode != 0 and "--variant nbits --block 32" in refused.stderr  # the recipe's 128-wide blocks
+    assert refused.returncode != 0 and "--variant nbits --block 32" in refused.stderr  # the recipe's blocks of 64
     blocks32 = variant(tiny_package_int8, tmp_path / "blocks32", "--variant", "nbits", "--block", "32")
     out = variant(blocks32, tmp_path / "custom", "--variant", "custom-int8")
     model, arrays = initializers(out)

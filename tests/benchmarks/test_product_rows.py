@@ -14,7 +14,7 @@ def test_each_kernel_gets_a_row_per_shape_with_its_times_and_their_ratio():
     )  # fmt: skip
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in run.stdout.splitlines() if line.startswith("| ")]
     table = [r for r in rows if r[0] not in ("K x N", "---")]
-    assert len(table) == 2 * 8 and {r[0] for r in table} == {"64 x 96", "128 x 32"}
+    assert len(table) == 2 * 9 and {r[0] for r in table} == {"64 x 96", "128 x 32"}
     assert any(r[1].startswith("QGemm") for r in table) and any("(int4)" in r[1] for r in table)
     for _, _, one, four, ratio in table:
         assert float(one) > 0 and float(four) > 0 and ratio.endswith("x") and float(ratio[:-1]) > 0

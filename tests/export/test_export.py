@@ -135,7 +135,7 @@ def test_tied_embedding_stored_once(tiny_package, tiny_package_int8, tiny_packag
         ]  # one [C, V] table, or [V, ...] rows in parts
         users = {n.op_type for t in tables for n in graph.node if t.name in n.input}
         assert users in ({"Gather", "MatMul"}, {"QGemm"}, {"MatMulNBits"}, {"GatherBlockQuantized", "MatMulNBits"})
-        # int8 and int4 keep [V, C] rows (contiguous per token); float32 keeps the head's [C, V].
+        # int8 and int4 keep [V, ...] rows (contiguous per token); float32 keeps the head's [C, V].
         assert (tables[0].dims[0] != 32) == (package != tiny_package), (package, tables[0].dims)
 
 
@@ -152,6 +152,7 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(request, fixture
     package = request.getfixturevalue(fixture)
     manifest = json.loads((package / "manifest.json").read_text())
     assert list(manifest["graph"]["inputs"])[0] == "inputs_embeds" and "input_ids" not in manifest["graph"]["inputs"]
+    assert manifest["format_version"] == (3 if head == "MatMulNBits" else 2)  # older runtimes: "upgrade edgelm"
     graph = onnx.load(str(package / "model.onnx")).graph
     parts = sorted(
         (i for i in graph.initializer if i.name.startswith("transformer.wte.weight_int8.")),
@@ -173,6 +174,85 @@ def test_int8_graph_takes_embeddings_read_from_the_weights_file(request, fixture
 
     info = CliRunner().invoke(main, ["info", str(package)])
     assert "token rows read from model.onnx.data by the runtime" in info.output
+
+
+@pytest.mark.parametrize(
+    "fixture, recipe, products",
+    [
+        ("validated_package_int8", "int8", "MatMulNBits"),
+        ("validated_package_int8_rows", "int8-rows", "MatMulIntegerToFloat"),
+        ("validated_package_int8_dynamic", "int8-dynamic", "DynamicQuantizeMatMul"),
+    ],
+)
+def test_int8_package_quality_and_recipe(request, tiny_package, fixture, recipe, products):
+    package = request.getfixturevalue(fixture)
+    manifest = json.loads((package / "manifest.json").read_text())
+    described = manifest["weights"]["quantization"]
+    assert manifest["weights"]["dtype"] == "int8" and described["method"] == recipe
+    if recipe == "int8":
+        assert described["bits"] == 8 and described["block_size"] == 64 and described["batch_invariant"] is True
+    else:
+        assert described["bits"] == 7 and described["reduce_range"] is True
+        assert described["batch_invariant"] is (recipe == "int8-rows")
+    quality = manifest["validation"][recipe]
+    assert quality["top1_agreement"] >= 0.85
+    assert 0 <= quality["mean_kl_divergence"] <= 0.05
+    assert 0 < quality["greedy"]["prefix_agreement"] <= 1
+    assert abs(quality["perplexity_change"]) <= 0.05
+    # the fp32 graph was validated as the parity gate for the int8 export too
+    assert manifest["validation"]["fp32"]["greedy_identical"]
+    graph = onnx.load(str(package / "model.onnx")).graph
+    ops = {n.op_type for n in graph.node}
+    assert products in ops and "MatMul" not in ops  # every weight product is int8
+    assert ("DynamicQuantizeLinear" in ops) == (recipe == "int8-dynamic")  # int8, int8-rows: no scale spans rows
+    bits = {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"}
+    assert bits == ({8} if recipe == "int8" else set())
+    assert "GroupQueryAttention" in ops  # attention itself stays float (activations only)
+    assert graph_bytes(package) < 0.45 * graph_bytes(tiny_package)
+
+
+def test_int8_weights_never_saturate():
+    """7-bit weights keep u8 x s8 pair sums inside int16, the no-VNNI kernel's accumulator."""
+    from edgelm.export.quantize import quantize_int8
+
+    weight = np.random.default_rng(0).normal(size=(64, 48)).astype(np.float32)
+    weight[:, 3] *= 50  # an outlier column keeps its own scale
+    q = quantize_int8(weight)
+    assert q.q.dtype == np.int8 and q.q.min() >= -64 and q.q.max() <= 63
+    assert 2 * 255 * int(np.abs(q.q).max()) <= 32767
+    restored = q.q.astype(np.float32) * q.scale
+    assert np.abs(restored - weight).max(axis=0)[0] <= q.scale[0] / 2 + 1e-7
+    full = quantize_int8(weight, reduce_range=False)
+    assert full.q.max() == 127
+
+
+def test_int4_package(tiny_package, validated_package_int4):
+    manifest = json.loads((validated_package_int4 / "manifest.json").read_text())
+    assert manifest["weights"]["dtype"] == "int4" and manifest["weights"]["quantization"]["block_size"] == 128
+    quality = manifest["validation"]["int4"]
+    # 4 bits on a 32-wide toy model (one block per row) is coarse; the figures are recorded, and must stay sane
+    # (on the evaluation text: top-1 0.53, KL 0.17; a broken graph agrees on about 1/320 of the positions).
+    assert quality["top1_agreement"] >= 0.4 and quality["mean_kl_divergence"] <= 0.5
+    graph = onnx.load(str(validated_package_int4 / "model.onnx")).graph
+    matmuls = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert len(matmuls) == 2 * 4 + 1  # four products per block and the LM head
+    assert all({a.name: a.i for a in n.attribute}["accuracy_level"] == 4 for n in matmuls)
+    # blocks of 128 (the default): the toy model's 32-wide products pad to one block each, so 4 bits take about
+    # half of float32's bytes here; unpadded widths take under a third (test_int4_options)
+    assert graph_bytes(validated_package_int4) < 0.6 * graph_bytes(tiny_package)
+
+
+def test_int4_quantization_round_trip():
+    from edgelm.export.int4 import quantize_blocks
+
+    weight = np.random.default_rng(1).normal(size=(8, 64)).astype(np.float32)
+    q = quantize_blocks(weight, 32, "rtn")
+    assert q.packed.shape == (8, 2, 16) and q.packed.dtype == np.uint8 and q.scale.shape == (8, 2)
+    values = np.empty((8, 2, 32), np.float32)
+    values[..., 0::2], values[..., 1::2] = q.packed & 15, q.packed >> 4
+    restored = ((values - 8) * q.scale[..., None]).reshape(8, 64)
+    assert np.abs(restored - weight).max() <= q.scale.max() / 2 + 1e-6
+    assert np.array_equal(restored, q.dequantized())
 
 
 def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatch):

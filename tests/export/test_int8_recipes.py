@@ -145,8 +145,9 @@ def test_each_recipe_generates_scores_and_follows_float32(request, tiny_package,
 
 @pytest.fixture(scope="module")
 def int8_models(tiny_package_int8, tiny_package_int8_rows, llama_untied_package_int8, llama_untied_package_int8_rows):
-    """GPT-2 with its tied head (QGemm over the token rows) and Llama with an untied one (int8: MatMulNBits;
-    int8-rows: QGemm over rows of its own), in both batch-invariant recipes."""
+    """GPT-2 with its tied head (int8: MatMulNBits over the token table's blocks; int8-rows: QGemm over the token
+    rows) and Llama with an untied one (int8: MatMulNBits; int8-rows: QGemm over rows of its own), in both
+    batch-invariant recipes."""
     packages = (tiny_package_int8, tiny_package_int8_rows, llama_untied_package_int8, llama_untied_package_int8_rows)
     return [load(package) for package in packages]
 
@@ -206,3 +207,37 @@ def test_a_greedy_int8_request_is_the_same_alone_and_in_the_running_batch(int8_m
                 assert job.batch.completions[0].token_ids == expected, prompt
         finally:
             scheduler.close()
+
+
+@pytest.mark.parametrize("width, head", [(128, "MatMulNBits"), (48, "QGemm")])
+def test_the_int8_tied_table_in_blocks_serves_the_head_and_the_lookup(width, head):
+    """A tied int8 matrix of two blocks a row: the head's MatMulNBits and the runtime's lookup read one table, and
+    a lookup row is (code - 128) * its block's scale, block by block; a width 32 does not divide keeps the rows
+    and the QGemm head."""
+    from edgelm.export.graph.builder import FLOAT, GraphBuilder
+    from edgelm.export.graph.embeddings import embedding_and_head
+    from edgelm.export.weights_file import _token_section
+    from edgelm.runtime.engine.embeddings import TokenEmbeddings
+    from edgelm.runtime.package.format import TOKEN_ROWS, TOKEN_SCALE
+
+    rng = np.random.default_rng(0)
+    wte = rng.normal(size=(40, width)).astype(np.float32)
+    wte[3, 70:] *= 50  # one block's outlier: its own scale
+    g = GraphBuilder("head", "model.onnx.data")
+    _, lm_head = embedding_and_head(g, wte, None, "int8")
+    g.output(lm_head(g.input("x", FLOAT, ["b", "t", width]), "logits"), FLOAT, ["b", "t", 40])
+    assert {n.op_type for n in g.nodes} & {"MatMulNBits", "QGemm"} == {head}
+    offsets = dict(zip(sorted(g.arrays), range(0, 1 << 30, 1 << 20)))  # any distinct places
+    table = _token_section(g.arrays, offsets)
+    if head == "QGemm":
+        assert table.block == 0 and table.rows.shape == (40, width)
+        return
+    codes, scale = g.arrays[f"{TOKEN_ROWS}.0"], g.arrays[f"{TOKEN_SCALE}.0"]
+    assert table.block == 64 and table.rows.shape == codes.shape == (40, 2, 64) and table.scale.shape == (40, 2)
+    lookup = TokenEmbeddings.from_arrays(codes, scale)
+    expected = ((codes.astype(np.float32) - 128) * scale[..., None]).reshape(40, width)
+    ids = np.array([[3, 0, 39], [3, 3, 1]])
+    np.testing.assert_array_equal(lookup(ids), expected[ids])
+    assert np.all(np.abs(expected - wte) <= np.repeat(scale, 64, axis=1) / 2 + 1e-6)
+    assert scale[3, 0] < scale[3, 1] / 10
+    assert lookup(np.zeros((1, 0), np.int64)).shape == (1, 0, width)  # no tokens, no rows
