@@ -1,6 +1,7 @@
 """A runtime on another machine or onnxruntime against the exporting machine's: float32 greedy tokens equal, int8
-and int4 within the greedy agreement their export recorded, scores, chat and a batch working (and, for a recipe
-whose manifest says batch_invariant, each prompt's tokens the same in a batch as alone).
+and int4 within the greedy agreement their export recorded (or nearer float32's tokens than the exporting
+machine's), scores, chat and a batch working (and, for a recipe whose manifest says batch_invariant, each
+prompt's tokens the same in a batch as alone).
 
 It needs packages exported elsewhere with their reference.json (tests/support/reference_tokens.py): EDGELM_TEST_PACKAGES
 names them (tools/ci/onnxruntime_matrix.sh, tools/ci/aarch64_emulated.sh). The default run has none."""
@@ -56,7 +57,24 @@ def test_greedy_tokens_match_the_exporting_machine(name):
         return
     recorded = manifest.validation.greedy_agreement(manifest.weights.method)
     assert recorded is not None, f"{name} was exported without validation: no agreement to hold it to"
-    assert agreement(ours, reference) >= min(recorded, 1.0) - 1e-9, (name, ours, reference, recorded)
+    if agreement(ours, reference) >= min(recorded, 1.0) - 1e-9:
+        return
+    # Another CPU's kernels may round another way: onnxruntime's 8-bit MatMulNBits on a CPU without dot-product
+    # instructions (Cortex-A72) computes closer to float32 than x86-64's does. Then the tokens must agree with the
+    # float32 package of the same checkpoint at least as well as the exporting machine's did.
+    float32 = _float32_sibling(manifest)
+    assert float32 is not None, (name, ours, reference, recorded, "no float32 package of its checkpoint to judge by")
+    exact = RECORDED["packages"][float32]["greedy"]
+    assert agreement(ours, exact) >= agreement(reference, exact) - 1e-9, (name, ours, reference, exact)
+
+
+def _float32_sibling(manifest):
+    """The float32 package of the set exported from the same checkpoint, or None."""
+    for other in NAMES:
+        theirs = open_package(PACKAGES / other, verify=False).manifest
+        if theirs.weights.dtype == "float32" and theirs.source == manifest.source:
+            return other
+    return None
 
 
 @pytest.mark.parametrize("name", NAMES)
