@@ -99,17 +99,8 @@ def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
     if not parts:
         return None
     first = weights[parts[0]]
-    if first.ndim == 3:  # one table in blocks (the int8 recipe's tied matrix, MatMulNBits' layout)
-        scale = parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)
-        return TokenTable(
-            WEIGHTS_FILE,
-            Region("uint8", first.shape, offsets[parts[0]]),
-            Region("float32", weights[scale].shape, offsets[scale]),
-            TokenTable.IN_BLOCKS,
-            first.shape[2],
-        )
     rows = sum(weights[name].shape[0] for name in parts)
-    width = first.shape[1]
+    scale = weights[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]
     for kind in (TOKEN_ROWS, TOKEN_SCALE):  # the runtime reads each region as one array
         names = [name.replace(TOKEN_ROWS, kind) for name in parts]
         ends = [offsets[name] + weights[name].nbytes for name in names]
@@ -117,10 +108,13 @@ def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
             raise ExportError(
                 f"the token table's parts are not contiguous in {WEIGHTS_FILE}; please report this with the checkpoint's config.json."
             )
+    in_blocks = first.ndim == 3  # the int8 recipe's tied matrix in MatMulNBits' blocks; else int8 rows [V, C]
     return TokenTable(
         WEIGHTS_FILE,
-        Region("int8", (rows, width), offsets[parts[0]]),
-        Region("float32", (rows,), offsets[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]),
+        Region("uint8" if in_blocks else "int8", (rows, *first.shape[1:]), offsets[parts[0]]),
+        Region("float32", (rows, *scale.shape[1:]), offsets[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]),
+        TokenTable.IN_BLOCKS if in_blocks else TokenTable.embedding,
+        first.shape[2] if in_blocks else 0,
     )
 
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 from edgelm.runtime.package.format import ALIGN, TOKEN_ROWS, TOKEN_SCALE
 
-from ..int4 import Int4Options, quantize_blocks
+from ..int4 import BlockWeight, Int4Options, quantize_blocks
 from ..quantize import INT8_RECIPES, int8_block, quantize_int8, quantize_int8_blocks
 from .builder import MS_DOMAIN
 from .matmuls import matmul_nbits, nbits_weights, quantize_rows
@@ -59,10 +59,34 @@ def embedding_and_head(g, wte, head, recipe, int4: Int4Options | None = None):
 def _embedding_int8_blocks(g, wte):
     """The int8 recipe's tied matrix as its products are stored (quantize_int8_blocks: uint8 [V, C / B, B] around
     128, one scale per block), written as the token table: the runtime reads its rows for the lookup
-    (TokenTable.block) and the LM head's MatMulNBits names the same bytes, which onnxruntime prepacks."""
+    (TokenTable.block) and the LM head's MatMulNBits names the same bytes, which onnxruntime prepacks. In
+    LM_HEAD_PARTS slices of the vocabulary, a MatMulNBits each, their logits concatenated: onnxruntime holds a
+    slice's mapped bytes and its packed copy at once while it prepacks, so a quarter of the table at a time keeps
+    the load's peak memory down (Qwen2.5-0.5B's 136 MB table: benchmarks/NOTES.md)."""
     w = quantize_int8_blocks(wte)
-    stored = [g.weight(f"{name}.0", a, external=True) for name, a in ((TOKEN_ROWS, w.packed), (TOKEN_SCALE, w.scale))]
-    return (lambda embeddings: embeddings), lambda x, out: matmul_nbits(g, x, w, stored, outputs=[out])
+    vocab, blocks, block = w.codes.shape
+    step = _part_rows(vocab, (blocks * block, blocks * 4))  # each part's codes and scales whole 64 KiB units
+    parts = []
+    for k, start in enumerate(range(0, vocab, step)):
+        piece = BlockWeight(w.codes[start : start + step], w.scale[start : start + step], None, 8, w.width)
+        names = ((TOKEN_ROWS, piece.packed), (TOKEN_SCALE, piece.scale))
+        parts.append((piece, [g.weight(f"{name}.{k}", a, external=True) for name, a in names]))
+
+    def lm_head(x, out):
+        if len(parts) == 1:
+            return matmul_nbits(g, x, *parts[0], outputs=[out])
+        logits = [matmul_nbits(g, x, piece, stored) for piece, stored in parts]
+        return g.op("Concat", logits, outputs=[out], axis=-1)  # the last op writes the caller's logits
+
+    return (lambda embeddings: embeddings), lm_head
+
+
+def _part_rows(vocab: int, row_bytes: tuple) -> int:
+    """Rows per LM-head slice: a quarter of the vocabulary, rounded up so that each slice of each array (row_bytes
+    a row) is a whole number of ALIGN units and the next one starts where onnxruntime can map it."""
+    step = -(-vocab // LM_HEAD_PARTS)
+    grain = math.lcm(*(ALIGN // math.gcd(size, ALIGN) for size in row_bytes))
+    return -(-step // grain) * grain
 
 
 def _embedding_int8(g, wte, head, tied, per_row):
@@ -91,9 +115,7 @@ def int8_lm_head(g, rows, scale, names, per_row):
     its logits multiplied back by that value, so a row's logits do not depend on the other rows of the batch.
     Otherwise DynamicQuantizeLinear picks one scale for every row at once."""
     vocab, width = rows.shape
-    step = -(-vocab // LM_HEAD_PARTS)
-    grain = ALIGN // math.gcd(width, ALIGN)  # rows per 64 KiB boundary: every slice starts where it can be mapped
-    step = -(-step // grain) * grain
+    step = _part_rows(vocab, (width,))  # every slice starts where it can be mapped
     parts = []  # (vocabulary entries, (rows, scale, zero point)) per slice
     for k, start in enumerate(range(0, vocab, step)):
         piece = slice(start, start + step)

@@ -255,10 +255,12 @@ def test_int4_quantization_round_trip():
     assert np.array_equal(restored, q.dequantized())
 
 
-def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatch):
-    """int8-rows' distilgpt2-sized LM head is four QGemm slices (so onnxruntime's transposed prepack scratch stays
-    a quarter of the table); the tiny model has one. Forced into four here, the logits must not change and the
-    token rows must stay contiguous in model.onnx.data, where the runtime reads them."""
+@pytest.mark.parametrize("recipe, head, parts", [("int8", "MatMulNBits", 3), ("int8-rows", "QGemm", 4)])
+def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatch, recipe, head, parts):
+    """A distilgpt2-sized int8 LM head is four slices of the vocabulary (so onnxruntime's prepacking holds a
+    quarter of the table at a time beside its packed copy); the tiny model has one. Forced into parts here (at
+    ALIGN 256: int8-rows' 32-byte rows in slices of 80; int8's, with 4-byte scales, of 128), the logits must not
+    change, and the token rows and scales must stay contiguous in model.onnx.data, where the runtime reads them."""
     from edgelm.export.families.gpt2.graph import build_decoder
     from edgelm.export.graph import embeddings as embeddings_module
     from edgelm.export.load import load_checkpoint
@@ -268,19 +270,28 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
 
     checkpoint = load_checkpoint(str(tiny_checkpoint))
     shipped = {}
-    for align in (embeddings_module.ALIGN, 256):  # 256: a part boundary every 8 rows of 32 int8 values
+    for align in (embeddings_module.ALIGN, 256):
         monkeypatch.setattr(embeddings_module, "ALIGN", align)
-        decoder = build_decoder(checkpoint.arch, checkpoint.weights, "int8-rows")
+        decoder = build_decoder(checkpoint.arch, checkpoint.weights, recipe)
         shipped[align] = split_weights(decoder.model.SerializeToString(), decoder.arrays)
-    one, four = shipped.values()
-    assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(four.graph).graph.node) == 4
-    assert sum(n.op_type == "QGemm" for n in onnx.load_model_from_string(one.graph).graph.node) == 1
-    section = four.token_embeddings
-    rows = np.frombuffer(four.data, np.int8, count=320 * 32, offset=section.rows.offset).reshape(320, 32)
-    np.testing.assert_array_equal(rows, one.weights["transformer.wte.weight_int8.0"])
+    one, several = shipped.values()
+    for graph, count in ((one, 1), (several, parts)):
+        nodes = onnx.load_model_from_string(graph.graph).graph.node
+        heads = [n for n in nodes if n.op_type == head and any(i.startswith("transformer.wte.") for i in n.input)]
+        assert len(heads) == count
+    assert several.token_embeddings == one.token_embeddings  # one table, the same place, rows and scales
+    table = several.token_embeddings
+    for region in (table.rows, table.scale):
+        start = region.offset
+        np.testing.assert_array_equal(
+            np.frombuffer(several.data, region.dtype, count=region.nbytes // np.dtype(region.dtype).itemsize,
+                          offset=start),
+            np.frombuffer(one.data, region.dtype, count=region.nbytes // np.dtype(region.dtype).itemsize,
+                          offset=start),
+        )  # fmt: skip
     ids = np.array([[3, 100, 319, 5, 0]])
     mask = np.ones_like(ids)
-    engines = [_engine(s, checkpoint.arch) for s in (one, four)]
+    engines = [_engine(s, checkpoint.arch) for s in (one, several)]
     logits = [e.forward(ids, mask, position_ids_from_mask(mask), e.empty_past(1), logits_to_keep=0)[0] for e in engines]
     np.testing.assert_array_equal(*logits)
 
