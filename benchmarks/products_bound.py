@@ -46,11 +46,12 @@ def products_graph(model_file: Path) -> tuple[onnx.ModelProto, set]:
     ]
     produced = {o for n in nodes for o in n.output}
     consumers = {i: n for n in nodes for i in n.input}
-    inputs, used, lm_head = [], set(), set()
+    inputs, used, lm_head, declared = [], set(), set(), set()
     for node in nodes:
         used.update(i for i in node.input if i in initializers)
         for name in node.input:
-            if name and name not in initializers and name not in produced:
+            if name and name not in initializers and name not in produced and name not in declared:
+                declared.add(name)  # once, though the LM head's slices all read it
                 k, weight = _activation_width(node, consumers, initializers)
                 # rows of their own per input: the LM head quantizes one position a row, the blocks every one
                 shape = [f"{name}.rows", k] if node.op_type in QUANTIZERS else ["batch", "sequence", k]

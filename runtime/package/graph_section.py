@@ -71,7 +71,7 @@ class TokenTable:
     block: int = 0
     BLOCKS = (16, 32, 64, 128, 256)  # MatMulNBits' block sizes
     IN_BLOCKS = (
-        "(row - 128) * scale, per block. The runtime reads the rows it needs; the LM head's MatMulNBits names the "
+        "(row - 128) * scale, per block. The runtime reads the rows it needs; the LM head's MatMulNBits slices name the "
         "same bytes."
     )
 

@@ -43,3 +43,25 @@ def test_the_products_bound_runs_exactly_the_packages_weight_products(fixture, p
     assert timer.count == sum(products.values())
     seconds = timer.seconds(2, 3, repeats=1)  # a batch of 2 rows of 3 positions runs, and is timed
     assert isinstance(seconds, float) and np.isfinite(seconds) and seconds > 0
+
+
+def test_an_lm_head_in_slices_is_one_input_of_the_products_graph(tiny_checkpoint, tmp_path, monkeypatch):
+    """The int8 head's MatMulNBits slices all read the final norm's output: the graph of the products declares it
+    once (onnxruntime refuses a name defined twice) and times every slice."""
+    import onnxruntime as ort
+    from edgelm.export.families.gpt2.graph import build_decoder
+    from edgelm.export.graph import embeddings as embeddings_module
+    from edgelm.export.load import load_checkpoint
+    from edgelm.export.weights_file import split_weights
+    from products_bound import products_graph
+
+    monkeypatch.setattr(embeddings_module, "ALIGN", 256)  # slices of 128 of the tiny model's 320 tokens
+    checkpoint = load_checkpoint(str(tiny_checkpoint))
+    decoder = build_decoder(checkpoint.arch, checkpoint.weights, "int8")
+    shipped = split_weights(decoder.model.SerializeToString(), decoder.arrays)
+    (tmp_path / "model.onnx").write_bytes(shipped.graph)
+    (tmp_path / "model.onnx.data").write_bytes(shipped.data)
+    graph, lm_head = products_graph(tmp_path / "model.onnx")
+    assert sum(n.op_type == "MatMulNBits" for n in graph.graph.node) == 4 * 2 + 3 and len(lm_head) == 1
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert len(session.get_inputs()) == len({i.name for i in graph.graph.input})
