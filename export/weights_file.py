@@ -98,9 +98,8 @@ def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
     parts = _token_parts(weights)
     if not parts:
         return None
-    first = weights[parts[0]]
+    first, scale_name = weights[parts[0]], parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)
     rows = sum(weights[name].shape[0] for name in parts)
-    scale = weights[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]
     for kind in (TOKEN_ROWS, TOKEN_SCALE):  # the runtime reads each region as one array
         names = [name.replace(TOKEN_ROWS, kind) for name in parts]
         ends = [offsets[name] + weights[name].nbytes for name in names]
@@ -112,7 +111,7 @@ def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
     return TokenTable(
         WEIGHTS_FILE,
         Region("uint8" if in_blocks else "int8", (rows, *first.shape[1:]), offsets[parts[0]]),
-        Region("float32", (rows, *scale.shape[1:]), offsets[parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)]),
+        Region("float32", (rows, *weights[scale_name].shape[1:]), offsets[scale_name]),
         TokenTable.IN_BLOCKS if in_blocks else TokenTable.embedding,
         first.shape[2] if in_blocks else 0,
     )

@@ -64,8 +64,8 @@ def _embedding_int8_blocks(g, wte):
     slice's mapped bytes and its packed copy at once while it prepacks, so a quarter of the table at a time keeps
     the load's peak memory down (Qwen2.5-0.5B's 136 MB table: benchmarks/NOTES.md)."""
     w = quantize_int8_blocks(wte)
-    vocab, blocks, block = w.codes.shape
-    step = _part_rows(vocab, (blocks * block, blocks * 4))  # each part's codes and scales whole 64 KiB units
+    vocab = len(w.codes)
+    step = _part_rows(vocab, (w.packed[0].nbytes, w.scale[0].nbytes))  # each part's codes and scales whole ALIGNs
     parts = []
     for k, start in enumerate(range(0, vocab, step)):
         piece = BlockWeight(w.codes[start : start + step], w.scale[start : start + step], None, 8, w.width)

@@ -282,13 +282,8 @@ def test_int8_lm_head_in_parts_gives_the_same_logits(tiny_checkpoint, monkeypatc
     assert several.token_embeddings == one.token_embeddings  # one table, the same place, rows and scales
     table = several.token_embeddings
     for region in (table.rows, table.scale):
-        start = region.offset
-        np.testing.assert_array_equal(
-            np.frombuffer(several.data, region.dtype, count=region.nbytes // np.dtype(region.dtype).itemsize,
-                          offset=start),
-            np.frombuffer(one.data, region.dtype, count=region.nbytes // np.dtype(region.dtype).itemsize,
-                          offset=start),
-        )  # fmt: skip
+        at = slice(region.offset, region.offset + region.nbytes)
+        assert several.data[at] == one.data[at]
     ids = np.array([[3, 100, 319, 5, 0]])
     mask = np.ones_like(ids)
     engines = [_engine(s, checkpoint.arch) for s in (one, several)]
