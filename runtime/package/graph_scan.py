@@ -33,6 +33,8 @@ class GraphFacts:
     # (op_type, None) per operator, (op_type, attribute name) per attribute, and (op_type, "name=value") per
     # integer attribute (a negative one reads as its 64-bit two's complement)
     uses: set = field(default_factory=set)
+    # (location, offset) -> dims of each tensor stored in an external file (an offset that is not a number: none)
+    external_dims: dict = field(default_factory=dict)
 
 
 def scan_model(path: Path) -> GraphFacts:
@@ -97,7 +99,7 @@ def _node(view, span, facts, tensors, gathers, depth):
 
 
 def _tensor(view, span, facts, tensors):
-    dims, name = [], ""
+    dims, name, external = [], "", {}
     for number, value in _fields(view, *span):
         if number == 1:
             dims += [value] if isinstance(value, int) else [v for v in _packed(view, value)]
@@ -107,6 +109,11 @@ def _tensor(view, span, facts, tensors):
             entry = {k: _text(view, v) for k, v in _fields(view, *value) if isinstance(v, tuple)}
             if entry.get(1) == "location":
                 facts.external_files.add(entry.get(2, ""))
+            external[entry.get(1)] = entry.get(2, "")
+    if "location" in external:
+        offset = external.get("offset", "0")
+        if offset.isascii() and offset.isdigit():
+            facts.external_dims[(external["location"], int(offset))] = tuple(dims)
     if name and dims:
         tensors[name] = dims[0]
 

@@ -10,6 +10,7 @@ A package is untrusted input: every file is opened through files.py (inside the 
 bounded), and every file the runtime reads must be listed in the manifest, the graph's external data included.
 """
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from .format import (
     file_name,
 )
 from .graph_scan import ScanError, scan_model
+from .graph_section import TokenTable
 
 DEFAULT_PACKAGE = Path("models") / "distilgpt2"  # what every command and load() open when given no folder
 DAMAGED = "The manifest is damaged or was not written by edgelm export; export the package again."
@@ -140,7 +142,13 @@ def open_package(path, verify: bool | str = True) -> Package:
     paths = {name: inside(folder, name) for name in manifest.required_files().values()}
     arch = manifest.architecture
     model_file = paths[manifest.graph.file]
-    uses = _check_graph(model_file, arch, lambda name: name in manifest.files, f"{folder / MANIFEST} does not list it")
+    uses = _check_graph(
+        model_file,
+        arch,
+        lambda name: name in manifest.files,
+        f"{folder / MANIFEST} does not list it",
+        manifest.graph.token_embeddings,
+    )
     generation = read_json(
         paths[GENERATION_CONFIG], manifest.files[GENERATION_CONFIG].size if verify else MAX_JSON_BYTES
     )
@@ -185,9 +193,10 @@ def verify_files(folder: Path, manifest: Manifest, full: bool = True) -> None:
         verified.write(folder, found)
 
 
-def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str) -> set:
-    """The graph reads only listed files, and its position table covers the architecture's n_positions.
-    Returns the operators and attributes it uses (onnx_scan.GraphFacts.uses)."""
+def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str, table: TokenTable | None = None) -> set:
+    """The graph reads only listed files, its position table covers the architecture's n_positions, and a token
+    table in blocks is laid out as the LM head's weights that share its bytes. Returns the operators and
+    attributes it uses (onnx_scan.GraphFacts.uses)."""
     try:
         facts = scan_model(model_file)
     except ScanError:
@@ -201,7 +210,29 @@ def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str) ->
         raise PackageError(
             f"the package says n_positions is {arch.n_positions} but its graph has {facts.position_rows} positions; the manifest is damaged. Export the package again."
         )
+    if table is not None and table.block:
+        _check_blocked_table(facts, table, model_file)
     return facts.uses
+
+
+def _check_blocked_table(facts, table: TokenTable, model_file: Path) -> None:
+    """The int8 recipe's token table is the LM head's MatMulNBits weights: the manifest's rows [V, C / B, B] and
+    scales [V, C / B] must be exactly the graph's tensors at those bytes (its slices of the vocabulary), with the
+    same trailing dimensions, or the runtime's lookup would read the head's bytes in the wrong blocks."""
+    for part, region in (("rows", table.rows), ("scale", table.scale)):
+        end, covered = region.offset + region.nbytes, 0
+        for (location, offset), dims in facts.external_dims.items():
+            if location != table.file or not region.offset <= offset < end:
+                continue
+            if tuple(dims[1:]) != tuple(region.shape[1:]):
+                raise PackageError(
+                    f"the manifest's graph.token_embeddings.{part} is {list(region.shape)} (blocks of {table.block}) but {model_file} reads a tensor of shape {list(dims)} at those bytes of {table.file}; the manifest does not match the graph. Export the package again."
+                )
+            covered += math.prod(dims) * region.ITEM_BYTES[region.dtype]
+        if covered != region.nbytes:
+            raise PackageError(
+                f"the manifest's graph.token_embeddings.{part} covers {region.nbytes} bytes of {table.file}, but {model_file}'s tensors there cover {covered}; the manifest does not match the graph. Export the package again."
+            )
 
 
 def _open_optimum_folder(folder: Path) -> Package:

@@ -157,6 +157,32 @@ def test_an_int8_package_with_a_damaged_token_table_description_is_refused(reque
         rt.load(folder)
 
 
+def test_an_int8_token_table_that_disagrees_with_the_graph_s_lm_head_is_refused(tiny_package_int8, tmp_path):
+    """The int8 recipe's table is the LM head's MatMulNBits weights. A manifest that describes it in other blocks
+    (of a size that divides the width, so every field alone is valid) or at other bytes would make the lookup read
+    wrong embeddings without any error: load compares it with the graph's tensors at those bytes."""
+    folder = copy_package(tiny_package_int8, tmp_path)
+    graph = json.loads((folder / "manifest.json").read_text())["graph"]
+    section = graph["token_embeddings"]
+    vocab, width = section["rows"]["shape"][0], section["block"] * section["rows"]["shape"][1]
+    other = section["block"] // 2
+    edits = {
+        "blocks of half the size": {
+            "block": other,
+            "rows": section["rows"] | {"shape": [vocab, width // other, other]},
+            "scale": section["scale"] | {"shape": [vocab, width // other]},
+        },
+        "scales moved by one row": {"scale": section["scale"] | {"offset": section["scale"]["offset"] + 4}},
+        "rows moved back to a tensor's middle": {"rows": section["rows"] | {"offset": section["rows"]["offset"] + 64}},
+    }
+    for name, edit in edits.items():
+        edit_manifest(folder, graph=graph | {"token_embeddings": section | edit})
+        with pytest.raises(PackageError, match="does not match the graph"):
+            rt.load(folder)
+    edit_manifest(folder, graph=graph)
+    assert rt.load(folder).generate("Hello", max_new_tokens=2).token_ids
+
+
 @pytest.mark.parametrize("fixture", ["tiny_package_int8", "tiny_package_int8_rows"])
 def test_an_int8_package_reads_token_rows_not_the_whole_table(request, fixture):
     """The lookup reads one row per token from the weights file: the same embeddings as the stored table."""
