@@ -1,6 +1,6 @@
 """Build a random-weight checkpoint of a published shape (benchmarks/configs/NAME.json) with GPT-2's tokenizer.
 
-    python benchmarks/random_checkpoint.py smollm2-135m [OUT]     # or qwen2.5-0.5b, llama-3.2-1b
+    python benchmarks/random_checkpoint.py smollm2-135m [OUT]     # or qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b
 
 Same size and speed as the real model, no hub needed. The tokenizer is GPT-2's from ../shared: llama.cpp's
 convert_hf_to_gguf.py recognises it (pre-tokenizer "gpt-2"), so every peer can load the checkpoint. Two numbers

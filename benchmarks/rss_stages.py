@@ -1,4 +1,5 @@
-"""Where a process's memory goes, stage by stage: resident now and peak so far (VmRSS, VmHWM).
+"""Where a process's memory goes, stage by stage: resident now, of which mapped files, and peak so far (VmRSS,
+RssFile, VmHWM).
 
     python benchmarks/rss_stages.py benchmarks/out/pkg-int8
 
@@ -13,8 +14,10 @@ import sys
 
 def memory() -> str:
     status = open("/proc/self/status").read()
-    now, peak = (int(re.search(key + r":\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM"))
-    return f"resident {now:4.0f} MB, peak {peak:4.0f} MB"
+    now, peak, files = (
+        int(re.search(key + r":\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM", "RssFile")
+    )
+    return f"resident {now:4.0f} MB ({files:4.0f} MB of mapped files), peak {peak:4.0f} MB"
 
 
 def main():

@@ -59,18 +59,24 @@ def embedding_and_head(g, wte, head, recipe, int4: Int4Options | None = None):
 def _embedding_int8_blocks(g, wte):
     """The int8 recipe's tied matrix as its products are stored (quantize_int8_blocks: uint8 [V, C / B, B] around
     128, one scale per block), written as the token table: the runtime reads its rows for the lookup
-    (TokenTable.block) and the LM head's MatMulNBits names the same bytes, which onnxruntime prepacks. In
-    LM_HEAD_PARTS slices of the vocabulary, a MatMulNBits each, their logits concatenated: onnxruntime holds a
-    slice's mapped bytes and its packed copy at once while it prepacks, so a quarter of the table at a time keeps
-    the load's peak memory down (Qwen2.5-0.5B's 136 MB table: benchmarks/NOTES.md)."""
+    (TokenTable.block) and the LM head's MatMulNBits slices name the same bytes, which onnxruntime prepacks."""
     w = quantize_int8_blocks(wte)
+    return (lambda embeddings: embeddings), nbits_head_slices(g, w, (TOKEN_ROWS, TOKEN_SCALE), external=True)
+
+
+def nbits_head_slices(g, w: BlockWeight, names: tuple, external: bool = False):
+    """lm_head(x, out) for the 8-bit BlockWeight w [V, C]: in LM_HEAD_PARTS slices of the vocabulary, a
+    MatMulNBits each, their logits concatenated. onnxruntime holds a slice's mapped bytes and its packed copy at
+    once while it prepacks, so a quarter of the matrix at a time keeps the load's peak memory down (Qwen2.5-0.5B's
+    136 MB table: benchmarks/NOTES.md). names: the codes' and scales' initializer names (+ ".{part}");
+    external: in the data file whatever their size (the token table, which the runtime reads)."""
     vocab = len(w.codes)
     step = _part_rows(vocab, (w.packed[0].nbytes, w.scale[0].nbytes))  # each part's codes and scales whole ALIGNs
     parts = []
     for k, start in enumerate(range(0, vocab, step)):
         piece = BlockWeight(w.codes[start : start + step], w.scale[start : start + step], None, 8, w.width)
-        names = ((TOKEN_ROWS, piece.packed), (TOKEN_SCALE, piece.scale))
-        parts.append((piece, [g.weight(f"{name}.{k}", a, external=True) for name, a in names]))
+        stored = zip(names, (piece.packed, piece.scale))
+        parts.append((piece, [g.weight(f"{name}.{k}", a, external=external) for name, a in stored]))
 
     def lm_head(x, out):
         if len(parts) == 1:
@@ -78,7 +84,7 @@ def _embedding_int8_blocks(g, wte):
         logits = [matmul_nbits(g, x, piece, stored) for piece, stored in parts]
         return g.op("Concat", logits, outputs=[out], axis=-1)  # the last op writes the caller's logits
 
-    return (lambda embeddings: embeddings), lm_head
+    return lm_head
 
 
 def _part_rows(vocab: int, row_bytes: tuple) -> int:
@@ -92,18 +98,28 @@ def _part_rows(vocab: int, row_bytes: tuple) -> int:
 def _embedding_int8(g, wte, head, tied, per_row):
     """One scale per vocabulary entry, the same for its embedding row and its logit column, stored as [V, C]
     rows that the runtime reads itself (export/weights_file.py, runtime/engine/embeddings.py). Tied, the LM head's
-    QGemm parts name those same rows; untied, the token rows are written for the runtime alone (no node reads
-    them) and the LM head quantizes `lm_head.weight` the same way into parts of its own."""
-    w = quantize_int8(np.ascontiguousarray(wte.T))  # per column of [C, V]: one scale per vocabulary entry
-    rows = np.ascontiguousarray(w.q.T)  # [V, C]
+    QGemm parts name those same rows; untied, the token rows are written for the runtime alone (runtime_token_rows)
+    and the LM head quantizes `lm_head.weight` the same way into parts of its own."""
     if tied:
+        w = quantize_int8(np.ascontiguousarray(wte.T))  # per column of [C, V]: one scale per vocabulary entry
+        rows = np.ascontiguousarray(w.q.T)  # [V, C]
         return (lambda embeddings: embeddings), int8_lm_head(g, rows, w.scale, (TOKEN_ROWS, TOKEN_SCALE), per_row)
-    g.table(f"{TOKEN_ROWS}.0", rows)
-    g.table(f"{TOKEN_SCALE}.0", w.scale)
     h = quantize_int8(np.ascontiguousarray(head.T))
-    return (lambda embeddings: embeddings), int8_lm_head(
+    return runtime_token_rows(g, wte), int8_lm_head(
         g, np.ascontiguousarray(h.q.T), h.scale, ("lm_head.weight_int8", "lm_head.weight_scale"), per_row
     )
+
+
+def runtime_token_rows(g, wte):
+    """An untied int8 graph's token table, which no product reads: 8-bit rows [V, C] with one float32 scale per
+    row, written for the runtime's lookup alone (graph.token_embeddings without a block). The runtime reads the
+    rows a prompt names with positioned reads, so they are never mapped into the process: a Gather over a mapped
+    table made each token it read resident with its whole 2 MiB page-cache folio (TinyLlama's 98 MB table
+    resident after one 128-token prompt: benchmarks/NOTES.md). Returns embed, which passes the rows through."""
+    w = quantize_int8(np.ascontiguousarray(wte.T), reduce_range=False)  # per vocabulary entry, [-127, 127]
+    g.table(f"{TOKEN_ROWS}.0", np.ascontiguousarray(w.q.T))
+    g.table(f"{TOKEN_SCALE}.0", w.scale)
+    return lambda embeddings: embeddings
 
 
 def int8_lm_head(g, rows, scale, names, per_row):

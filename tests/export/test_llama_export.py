@@ -86,8 +86,8 @@ def test_untied_head_greedy_equals_transformers(tmp_path):
 
 @pytest.mark.slow
 def test_untied_head_int8_reports_quality(tmp_path):
-    """Untied head, ungrouped key/value heads of size 24: the fp32 gate, and int8 with the embedding looked up
-    in the graph (input_ids: no product shares its table, so there is nothing to keep outside)."""
+    """Untied head, ungrouped key/value heads of size 24: the fp32 gate, and int8 with the token rows read by the
+    runtime (inputs_embeds, 8-bit rows with one scale per row: no product reads that table)."""
     from llama_checkpoints import build_llama_checkpoint
 
     checkpoint = build_llama_checkpoint(tmp_path / "untied", "llama-untied", seed=2)
@@ -95,7 +95,9 @@ def test_untied_head_int8_reports_quality(tmp_path):
     _fp32_gate_held(manifest)
     assert manifest["architecture"]["tie_word_embeddings"] is False and manifest["architecture"]["head_size"] == 24
     assert manifest["weights"]["tied_embedding_stored_once"] is False
-    assert list(manifest["graph"]["inputs"])[0] == "input_ids" and "token_embeddings" not in manifest["graph"]
+    table = manifest["graph"]["token_embeddings"]
+    assert list(manifest["graph"]["inputs"])[0] == "inputs_embeds" and "block" not in table
+    assert table["rows"]["dtype"] == "int8" and table["rows"]["shape"] == [manifest["architecture"]["vocab_size"], 96]
     quality = manifest["validation"]["int8"]
     # This random 96-wide model is far more peaked than a trained one (perplexity ~10^4 over 320 tokens): its tied
     # twin scores the same (top-1 0.77, KL 0.11), so these bounds are the model's, not the untied head's.
@@ -127,6 +129,7 @@ def test_quantized_quality_figures(request, tmp_path, checkpoint, quantize, kv_c
 def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
     """The int4 graph computes what the float32 graph computes on the int4 weights dequantized (up to its int8
     activations): the 4-bit layouts, block scales and the tied lookup are read as they were written."""
+    import onnx
     from edgelm.export.families.llama.graph import build_decoder
     from edgelm.export.load import load_checkpoint
     from edgelm.export.int4 import Int4Options, quantize_blocks
@@ -253,3 +256,34 @@ def test_settings_the_graph_does_not_reproduce(llama_checkpoint, tmp_path, chang
     with pytest.raises(ExportError, match=None) as error:
         _export(folder, tmp_path / "out")
     assert message in str(error.value) and not (tmp_path / "out").exists()
+
+
+def test_untied_int8_lm_head_in_parts_gives_the_same_logits(tmp_path, monkeypatch):
+    """An untied int8 LM head is 8-bit MatMulNBits in slices of the vocabulary, as a tied one is, so that
+    onnxruntime's prepacking holds a slice at a time beside its packed copy. The tiny model's head is one slice;
+    forced into parts (ALIGN 256: 96-byte rows and 12-byte scale rows in slices of 128), the logits keep their bits."""
+    import onnx
+    from edgelm.export.families.llama.graph import build_decoder
+    from edgelm.export.graph import embeddings as embeddings_module
+    from edgelm.export.load import load_checkpoint
+    from edgelm.export.validate import _engine
+    from edgelm.export.weights_file import split_weights
+    from edgelm.runtime.engine.decode import position_ids_from_mask
+    from llama_checkpoints import build_llama_checkpoint
+
+    checkpoint = load_checkpoint(str(build_llama_checkpoint(tmp_path / "untied", "llama-untied", seed=2)))
+    assert checkpoint.arch.tie_word_embeddings is False
+    shipped = {}
+    for align in (embeddings_module.ALIGN, 256):
+        monkeypatch.setattr(embeddings_module, "ALIGN", align)
+        decoder = build_decoder(checkpoint.arch, checkpoint.weights, "int8")
+        shipped[align] = split_weights(decoder.model.SerializeToString(), decoder.arrays)
+    for graph, count in zip(shipped.values(), (1, 3)):
+        nodes = onnx.load_model_from_string(graph.graph).graph.node
+        heads = [n for n in nodes if n.op_type == "MatMulNBits" and n.input[1].startswith("lm_head.weight_int8.")]
+        assert len(heads) == count
+    ids = np.array([[3, 100, 319, 5, 0]])
+    mask = np.ones_like(ids)
+    engines = [_engine(s, checkpoint.arch) for s in shipped.values()]
+    logits = [e.forward(ids, mask, position_ids_from_mask(mask), e.empty_past(1), logits_to_keep=0)[0] for e in engines]
+    np.testing.assert_array_equal(*logits)

@@ -21,8 +21,14 @@ from edgelm.runtime.package.format import LOGITS, WEIGHTS_FILE, Architecture
 from ...graph.attention import attention_bias, cache_lengths, group_query_attention
 from ...graph.builder import FLOAT, INT8, MS_DOMAIN, GraphBuilder
 from ...graph.contract import OPSET, Decoder, declare_outputs, decoder_inputs, kept_positions
-from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head, int8_lm_head
-from ...graph.matmuls import MATMULS, matmul_nbits, nbits_weights
+from ...graph.embeddings import (
+    EMBEDDINGS_OUTSIDE,
+    embedding_and_head,
+    int8_lm_head,
+    nbits_head_slices,
+    runtime_token_rows,
+)
+from ...graph.matmuls import MATMULS
 from ...graph.norms import rms_norm, skip_rms_norm
 from ...int4 import Int4Options
 from ...quantize import INT8_RECIPES, quantize_int8, quantize_int8_blocks
@@ -44,7 +50,7 @@ def build_decoder(
     H, KV, D = arch.n_head, arch.kv_heads, arch.head_size
     cache_type = INT8 if cache_scales else FLOAT
     tokens, attention_mask, position_ids, past, logits_to_keep = decoder_inputs(
-        g, arch, KV, cache_type, inputs_embeds=recipe in EMBEDDINGS_OUTSIDE and arch.tie_word_embeddings
+        g, arch, KV, cache_type, inputs_embeds=recipe in EMBEDDINGS_OUTSIDE
     )
 
     packed = pack_weights(arch, weights)  # GPT-2's [in, out] layout, Q/K/V and gate/up packed
@@ -91,27 +97,19 @@ def build_decoder(
 def _embedding_and_head(g, weights, recipe, arch, int4):
     """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]): the kit's (graph/embeddings.py) for a tied
     head, where one stored matrix serves both (for int8 the runtime reads the token rows), and for an untied one
-    in float32 and int4. An untied int8 head keeps two matrices, and the graph looks tokens up itself
-    (input_ids): its table serves no product, so a row Gather reads it in 8 bits. The head is the recipe's own
-    product: MatMulNBits in 8-bit blocks (int8), QGemm over its int8 rows with each row of activations scaled by
-    its own largest value, as a tied head's (int8-rows), or DynamicQuantizeMatMul per output channel
-    (int8-dynamic)."""
+    in float32 and int4. An untied int8 head keeps two matrices: the token rows are the runtime's alone
+    (runtime_token_rows, as GPT-2's untied int8 table), and the head is the recipe's own product: MatMulNBits in
+    8-bit blocks, in slices of the vocabulary as a tied head's (int8), QGemm over its int8 rows with each row of
+    activations scaled by its own largest value, as a tied head's (int8-rows), or DynamicQuantizeMatMul per
+    output channel (int8-dynamic)."""
     table = weights["model.embed_tokens.weight"]  # [V, C]
     tied = arch.tie_word_embeddings
     if tied or recipe not in INT8_RECIPES:
         return embedding_and_head(g, table, None if tied else weights["lm_head.weight"], recipe, int4)
-    # A row Gather reads the embedding: this table serves nothing else, so onnxruntime keeps it mapped once.
-    w = quantize_int8(np.ascontiguousarray(table.T), reduce_range=False)  # no product reads it: 8 bits
-    rows = g.weight("model.embed_tokens.weight_int8", np.ascontiguousarray(w.q.T))  # [V, C]
-    row_scale = g.weight("model.embed_tokens.weight_scale", w.scale[:, None])  # [V, 1]
-
-    def embed(ids):
-        return g.op("Mul", [g.op("Cast", [g.op("Gather", [rows, ids])], to=FLOAT), g.op("Gather", [row_scale, ids])])
-
+    embed = runtime_token_rows(g, table)
     if recipe == "int8":
         head_blocks = quantize_int8_blocks(weights["lm_head.weight"])  # [V, C] is MatMulNBits' [N, K] already
-        stored = nbits_weights(g, head_blocks, "lm_head.weight")  # lm_head.weight_int8, lm_head.weight_scale
-        return embed, lambda x, out: matmul_nbits(g, x, head_blocks, stored, [out])
+        return embed, nbits_head_slices(g, head_blocks, ("lm_head.weight_int8", "lm_head.weight_scale"))
     if recipe == "int8-rows":  # the tied head's product over a matrix of its own (graph/embeddings.py)
         h = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
         head_rows = np.ascontiguousarray(h.q.T)  # [V, C]
