@@ -3,8 +3,9 @@
 float32: a Gather and a MatMul; int8, int8-rows and int8-dynamic: the runtime looks the tokens up from rows
 in model.onnx.data (the graph takes inputs_embeds). int8's tied LM head is MatMulNBits over those rows, 8-bit in
 the recipe's blocks (its products' kernel, faster for one row than QGemm's: benchmarks/results/
-2026-12-07-int8-blocks.md); int8-rows' and int8-dynamic's, int8's untied one and int8's at a width 32 does not
-divide are QGemm over 7-bit rows, in slices (int8 and int8-rows scale each row of activations by its own
+2026-12-07-int8-blocks.md); int8's untied one is the same MatMulNBits over a matrix of its own, the token rows
+written for the runtime alone; int8-rows' and int8-dynamic's and int8's at a width 32 does not divide are QGemm
+over 7-bit rows, in slices (int8 and int8-rows scale each row of activations by its own
 largest value first; int8-dynamic quantizes them all with one scale); int4: GatherBlockQuantized and
 MatMulNBits over one copy in blocks, 4-bit or (head_bits 8) 8-bit. The layouts are part of the graph contract
 (docs/package-format.md)."""
@@ -35,6 +36,10 @@ def embedding_and_head(g, wte, head, recipe, int4: Int4Options | None = None):
         return _embedding_int4(g, wte, head, tied, int4 or Int4Options())
     if recipe == "int8" and tied and wte.shape[1] % int8_block(wte.shape[1]) == 0:
         return _embedding_int8_blocks(g, wte)
+    if recipe == "int8" and not tied:  # the products' kernel for the head; the table the runtime's alone
+        head_blocks = quantize_int8_blocks(head)  # [V, C] is MatMulNBits' [N, K] already
+        lm_head = nbits_head_slices(g, head_blocks, ("lm_head.weight_int8", "lm_head.weight_scale"))
+        return runtime_token_rows(g, wte), lm_head
     if recipe in INT8_RECIPES:
         return _embedding_int8(g, wte, head, tied, per_row=recipe != "int8-dynamic")
     head_t = g.weight("lm_head.weight_t", np.ascontiguousarray(head.T))  # [C, V]

@@ -21,17 +21,10 @@ from edgelm.runtime.package.format import LOGITS, WEIGHTS_FILE, Architecture
 from ...graph.attention import attention_bias, cache_lengths, group_query_attention
 from ...graph.builder import FLOAT, INT8, MS_DOMAIN, GraphBuilder
 from ...graph.contract import OPSET, Decoder, declare_outputs, decoder_inputs, kept_positions
-from ...graph.embeddings import (
-    EMBEDDINGS_OUTSIDE,
-    embedding_and_head,
-    int8_lm_head,
-    nbits_head_slices,
-    runtime_token_rows,
-)
+from ...graph.embeddings import EMBEDDINGS_OUTSIDE, embedding_and_head
 from ...graph.matmuls import MATMULS
 from ...graph.norms import rms_norm, skip_rms_norm
 from ...int4 import Int4Options
-from ...quantize import INT8_RECIPES, quantize_int8, quantize_int8_blocks
 from .packing import pack_weights
 from .rope import rope_tables
 
@@ -95,30 +88,7 @@ def build_decoder(
 
 
 def _embedding_and_head(g, weights, recipe, arch, int4):
-    """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]): the kit's (graph/embeddings.py) for a tied
-    head, where one stored matrix serves both (for int8 the runtime reads the token rows), and for an untied one
-    in float32 and int4. An untied int8 head keeps two matrices: the token rows are the runtime's alone
-    (runtime_token_rows, as GPT-2's untied int8 table), and the head is the recipe's own product: MatMulNBits in
-    8-bit blocks, in slices of the vocabulary as a tied head's (int8), QGemm over its int8 rows with each row of
-    activations scaled by its own largest value, as a tied head's (int8-rows), or DynamicQuantizeMatMul per
-    output channel (int8-dynamic)."""
-    table = weights["model.embed_tokens.weight"]  # [V, C]
-    tied = arch.tie_word_embeddings
-    if tied or recipe not in INT8_RECIPES:
-        return embedding_and_head(g, table, None if tied else weights["lm_head.weight"], recipe, int4)
-    embed = runtime_token_rows(g, table)
-    if recipe == "int8":
-        head_blocks = quantize_int8_blocks(weights["lm_head.weight"])  # [V, C] is MatMulNBits' [N, K] already
-        return embed, nbits_head_slices(g, head_blocks, ("lm_head.weight_int8", "lm_head.weight_scale"))
-    if recipe == "int8-rows":  # the tied head's product over a matrix of its own (graph/embeddings.py)
-        h = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
-        head_rows = np.ascontiguousarray(h.q.T)  # [V, C]
-        return embed, int8_lm_head(g, head_rows, h.scale, ("lm_head.weight_int8", "lm_head.weight_scale"), per_row=True)
-    head_w = quantize_int8(np.ascontiguousarray(weights["lm_head.weight"].T))  # [C, V], one scale per entry
-
-    def lm_head(x, out):
-        inputs = [x, g.weight("lm_head.weight_int8", head_w.q), g.weight("lm_head.weight_scale", head_w.scale)]
-        inputs.append(g.weight("lm_head.weight_zero_point", np.zeros_like(head_w.scale, dtype=np.int8)))
-        return g.op("DynamicQuantizeMatMul", inputs, outputs=[out], domain=MS_DOMAIN)
-
-    return embed, lm_head
+    """(embed(tokens) -> [B, T, C], lm_head(x, out_name) -> [B, K, V]): the kit's (graph/embeddings.py), the same
+    layouts as GPT-2's for every recipe, tied or untied."""
+    head = None if arch.tie_word_embeddings else weights["lm_head.weight"]
+    return embedding_and_head(g, weights["model.embed_tokens.weight"], head, recipe, int4)
