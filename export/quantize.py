@@ -104,8 +104,8 @@ def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True
             "activations": "int8, per row and block of inputs (onnxruntime MatMulNBits accuracy_level 4)",
             "ops": (
                 "MatMulNBits bits 8 for every block product and the LM head (tied: over the token table's blocks, "
-                "which the runtime reads for the lookup; a GPT-2 graph's untied head, or a tied one whose width 32 "
-                "does not divide: QGemm over 7-bit rows, each row's activations scaled by its own largest value)"
+                "which the runtime reads for the lookup; untied: over the head's own blocks; a tied head whose width "
+                "32 does not divide: QGemm over 7-bit rows, each row's activations scaled by its own largest value)"
             ),
             "batch_invariant": True,
             "covers": covers,
@@ -119,8 +119,8 @@ def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True
             "reduce_range": reduce_range,
             "activations": "uint8, per row: each row divided by its own largest |value|, fixed scale 1/127",
             "ops": (
-                "MatMulIntegerToFloat for every block product; the LM head QGemm over the token rows (one scale per "
-                "vocabulary entry); each row's result multiplied back by its largest value"
+                "MatMulIntegerToFloat for every block product; the LM head QGemm over the token rows, or an untied "
+                "head's own (one scale per vocabulary entry); each row's result multiplied back by its largest value"
             ),
             "batch_invariant": True,
             "covers": covers,

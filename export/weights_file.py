@@ -89,12 +89,13 @@ def split_weights(model_bytes: bytes, arrays: dict) -> ShippedGraph:
         pieces,
         offset,
         {name: arrays[name] for name in external},
-        _token_section(arrays, offsets),
+        _token_section(arrays, offsets, read_by_graph=bool(set(_token_parts(arrays)) & set(external))),
     )
 
 
-def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
-    """Where the token rows and their scales are in model.onnx.data; None for a graph that takes input_ids."""
+def _token_section(weights: dict, offsets: dict, read_by_graph: bool = True) -> TokenTable | None:
+    """Where the token rows and their scales are in model.onnx.data; None for a graph that takes input_ids.
+    read_by_graph: the LM head's parts name the rows (a tied head), or only the runtime reads them (untied)."""
     parts = _token_parts(weights)
     if not parts:
         return None
@@ -112,7 +113,7 @@ def _token_section(weights: dict, offsets: dict) -> TokenTable | None:
         WEIGHTS_FILE,
         Region("uint8" if in_blocks else "int8", (rows, *first.shape[1:]), offsets[parts[0]]),
         Region("float32", (rows, *weights[scale_name].shape[1:]), offsets[scale_name]),
-        TokenTable.IN_BLOCKS if in_blocks else TokenTable.embedding,
+        TokenTable.IN_BLOCKS if in_blocks else TokenTable.embedding if read_by_graph else TokenTable.UNTIED,
         first.shape[2] if in_blocks else 0,
     )
 

@@ -119,8 +119,9 @@ def runtime_token_rows(g, wte):
     """An untied int8 graph's token table, which no product reads: 8-bit rows [V, C] with one float32 scale per
     row, written for the runtime's lookup alone (graph.token_embeddings without a block). The runtime reads the
     rows a prompt names with positioned reads, so they are never mapped into the process: a Gather over a mapped
-    table made each token it read resident with its whole 2 MiB page-cache folio (TinyLlama's 98 MB table
-    resident after one 128-token prompt: benchmarks/NOTES.md). Returns embed, which passes the rows through."""
+    table made each token it read resident with its whole page-cache folio (TinyLlama's shape: 93 MB of mapped
+    files after a 512-token prompt, 45 MB with the runtime's reads: benchmarks/NOTES.md). Returns embed, which
+    passes the rows through."""
     w = quantize_int8(np.ascontiguousarray(wte.T), reduce_range=False)  # per vocabulary entry, [-127, 127]
     g.table(f"{TOKEN_ROWS}.0", np.ascontiguousarray(w.q.T))
     g.table(f"{TOKEN_SCALE}.0", w.scale)

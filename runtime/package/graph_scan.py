@@ -12,6 +12,7 @@ TensorProto dims 1, name 8, external_data 13 (StringStringEntryProto key 1, valu
 SparseTensorProto values 1, indices 2.
 """
 
+import math
 import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,18 +34,35 @@ class GraphFacts:
     # (op_type, None) per operator, (op_type, attribute name) per attribute, and (op_type, "name=value") per
     # integer attribute (a negative one reads as its 64-bit two's complement)
     uses: set = field(default_factory=set)
-    # (location, offset) -> dims of each tensor stored in an external file (an offset that is not a number: none)
-    external_dims: dict = field(default_factory=dict)
+    regions: tuple = ()  # (location, start, end) byte ranges asked about
+    stored: list = field(default_factory=list)  # the external tensors (Stored) whose bytes overlap one of them
 
 
-def scan_model(path: Path) -> GraphFacts:
-    """Read model.onnx's external data locations and position-table size; ScanError if it is not protobuf."""
+@dataclass(frozen=True)
+class Stored:
+    """A tensor stored in an external file: where, how many bytes (None where its type is not one of DTYPES and
+    no length is given), its dims and its element type (DTYPES' name, or None)."""
+
+    location: str
+    offset: int
+    nbytes: int | None
+    dims: tuple
+    dtype: str | None
+
+
+DTYPES = {1: ("float32", 4), 2: ("uint8", 1), 3: ("int8", 1), 10: ("float16", 2), 7: ("int64", 8)}  # TensorProto
+MAX_DIGITS = 20  # an offset or length is a decimal of at most 20 digits (2^64); onnxruntime refuses the others
+
+
+def scan_model(path: Path, regions=()) -> GraphFacts:
+    """Read model.onnx's external data locations and position-table size, and the external tensors overlapping
+    `regions` ((location, start, end) byte ranges); ScanError if it is not protobuf."""
     with open_regular(path) as f:
         size = f.seek(0, 2)
         if size == 0:
             raise ScanError("empty file")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
-            facts, tensors, gathers = GraphFacts(), {}, []
+            facts, tensors, gathers = GraphFacts(regions=tuple(regions)), {}, []
             view = memoryview(buffer)
             try:
                 for number, value in _fields(view, 0, len(view)):
@@ -99,10 +117,12 @@ def _node(view, span, facts, tensors, gathers, depth):
 
 
 def _tensor(view, span, facts, tensors):
-    dims, name, external = [], "", {}
+    dims, name, external, data_type = [], "", {}, None
     for number, value in _fields(view, *span):
         if number == 1:
             dims += [value] if isinstance(value, int) else [v for v in _packed(view, value)]
+        elif number == 2 and isinstance(value, int):
+            data_type = value
         elif number == 8 and isinstance(value, tuple):
             name = _text(view, value)
         elif number == 13 and isinstance(value, tuple):
@@ -110,12 +130,26 @@ def _tensor(view, span, facts, tensors):
             if entry.get(1) == "location":
                 facts.external_files.add(entry.get(2, ""))
             external[entry.get(1)] = entry.get(2, "")
-    if "location" in external:
-        offset = external.get("offset", "0")
-        if offset.isascii() and offset.isdigit():
-            facts.external_dims[(external["location"], int(offset))] = tuple(dims)
+    if "location" in external and facts.regions:
+        _stored(facts, external, tuple(dims), data_type)
     if name and dims:
         tensors[name] = dims[0]
+
+
+def _stored(facts, external: dict, dims: tuple, data_type):
+    """Record the external tensor if its bytes overlap one of the regions the caller asked about."""
+    offset, length = (_decimal(external.get(key, default)) for key, default in (("offset", "0"), ("length", "")))
+    dtype, item = DTYPES.get(data_type, (None, None))
+    nbytes = length if length is not None else (math.prod(dims) * item if item else None)
+    if offset is None:
+        return
+    end = offset + nbytes if nbytes is not None else offset + 1
+    if any(external["location"] == where and offset < stop and end > start for where, start, stop in facts.regions):
+        facts.stored.append(Stored(external["location"], offset, nbytes, dims, dtype))
+
+
+def _decimal(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS else None
 
 
 def _packed(view, span):
@@ -146,10 +180,37 @@ def _fields(view, start, end):
             pos += length
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
+        elif wire == 3:  # a group: deprecated, still valid protobuf, and onnxruntime skips an unknown one
+            pos = _skip_group(view, pos, end, number, 0)
         else:
             raise ScanError(f"wire type {wire}")
     if pos != end:
         raise ScanError("a field runs past the end of its message")
+
+
+def _skip_group(view, pos, end, number, depth):
+    """The position after the end-group of the group `number` that starts at pos."""
+    if depth > MAX_DEPTH:
+        raise ScanError("groups nested too deeply")
+    while pos < end:
+        key, pos = _varint(view, pos, end)
+        inner, wire = key >> 3, key & 7
+        if wire == 4:
+            if inner != number:
+                raise ScanError("a group ends with another group's number")
+            return pos
+        if wire == 0:
+            _, pos = _varint(view, pos, end)
+        elif wire == 2:
+            length, pos = _varint(view, pos, end)
+            pos += length
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        elif wire == 3:
+            pos = _skip_group(view, pos, end, inner, depth + 1)
+        else:
+            raise ScanError(f"wire type {wire}")
+    raise ScanError("a group runs past the end of its message")
 
 
 def _varint(view, pos, end):

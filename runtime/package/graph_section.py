@@ -74,6 +74,7 @@ class TokenTable:
         "(row - 128) * scale, per block. The runtime reads the rows it needs; the LM head's MatMulNBits slices name the "
         "same bytes."
     )
+    UNTIED = "row * scale. The runtime reads the rows it needs; no node reads them (the LM head has its own matrix)."
 
     @classmethod
     def from_dict(cls, data, where, arch: Architecture) -> "TokenTable":

@@ -10,7 +10,6 @@ A package is untrusted input: every file is opened through files.py (inside the 
 bounded), and every file the runtime reads must be listed in the manifest, the graph's external data included.
 """
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,8 +196,10 @@ def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str, ta
     """The graph reads only listed files, its position table covers the architecture's n_positions, and a token
     table in blocks is laid out as the LM head's weights that share its bytes. Returns the operators and
     attributes it uses (onnx_scan.GraphFacts.uses)."""
+    blocked = table is not None and table.block
+    regions = [(table.file, r.offset, r.offset + r.nbytes) for r in (table.rows, table.scale)] if blocked else []
     try:
-        facts = scan_model(model_file)
+        facts = scan_model(model_file, regions)
     except ScanError:
         return set()  # not a model this scan reads: onnxruntime refuses it at load with its own message
     for location in sorted(facts.external_files):
@@ -210,28 +211,31 @@ def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str, ta
         raise PackageError(
             f"the package says n_positions is {arch.n_positions} but its graph has {facts.position_rows} positions; the manifest is damaged. Export the package again."
         )
-    if table is not None and table.block:
-        _check_blocked_table(facts, table, model_file)
+    if blocked:
+        _check_blocked_table(facts.stored, table, model_file)
     return facts.uses
 
 
-def _check_blocked_table(facts, table: TokenTable, model_file: Path) -> None:
-    """The int8 recipe's token table is the LM head's MatMulNBits weights: the manifest's rows [V, C / B, B] and
-    scales [V, C / B] must be exactly the graph's tensors at those bytes (its slices of the vocabulary), with the
-    same trailing dimensions, or the runtime's lookup would read the head's bytes in the wrong blocks."""
+def _check_blocked_table(stored: list, table: TokenTable, model_file: Path) -> None:
+    """The int8 recipe's token table is the LM head's MatMulNBits weights: where the graph stores tensors in the
+    manifest's rows [V, C / B, B] and scales [V, C / B], they must tile those bytes exactly, with the same element
+    type and trailing dimensions, or the runtime's lookup would read the head's bytes in the wrong blocks. A graph
+    with no tensor there (a variant that stores its head elsewhere) leaves the table to the runtime alone."""
     for part, region in (("rows", table.rows), ("scale", table.scale)):
-        end, covered = region.offset + region.nbytes, 0
-        for (location, offset), dims in facts.external_dims.items():
-            if location != table.file or not region.offset <= offset < end:
-                continue
-            if tuple(dims[1:]) != tuple(region.shape[1:]):
+        start, end = region.offset, region.offset + region.nbytes
+        overlapping = (
+            t for t in stored if t.location == table.file and t.offset < end and t.offset + (t.nbytes or 1) > start
+        )
+        tensors, at = sorted(overlapping, key=lambda t: t.offset), start
+        for t in tensors:
+            if t.offset != at or t.nbytes is None or t.dtype != region.dtype or t.dims[1:] != region.shape[1:]:
                 raise PackageError(
-                    f"the manifest's graph.token_embeddings.{part} is {list(region.shape)} (blocks of {table.block}) but {model_file} reads a tensor of shape {list(dims)} at those bytes of {table.file}; the manifest does not match the graph. Export the package again."
+                    f"the manifest's graph.token_embeddings.{part} is {region.dtype} {list(region.shape)} (blocks of {table.block}) at byte {region.offset} of {table.file}, but {model_file} stores a {t.dtype or 'tensor'} {list(t.dims)} at byte {t.offset}; the manifest does not match the graph. Export the package again."
                 )
-            covered += math.prod(dims) * region.ITEM_BYTES[region.dtype]
-        if covered != region.nbytes:
+            at += t.nbytes
+        if tensors and at != end:
             raise PackageError(
-                f"the manifest's graph.token_embeddings.{part} covers {region.nbytes} bytes of {table.file}, but {model_file}'s tensors there cover {covered}; the manifest does not match the graph. Export the package again."
+                f"the manifest's graph.token_embeddings.{part} covers bytes {start}-{end} of {table.file}, but {model_file}'s tensors there end at {at}; the manifest does not match the graph. Export the package again."
             )
 
 

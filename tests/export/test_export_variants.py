@@ -169,6 +169,7 @@ def test_untied_variant_passes_the_export_gate(validated_variant_int8_kv8):
     assert int8["top1_agreement"] >= 0.85 and int8["mean_kl_divergence"] <= 0.05 and int8["kv_cache"] == "int8"
     assert manifest["weights"]["tied_embedding_stored_once"] is False
     assert "token embedding and the LM head" in manifest["weights"]["quantization"]["covers"]
+    assert "no node reads them" in manifest["graph"]["token_embeddings"]["embedding"]  # the runtime's rows alone
 
     graph = onnx.load(str(validated_variant_int8_kv8 / "model.onnx")).graph
     scales = [{a.name: a.f for a in n.attribute}["scale"] for n in graph.node if n.op_type == "GroupQueryAttention"]

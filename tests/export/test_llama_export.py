@@ -98,6 +98,7 @@ def test_untied_head_int8_reports_quality(tmp_path):
     table = manifest["graph"]["token_embeddings"]
     assert list(manifest["graph"]["inputs"])[0] == "inputs_embeds" and "block" not in table
     assert table["rows"]["dtype"] == "int8" and table["rows"]["shape"] == [manifest["architecture"]["vocab_size"], 96]
+    assert "no node reads them" in table["embedding"]
     quality = manifest["validation"]["int8"]
     # This random 96-wide model is far more peaked than a trained one (perplexity ~10^4 over 320 tokens): its tied
     # twin scores the same (top-1 0.77, KL 0.11), so these bounds are the model's, not the untied head's.
@@ -129,7 +130,6 @@ def test_quantized_quality_figures(request, tmp_path, checkpoint, quantize, kv_c
 def test_int4_graph_equals_float32_on_its_dequantized_weights(qwen2_checkpoint):
     """The int4 graph computes what the float32 graph computes on the int4 weights dequantized (up to its int8
     activations): the 4-bit layouts, block scales and the tied lookup are read as they were written."""
-    import onnx
     from edgelm.export.families.llama.graph import build_decoder
     from edgelm.export.load import load_checkpoint
     from edgelm.export.int4 import Int4Options, quantize_blocks

@@ -266,6 +266,35 @@ def test_the_graph_may_read_only_listed_files_of_the_package(where, tiny_package
     assert "does not list it" in str(raised.value)
 
 
+def test_a_protobuf_group_in_the_graph_does_not_stop_its_checks(tiny_package, tmp_path):
+    """Groups are deprecated protobuf that onnxruntime still parses (it skips an unknown one). A graph carrying
+    one is still scanned: its unlisted weights file is refused as without it."""
+    folder = copy(tiny_package, tmp_path)
+    shutil.copy(folder / "model.onnx.data", folder / "unlisted.bin")
+    external_data_at(folder, "unlisted.bin")
+    # field 99 of ModelProto as a group (wire types 3 and 4) holding field 1 = 5, nested once
+    group = b"\x9b\x06" + b"\x08\x05" + b"\x13" + b"\x08\x07" + b"\x14" + b"\x9c\x06"
+    (folder / "model.onnx").write_bytes((folder / "model.onnx").read_bytes() + group)
+    rerecord(folder, "model.onnx")
+    with pytest.raises(PackageError, match="reads its weights from"):
+        rt.load(folder)
+
+
+def test_an_external_offset_of_thousands_of_digits_is_an_error_not_a_traceback(tiny_package_int8, tmp_path):
+    """The loader compares the int8 token table with the graph's tensors at its bytes; an offset too long for
+    Python's int() (4,300 digits) is left to onnxruntime, which refuses the graph."""
+    import onnx
+
+    folder = copy(tiny_package_int8, tmp_path)
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    tensor = next(t for t in model.graph.initializer if t.external_data)
+    next(e for e in tensor.external_data if e.key == "offset").value = "1" * 5000
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    rerecord(folder, "model.onnx")
+    with pytest.raises(PackageError):
+        rt.load(folder)
+
+
 def run_with_timeout(*args):
     return subprocess.run(
         [str(EDGELM), *map(str, args)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
