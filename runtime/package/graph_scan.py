@@ -1,6 +1,7 @@
 """What the loader checks inside model.onnx before onnxruntime opens it, read from the protobuf wire format
 (the runtime has no `onnx` package): the files the graph's external data names, how many positions its
-position table has, and the operators and attributes it uses (which onnxruntime it needs).
+position table has, the operators and attributes it uses (which onnxruntime it needs), and the external tensors
+stored in byte regions the caller names (the int8 token table, which the LM head's tensors must tile).
 
 onnxruntime opens external data itself. Version 1.32 already refuses a location that is absolute, has '..',
 or is a link leading out of the model's folder, and one that is not a regular file; the loader adds that
@@ -8,12 +9,14 @@ every file it names is one the manifest lists (so it was checked against its sha
 
 Field numbers are onnx.proto3's: ModelProto.graph 7; GraphProto node 1, initializer 5, sparse_initializer 15;
 NodeProto input 1, op_type 4, attribute 5; AttributeProto name 1, i 3, t 5, g 6, tensors 10, graphs 11;
-TensorProto dims 1, name 8, external_data 13 (StringStringEntryProto key 1, value 2);
-SparseTensorProto values 1, indices 2.
+TensorProto dims 1, data_type 2, name 8, external_data 13 (StringStringEntryProto key 1, value 2);
+SparseTensorProto values 1, indices 2. Groups (wire types 3 and 4, deprecated) are skipped, as onnxruntime skips
+an unknown one.
 """
 
 import math
 import mmap
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +30,11 @@ class ScanError(ValueError):
     """The bytes are not an ONNX model this scan can read; onnxruntime will say what is wrong with them."""
 
 
+class TooDeep(ScanError):
+    """Graphs or protobuf groups nested past MAX_DEPTH: valid protobuf that no decoder graph is, and whose checks
+    this scan cannot make, so the loader refuses it rather than leave it unchecked."""
+
+
 @dataclass
 class GraphFacts:
     external_files: set = field(default_factory=set)  # every external data `location` in the model
@@ -36,6 +44,8 @@ class GraphFacts:
     uses: set = field(default_factory=set)
     regions: tuple = ()  # (location, start, end) byte ranges asked about
     stored: list = field(default_factory=list)  # the external tensors (Stored) whose bytes overlap one of them
+    # files of the regions where a tensor's offset or length is not a plain decimal (onnxruntime reads "+5", " 5")
+    odd_numbers: set = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -49,9 +59,14 @@ class Stored:
     dims: tuple
     dtype: str | None
 
+    @property
+    def end(self) -> float:
+        return self.offset + self.nbytes if self.nbytes is not None else math.inf  # unknown: to the file's end
+
 
 DTYPES = {1: ("float32", 4), 2: ("uint8", 1), 3: ("int8", 1), 10: ("float16", 2), 7: ("int64", 8)}  # TensorProto
-MAX_DIGITS = 20  # an offset or length is a decimal of at most 20 digits (2^64); onnxruntime refuses the others
+DECIMAL = re.compile(r"0|[1-9][0-9]{0,19}")  # how the exporter writes offsets and lengths (str of an int)
+MAX_DIMS = 8  # a tensor with more dims has no size this scan computes (a decoder's have at most 4)
 
 
 def scan_model(path: Path, regions=()) -> GraphFacts:
@@ -77,7 +92,7 @@ def scan_model(path: Path, regions=()) -> GraphFacts:
 
 def _graph(view, span, facts, tensors, gathers, depth):
     if depth > MAX_DEPTH:
-        raise ScanError("graphs nested too deeply")
+        raise TooDeep("graphs nested too deeply")
     for number, value in _fields(view, *span):
         if number == 5 and isinstance(value, tuple):
             _tensor(view, value, facts, tensors)
@@ -138,18 +153,21 @@ def _tensor(view, span, facts, tensors):
 
 def _stored(facts, external: dict, dims: tuple, data_type):
     """Record the external tensor if its bytes overlap one of the regions the caller asked about."""
-    offset, length = (_decimal(external.get(key, default)) for key, default in (("offset", "0"), ("length", "")))
-    dtype, item = DTYPES.get(data_type, (None, None))
-    nbytes = length if length is not None else (math.prod(dims) * item if item else None)
-    if offset is None:
+    location = external["location"]
+    if not any(location == where for where, _, _ in facts.regions):
         return
-    end = offset + nbytes if nbytes is not None else offset + 1
-    if any(external["location"] == where and offset < stop and end > start for where, start, stop in facts.regions):
-        facts.stored.append(Stored(external["location"], offset, nbytes, dims, dtype))
-
-
-def _decimal(text: str) -> int | None:
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS else None
+    offset, length = external.get("offset", ""), external.get("length", "")
+    if any(value and not DECIMAL.fullmatch(value) for value in (offset, length)):
+        facts.odd_numbers.add(location)
+        return
+    dtype, item = DTYPES.get(data_type, (None, None))
+    if length:  # onnxruntime skips an empty value: an empty offset is 0, an empty length none
+        nbytes = int(length)
+    else:
+        nbytes = math.prod(dims) * item if item and len(dims) <= MAX_DIMS else None
+    tensor = Stored(location, int(offset or 0), nbytes, dims, dtype)
+    if any(location == where and tensor.offset < stop and tensor.end > start for where, start, stop in facts.regions):
+        facts.stored.append(tensor)
 
 
 def _packed(view, span):
@@ -191,7 +209,7 @@ def _fields(view, start, end):
 def _skip_group(view, pos, end, number, depth):
     """The position after the end-group of the group `number` that starts at pos."""
     if depth > MAX_DEPTH:
-        raise ScanError("groups nested too deeply")
+        raise TooDeep("groups nested too deeply")
     while pos < end:
         key, pos = _varint(view, pos, end)
         inner, wire = key >> 3, key & 7

@@ -34,7 +34,7 @@ from .format import (
     describe,
     file_name,
 )
-from .graph_scan import ScanError, scan_model
+from .graph_scan import MAX_DEPTH, ScanError, TooDeep, scan_model
 from .graph_section import TokenTable
 
 DEFAULT_PACKAGE = Path("models") / "distilgpt2"  # what every command and load() open when given no folder
@@ -195,11 +195,15 @@ def verify_files(folder: Path, manifest: Manifest, full: bool = True) -> None:
 def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str, table: TokenTable | None = None) -> set:
     """The graph reads only listed files, its position table covers the architecture's n_positions, and a token
     table in blocks is laid out as the LM head's weights that share its bytes. Returns the operators and
-    attributes it uses (onnx_scan.GraphFacts.uses)."""
+    attributes it uses (graph_scan.GraphFacts.uses)."""
     blocked = table is not None and table.block
     regions = [(table.file, r.offset, r.offset + r.nbytes) for r in (table.rows, table.scale)] if blocked else []
     try:
         facts = scan_model(model_file, regions)
+    except TooDeep:
+        raise PackageError(
+            f"{model_file} nests graphs or protobuf groups more than {MAX_DEPTH} deep, which no decoder graph does; edgelm does not load it. Export the package again."
+        ) from None
     except ScanError:
         return set()  # not a model this scan reads: onnxruntime refuses it at load with its own message
     for location in sorted(facts.external_files):
@@ -212,20 +216,22 @@ def _check_graph(model_file: Path, arch: Architecture, listed, unlisted: str, ta
             f"the package says n_positions is {arch.n_positions} but its graph has {facts.position_rows} positions; the manifest is damaged. Export the package again."
         )
     if blocked:
-        _check_blocked_table(facts.stored, table, model_file)
+        _check_blocked_table(facts, table, model_file)
     return facts.uses
 
 
-def _check_blocked_table(stored: list, table: TokenTable, model_file: Path) -> None:
+def _check_blocked_table(facts, table: TokenTable, model_file: Path) -> None:
     """The int8 recipe's token table is the LM head's MatMulNBits weights: where the graph stores tensors in the
     manifest's rows [V, C / B, B] and scales [V, C / B], they must tile those bytes exactly, with the same element
     type and trailing dimensions, or the runtime's lookup would read the head's bytes in the wrong blocks. A graph
     with no tensor there (a variant that stores its head elsewhere) leaves the table to the runtime alone."""
+    if table.file in facts.odd_numbers:
+        raise PackageError(
+            f"{model_file} gives a tensor in {table.file} an offset or length that is not a plain decimal number; edgelm does not load it. Export the package again."
+        )
     for part, region in (("rows", table.rows), ("scale", table.scale)):
         start, end = region.offset, region.offset + region.nbytes
-        overlapping = (
-            t for t in stored if t.location == table.file and t.offset < end and t.offset + (t.nbytes or 1) > start
-        )
+        overlapping = (t for t in facts.stored if t.location == table.file and t.offset < end and t.end > start)
         tensors, at = sorted(overlapping, key=lambda t: t.offset), start
         for t in tensors:
             if t.offset != at or t.nbytes is None or t.dtype != region.dtype or t.dims[1:] != region.shape[1:]:

@@ -287,3 +287,18 @@ def test_untied_int8_lm_head_in_parts_gives_the_same_logits(tmp_path, monkeypatc
     engines = [_engine(s, checkpoint.arch) for s in shipped.values()]
     logits = [e.forward(ids, mask, position_ids_from_mask(mask), e.empty_past(1), logits_to_keep=0)[0] for e in engines]
     np.testing.assert_array_equal(*logits)
+
+
+def test_untied_int8_head_at_a_width_32_does_not_divide(tmp_path):
+    """80 inputs: the head's MatMulNBits pads its last block of 32 (the body's products do the same); the package
+    validates against transformers and generates."""
+    import edgelm.runtime as rt
+    from llama_checkpoints import build_llama_checkpoint
+
+    checkpoint = build_llama_checkpoint(
+        tmp_path / "untied-80", "llama-untied", hidden_size=80, num_attention_heads=2, num_key_value_heads=2
+    )
+    manifest = _export(checkpoint, tmp_path / "int8", quantize="int8").manifest
+    assert manifest["architecture"]["n_embd"] == 80 and manifest["architecture"]["tie_word_embeddings"] is False
+    assert manifest["validation"]["fp32"]["greedy_identical"] and manifest["validation"]["int8"]["top1_agreement"] > 0.5
+    assert rt.load(tmp_path / "int8").generate("Hello", max_new_tokens=3).token_ids

@@ -278,6 +278,40 @@ def test_a_protobuf_group_in_the_graph_does_not_stop_its_checks(tiny_package, tm
     rerecord(folder, "model.onnx")
     with pytest.raises(PackageError, match="reads its weights from"):
         rt.load(folder)
+    # nested past what the scan reads (protobuf itself reads 100 deep): refused, not left unchecked
+    deep = b"\x9b\x06" + b"\x13" * 40 + b"\x14" * 40 + b"\x9c\x06"
+    (folder / "model.onnx").write_bytes((folder / "model.onnx").read_bytes()[: -len(group)] + deep)
+    rerecord(folder, "model.onnx")
+    with pytest.raises(PackageError, match="nests graphs or protobuf groups more than 16 deep"):
+        rt.load(folder)
+
+
+@pytest.mark.parametrize(
+    "edit, refusal",
+    [
+        ({"offset": "+0"}, "not a plain decimal"),  # onnxruntime reads it as 0; the table check could not
+        ({"offset": "0" * 30}, "not a plain decimal"),
+        ({"dims": 100_000}, "does not match the graph"),  # no size computed from 100,000 dims, and no hang
+    ],
+)
+def test_the_token_table_s_tensors_cannot_hide_from_the_check(edit, refusal, tiny_package_int8, tmp_path):
+    """The int8 table's first tensor with an offset onnxruntime reads but the scan would not, or with dims no
+    decoder has: the loader refuses the graph instead of skipping the comparison with the manifest."""
+    import onnx
+
+    folder = copy(tiny_package_int8, tmp_path)
+    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    tensor = next(t for t in model.graph.initializer if t.external_data)
+    if "offset" in edit:
+        next(e for e in tensor.external_data if e.key == "offset").value = edit["offset"]
+    else:
+        del tensor.dims[:]
+        tensor.dims.extend([1] * edit["dims"])
+        del tensor.external_data[2:]  # location, offset; no length
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    rerecord(folder, "model.onnx")
+    with pytest.raises(PackageError, match=refusal):
+        rt.load(folder)
 
 
 def test_an_external_offset_of_thousands_of_digits_is_an_error_not_a_traceback(tiny_package_int8, tmp_path):
