@@ -132,6 +132,10 @@ def recipe_description(recipe: str, reduce_range: bool = True, tied: bool = True
         "bits": 7 if reduce_range else 8,
         "reduce_range": reduce_range,
         "activations": "uint8, dynamic per tensor (onnxruntime DynamicQuantizeMatMul)",
+        "ops": (
+            "DynamicQuantizeMatMul for every block product; the LM head QGemm over the token rows, or an untied "
+            "head's own, after DynamicQuantizeLinear (one scale for the whole pass)"
+        ),
         "covers": covers,
         "kept_float32": "position table, biases, layer norms",
         "why_reduce_range": "u8s8 VPMADDUBSW saturates int16 on x86 without VNNI; 7-bit weights cannot",
