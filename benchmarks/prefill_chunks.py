@@ -1,6 +1,7 @@
 """How long prompts go into the in-place cache: first token, peak memory and int8 fidelity per chunk size.
 
     python benchmarks/prefill_chunks.py benchmarks/out/pkg-int8 [--fp32 benchmarks/out/pkg-none] [--rounds 7]
+    python benchmarks/prefill_chunks.py benchmarks/out/pkg-int8 --ops    # where the prompt's kernel time goes
 
 First token after a 512-token prompt for chunks of 64, 128, 256 and one pass, interleaved in one process
 (medians); onnxruntime's own kernel time for that prompt (its profiler, steadier than the wall clock on a
@@ -40,6 +41,11 @@ def peak_in_fresh_process(package: str, chunk: int) -> float:
 
 def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
     """Sum of onnxruntime's per-node kernel times for one chunked prompt, from a profiling session."""
+    return sum(kernel_ms_by_op(model, chunk, repeats).values())
+
+
+def kernel_ms_by_op(model, chunk: int, repeats: int = 4) -> dict:
+    """onnxruntime's per-node kernel times for one chunked prompt, summed per operator type, from its profiler."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -60,9 +66,11 @@ def kernel_ms(model, chunk: int, repeats: int = 4) -> float:
     for _ in range(repeats):
         profiled.decoder(1, PROMPT + 1).run(ids, np.ones_like(ids), np.arange(PROMPT)[None])
     events = json.loads(open(session.end_profiling()).read())
-    return (
-        sum(e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")) / 1000 / repeats
-    )
+    by_op = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] = by_op.get(e["args"]["op_name"], 0.0) + e["dur"] / 1000 / repeats
+    return by_op
 
 
 def last_logprobs(model, ids, chunk) -> np.ndarray:
@@ -77,8 +85,16 @@ def main():
     parser.add_argument("package")
     parser.add_argument("--fp32", help="the same checkpoint exported without quantization, as the reference")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--ops", action="store_true", help="instead: the runtime's chunks' kernel time per op type")
     args = parser.parse_args()
     model = edgelm.load(args.package)
+    if args.ops:
+        by_op = kernel_ms_by_op(model, engine.PREFILL_CHUNK)
+        total = sum(by_op.values())
+        print(f"a {PROMPT}-token prompt in chunks of {engine.PREFILL_CHUNK}: kernel time {total:.0f} ms")
+        for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"  {op:<32} {ms:7.1f} ms  {100 * ms / total:5.1f}%")
+        return
     timed_tokens(model, [prompt_ids(model, PROMPT)], 1)  # warm-up
     first = {chunk: [] for chunk in CHUNKS}
     for r in range(args.rounds):
