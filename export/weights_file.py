@@ -89,16 +89,18 @@ def split_weights(model_bytes: bytes, arrays: dict) -> ShippedGraph:
         pieces,
         offset,
         {name: arrays[name] for name in external},
-        _token_section(arrays, offsets, read_by_graph=bool(set(_token_parts(arrays)) & set(external))),
+        _token_section(arrays, offsets, set(external)),
     )
 
 
-def _token_section(weights: dict, offsets: dict, read_by_graph: bool = True) -> TokenTable | None:
+def _token_section(weights: dict, offsets: dict, named: set) -> TokenTable | None:
     """Where the token rows and their scales are in model.onnx.data; None for a graph that takes input_ids.
-    read_by_graph: the LM head's parts name the rows (a tied head), or only the runtime reads them (untied)."""
+    named: the arrays the graph names; where it names the rows, the LM head reads them (a tied head), else only
+    the runtime does (untied)."""
     parts = _token_parts(weights)
     if not parts:
         return None
+    read_by_graph = not named.isdisjoint(parts)
     first, scale_name = weights[parts[0]], parts[0].replace(TOKEN_ROWS, TOKEN_SCALE)
     rows = sum(weights[name].shape[0] for name in parts)
     for kind in (TOKEN_ROWS, TOKEN_SCALE):  # the runtime reads each region as one array

@@ -228,7 +228,7 @@ def test_the_int8_tied_table_in_blocks_serves_the_head_and_the_lookup(width, hea
     g.output(lm_head(g.input("x", FLOAT, ["b", "t", width]), "logits"), FLOAT, ["b", "t", 40])
     assert {n.op_type for n in g.nodes} & {"MatMulNBits", "QGemm"} == {head}
     offsets = dict(zip(sorted(g.arrays), range(0, 1 << 30, 1 << 20)))  # any distinct places
-    table = _token_section(g.arrays, offsets)
+    table = _token_section(g.arrays, offsets, set(g.arrays))  # every array here is one the graph names
     if head == "QGemm":
         assert table.block == 0 and table.rows.shape == (40, width)
         return
